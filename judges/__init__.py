@@ -1,0 +1,86 @@
+"""Judges: grade one inference-log event each, offline (`local`) or through an LLM (`openai`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from judges.base import (
+    ERROR_CAUSES,
+    RATINGS,
+    Chunk,
+    ErrorCause,
+    Judge,
+    JudgeInput,
+    JudgePanel,
+    Rating,
+    Turn,
+    Verdict,
+)
+
+JUDGE_NAMES: tuple[str, ...] = ("groundedness", "safety", "relevance_to_query")
+Backend = Literal["local", "openai"]
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgeSpec:
+    """Everything needed to build a judge panel inside a Beam worker (picklable, built lazily).
+
+    `api_key` is kept out of `repr` so that it never reaches a log line.
+    """
+
+    names: tuple[str, ...] = JUDGE_NAMES
+    backend: Backend = "local"
+    base_url: str | None = None
+    model: str = "gpt-4o-mini"
+    api_key: str | None = dataclasses.field(default=None, repr=False)
+    concurrency: int = 16
+    timeout_seconds: float = 30.0
+    max_retries: int = 4
+    temperature: float = 0.1
+
+    def __post_init__(self) -> None:
+        unknown = [n for n in self.names if n not in JUDGE_NAMES]
+        if unknown or not self.names:
+            raise ValueError(
+                f"unknown judge(s) {', '.join(unknown) or '(none given)'}; "
+                f"known judges: {', '.join(JUDGE_NAMES)}"
+            )
+        if len(set(self.names)) != len(self.names):
+            raise ValueError(f"judge names repeat: {', '.join(self.names)}")
+
+    def build(self) -> JudgePanel:
+        """A panel of the named judges on this backend."""
+        if self.backend == "local":
+            from judges.local import build_local_judges
+
+            return JudgePanel(build_local_judges(self.names))
+        from judges.llm import OpenAIJudgeEndpoint, build_llm_judges
+
+        endpoint = OpenAIJudgeEndpoint(
+            base_url=self.base_url,
+            api_key=self.api_key,
+            model=self.model,
+            concurrency=self.concurrency,
+            timeout_seconds=self.timeout_seconds,
+            max_retries=self.max_retries,
+            temperature=self.temperature,
+        )
+        return JudgePanel(build_llm_judges(self.names, endpoint))
+
+
+__all__ = [
+    "ERROR_CAUSES",
+    "JUDGE_NAMES",
+    "RATINGS",
+    "Backend",
+    "Chunk",
+    "ErrorCause",
+    "Judge",
+    "JudgeInput",
+    "JudgePanel",
+    "JudgeSpec",
+    "Rating",
+    "Turn",
+    "Verdict",
+]

@@ -1,0 +1,1 @@
+"""ragpulse pipeline: inference-log events to windowed judge ratings."""

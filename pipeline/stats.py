@@ -1,0 +1,60 @@
+"""Counts gathered while judging, keyed by Prometheus metric name and labels.
+
+Beam counters carry them out of the workers (their names encode the metric and its labels);
+the driver decodes them into `Counts`, the state store persists them, and `pipeline.metrics`
+exposes them. Keeping one representation is what lets `serve` restore `_total` counters after a
+restart without ever going backwards.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+
+import orjson
+
+Labels = tuple[tuple[str, str], ...]
+CounterKey = tuple[str, Labels]
+Counts = Counter[CounterKey]
+
+# Upper bounds of the judge latency histogram, in seconds.
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)
+LATENCY_BUCKET = "ragpulse_judge_latency_seconds_bucket"  # non-cumulative count per `le`
+LATENCY_SUM_US = "ragpulse_judge_latency_seconds_sum_us"
+LATENCY_COUNT = "ragpulse_judge_latency_seconds_count"
+
+
+def key(metric: str, **labels: str) -> CounterKey:
+    """The counter key for `metric` with `labels` (label order does not matter)."""
+    return metric, tuple(sorted(labels.items()))
+
+
+def encode(counter_key: CounterKey) -> str:
+    """A Beam counter name for the key; JSON so label values may hold any character."""
+    return orjson.dumps([counter_key[0], dict(counter_key[1])]).decode()
+
+
+def decode(name: str) -> CounterKey:
+    """Inverse of `encode`."""
+    metric, labels = orjson.loads(name)
+    return metric, tuple(sorted(labels.items()))
+
+
+def latency_bucket(seconds: float) -> str:
+    """The `le` label of the bucket that holds `seconds` (`+Inf` past the last bound)."""
+    for bound in LATENCY_BUCKETS:
+        if seconds <= bound:
+            return repr(bound)
+    return "+Inf"
+
+
+def merge(*parts: Mapping[CounterKey, float] | Iterable[tuple[CounterKey, float]]) -> Counts:
+    """Sum several sets of counts."""
+    total: Counts = Counter()
+    for part in parts:
+        items = part.items() if isinstance(part, Mapping) else part
+        for k, v in items:
+            total[k] += int(v)
+    return total

@@ -1,0 +1,100 @@
+"""Event-time window arithmetic and the statistics reported per window.
+
+Pure functions shared by the file run, `serve` and the state store, so that a window's bounds
+and its percentage mean the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from datetime import UTC, datetime
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+# 95 % two-sided normal quantile.
+Z_95 = 1.959963984540054
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration such as `90s`, `5m`, `1.5h` or `250ms`; ValueError otherwise."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(
+            f"{text!r} is not a duration: use a number and a unit (ms, s, m, h, d), e.g. 60s or 5m"
+        )
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def window_start(event_time: float, size: float) -> float:
+    """Start of the fixed window of `size` seconds holding `event_time` (epoch-aligned, like Beam)."""
+    return math.floor(event_time / size) * size
+
+
+def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float | None, float | None]:
+    """Wilson score interval for a binomial proportion; (None, None) when n == 0.
+
+    Chosen over the normal approximation because windows often hold few samples and pass
+    ratios sit near 1, where the normal interval leaves [0, 1].
+    """
+    if n == 0:
+        return None, None
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def isoformat_utc(epoch_seconds: float) -> str:
+    """ISO 8601 text in UTC with a `Z` suffix, as written to every output."""
+    return datetime.fromtimestamp(epoch_seconds, tz=UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WindowKey:
+    """Identifies one row of windowed ratings."""
+
+    window_start: float
+    window_end: float
+    judge: str
+    app: str
+    model: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RatingCounts:
+    """How many verdicts of each rating; adds up across partial counts of the same window."""
+
+    yes: int = 0
+    no: int = 0
+    error: int = 0
+
+    def __add__(self, other: RatingCounts) -> RatingCounts:
+        return RatingCounts(self.yes + other.yes, self.no + other.no, self.error + other.error)
+
+    @property
+    def graded(self) -> int:
+        """Verdicts that count towards the percentage (errors do not)."""
+        return self.yes + self.no
+
+
+def window_row(key: WindowKey, counts: RatingCounts) -> dict[str, object]:
+    """The `windows.jsonl` row: counts, percentage = yes / (yes + no), and its Wilson interval."""
+    n = counts.graded
+    ci_low, ci_high = wilson_interval(counts.yes, n)
+    return {
+        "window_start": isoformat_utc(key.window_start),
+        "window_end": isoformat_utc(key.window_end),
+        "judge": key.judge,
+        "app": key.app,
+        "model": key.model,
+        "yes": counts.yes,
+        "no": counts.no,
+        "error": counts.error,
+        "percentage": counts.yes / n if n else None,
+        "ci_low": ci_low,
+        "ci_high": ci_high,
+    }
