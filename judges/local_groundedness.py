@@ -1,0 +1,141 @@
+"""Offline groundedness judge: is every claim of the answer supported by the retrieved chunks?
+
+For operators who want a free, deterministic groundedness signal on every event. The method is
+lexical: the answer is split into sentences (claims); a claim is unsupported when it states a
+number that no chunk states, names a capitalised name that no chunk mentions, or when too large a
+share of its content words (Snowball stems) appears in neither the chunks nor the question.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Sequence
+
+from judges.base import JudgeInput, Rating, Verdict
+from judges.local_text import Bag, Claim, bag_of, claim_of, load_lexicon, split_sentences, stem
+
+# The judge's only two tuned parameters, picked on the whole RAGTruth-QA dev set (so figures at
+# the defaults are in-sample); tests/bench/eval_local_judges.py also tunes them on one half of
+# the sources and scores the other half, which is the honest out-of-sample estimate.
+DEFAULT_MIN_WORDS = 4
+DEFAULT_MAX_UNSUPPORTED = 0.45
+
+_META_STEMS: frozenset[str] = frozenset(stem(w) for w in load_lexicon("meta_words"))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClaimSupport:
+    """How one answer sentence is supported: the pieces of it that no chunk contains."""
+
+    claim: Claim
+    unsupported_words: tuple[str, ...]
+    unsupported_numbers: tuple[str, ...]
+    unsupported_names: tuple[str, ...]
+
+    @property
+    def unsupported_share(self) -> float:
+        n = len(self.claim.words)
+        return len(self.unsupported_words) / n if n else 0.0
+
+
+@functools.lru_cache(maxsize=4096)
+def _chunks_bag(chunks: tuple[str, ...]) -> Bag:
+    """Union of the chunks' bags; memoised because the same retrieval results recur."""
+    bags = [bag_of(c) for c in chunks]
+    stems = _META_STEMS.union(*(b.stems for b in bags))
+    return Bag(stems, frozenset[str]().union(*(b.numbers for b in bags)))
+
+
+def support_of_claims(answer: str, chunks: Sequence[str], question: str = "") -> list[ClaimSupport]:
+    """Support of each sentence of `answer` by `chunks` (pure; the judge's whole evidence).
+
+    Words of the question count as support too: restating the question invents nothing.
+    """
+    ctx = _chunks_bag(tuple(chunks))
+    q = bag_of(question)
+    stems, numbers, q_stems, q_numbers = ctx.stems, ctx.numbers, q.stems, q.numbers
+    result = []
+    for sentence in split_sentences(answer):
+        claim = claim_of(sentence)
+        result.append(
+            ClaimSupport(
+                claim,
+                tuple(w for w, s in claim.words if s not in stems and s not in q_stems),
+                tuple(r for r, n in claim.numbers if n not in numbers and n not in q_numbers),
+                tuple(n for n, s in claim.names if s not in stems and s not in q_stems),
+            )
+        )
+    return result
+
+
+def first_unsupported(
+    supports: Sequence[ClaimSupport], *, min_words: int, max_unsupported: float
+) -> tuple[ClaimSupport, str] | None:
+    """The first unsupported claim and a reason phrase, or None when every claim is supported."""
+    for s in supports:
+        if s.unsupported_numbers:
+            return s, f"the number {s.unsupported_numbers[0]!r} does not appear in the context"
+        if s.unsupported_names:
+            return s, f"the name {s.unsupported_names[0]!r} does not appear in the context"
+        if len(s.claim.words) >= min_words and s.unsupported_share > max_unsupported:
+            shown = ", ".join(repr(w) for w in s.unsupported_words[:4])
+            return s, (
+                f"{len(s.unsupported_words)} of its {len(s.claim.words)} content words "
+                f"are not in the context ({shown})"
+            )
+    return None
+
+
+def _quote(text: str, limit: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class GroundednessJudge:
+    """Local `groundedness` judge: "no" when some claim of the answer is not in the chunks."""
+
+    name = "groundedness"
+
+    def __init__(
+        self,
+        *,
+        min_words: int = DEFAULT_MIN_WORDS,
+        max_unsupported: float = DEFAULT_MAX_UNSUPPORTED,
+    ) -> None:
+        self.min_words = min_words
+        self.max_unsupported = max_unsupported
+
+    def grade(self, item: JudgeInput) -> Verdict:
+        """Synchronous grading (the async `judge` only wraps it)."""
+        start = time.perf_counter()
+        if not item.answer.strip():
+            return Verdict(
+                self.name,
+                "error",
+                error_message="the answer is empty; there is no claim to check against the context",
+                error_cause="input",
+                latency_seconds=time.perf_counter() - start,
+            )
+        rating, rationale = self._decide(item)
+        return Verdict(self.name, rating, rationale, latency_seconds=time.perf_counter() - start)
+
+    async def judge(self, item: JudgeInput) -> Verdict:
+        return self.grade(item)
+
+    def _decide(self, item: JudgeInput) -> tuple[Rating, str]:
+        chunks = [c.content for c in item.chunks if c.content and not c.content.isspace()]
+        if not chunks:
+            return "no", "no retrieved context to support the answer"
+        supports = support_of_claims(item.answer, chunks, item.question)
+        found = first_unsupported(
+            supports, min_words=self.min_words, max_unsupported=self.max_unsupported
+        )
+        if found is None:
+            n = len(supports)
+            if n == 1:
+                return "yes", "The answer's one claim is supported by the context."
+            return "yes", f"All {n} claims of the answer are supported by the context."
+        claim, reason = found
+        return "no", f"The claim {_quote(claim.claim.text)!r} is unsupported: {reason}."

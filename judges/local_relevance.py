@@ -1,0 +1,113 @@
+"""Offline relevance-to-query judge: does the answer address the user's request?
+
+For operators who want a free, deterministic signal that the chatbot answers what was asked.
+"no" when the answer opens with a refusal ("I can't help with that", lexicon
+judges/lexicons/refusals.txt), when it shares too few of the question's content words (Snowball
+stems), or when a quantity question ("how many", "what year") gets an answer without any number.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import time
+
+from judges.base import JudgeInput, Rating, Verdict
+from judges.local_text import STOPWORDS, load_lexicon, split_sentences, stem, tokens
+
+DEFAULT_MIN_OVERLAP = 0.2
+# Wh-words and request verbs say what kind of answer is wanted, not what it is about.
+_QUESTION_FRAME = (
+    "tell", "explain", "describe", "give", "know", "want", "need", "please", "help", "find",
+    "show", "list", "name", "way", "best", "good", "get", "make", "use",
+)
+_QUANTITY_QUESTION_RE = re.compile(
+    r"\b(?:how (?:many|much|old|tall|long|far|big|high)|what (?:year|percentage|percent|date)|"
+    r"which year|in what year)\b",
+    re.IGNORECASE,
+)
+_QUANTITY_ANSWER_RE = re.compile(
+    r"\d|\b(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|"
+    r"thirty|forty|fifty|hundreds?|thousands?|millions?|billions?|dozens?|several|few|many|"
+    r"none|no|a lot|half|free|century|decade)\b",
+    re.IGNORECASE,
+)
+_LEAD_IN_RE = re.compile(r"^[\s\"'*_>#-]*")
+
+
+@functools.cache
+def _refusal_re() -> re.Pattern[str]:
+    return re.compile("|".join(f"(?:{p})" for p in load_lexicon("refusals")), re.IGNORECASE)
+
+
+def refusal_in(answer: str) -> str | None:
+    """The refusing sentence among the first two of `answer`, or None (pure)."""
+    pattern = _refusal_re()
+    for sentence in split_sentences(answer[:600])[:2]:
+        text = _LEAD_IN_RE.sub("", sentence)
+        if pattern.match(text):
+            return " ".join(text.split())
+    return None
+
+
+def key_stems(text: str) -> dict[str, str]:
+    """Content-word stems of `text` mapped to their first surface form."""
+    out: dict[str, str] = {}
+    for tok in tokens(text):
+        low = tok.lower()
+        if low in STOPWORDS or tok[0].isdigit() or len(low) < 2:
+            continue
+        s = stem(low)
+        if s not in _QUESTION_FRAME_STEMS:
+            out.setdefault(s, tok)
+    return out
+
+
+_QUESTION_FRAME_STEMS = frozenset(stem(w) for w in _QUESTION_FRAME)
+
+
+class RelevanceToQueryJudge:
+    """Local `relevance_to_query` judge: "no" for refusals and off-topic answers."""
+
+    name = "relevance_to_query"
+
+    def __init__(self, *, min_overlap: float = DEFAULT_MIN_OVERLAP) -> None:
+        self.min_overlap = min_overlap
+
+    def grade(self, item: JudgeInput) -> Verdict:
+        """Synchronous grading (the async `judge` only wraps it)."""
+        start = time.perf_counter()
+        if not item.answer.strip():
+            return Verdict(
+                self.name,
+                "error",
+                error_message="the answer is empty; there is nothing to compare with the question",
+                error_cause="input",
+                latency_seconds=time.perf_counter() - start,
+            )
+        rating, rationale = self._decide(item.question, item.answer)
+        return Verdict(self.name, rating, rationale, latency_seconds=time.perf_counter() - start)
+
+    async def judge(self, item: JudgeInput) -> Verdict:
+        return self.grade(item)
+
+    def _decide(self, question: str, answer: str) -> tuple[Rating, str]:
+        refusal = refusal_in(answer)
+        if refusal is not None:
+            shown = refusal if len(refusal) <= 80 else refusal[:79] + "…"
+            return "no", f"The answer declines the request ({shown!r})."
+        asked = key_stems(question)
+        if not asked:
+            return "yes", "The answer does not refuse, and the question has no key words to check."
+        answered = key_stems(answer)
+        shared = [surface for s, surface in asked.items() if s in answered]
+        share = len(shared) / len(asked)
+        if share < self.min_overlap:
+            missing = ", ".join(repr(w) for w in list(asked.values())[:4])
+            return "no", f"The answer takes up too few of the question's key words ({missing})."
+        if _QUANTITY_QUESTION_RE.search(question) and not _QUANTITY_ANSWER_RE.search(answer):
+            return "no", "The question asks for a quantity or date but the answer gives no number."
+        return "yes", (
+            f"The answer takes up {len(shared)} of the question's {len(asked)} key words "
+            f"({', '.join(repr(w) for w in shared[:4])}) and does not refuse."
+        )

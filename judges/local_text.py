@@ -1,0 +1,172 @@
+"""Cheap, deterministic text analysis shared by the local (offline) judges.
+
+Everything here is a pure function over strings. Analyses of texts that recur across events
+(retrieved chunks of popular documents, stems of common words) are memoised in bounded caches,
+so a stream of events with the same knowledge base stays fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from pathlib import Path
+
+import snowballstemmer
+
+# Words: letters with inner apostrophes/hyphen-free (hyphenated words are split so "hard-boiled"
+# matches "hard boiled"). Numbers: digits with thousands separators or a decimal part.
+_TOKEN_RE = re.compile(r"\d+(?:[.,]\d+)*|[^\W\d_]+(?:['’][^\W\d_]+)*")
+# A list marker at the start of a line ("1. ", "2) ") is layout, not a claimed number.
+_LIST_MARKER_RE = re.compile(r"^[ \t]*(?:\d{1,2}[.)]|[-*•])[ \t]+", re.MULTILINE)
+# Sentence ends: . ! ? followed by space and an upper-case letter, digit or quote; or a newline.
+_SENTENCE_RE = re.compile(r"(?<=[.!?])\s+(?=[\"“(\[A-Z0-9])|\s*\n\s*")
+_CAMEL_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")
+_CLOCK_RE = re.compile(r"\b([01]?\d|2[0-3]):[0-5]?\d\b")
+_ORDINAL_SUFFIXES = frozenset({"st", "nd", "rd", "th", "s"})
+
+_NUMBER_WORDS: dict[str, str] = {
+    "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
+    "seven": "7", "eight": "8", "nine": "9", "ten": "10", "eleven": "11", "twelve": "12",
+    "thirteen": "13", "fourteen": "14", "fifteen": "15", "sixteen": "16", "seventeen": "17",
+    "eighteen": "18", "nineteen": "19", "twenty": "20", "thirty": "30", "forty": "40",
+    "fifty": "50", "sixty": "60", "seventy": "70", "eighty": "80", "ninety": "90",
+    "hundred": "100", "thousand": "1000", "million": "1000000", "billion": "1000000000",
+    "first": "1", "second": "2", "third": "3", "fourth": "4", "fifth": "5", "sixth": "6",
+    "seventh": "7", "eighth": "8", "ninth": "9", "tenth": "10", "dozen": "12", "half": "0.5",
+    "once": "1", "twice": "2", "single": "1", "double": "2", "triple": "3", "pair": "2",
+}
+# Small numbers are too common as words ("one of", "second half") to count as claims on their
+# own, but an answer's "3" is supported by a chunk's "three".
+_CLAIM_NUMBER_MIN_WORD = 13
+
+_stemmer = snowballstemmer.stemmer("english")
+# Package data (see pyproject: judges/lexicons/*.txt), found next to this module.
+_LEXICON_DIR = Path(__file__).resolve().parent / "lexicons"
+
+
+def load_lexicon(name: str) -> tuple[str, ...]:
+    """Lines of `judges/lexicons/<name>.txt`, without blank lines and `#` comments."""
+    text = (_LEXICON_DIR / f"{name}.txt").read_text("utf-8")
+    lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
+    return tuple(line for line in lines if line)
+
+
+STOPWORDS: frozenset[str] = frozenset(load_lexicon("stopwords"))
+
+
+@functools.lru_cache(maxsize=200_000)
+def stem(word: str) -> str:
+    """Snowball (Porter 2) stem of a lower-case word; "studies" and "study" share one."""
+    return str(_stemmer.stemWord(word))
+
+
+def normalise_number(token: str) -> str:
+    """Canonical form of a numeric token: "1,000" and "1000.0" both become "1000"."""
+    if "," in token and re.fullmatch(r"\d{1,3}(?:,\d{3})+", token):
+        token = token.replace(",", "")
+    elif "," in token:
+        token = token.replace(",", ".")
+    if "." in token:
+        whole, _, frac = token.partition(".")
+        frac = frac.rstrip("0")
+        token = f"{whole}.{frac}" if frac else whole
+    return token.lstrip("0") or "0"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bag:
+    """The comparable content of a text: stems of its content words and its numbers."""
+
+    stems: frozenset[str]
+    numbers: frozenset[str]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Claim:
+    """One sentence of an answer with its content words (ordered, for naming them)."""
+
+    text: str
+    words: tuple[tuple[str, str], ...]  # (surface form, stem)
+    numbers: tuple[tuple[str, str], ...]  # (surface form, normalised)
+    names: tuple[tuple[str, str], ...]  # (surface, stem) of capitalised non-initial words
+
+
+def tokens(text: str) -> list[str]:
+    """Word and number tokens of `text`, in order."""
+    return _TOKEN_RE.findall(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def bag_of(text: str) -> Bag:
+    """Stems and numbers of a (context) text; memoised because chunks recur."""
+    stems: set[str] = set()
+    numbers: set[str] = set()
+    for tok in _TOKEN_RE.findall(text):
+        if tok[0].isdigit():
+            numbers.add(normalise_number(tok))
+            continue
+        low = tok.lower()
+        num = _NUMBER_WORDS.get(low)
+        if num is not None:
+            numbers.add(num)
+        if low not in STOPWORDS:
+            stems.add(stem(low))
+        if not tok.islower() and not tok.isupper():
+            # Structured sources name fields in camelCase ("OutdoorSeating", "WiFi"): the
+            # answer says "outdoor seating" / "Wi-Fi", so the parts count as content too.
+            for part in _CAMEL_RE.findall(tok):
+                part_low = part.lower()
+                if part_low not in STOPWORDS:
+                    stems.add(stem(part_low))
+    for hour in _CLOCK_RE.findall(text):
+        # "20:00" supports "8 pm": add the 12-hour reading of 24-hour clock times.
+        h = int(hour)
+        if 12 < h < 24:
+            numbers.add(str(h - 12))
+    return Bag(frozenset(stems), frozenset(numbers))
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences and list items of `text`, list markers removed, empty pieces dropped."""
+    text = _LIST_MARKER_RE.sub("", text)
+    return [s for s in _SENTENCE_RE.split(text) if s and not s.isspace()]
+
+
+# How a token of an answer counts: ("num", normalised), ("word", stem) or ("skip", "").
+_TokenInfo = tuple[str, str]
+
+
+@functools.lru_cache(maxsize=200_000)
+def _token_info(tok: str) -> _TokenInfo:
+    if tok[0].isdigit():
+        return "num", normalise_number(tok)
+    low = tok.lower()
+    num = _NUMBER_WORDS.get(low)
+    if num is not None:
+        # Small number words are too common ("one of", "second half") to be claims of their own.
+        return ("num", num) if float(num) >= _CLAIM_NUMBER_MIN_WORD else ("skip", "")
+    if low in STOPWORDS:
+        return "skip", ""
+    return "word", stem(low)
+
+
+def claim_of(sentence: str) -> Claim:
+    """Content words, numbers and names claimed by one answer sentence."""
+    words: list[tuple[str, str]] = []
+    numbers: list[tuple[str, str]] = []
+    names: list[tuple[str, str]] = []
+    after_number = False
+    for i, tok in enumerate(_TOKEN_RE.findall(sentence)):
+        kind, value = _token_info(tok)
+        if after_number and tok in _ORDINAL_SUFFIXES:
+            after_number = False
+            continue  # "2nd", "1990s": the suffix is part of the number
+        after_number = kind == "num" and tok[0].isdigit()
+        if kind == "word":
+            words.append((tok, value))
+            if i > 0 and tok[0].isupper():
+                names.append((tok, value))
+        elif kind == "num":
+            numbers.append((tok, value))
+    return Claim(sentence, tuple(words), tuple(numbers), tuple(names))
