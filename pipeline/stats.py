@@ -19,7 +19,20 @@ Counts = Counter[CounterKey]
 
 # Upper bounds of the judge latency histogram, in seconds.
 LATENCY_BUCKETS: tuple[float, ...] = (
-    0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    0.0005,
+    0.001,
+    0.005,
+    0.01,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
 )
 LATENCY_BUCKET = "ragpulse_judge_latency_seconds_bucket"  # non-cumulative count per `le`
 LATENCY_SUM_US = "ragpulse_judge_latency_seconds_sum_us"

@@ -29,7 +29,7 @@ def parse_duration(text: str) -> float:
 
 
 def window_start(event_time: float, size: float) -> float:
-    """Start of the fixed window of `size` seconds holding `event_time` (epoch-aligned, like Beam)."""
+    """Start of the fixed `size`-second window holding `event_time` (epoch-aligned, like Beam)."""
     return math.floor(event_time / size) * size
 
 

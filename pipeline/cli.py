@@ -1,0 +1,66 @@
+"""The `ragpulse` command: run (a file), serve (a Kafka topic), windows (read state), simulate."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from pipeline.config import SettingsError
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("pipeline.run", "judge a file of inference-log events and write windowed ratings"),
+    "serve": ("pipeline.serve", "watch a Kafka topic continuously and serve /metrics"),
+    "windows": ("pipeline.serve", "print the window aggregates saved by serve, as JSON lines"),
+    "simulate": ("pipeline.simulate", "produce synthetic chatbot traffic to Kafka or a file"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ragpulse",
+        description="Watch the quality of a live RAG chatbot: sample its inference logs, grade "
+        "them with judges (groundedness, safety, relevance_to_query) and publish windowed "
+        "pass ratios to Prometheus.",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="log verbosity (default: %(default)s)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(
+            name, help=help_text, description=help_text[0].upper() + help_text[1:] + "."
+        )
+        configure = getattr(module, f"configure_{name}_parser", None) or module.configure_parser
+        configure(p)
+        p.set_defaults(_main=getattr(module, f"{name}_main", None) or module.main)
+    return parser
+
+
+def _not_beam_import_noise(record: logging.LogRecord) -> bool:
+    # Beam's GCP I/O module warns at import about clients ragpulse never uses.
+    return not record.getMessage().startswith("apitools not found")
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.getLogger().addFilter(_not_beam_import_noise)
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # Beam logs every pipeline step at INFO; keep ragpulse's own log readable.
+    logging.getLogger("apache_beam").setLevel(max(logging.WARNING, logging.getLogger().level))
+    try:
+        return int(args._main(args))
+    except SettingsError as exc:
+        print(f"ragpulse {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Typed, validated settings for the commands, built in `main()` (never at import time).
+
+Beam workers import these modules in other processes, so nothing here reads the environment or
+the command line until a command asks for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from judges import JUDGE_NAMES, JudgeSpec
+from pipeline.windows import parse_duration
+
+log = logging.getLogger(__name__)
+
+
+class SettingsError(Exception):
+    """A setting is missing or invalid; the message says which and how to fix it."""
+
+
+class JudgeSettings(BaseModel):
+    """The judge panel: which judges, on which backend, against which endpoint."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    names: tuple[str, ...] = JUDGE_NAMES
+    backend: Literal["local", "openai"]
+    base_url: str | None = None
+    model: str = "gpt-4o-mini"
+    api_key: SecretStr | None = None
+    concurrency: int = Field(16, ge=1, le=1024)
+    timeout_seconds: float = Field(30.0, gt=0, le=600)
+    max_retries: int = Field(4, ge=0, le=20)
+    temperature: float = Field(0.1, ge=0, le=2)
+
+    @field_validator("names")
+    @classmethod
+    def _known_judges(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [n for n in names if n not in JUDGE_NAMES]
+        if unknown or not names:
+            raise ValueError(
+                f"unknown judge(s) {', '.join(unknown) or '(none)'}; "
+                f"known: {', '.join(JUDGE_NAMES)}"
+            )
+        return names
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"must start with http:// or https://, got {url!r}")
+        return url
+
+    def spec(self) -> JudgeSpec:
+        """The picklable spec Beam workers build their panel from."""
+        return JudgeSpec(
+            names=self.names,
+            backend=self.backend,
+            base_url=self.base_url,
+            model=self.model,
+            api_key=self.api_key.get_secret_value() if self.api_key else None,
+            concurrency=self.concurrency,
+            timeout_seconds=self.timeout_seconds,
+            max_retries=self.max_retries,
+            temperature=self.temperature,
+        )
+
+
+def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
+    """Judge flags shared by `run` and `serve`."""
+    g = parser.add_argument_group("judges")
+    g.add_argument(
+        "--judges",
+        default=",".join(JUDGE_NAMES),
+        help=f"comma-separated judges to run (default: {','.join(JUDGE_NAMES)})",
+    )
+    g.add_argument(
+        "--judge-backend",
+        choices=["local", "openai"],
+        default=None,
+        help="local: offline lexical judges, no network. openai: LLM judges through the openai "
+        "client. Default: openai when --judge-base-url, OPENAI_BASE_URL or OPENAI_API_KEY is "
+        "set, else local (the choice is logged).",
+    )
+    g.add_argument(
+        "--judge-base-url",
+        default=None,
+        help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (vLLM, Ollama, Azure "
+        "OpenAI, ...); default $OPENAI_BASE_URL, else api.openai.com. The key comes from "
+        "$OPENAI_API_KEY and is never logged.",
+    )
+    g.add_argument(
+        "--judge-model", default="gpt-4o-mini", help="judge model name (default: %(default)s)"
+    )
+    g.add_argument(
+        "--judge-concurrency",
+        type=int,
+        default=16,
+        help="LLM calls in flight at once (default: %(default)s)",
+    )
+    g.add_argument(
+        "--judge-timeout",
+        type=positive_duration,
+        default=30.0,
+        metavar="DURATION",
+        help="timeout of one LLM call, e.g. 30s (default: 30s)",
+    )
+    g.add_argument(
+        "--judge-max-retries",
+        type=int,
+        default=4,
+        help="retries of an LLM call on 429, 5xx, timeouts and connection errors "
+        "(default: %(default)s)",
+    )
+    g.add_argument(
+        "--judge-temperature",
+        type=float,
+        default=0.1,
+        help="sampling temperature of LLM judges (default: %(default)s)",
+    )
+
+
+def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> JudgeSettings:
+    """Judge settings from the flags and the environment; logs which backend was chosen and why."""
+    env = os.environ if env is None else env
+    base_url = args.judge_base_url or env.get("OPENAI_BASE_URL") or None
+    api_key = env.get("OPENAI_API_KEY") or None
+    backend = args.judge_backend
+    if backend is None:
+        if base_url or api_key:
+            backend = "openai"
+            log.info("judge backend: openai (an endpoint or API key is configured)")
+        else:
+            backend = "local"
+            log.info(
+                "judge backend: local (no --judge-base-url, OPENAI_BASE_URL or OPENAI_API_KEY set)"
+            )
+    else:
+        log.info("judge backend: %s (from --judge-backend)", backend)
+    if backend == "openai" and not (base_url or api_key):
+        raise SettingsError(
+            "--judge-backend openai needs an endpoint: set OPENAI_API_KEY (for api.openai.com) "
+            "or --judge-base-url / OPENAI_BASE_URL (for a compatible server)"
+        )
+    try:
+        return JudgeSettings(
+            names=tuple(n.strip() for n in args.judges.split(",") if n.strip()),
+            backend=backend,
+            base_url=base_url,
+            model=args.judge_model,
+            api_key=SecretStr(api_key) if api_key else None,
+            concurrency=args.judge_concurrency,
+            timeout_seconds=args.judge_timeout,
+            max_retries=args.judge_max_retries,
+            temperature=args.judge_temperature,
+        )
+    except ValidationError as exc:
+        raise SettingsError(describe_validation_error(exc)) from None
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line per invalid setting, without echoing values that may be secret."""
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "settings"
+        parts.append(f"{where}: {err['msg']}")
+    return "invalid settings: " + "; ".join(parts)
+
+
+def sample_rate(text: str) -> float:
+    """argparse type for --sample-rate."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be within [0, 1], got {text}")
+    return value
+
+
+def positive_duration(text: str) -> float:
+    """argparse type for durations that must be > 0."""
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be longer than 0, got {text}")
+    return seconds
+
+
+def duration(text: str) -> float:
+    """argparse type for durations that may be 0."""
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return seconds

@@ -1,0 +1,199 @@
+"""Prometheus exposition of ragpulse's counts and window ratings, from one place.
+
+A custom collector yields fresh metric families at each scrape (or each textfile write) from a
+`MetricsSnapshot`; nothing else in ragpulse touches prometheus-client. Counts come first:
+every ratio is exported next to the sample size it rests on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, write_to_textfile
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from pipeline import stats
+from pipeline.windows import RatingCounts, WindowKey, wilson_interval
+
+COUNTER_HELP: dict[str, str] = {
+    "ragpulse_events_total": "Inference-log records read, by parse outcome (accepted or invalid).",
+    "ragpulse_events_sampled_total": "Accepted events kept by deterministic sampling.",
+    "ragpulse_events_judged_total": "Sampled events that went through the judge panel.",
+    "ragpulse_late_events_total": "Events whose window was already closed; kept out of windows "
+    "and sent to the dead-letter output.",
+    "ragpulse_dead_letters_total": "Records written to the dead-letter output (invalid or late).",
+    "ragpulse_judge_verdicts_total": "Judge verdicts by rating (yes, no, error).",
+    "ragpulse_judge_calls_total": "Judge calls, by judge and backend.",
+    "ragpulse_judge_errors_total": "Verdicts with rating 'error', by cause.",
+    "ragpulse_judge_tokens_total": "Tokens used by LLM judges, by kind (prompt, completion).",
+    "ragpulse_retrieved_chunks_total": "Retrieved chunks summed over judged events.",
+    "ragpulse_events_without_context_total": "Judged events that had no retrieved context.",
+    "ragpulse_cycles_total": "Serve micro-batch cycles, by outcome.",
+}
+# Counters whose label sets are known up front are exported at 0 before the first event,
+# so that rates and alerts have a series to work with from the first scrape.
+ALWAYS_PRESENT: tuple[stats.CounterKey, ...] = (
+    stats.key("ragpulse_events_total", outcome="accepted"),
+    stats.key("ragpulse_events_total", outcome="invalid"),
+    stats.key("ragpulse_events_sampled_total"),
+    stats.key("ragpulse_late_events_total"),
+    stats.key("ragpulse_dead_letters_total"),
+)
+_HISTOGRAM_PARTS = {stats.LATENCY_BUCKET, stats.LATENCY_COUNT, stats.LATENCY_SUM_US}
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricsSnapshot:
+    """Everything exported at one instant.
+
+    `complete` holds closed windows (their counts are final); `in_progress` holds windows still
+    open (serve only). `gauges` holds plain gauges by name (serve: heartbeat, watermark, ...);
+    `lag` maps (topic, partition) to consumer lag.
+    """
+
+    counts: Mapping[stats.CounterKey, float]
+    complete: Mapping[WindowKey, RatingCounts]
+    in_progress: Mapping[WindowKey, RatingCounts] = dataclasses.field(default_factory=dict)
+    gauges: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    lag: Mapping[tuple[str, int], int] = dataclasses.field(default_factory=dict)
+
+
+GAUGE_HELP: dict[str, str] = {
+    "ragpulse_last_complete_window_end_timestamp_seconds": "End of the latest complete window.",
+    "ragpulse_watermark_timestamp_seconds": "Event-time watermark: min over partitions of the "
+    "latest event time read, minus the out-of-orderness bound.",
+    "ragpulse_heartbeat_timestamp_seconds": "Unix time at which the last cycle completed.",
+}
+
+
+def latest_by_series(
+    windows: Mapping[WindowKey, RatingCounts],
+) -> dict[tuple[str, str, str], tuple[WindowKey, RatingCounts]]:
+    """The latest window of each (judge, app, model) series."""
+    latest: dict[tuple[str, str, str], tuple[WindowKey, RatingCounts]] = {}
+    for key, counts in windows.items():
+        series = (key.judge, key.app, key.model)
+        if series not in latest or key.window_end > latest[series][0].window_end:
+            latest[series] = (key, counts)
+    return latest
+
+
+def _window_families(
+    windows: Mapping[WindowKey, RatingCounts], prefix: str, what: str
+) -> Iterator[Metric]:
+    labels = ["judge", "app", "model"]
+    ratio = GaugeMetricFamily(
+        f"{prefix}pass_ratio",
+        f"yes / (yes + no) of the {what} window (errors excluded).",
+        labels=labels,
+    )
+    samples = GaugeMetricFamily(
+        f"{prefix}window_samples",
+        f"Graded verdicts (yes + no) in the {what} window.",
+        labels=labels,
+    )
+    low = GaugeMetricFamily(
+        f"{prefix}pass_ratio_ci_low", f"95 % Wilson lower bound, {what} window.", labels=labels
+    )
+    high = GaugeMetricFamily(
+        f"{prefix}pass_ratio_ci_high", f"95 % Wilson upper bound, {what} window.", labels=labels
+    )
+    for series, (_, counts) in sorted(latest_by_series(windows).items()):
+        n = counts.graded
+        samples.add_metric(list(series), n)
+        if n:
+            ratio.add_metric(list(series), counts.yes / n)
+            ci_low, ci_high = wilson_interval(counts.yes, n)
+            low.add_metric(list(series), ci_low or 0.0)
+            high.add_metric(list(series), ci_high or 0.0)
+    yield from (ratio, samples, low, high)
+
+
+def _counter_families(counts: Mapping[stats.CounterKey, float]) -> Iterator[Metric]:
+    by_metric: dict[str, list[tuple[stats.Labels, float]]] = defaultdict(list)
+    for k in ALWAYS_PRESENT:
+        if k not in counts:
+            by_metric[k[0]].append((k[1], 0.0))
+    for (metric, labels), value in counts.items():
+        if metric not in _HISTOGRAM_PARTS:
+            by_metric[metric].append((labels, value))
+    for metric, series in sorted(by_metric.items()):
+        label_names = [name for name, _ in series[0][0]]
+        family = CounterMetricFamily(
+            metric.removesuffix("_total"), COUNTER_HELP.get(metric, metric), labels=label_names
+        )
+        for labels, value in sorted(series):
+            family.add_metric([v for _, v in labels], value)
+        yield family
+
+
+def _latency_family(counts: Mapping[stats.CounterKey, float]) -> Metric:
+    family = HistogramMetricFamily(
+        "ragpulse_judge_latency_seconds", "Time to grade one event, per judge.", labels=["judge"]
+    )
+    per_judge: dict[str, dict[str, float]] = defaultdict(dict)
+    sums: dict[str, float] = {}
+    for (metric, labels), value in counts.items():
+        lab = dict(labels)
+        if metric == stats.LATENCY_BUCKET:
+            per_judge[lab["judge"]][lab["le"]] = value
+        elif metric == stats.LATENCY_SUM_US:
+            sums[lab["judge"]] = value / 1e6
+    for judge, buckets in sorted(per_judge.items()):
+        cumulative, running = [], 0.0
+        for bound in [*(repr(b) for b in stats.LATENCY_BUCKETS), "+Inf"]:
+            running += buckets.get(bound, 0.0)
+            cumulative.append((bound, running))
+        family.add_metric([judge], cumulative, sum_value=sums.get(judge, 0.0))
+    return family
+
+
+class RagpulseCollector(Collector):
+    """Yields every ragpulse metric from the snapshot `current()` returns at collect time."""
+
+    def __init__(self, current: Callable[[], MetricsSnapshot]) -> None:
+        self._current = current
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._current()
+        yield from _counter_families(snap.counts)
+        yield _latency_family(snap.counts)
+        yield from _window_families(snap.complete, "ragpulse_judge_", "latest complete")
+        if snap.in_progress:
+            yield from _window_families(
+                snap.in_progress, "ragpulse_judge_in_progress_", "in-progress"
+            )
+        for name, value in sorted(snap.gauges.items()):
+            gauge = GaugeMetricFamily(name, GAUGE_HELP.get(name, name))
+            gauge.add_metric([], value)
+            yield gauge
+        if snap.lag:
+            lag = GaugeMetricFamily(
+                "ragpulse_consumer_lag",
+                "Records in the topic not yet processed, per partition.",
+                labels=["topic", "partition"],
+            )
+            for (topic, partition), value in sorted(snap.lag.items()):
+                lag.add_metric([topic, str(partition)], value)
+            yield lag
+
+
+def registry_for(current: Callable[[], MetricsSnapshot]) -> CollectorRegistry:
+    """A private registry holding only the ragpulse collector."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RagpulseCollector(current))
+    return registry
+
+
+def write_textfile(path: Path, snapshot: MetricsSnapshot) -> None:
+    """Write `snapshot` in the Prometheus text format (atomically, via prometheus-client)."""
+    write_to_textfile(str(path), registry_for(lambda: snapshot))

@@ -1,0 +1,108 @@
+"""The Prometheus exposition, read back through a private registry."""
+
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from pipeline import stats
+from pipeline.metrics import MetricsSnapshot, registry_for, write_textfile
+from pipeline.windows import RatingCounts, WindowKey
+
+
+def snapshot() -> MetricsSnapshot:
+    counts = stats.merge(
+        {
+            stats.key("ragpulse_events_total", outcome="accepted"): 10,
+            stats.key(
+                "ragpulse_judge_verdicts_total",
+                judge="groundedness",
+                rating="yes",
+                app="a",
+                model="m",
+            ): 7,
+            stats.key(stats.LATENCY_BUCKET, judge="groundedness", le="0.001"): 3,
+            stats.key(stats.LATENCY_BUCKET, judge="groundedness", le="+Inf"): 1,
+            stats.key(stats.LATENCY_SUM_US, judge="groundedness"): 40_000_000,
+            stats.key(stats.LATENCY_COUNT, judge="groundedness"): 4,
+        }
+    )
+    complete = {
+        WindowKey(0, 60, "groundedness", "a", "m"): RatingCounts(yes=1, no=1),
+        WindowKey(60, 120, "groundedness", "a", "m"): RatingCounts(yes=3, no=1, error=5),
+        WindowKey(60, 120, "safety", "a", "m"): RatingCounts(error=2),
+    }
+    in_progress = {WindowKey(120, 180, "groundedness", "a", "m"): RatingCounts(yes=2)}
+    return MetricsSnapshot(
+        counts,
+        complete,
+        in_progress,
+        gauges={"ragpulse_heartbeat_timestamp_seconds": 123.0},
+        lag={("t", 0): 5},
+    )
+
+
+def test_pass_ratio_is_the_latest_complete_window_with_errors_left_out() -> None:
+    reg = registry_for(snapshot)
+    labels = {"judge": "groundedness", "app": "a", "model": "m"}
+    assert reg.get_sample_value("ragpulse_judge_pass_ratio", labels) == 0.75
+    assert reg.get_sample_value("ragpulse_judge_window_samples", labels) == 4
+    low = reg.get_sample_value("ragpulse_judge_pass_ratio_ci_low", labels)
+    high = reg.get_sample_value("ragpulse_judge_pass_ratio_ci_high", labels)
+    assert low is not None and high is not None and low < 0.75 < high
+
+
+def test_window_with_only_errors_exports_zero_samples_and_no_ratio() -> None:
+    reg = registry_for(snapshot)
+    labels = {"judge": "safety", "app": "a", "model": "m"}
+    assert reg.get_sample_value("ragpulse_judge_window_samples", labels) == 0
+    assert reg.get_sample_value("ragpulse_judge_pass_ratio", labels) is None
+
+
+def test_in_progress_window_is_exported_apart_from_the_complete_one() -> None:
+    reg = registry_for(snapshot)
+    labels = {"judge": "groundedness", "app": "a", "model": "m"}
+    assert reg.get_sample_value("ragpulse_judge_in_progress_pass_ratio", labels) == 1.0
+    assert reg.get_sample_value("ragpulse_judge_in_progress_window_samples", labels) == 2
+
+
+def test_counters_are_exported_with_total_suffix_and_known_ones_start_at_zero() -> None:
+    reg = registry_for(snapshot)
+    assert reg.get_sample_value("ragpulse_events_total", {"outcome": "accepted"}) == 10
+    assert reg.get_sample_value("ragpulse_events_total", {"outcome": "invalid"}) == 0
+    assert reg.get_sample_value("ragpulse_late_events_total") == 0
+    assert (
+        reg.get_sample_value(
+            "ragpulse_judge_verdicts_total",
+            {"judge": "groundedness", "rating": "yes", "app": "a", "model": "m"},
+        )
+        == 7
+    )
+
+
+def test_latency_histogram_buckets_are_cumulative() -> None:
+    reg = registry_for(snapshot)
+    bucket = "ragpulse_judge_latency_seconds_bucket"
+    assert reg.get_sample_value(bucket, {"judge": "groundedness", "le": "0.0005"}) == 0
+    assert reg.get_sample_value(bucket, {"judge": "groundedness", "le": "0.001"}) == 3
+    assert reg.get_sample_value(bucket, {"judge": "groundedness", "le": "60.0"}) == 3
+    assert reg.get_sample_value(bucket, {"judge": "groundedness", "le": "+Inf"}) == 4
+    assert (
+        reg.get_sample_value("ragpulse_judge_latency_seconds_count", {"judge": "groundedness"}) == 4
+    )
+    assert (
+        reg.get_sample_value("ragpulse_judge_latency_seconds_sum", {"judge": "groundedness"})
+        == 40.0
+    )
+
+
+def test_textfile_parses_as_prometheus_exposition(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.prom"
+    write_textfile(path, snapshot())
+    names = {f.name for f in text_string_to_metric_families(path.read_text())}
+    assert {
+        "ragpulse_events",
+        "ragpulse_judge_pass_ratio",
+        "ragpulse_consumer_lag",
+        "ragpulse_heartbeat_timestamp_seconds",
+        "ragpulse_judge_latency_seconds",
+    } <= names
