@@ -1,0 +1,561 @@
+"""`ragpulse simulate`: synthetic chatbot inference logs, to Kafka or to a JSON-lines file.
+
+For demos, load tests and the samples in deploy/samples: questions over a small built-in
+knowledge base (product docs, HR policy, billing), 1-5 retrieved chunks, answers that reuse the
+chunk's wording (so a lexical groundedness judge finds them supported) and the question's words
+(so a relevance judge finds them on topic). Every request/response shape of the Agent Evaluation
+schema appears, including MLflow traces. Incidents can be switched on: a groundedness drop
+(answers inventing numbers and names), a burst of unsafe answers, a burst of malformed records,
+late events and answers without retrieved context.
+
+Everything is drawn from one seeded RNG, so a seed and the options give the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pipeline.windows import isoformat_utc, parse_duration
+
+DEFAULT_APPS = ("support-bot", "hr-assistant")
+DEFAULT_MODELS = ("gpt-4o-mini", "llama-3.1-8b")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fact:
+    """One knowledge-base passage, a question it answers and answers grounded or not in it."""
+
+    doc_uri: str
+    chunk: str
+    question: str
+    answer: str  # reuses the chunk's wording and the question's words
+    invented: str  # same topic, but with {n} and {name} that no chunk contains
+
+
+_PRODUCT = (
+    Fact(
+        "docs/nimbus-router/setup.md#reset",
+        "To factory reset the Nimbus router, hold the recessed reset button for 12 seconds "
+        "until the status light blinks amber. The router restarts with the default admin "
+        "password printed on the label.",
+        "How do I factory reset the Nimbus router?",
+        "To factory reset the Nimbus router, hold the recessed reset button for 12 seconds until "
+        "the status light blinks amber; it restarts with the default admin password.",
+        "To factory reset the Nimbus router, hold the power button for {n} seconds and call "
+        "{name} from the support desk for a new password.",
+    ),
+    Fact(
+        "docs/nimbus-router/wifi.md#bands",
+        "The Nimbus router broadcasts on the 2.4 GHz and 5 GHz bands. The 5 GHz band supports "
+        "up to 64 connected devices; the 2.4 GHz band supports up to 32 devices.",
+        "How many devices can connect to the Nimbus router on the 5 GHz band?",
+        "The Nimbus router 5 GHz band supports up to 64 connected devices.",
+        "The Nimbus router 5 GHz band supports up to {n} connected devices, as {name} confirmed.",
+    ),
+    Fact(
+        "docs/nimbus-router/firmware.md#updates",
+        "Firmware updates for the Nimbus router are downloaded automatically every night at "
+        "03:00 local time and installed after a restart. Automatic updates can be disabled in "
+        "the Maintenance tab.",
+        "When does the Nimbus router download firmware updates?",
+        "The Nimbus router downloads firmware updates automatically every night at 03:00 local "
+        "time and installs them after a restart.",
+        "The Nimbus router downloads firmware updates every {n} days, scheduled by {name}.",
+    ),
+    Fact(
+        "docs/nimbus-router/warranty.md",
+        "The Nimbus router comes with a 2 year limited warranty covering hardware defects. "
+        "Water damage and opened cases are not covered.",
+        "How long is the Nimbus router warranty?",
+        "The Nimbus router warranty is a 2 year limited warranty covering hardware defects.",
+        "The Nimbus router warranty lasts {n} months and {name} can extend it for free.",
+    ),
+)
+
+_BILLING = (
+    Fact(
+        "kb/billing/refunds.md",
+        "Refunds are issued to the original payment method within 14 days of approval. "
+        "Annual plans cancelled within 30 days of purchase are refunded in full.",
+        "How long does a refund take to reach my payment method?",
+        "Refunds are issued to the original payment method within 14 days of approval.",
+        "Refunds reach your payment method within {n} hours once {name} signs them off.",
+    ),
+    Fact(
+        "kb/billing/invoices.md",
+        "Invoices are emailed on the first business day of each month and can be downloaded "
+        "as PDF from the Billing page of the account settings.",
+        "Where can I download my invoices?",
+        "You can download your invoices as PDF from the Billing page of the account settings; "
+        "they are also emailed on the first business day of each month.",
+        "You can download invoices only by asking {name}, who sends them every {n} days.",
+    ),
+    Fact(
+        "kb/billing/plans.md#team",
+        "The Team plan costs 18 euros per user per month and includes 200 GB of shared storage "
+        "and priority email support.",
+        "How much does the Team plan cost per user?",
+        "The Team plan costs 18 euros per user per month and includes 200 GB of shared storage.",
+        "The Team plan costs {n} euros per user per month, according to {name}.",
+    ),
+)
+
+_HR = (
+    Fact(
+        "policies/hr/annual-leave.pdf#p2",
+        "Full-time employees accrue 25 days of paid annual leave per calendar year. Up to 5 "
+        "unused days carry over and must be taken before 31 March of the following year.",
+        "How many days of paid annual leave do full-time employees accrue?",
+        "Full-time employees accrue 25 days of paid annual leave per calendar year, and up to "
+        "5 unused days carry over.",
+        "Full-time employees accrue {n} days of paid annual leave, approved by {name}.",
+    ),
+    Fact(
+        "policies/hr/parental-leave.pdf#p1",
+        "Parents are entitled to 16 weeks of fully paid parental leave, which can be taken in "
+        "up to three blocks within 18 months of the birth or adoption.",
+        "How many weeks of paid parental leave are parents entitled to?",
+        "Parents are entitled to 16 weeks of fully paid parental leave, taken in up to three "
+        "blocks within 18 months.",
+        "Parents are entitled to {n} weeks of paid parental leave if {name} agrees.",
+    ),
+    Fact(
+        "policies/hr/remote-work.md",
+        "Employees may work remotely up to 3 days per week after their probation period. "
+        "Working from abroad requires written approval from the People team.",
+        "How many days per week may employees work remotely?",
+        "Employees may work remotely up to 3 days per week after their probation period.",
+        "Employees may work remotely {n} days per week once {name} signs the form.",
+    ),
+    Fact(
+        "policies/hr/expenses.md#travel",
+        "Travel expenses must be submitted in the expense tool within 60 days with receipts "
+        "attached. Economy class is required for flights under 6 hours.",
+        "What is the deadline for submitting travel expenses?",
+        "Travel expenses must be submitted in the expense tool within 60 days with receipts "
+        "attached.",
+        "Travel expenses must be submitted within {n} days directly to {name} in finance.",
+    ),
+    Fact(
+        "policies/hr/sick-leave.md",
+        "Employees who are sick must notify their manager before 10:00 on the first day of "
+        "absence. A doctor's note is required from the fourth day of absence.",
+        "When is a doctor's note required for sick leave?",
+        "A doctor's note is required from the fourth day of absence; employees who are sick "
+        "must notify their manager before 10:00 on the first day.",
+        "A doctor's note is required after {n} days of sick leave, checked by {name}.",
+    ),
+)
+
+# One knowledge base per app, assigned in turn.
+KNOWLEDGE_BASES: tuple[tuple[Fact, ...], ...] = (_PRODUCT + _BILLING, _HR)
+
+# Names and numbers that appear in no chunk: what an ungrounded answer makes up.
+_INVENTED_NAMES = (
+    "Marcus Thornbury", "Helena Vasquez-Oduya", "Dr. Pieter Lindqvist", "Ottilie Brandvold",
+    "Rafael Quintanilla", "Sigrid Amundsen",
+)
+_UNSAFE_ANSWERS = (
+    "Forget the policy. You should threaten to kill your manager until they give in.",
+    "Just steal your coworker's password and wire the company money to yourself.",
+    "The best revenge is to build a bomb and blow up the office parking lot.",
+    "People like them are subhuman vermin and deserve to be beaten.",
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Incidents:
+    """Faults to inject; times are seconds after the start of the simulated traffic."""
+
+    groundedness_drop_at: float | None = None
+    groundedness_recover_at: float | None = None
+    drop_to: float = 0.6  # share of grounded answers during the drop
+    unsafe_burst_at: float | None = None
+    unsafe_burst_count: int = 0
+    malformed_burst_at: float | None = None
+    malformed_burst_count: int = 0
+    late_events: int = 0
+    late_by: float = 900.0
+    no_context_share: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SimulatedEvent:
+    """One generated record: its bytes, its (possibly late) event time and what it models."""
+
+    payload: bytes
+    event_time: float
+    kind: str  # grounded | ungrounded | unsafe | malformed
+    late: bool = False
+    without_context: bool = False
+
+
+def simulate(
+    seed: int,
+    n: int,
+    start_time: float,
+    *,
+    rate: float = 1.0,
+    apps: Sequence[str] = DEFAULT_APPS,
+    models: Sequence[str] = DEFAULT_MODELS,
+    incidents: Incidents | None = None,
+) -> Iterator[SimulatedEvent]:
+    """`n` events, one every 1/`rate` seconds from `start_time` (epoch seconds), with labels."""
+    if not apps or not models:
+        raise ValueError("at least one app and one model are needed")
+    inc = incidents or Incidents()
+    rng = random.Random(seed)
+    late_at = set(rng.sample(range(n), min(inc.late_events, n)))
+    unsafe_left = inc.unsafe_burst_count
+    malformed_left = inc.malformed_burst_count
+    for i in range(n):
+        offset = i / rate
+        scheduled = start_time + offset
+        if inc.malformed_burst_at is not None and offset >= inc.malformed_burst_at and (
+            malformed_left > 0
+        ):
+            malformed_left -= 1
+            yield SimulatedEvent(_malformed(rng, scheduled), scheduled, "malformed")
+            continue
+        late = i in late_at
+        event_time = scheduled - inc.late_by if late else scheduled
+        unsafe = (
+            inc.unsafe_burst_at is not None and offset >= inc.unsafe_burst_at and unsafe_left > 0
+        )
+        if unsafe:
+            unsafe_left -= 1
+        dropping = (
+            inc.groundedness_drop_at is not None
+            and offset >= inc.groundedness_drop_at
+            and (inc.groundedness_recover_at is None or offset < inc.groundedness_recover_at)
+        )
+        grounded = not dropping or rng.random() < inc.drop_to
+        without_context = rng.random() < inc.no_context_share
+        app_index = rng.randrange(len(apps))
+        event = _event(
+            rng,
+            app=apps[app_index],
+            model=rng.choice(models),
+            kb=KNOWLEDGE_BASES[app_index % len(KNOWLEDGE_BASES)],
+            event_time=event_time,
+            grounded=grounded,
+            unsafe=unsafe,
+            without_context=without_context,
+        )
+        kind = "unsafe" if unsafe else ("grounded" if grounded else "ungrounded")
+        yield SimulatedEvent(_dumps(event), event_time, kind, late, without_context)
+
+
+def synthetic_events(
+    seed: int,
+    n: int,
+    start_time: float,
+    *,
+    rate: float = 1.0,
+    apps: Sequence[str] = DEFAULT_APPS,
+    models: Sequence[str] = DEFAULT_MODELS,
+    incidents: Incidents | None = None,
+) -> Iterator[bytes]:
+    """The raw records of `simulate` (one JSON object per event; malformed ones are not)."""
+    for event in simulate(
+        seed, n, start_time, rate=rate, apps=apps, models=models, incidents=incidents
+    ):
+        yield event.payload
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _event(
+    rng: random.Random,
+    *,
+    app: str,
+    model: str,
+    kb: Sequence[Fact],
+    event_time: float,
+    grounded: bool,
+    unsafe: bool,
+    without_context: bool,
+) -> dict[str, Any]:
+    fact = rng.choice(kb)
+    if unsafe:
+        answer = rng.choice(_UNSAFE_ANSWERS)
+    elif grounded:
+        answer = fact.answer
+    else:
+        answer = fact.invented.format(n=rng.randint(113, 987), name=rng.choice(_INVENTED_NAMES))
+    chunks: list[Fact] = []
+    if not without_context:
+        others = [f for f in kb if f is not fact]
+        chunks = rng.sample(others, rng.randint(0, min(4, len(others))))
+        chunks.insert(rng.randint(0, len(chunks)), fact)
+    others = [f for f in kb if f is not fact]
+    earlier = rng.choice(others)
+    request_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+    event: dict[str, Any] = {
+        "request_id": request_id,
+        "timestamp": (
+            isoformat_utc(round(event_time, 3))
+            if rng.random() < 0.5
+            else round(event_time * 1000)
+        ),
+        "app": app,
+        "model": model,
+    }
+    request_kind = rng.randrange(4)
+    if request_kind == 0:
+        event["request"] = fact.question
+    elif request_kind == 1:
+        event["request"] = {
+            "messages": [
+                {"role": "system", "content": "You answer from the company knowledge base."},
+                {"role": "user", "content": earlier.question},
+                {"role": "assistant", "content": earlier.answer},
+                {"role": "user", "content": fact.question},
+            ]
+        }
+    elif request_kind == 2:
+        event["request"] = {
+            "query": fact.question,
+            "history": [
+                {"role": "user", "content": earlier.question},
+                {"role": "assistant", "content": earlier.answer},
+            ],
+        }
+    else:
+        event["request"] = {"question": fact.question, "user_id": f"u-{rng.randrange(10_000)}"}
+    response_kind = rng.randrange(3)
+    if response_kind == 0:
+        event["response"] = answer
+    elif response_kind == 1:
+        event["response"] = {
+            "id": f"chatcmpl-{rng.getrandbits(48):012x}",
+            "object": "chat.completion",
+            "model": model,
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": answer},
+                 "finish_reason": "stop"}
+            ],
+        }
+    if response_kind == 2:
+        trace = _trace(rng, fact.question, answer, chunks, event_time)
+        # The Agent Evaluation schema allows the trace as an object or as a JSON string.
+        event["trace"] = json.dumps(trace) if rng.random() < 0.3 else trace
+    elif chunks or rng.random() < 0.5:
+        event["retrieved_context"] = [{"content": c.chunk, "doc_uri": c.doc_uri} for c in chunks]
+    return event
+
+
+def _trace(
+    rng: random.Random, question: str, answer: str, chunks: Sequence[Fact], event_time: float
+) -> dict[str, Any]:
+    """An MLflow 2.x serialized trace: a CHAIN root span and a RETRIEVER child span."""
+    trace_id = f"0x{rng.getrandbits(128):032x}"
+    root_id, retriever_id = f"0x{rng.getrandbits(64):016x}", f"0x{rng.getrandbits(64):016x}"
+    start_ns = int((event_time - 1.2) * 1e9)
+    documents = [
+        {"page_content": c.chunk, "metadata": {"doc_uri": c.doc_uri, "chunk_id": str(k)}}
+        for k, c in enumerate(chunks)
+    ]
+
+    def span(
+        name: str, span_id: str, parent: str | None, kind: str, inputs: Any, outputs: Any,
+        start: int, end: int,
+    ) -> dict[str, Any]:
+        return {
+            "name": name,
+            "context": {"span_id": span_id, "trace_id": trace_id},
+            "parent_id": parent,
+            "start_time": start,
+            "end_time": end,
+            "status_code": "OK",
+            "status_message": "",
+            "attributes": {
+                "mlflow.traceRequestId": json.dumps(f"tr-{trace_id[2:]}"),
+                "mlflow.spanType": json.dumps(kind),
+                "mlflow.spanInputs": json.dumps(inputs),
+                "mlflow.spanOutputs": json.dumps(outputs),
+            },
+            "events": [],
+        }
+
+    return {
+        "info": {
+            "request_id": f"tr-{trace_id[2:]}",
+            "experiment_id": "0",
+            "timestamp_ms": start_ns // 1_000_000,
+            "execution_time_ms": 1200,
+            "status": "OK",
+        },
+        "data": {
+            "spans": [
+                span("chat", root_id, None, "CHAIN", {"question": question}, answer,
+                     start_ns, start_ns + 1_200_000_000),
+                span("retrieve", retriever_id, root_id, "RETRIEVER", {"query": question},
+                     documents, start_ns + 10_000_000, start_ns + 200_000_000),
+            ]
+        },
+    }
+
+
+def _malformed(rng: random.Random, event_time: float) -> bytes:
+    """A record the parser must reject, each kind of mistake in turn at random."""
+    ms = round(event_time * 1000)
+    kind = rng.randrange(6)
+    if kind == 0:  # cut off mid-way
+        return b'{"request": "How do I reset the router?", "response": "Hold the'
+    if kind == 1:  # wrong type for request
+        return _dumps({"request": 42, "response": "yes", "timestamp": ms})
+    if kind == 2:  # neither response nor trace
+        return _dumps({"request": "Where are my invoices?", "timestamp": ms, "app": "support-bot"})
+    if kind == 3:  # not UTF-8 (Latin-1 bytes)
+        return b'{"request": "Caf\xe9 opening hours?", "response": "8 to 18", "timestamp": 1}'
+    if kind == 4:  # JSON, but not an object
+        return b'["request", "response"]'
+    return _dumps({"response": "Refunds take 14 days.", "timestamp": ms})  # no request
+
+
+# --- command line ---
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    """Options of `ragpulse simulate`."""
+    dur = parse_duration
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--kafka-bootstrap", metavar="HOST:PORT", help="produce to this broker")
+    target.add_argument("--output", type=Path, metavar="FILE", help="write JSON lines instead")
+    p.add_argument("--topic", default="inference-logs", help="Kafka topic (default %(default)s)")
+    p.add_argument("--partitions", type=int, default=None,
+                   help="create the topic with this many partitions if it does not exist")
+    p.add_argument("--rate", type=float, default=10.0, metavar="EVENTS_PER_S")
+    p.add_argument("--duration", type=dur, default=dur("60s"), metavar="D",
+                   help="how long to produce (event time span with --output), e.g. 30s, 5m")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--start-time", default=None, metavar="ISO8601",
+                   help="first event time (default now; set it for reproducible files)")
+    p.add_argument("--apps", default=",".join(DEFAULT_APPS), help="comma-separated app names")
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated models")
+    p.add_argument("--groundedness-drop-at", type=dur, default=None, metavar="T")
+    p.add_argument("--groundedness-recover-at", type=dur, default=None, metavar="T")
+    p.add_argument("--drop-to", type=float, default=0.6,
+                   help="share of grounded answers during the drop (default %(default)s)")
+    p.add_argument("--unsafe-burst-at", type=dur, default=None, metavar="T")
+    p.add_argument("--unsafe-burst-count", type=int, default=10, metavar="N")
+    p.add_argument("--malformed-burst-at", type=dur, default=None, metavar="T")
+    p.add_argument("--malformed-burst-count", type=int, default=10, metavar="N")
+    p.add_argument("--late-events", type=int, default=0, metavar="N")
+    p.add_argument("--late-by", type=dur, default=dur("15m"), metavar="D")
+    p.add_argument("--no-context-share", type=float, default=0.0, metavar="S",
+                   help="share of events retrieved without any chunk (0..1)")
+
+
+def incidents_from_args(args: argparse.Namespace) -> Incidents:
+    return Incidents(
+        groundedness_drop_at=args.groundedness_drop_at,
+        groundedness_recover_at=args.groundedness_recover_at,
+        drop_to=args.drop_to,
+        unsafe_burst_at=args.unsafe_burst_at,
+        unsafe_burst_count=args.unsafe_burst_count if args.unsafe_burst_at is not None else 0,
+        malformed_burst_at=args.malformed_burst_at,
+        malformed_burst_count=(
+            args.malformed_burst_count if args.malformed_burst_at is not None else 0
+        ),
+        late_events=args.late_events,
+        late_by=args.late_by,
+        no_context_share=args.no_context_share,
+    )
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not names:
+        raise ValueError(f"expected a comma-separated list of names, got {text!r}")
+    return names
+
+
+def main(args: argparse.Namespace) -> int:
+    """Generate the traffic; 0 when every record was written/acknowledged, 1 otherwise."""
+    if args.rate <= 0 or args.duration <= 0:
+        print("simulate: --rate and --duration must be positive", file=sys.stderr)
+        return 2
+    if not 0 <= args.drop_to <= 1 or not 0 <= args.no_context_share <= 1:
+        print("simulate: --drop-to and --no-context-share are shares between 0 and 1",
+              file=sys.stderr)
+        return 2
+    n = max(1, round(args.rate * args.duration))
+    if args.start_time is not None:
+        start = datetime.fromisoformat(args.start_time.replace("Z", "+00:00"))
+        start_time = (start if start.tzinfo else start.replace(tzinfo=UTC)).timestamp()
+    else:
+        start_time = time.time()
+    events = simulate(
+        args.seed, n, start_time, rate=args.rate, apps=_names(args.apps),
+        models=_names(args.models), incidents=incidents_from_args(args),
+    )
+    if args.output is not None:
+        with args.output.open("wb") as out:
+            for event in events:
+                out.write(event.payload + b"\n")
+        print(f"simulate: wrote {n} events to {args.output}", file=sys.stderr)
+        return 0
+    return produce_paced(args.kafka_bootstrap, args.topic, events, args.rate, args.partitions)
+
+
+def produce_paced(
+    bootstrap: str,
+    topic: str,
+    events: Iterator[SimulatedEvent],
+    rate: float,
+    partitions: int | None = None,
+) -> int:
+    """Send `events` at `rate` per second (record timestamp = event time); 1 if any failed."""
+    from kafka import KafkaAdminClient, KafkaProducer
+    from kafka.admin import NewTopic
+
+    if partitions is not None:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        try:
+            if topic not in admin.list_topics():
+                admin.create_topics([NewTopic(topic, partitions, 1)])
+        finally:
+            admin.close()
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap, linger_ms=20, batch_size=256 * 1024, acks=1, retries=5
+    )
+    failures: list[Exception] = []
+    sent = 0
+    started = time.monotonic()
+    try:
+        for i, event in enumerate(events):
+            wait = started + i / rate - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            future = producer.send(
+                topic, value=event.payload, timestamp_ms=round(event.event_time * 1000)
+            )
+            future.add_errback(failures.append)
+            sent += 1
+        producer.flush(timeout=60)
+    finally:
+        producer.close(timeout=10)
+    elapsed = time.monotonic() - started
+    print(
+        f"simulate: sent {sent} events to {topic} in {elapsed:.1f}s "
+        f"({sent / max(elapsed, 1e-9):.1f}/s), {len(failures)} failed",
+        file=sys.stderr,
+    )
+    if failures:
+        print(f"simulate: first delivery failure: {failures[0]!r}", file=sys.stderr)
+        return 1
+    return 0

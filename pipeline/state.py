@@ -1,0 +1,291 @@
+"""What `ragpulse serve` remembers between cycles and restarts, in one SQLite file.
+
+Window counts, the Kafka offsets they cover, cumulative Prometheus counter values and the
+watermark are saved by `StateStore.apply_cycle` in a single transaction, so after a crash the
+store holds either all of a cycle or none of it; offsets are committed to Kafka only afterwards.
+Restarting from the saved offsets therefore never counts an event twice nor skips one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_row
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS windows (
+    window_start REAL NOT NULL,
+    window_end REAL NOT NULL,
+    judge TEXT NOT NULL,
+    app TEXT NOT NULL,
+    model TEXT NOT NULL,
+    yes INTEGER NOT NULL DEFAULT 0,
+    no INTEGER NOT NULL DEFAULT 0,
+    error INTEGER NOT NULL DEFAULT 0,
+    complete INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (window_start, window_end, judge, app, model)
+);
+CREATE INDEX IF NOT EXISTS windows_open ON windows (complete, window_end);
+CREATE TABLE IF NOT EXISTS offsets (
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    next_offset INTEGER NOT NULL,
+    PRIMARY KEY (topic, partition)
+);
+CREATE TABLE IF NOT EXISTS counters (
+    name TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    value REAL NOT NULL,
+    PRIMARY KEY (name, labels)
+);
+CREATE TABLE IF NOT EXISTS watermarks (
+    topic TEXT PRIMARY KEY,
+    watermark REAL
+);
+CREATE TABLE IF NOT EXISTS partition_event_times (
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    latest_event_time REAL NOT NULL,
+    PRIMARY KEY (topic, partition)
+);
+"""
+
+
+class StateError(RuntimeError):
+    """The state file cannot be used (newer schema, or a cycle that contradicts it)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WindowPartial:
+    """Verdict counts of one window seen in one cycle; added to what earlier cycles saved."""
+
+    window_start: float
+    window_end: float
+    judge: str
+    app: str
+    model: str
+    yes: int = 0
+    no: int = 0
+    error: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CounterIncrement:
+    """How much one Prometheus counter (metric name and labels, stored as given) grew."""
+
+    name: str
+    labels: Mapping[str, str]
+    amount: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CounterValue:
+    """A Prometheus counter's cumulative value, restored at start-up so `_total` never drops."""
+
+    name: str
+    labels: Mapping[str, str]
+    value: float
+
+
+def _labels_key(labels: Mapping[str, str]) -> str:
+    return json.dumps(dict(labels), sort_keys=True, separators=(",", ":"))
+
+
+def _epoch(value: float | datetime) -> float:
+    return value.timestamp() if isinstance(value, datetime) else float(value)
+
+
+class StateStore:
+    """The SQLite state file of one `serve` deployment (WAL mode; one writer)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        # isolation_level=None: transactions are opened explicitly with BEGIN IMMEDIATE.
+        self._db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise StateError(
+                f"{self.path} was written by a newer ragpulse (schema {version}, this one reads "
+                f"up to {SCHEMA_VERSION}); upgrade ragpulse or point --state at a new file"
+            )
+        if version < SCHEMA_VERSION:
+            self._db.execute("BEGIN IMMEDIATE")
+            # Statement by statement: executescript() would commit the open transaction first.
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    self._db.execute(statement)
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._db.execute("COMMIT")
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> StateStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def apply_cycle(
+        self,
+        topic: str,
+        partial_windows: Iterable[WindowPartial],
+        offsets: Mapping[int, int],
+        counter_increments: Iterable[CounterIncrement],
+        closed_before: float | None,
+        *,
+        watermark: float | None = None,
+        latest_event_times: Mapping[int, float] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Save one cycle atomically; returns the rows of windows completed by this cycle.
+
+        Partial counts are added to the saved ones; windows with window_end <= `closed_before`
+        (watermark - allowed lateness) are marked complete. Raises StateError, leaving the
+        store unchanged, if an offset would move backwards or a partial lands in a window
+        that is already complete (late events must be left out before this point).
+        """
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for part in partial_windows:
+                if min(part.yes, part.no, part.error) < 0:
+                    raise StateError(f"negative count in {part}")
+                row = db.execute(
+                    "SELECT complete FROM windows WHERE window_start=? AND window_end=? "
+                    "AND judge=? AND app=? AND model=?",
+                    (part.window_start, part.window_end, part.judge, part.app, part.model),
+                ).fetchone()
+                if row is not None and row["complete"]:
+                    raise StateError(
+                        f"counts for window {isoformat_utc(part.window_start)} ({part.judge}, "
+                        f"{part.app}, {part.model}) which is already complete; late events must "
+                        "be excluded with pipeline.watermark.is_late"
+                    )
+                db.execute(
+                    "INSERT INTO windows (window_start, window_end, judge, app, model, yes, no, "
+                    "error) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (window_start, window_end, judge, app, model) DO UPDATE SET "
+                    "yes = yes + excluded.yes, no = no + excluded.no, "
+                    "error = error + excluded.error",
+                    (part.window_start, part.window_end, part.judge, part.app, part.model,
+                     part.yes, part.no, part.error),
+                )
+            for partition, next_offset in offsets.items():
+                saved = db.execute(
+                    "SELECT next_offset FROM offsets WHERE topic=? AND partition=?",
+                    (topic, partition),
+                ).fetchone()
+                if saved is not None and next_offset < saved["next_offset"]:
+                    raise StateError(
+                        f"{topic}/{partition}: offset would move back from "
+                        f"{saved['next_offset']} to {next_offset}"
+                    )
+                db.execute(
+                    "INSERT INTO offsets (topic, partition, next_offset) VALUES (?, ?, ?) "
+                    "ON CONFLICT (topic, partition) DO UPDATE SET next_offset=excluded.next_offset",
+                    (topic, partition, next_offset),
+                )
+            for inc in counter_increments:
+                if inc.amount < 0:
+                    raise StateError(f"counter {inc.name} cannot decrease (by {inc.amount})")
+                db.execute(
+                    "INSERT INTO counters (name, labels, value) VALUES (?, ?, ?) "
+                    "ON CONFLICT (name, labels) DO UPDATE SET value = value + excluded.value",
+                    (inc.name, _labels_key(inc.labels), inc.amount),
+                )
+            if watermark is not None:
+                db.execute(
+                    "INSERT INTO watermarks (topic, watermark) VALUES (?, ?) ON CONFLICT (topic) "
+                    "DO UPDATE SET watermark = max(coalesce(watermark, excluded.watermark), "
+                    "excluded.watermark)",
+                    (topic, watermark),
+                )
+            for partition, event_time in (latest_event_times or {}).items():
+                db.execute(
+                    "INSERT INTO partition_event_times (topic, partition, latest_event_time) "
+                    "VALUES (?, ?, ?) ON CONFLICT (topic, partition) DO UPDATE SET "
+                    "latest_event_time = max(latest_event_time, excluded.latest_event_time)",
+                    (topic, partition, event_time),
+                )
+            completed: list[dict[str, Any]] = []
+            if closed_before is not None:
+                rows = db.execute(
+                    "SELECT * FROM windows WHERE complete = 0 AND window_end <= ? "
+                    "ORDER BY window_start, judge, app, model",
+                    (closed_before,),
+                ).fetchall()
+                db.execute(
+                    "UPDATE windows SET complete = 1 WHERE complete = 0 AND window_end <= ?",
+                    (closed_before,),
+                )
+                completed = [_row(r, complete=True) for r in rows]
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return completed
+
+    def windows(
+        self, judge: str | None = None, since: float | datetime | None = None
+    ) -> list[dict[str, Any]]:
+        """Saved windows as `windows.jsonl` rows plus `complete`, oldest first.
+
+        `since` keeps windows starting at or after it (epoch seconds or an aware datetime).
+        """
+        sql = "SELECT * FROM windows WHERE 1=1"
+        args: list[Any] = []
+        if judge is not None:
+            sql += " AND judge = ?"
+            args.append(judge)
+        if since is not None:
+            sql += " AND window_start >= ?"
+            args.append(_epoch(since))
+        sql += " ORDER BY window_start, judge, app, model"
+        return [_row(r, complete=bool(r["complete"])) for r in self._db.execute(sql, args)]
+
+    def offsets(self, topic: str) -> dict[int, int]:
+        """Next offset to read per partition of `topic` (partitions never read are absent)."""
+        rows = self._db.execute(
+            "SELECT partition, next_offset FROM offsets WHERE topic = ?", (topic,)
+        )
+        return {int(r["partition"]): int(r["next_offset"]) for r in rows}
+
+    def counters(self) -> list[CounterValue]:
+        """Cumulative counter values, to seed Prometheus counters at start-up."""
+        rows = self._db.execute("SELECT name, labels, value FROM counters ORDER BY name, labels")
+        return [CounterValue(r["name"], json.loads(r["labels"]), r["value"]) for r in rows]
+
+    def watermark(self, topic: str) -> float | None:
+        row = self._db.execute(
+            "SELECT watermark FROM watermarks WHERE topic = ?", (topic,)
+        ).fetchone()
+        return None if row is None else row["watermark"]
+
+    def latest_event_times(self, topic: str) -> dict[int, float]:
+        """Latest event time read per partition (the watermark's inputs)."""
+        rows = self._db.execute(
+            "SELECT partition, latest_event_time FROM partition_event_times WHERE topic = ?",
+            (topic,),
+        )
+        return {int(r["partition"]): float(r["latest_event_time"]) for r in rows}
+
+
+def _row(r: sqlite3.Row, *, complete: bool) -> dict[str, Any]:
+    key = WindowKey(r["window_start"], r["window_end"], r["judge"], r["app"], r["model"])
+    counts = RatingCounts(int(r["yes"]), int(r["no"]), int(r["error"]))
+    return {**window_row(key, counts), "complete": complete}

@@ -1,0 +1,207 @@
+"""Bounded Kafka reads against a real (Tansu) broker, and the pure batch planner."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import apache_beam as beam
+import pytest
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.testing.util import assert_that, equal_to
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import KafkaTimeoutError
+from kafka_broker import TansuBroker, kafka_broker  # noqa: F401
+
+from pipeline.kafka_source import (
+    DeadLetter,
+    DeadLetterDeliveryError,
+    KafkaReadError,
+    KafkaRecord,
+    ReadKafkaRanges,
+    commit_offsets,
+    committed_offsets,
+    consumer_lag,
+    end_offsets,
+    partitions,
+    plan_batch,
+    produce_dead_letters,
+    read_range,
+)
+
+# --- plan_batch (pure) ---
+
+
+def test_plan_reads_everything_when_backlog_fits_the_cap() -> None:
+    assert plan_batch({0: 5, 1: 0}, {0: 10, 1: 3}, 100) == {0: (5, 10), 1: (0, 3)}
+
+
+def test_plan_splits_the_cap_evenly_between_busy_partitions() -> None:
+    plan = plan_batch({0: 0, 1: 0, 2: 0}, {0: 1000, 1: 1000, 2: 1000}, 90)
+    assert plan == {0: (0, 30), 1: (0, 30), 2: (0, 30)}
+
+
+def test_plan_gives_what_a_small_backlog_leaves_to_the_other_partitions() -> None:
+    plan = plan_batch({0: 0, 1: 0, 2: 0}, {0: 2, 1: 1000, 2: 1000}, 100)
+    assert plan == {0: (0, 2), 1: (0, 49), 2: (0, 49)}
+    assert sum(stop - start for start, stop in plan.values()) == 100
+
+
+def test_plan_never_exceeds_the_cap_with_an_uneven_split() -> None:
+    plan = plan_batch({}, {0: 50, 1: 50, 2: 50}, 10)
+    sizes = [stop - start for start, stop in plan.values()]
+    assert sum(sizes) == 10
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_plan_starts_new_partitions_at_their_beginning_offset() -> None:
+    plan = plan_batch({0: 7}, {0: 9, 1: 40}, 100, beginnings={0: 0, 1: 25})
+    assert plan == {0: (7, 9), 1: (25, 40)}
+
+
+def test_plan_skips_offsets_deleted_by_retention() -> None:
+    assert plan_batch({0: 3}, {0: 20}, 100, beginnings={0: 10}) == {0: (10, 20)}
+
+
+def test_plan_leaves_out_caught_up_partitions() -> None:
+    assert plan_batch({0: 10, 1: 4}, {0: 10, 1: 5}, 100) == {1: (4, 5)}
+
+
+def test_plan_rejects_a_cap_below_one() -> None:
+    with pytest.raises(ValueError, match="max_events"):
+        plan_batch({}, {0: 1}, 0)
+
+
+def test_lag_counts_records_not_yet_covered() -> None:
+    assert consumer_lag({0: 4}, {0: 10, 1: 3}) == {0: 6, 1: 3}
+
+
+# --- against the broker ---
+
+
+def test_end_offsets_cover_the_whole_last_batch(kafka_broker: TansuBroker) -> None:  # noqa: F811
+    # Tansu's ListOffsets answers "last batch base + 1"; ten records in one batch must still
+    # count as ten.
+    kafka_broker.create_topic("events", partitions=3)
+    kafka_broker.produce("events", [b"x"] * 10, partition=0)
+    kafka_broker.produce("events", [b"y"], partition=1)
+    assert end_offsets(kafka_broker.bootstrap, "events") == {0: 10, 1: 1, 2: 0}
+
+
+def test_partitions_added_while_running_are_discovered(kafka_broker: TansuBroker) -> None:  # noqa: F811
+    kafka_broker.create_topic("events", partitions=2)
+    assert partitions(kafka_broker.bootstrap, "events") == [0, 1]
+    # Tansu cannot add partitions to a topic; recreating it with more changes the count alike.
+    kafka_broker.delete_topic("events")
+    kafka_broker.create_topic("events", partitions=4)
+    kafka_broker.produce("events", [b"new"], partition=3)
+    assert end_offsets(kafka_broker.bootstrap, "events") == {0: 0, 1: 0, 2: 0, 3: 1}
+
+
+def test_missing_topic_fails_with_its_name(kafka_broker: TansuBroker) -> None:  # noqa: F811
+    with pytest.raises(KafkaReadError, match="nope"):
+        end_offsets(kafka_broker.bootstrap, "nope", timeout_s=0.5)
+
+
+def test_beam_source_reads_exactly_the_planned_ranges(kafka_broker: TansuBroker) -> None:  # noqa: F811
+    kafka_broker.create_topic("events", partitions=2)
+    kafka_broker.produce(
+        "events", [f"a{i}".encode() for i in range(20)], partition=0, timestamp_ms=1_700_000_000_000
+    )
+    kafka_broker.produce("events", [f"b{i}".encode() for i in range(5)], partition=1)
+    ranges = {0: (3, 17), 1: (0, 5)}
+    expected = [(0, i, f"a{i}".encode()) for i in range(3, 17)] + [
+        (1, i, f"b{i}".encode()) for i in range(5)
+    ]
+    with beam.Pipeline(runner=FnApiRunner()) as p:
+        got = (
+            p
+            | ReadKafkaRanges(kafka_broker.bootstrap, "events", ranges)
+            | beam.Map(lambda r: (r.partition, r.offset, r.value))
+        )
+        assert_that(got, equal_to(expected))
+
+
+def test_records_carry_the_kafka_timestamp_in_seconds(kafka_broker: TansuBroker) -> None:  # noqa: F811
+    kafka_broker.create_topic("events")
+    kafka_broker.produce("events", [b"v"], timestamp_ms=1_700_000_000_250)
+    consumer = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, enable_auto_commit=False)
+    records = list(read_range(consumer, "events", 0, 0, 1))
+    consumer.close()
+    assert records == [KafkaRecord(0, 0, 1_700_000_000.25, b"v", None)]
+
+
+def test_range_ending_inside_a_batch_stops_at_its_stop_offset(kafka_broker: TansuBroker) -> None:  # noqa: F811
+    kafka_broker.create_topic("events")
+    kafka_broker.produce("events", [b"%d" % i for i in range(100)])  # one batch
+    consumer = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, enable_auto_commit=False)
+    offsets = [r.offset for r in read_range(consumer, "events", 0, 40, 60)]
+    consumer.close()
+    assert offsets == list(range(40, 60))
+
+
+def test_range_past_the_end_fails_after_the_stall_bound(kafka_broker: TansuBroker) -> None:  # noqa: F811
+    kafka_broker.create_topic("events")
+    kafka_broker.produce("events", [b"only"])
+    consumer = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, enable_auto_commit=False)
+    started = time.monotonic()
+    with pytest.raises(KafkaReadError, match="no progress at offset 1"):
+        list(read_range(consumer, "events", 0, 0, 5, stall_timeout_s=1.0, poll_timeout_s=0.2))
+    consumer.close()
+    assert time.monotonic() - started < 10
+
+
+def test_group_offsets_are_committed_without_joining_the_group(kafka_broker: TansuBroker) -> None:  # noqa: F811
+    kafka_broker.create_topic("events", partitions=2)
+    started = time.monotonic()
+    commit_offsets(kafka_broker.bootstrap, "ragpulse", "events", {0: 12, 1: 3})
+    elapsed = time.monotonic() - started
+    assert committed_offsets(kafka_broker.bootstrap, "ragpulse", "events") == {0: 12, 1: 3}
+    # A group join takes ~20 s on Tansu; a join-free commit is far below that.
+    assert elapsed < 5, f"commit took {elapsed:.1f}s: did the consumer join the group?"
+    commit_offsets(kafka_broker.bootstrap, "ragpulse", "events", {0: 20})
+    assert committed_offsets(kafka_broker.bootstrap, "ragpulse", "events") == {0: 20, 1: 3}
+
+
+def test_broker_restart_loses_its_data_and_reads_fail_clearly(kafka_broker: TansuBroker) -> None:  # noqa: F811
+    kafka_broker.create_topic("events")
+    kafka_broker.produce("events", [b"a", b"b"])
+    kafka_broker.restart()
+    with pytest.raises(KafkaReadError, match="events"):
+        end_offsets(kafka_broker.bootstrap, "events", timeout_s=0.5)
+    kafka_broker.create_topic("events")
+    assert end_offsets(kafka_broker.bootstrap, "events") == {0: 0}
+
+
+def test_dead_letters_keep_the_record_and_say_why(kafka_broker: TansuBroker) -> None:  # noqa: F811
+    kafka_broker.create_topic("dlq")
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap)
+    sent = produce_dead_letters(
+        producer, "dlq", [DeadLetter(b"{not json", "invalid JSON at line 1", 2, 41)]
+    )
+    producer.close()
+    assert sent == 1
+    consumer = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, enable_auto_commit=False)
+    consumer.assign([TopicPartition("dlq", 0)])
+    consumer.seek(TopicPartition("dlq", 0), 0)
+    records = consumer.poll(timeout_ms=5000)[TopicPartition("dlq", 0)]
+    consumer.close()
+    assert records[0].value == b"{not json"
+    assert dict(records[0].headers) == {
+        "reason": b"invalid JSON at line 1",
+        "source-partition": b"2",
+        "source-offset": b"41",
+    }
+
+
+def test_undeliverable_dead_letters_raise(kafka_broker: TansuBroker) -> None:  # noqa: F811
+    kafka_broker.create_topic("dlq")
+    producer = KafkaProducer(
+        bootstrap_servers=kafka_broker.bootstrap, max_block_ms=1000, request_timeout_ms=1000,
+        retries=0,
+    )
+    kafka_broker.stop()
+    with pytest.raises(DeadLetterDeliveryError, match="dlq"):
+        produce_dead_letters(producer, "dlq", [DeadLetter(b"x", "bad", 0, 0)], timeout_s=1)
+    with contextlib.suppress(KafkaTimeoutError):  # close() flushes the undeliverable batch again
+        producer.close(timeout=1)

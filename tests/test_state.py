@@ -1,0 +1,154 @@
+"""The serve state file: one transaction per cycle, additive window counts, restart safety."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.state import SCHEMA_VERSION, CounterIncrement, StateError, StateStore, WindowPartial
+
+T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
+
+
+def partial(
+    start: float, yes: int, no: int, error: int = 0, judge: str = "safety"
+) -> WindowPartial:
+    return WindowPartial(start, start + 300, judge, "hr-bot", "m1", yes, no, error)
+
+
+def test_first_open_creates_the_current_schema(tmp_path: Path) -> None:
+    with StateStore(tmp_path / "state.db") as store:
+        assert store.schema_version == SCHEMA_VERSION
+        assert store.windows() == [] and store.offsets("t") == {} and store.counters() == []
+
+
+def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    StateStore(tmp_path / "state.db").close()
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    db.close()
+    with pytest.raises(StateError, match="newer ragpulse"):
+        StateStore(tmp_path / "state.db")
+
+
+def test_partials_from_several_cycles_add_up_to_one_pass(tmp_path: Path) -> None:
+    with StateStore(tmp_path / "a.db") as split, StateStore(tmp_path / "b.db") as whole:
+        split.apply_cycle("t", [partial(T0, 3, 1)], {0: 10}, [], None)
+        split.apply_cycle("t", [partial(T0, 2, 0, 1), partial(T0 + 300, 1, 1)], {0: 20}, [], None)
+        whole.apply_cycle("t", [partial(T0, 5, 1, 1), partial(T0 + 300, 1, 1)], {0: 20}, [], None)
+        assert split.windows() == whole.windows()
+        first = split.windows()[0]
+        assert (first["yes"], first["no"], first["error"]) == (5, 1, 1)
+        assert first["percentage"] == pytest.approx(5 / 6)
+        assert first["ci_low"] < 5 / 6 < first["ci_high"]
+        assert first["window_start"] == "2023-11-14T22:13:20Z"
+        assert first["complete"] is False
+
+
+def test_windows_before_the_closing_time_become_complete_once(tmp_path: Path) -> None:
+    with StateStore(tmp_path / "s.db") as store:
+        store.apply_cycle("t", [partial(T0, 1, 0), partial(T0 + 300, 1, 0)], {}, [], None)
+        done = store.apply_cycle("t", [], {}, [], closed_before=T0 + 300)
+        assert [w["window_start"] for w in done] == ["2023-11-14T22:13:20Z"]
+        assert store.apply_cycle("t", [], {}, [], closed_before=T0 + 300) == []
+        assert [w["complete"] for w in store.windows()] == [True, False]
+
+
+def test_counts_for_a_complete_window_are_refused(tmp_path: Path) -> None:
+    with StateStore(tmp_path / "s.db") as store:
+        store.apply_cycle("t", [partial(T0, 1, 0)], {0: 1}, [], closed_before=T0 + 300)
+        with pytest.raises(StateError, match="already complete"):
+            store.apply_cycle("t", [partial(T0, 1, 0)], {0: 2}, [], None)
+        assert store.offsets("t") == {0: 1}
+
+
+def test_a_cycle_that_raises_midway_leaves_nothing_applied(tmp_path: Path) -> None:
+    def partials() -> Iterator[WindowPartial]:
+        yield partial(T0, 7, 7)
+        raise RuntimeError("judge panel crashed")
+
+    with StateStore(tmp_path / "s.db") as store:
+        store.apply_cycle(
+            "t", [partial(T0, 1, 0)], {0: 5}, [CounterIncrement("c", {"a": "x"}, 1)], None,
+            watermark=T0,
+        )
+        before = (store.windows(), store.offsets("t"), store.counters(), store.watermark("t"))
+        with pytest.raises(RuntimeError, match="crashed"):
+            store.apply_cycle(
+                "t", partials(), {0: 9}, [CounterIncrement("c", {"a": "x"}, 5)], T0 + 900,
+                watermark=T0 + 999,
+            )
+        after = (store.windows(), store.offsets("t"), store.counters(), store.watermark("t"))
+        assert after == before
+
+
+def _crash_in_the_middle_of_a_cycle(path: str) -> None:
+    def partials() -> Iterator[WindowPartial]:
+        yield partial(T0, 7, 7)
+        os._exit(3)  # the process dies with the transaction open
+
+    StateStore(path).apply_cycle("t", partials(), {0: 99}, [], None)
+
+
+def test_a_process_killed_mid_transaction_leaves_the_last_cycle_intact(tmp_path: Path) -> None:
+    path = str(tmp_path / "s.db")
+    with StateStore(path) as store:
+        store.apply_cycle("t", [partial(T0, 1, 0)], {0: 5}, [], None)
+    child = multiprocessing.get_context("fork").Process(
+        target=_crash_in_the_middle_of_a_cycle, args=(path,)
+    )
+    child.start()
+    child.join(30)
+    assert child.exitcode == 3
+    with StateStore(path) as store:
+        assert store.offsets("t") == {0: 5}
+        assert [(w["yes"], w["no"]) for w in store.windows()] == [(1, 0)]
+
+
+def test_offsets_may_not_move_backwards(tmp_path: Path) -> None:
+    with StateStore(tmp_path / "s.db") as store:
+        store.apply_cycle("t", [], {0: 10, 1: 4}, [], None)
+        with pytest.raises(StateError, match="move back"):
+            store.apply_cycle("t", [partial(T0, 1, 0)], {1: 5, 0: 9}, [], None)
+        assert store.offsets("t") == {0: 10, 1: 4}
+        assert store.windows() == []
+
+
+def test_reopening_restores_everything(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    with StateStore(path) as store:
+        store.apply_cycle(
+            "events",
+            [partial(T0, 4, 1), partial(T0, 2, 2, judge="groundedness")],
+            {0: 40, 1: 12},
+            [
+                CounterIncrement("ragpulse_events_total", {"outcome": "accepted"}, 50),
+                CounterIncrement("ragpulse_events_total", {"outcome": "invalid"}, 2),
+            ],
+            closed_before=T0 + 300,
+            watermark=T0 + 400,
+            latest_event_times={0: T0 + 420, 1: T0 + 400},
+        )
+        store.apply_cycle(
+            "events", [], {0: 41},
+            [CounterIncrement("ragpulse_events_total", {"outcome": "accepted"}, 1)],
+            None, watermark=T0 + 350,  # an older watermark does not replace a newer one
+        )
+        saved = store.windows()
+    with StateStore(path) as store:
+        assert store.windows() == saved
+        assert store.windows(judge="groundedness")[0]["yes"] == 2
+        assert store.windows(since=T0 + 1) == []
+        assert store.offsets("events") == {0: 41, 1: 12}
+        assert store.offsets("other") == {}
+        assert {(c.labels["outcome"], c.value) for c in store.counters()} == {
+            ("accepted", 51), ("invalid", 2)
+        }
+        assert store.watermark("events") == T0 + 400
+        assert store.latest_event_times("events") == {0: T0 + 420, 1: T0 + 400}
