@@ -1,0 +1,614 @@
+"""`ragpulse serve`: watch a live Kafka topic in micro-batches, exactly once, with /metrics.
+
+Each cycle reads every partition from its saved offset up to the end offset seen when the cycle
+started (capped by --max-batch-events), runs the same bounded Beam pipeline as `ragpulse run`
+(`pipeline.batch.run_batch`), sends dead letters to the dead-letter topic, then saves the
+partial window counts, counter increments, watermark and offsets in ONE SQLite transaction, and
+only then commits the offsets to the Kafka consumer group (for lag tools; the state file is the
+source of truth). A crash at any point therefore replays at most the cycle in flight, whose
+counts were not saved: nothing is lost and nothing is counted twice. Dead-letter records of a
+replayed cycle may be produced twice (at least once); their headers carry the source partition
+and offset to deduplicate on.
+
+`ragpulse windows` prints the window aggregates saved in the state file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import logging
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+import apache_beam as beam
+import orjson
+from kafka import KafkaProducer
+from prometheus_client import Counter, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline import stats
+from pipeline.batch import BatchConfig, BatchResult, run_batch
+from pipeline.config import (
+    JudgeSettings,
+    SettingsError,
+    add_judge_arguments,
+    describe_validation_error,
+    duration,
+    judge_settings,
+    positive_duration,
+    sample_rate,
+)
+from pipeline.kafka_source import (
+    DeadLetter,
+    KafkaRecord,
+    ReadKafkaRanges,
+    beginning_offsets,
+    commit_offsets,
+    consumer_lag,
+    end_offsets,
+    plan_batch,
+    produce_dead_letters,
+)
+from pipeline.metrics import MetricsSnapshot, registry_for
+from pipeline.state import CounterIncrement, StateStore, WindowPartial
+from pipeline.transforms import SourceRecord
+from pipeline.watermark import closed_before, compute_watermark, merge_latest
+from pipeline.windows import RatingCounts, WindowKey
+
+log = logging.getLogger(__name__)
+
+
+class ServeSettings(BaseModel):
+    """Validated settings of `ragpulse serve`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bootstrap: str = Field(min_length=3)
+    topic: str = Field(min_length=1)
+    dead_letter_topic: str = Field(min_length=1)
+    group_id: str = Field(min_length=1)
+    state: Path
+    judges: JudgeSettings
+    sample_rate: float = Field(ge=0, le=1)
+    window_seconds: float = Field(gt=0)
+    allowed_lateness_seconds: float = Field(ge=0)
+    out_of_orderness_seconds: float = Field(ge=0)
+    trigger_interval_seconds: float = Field(gt=0)
+    max_batch_events: int = Field(ge=1)
+    metrics_host: str
+    metrics_port: int = Field(ge=0, le=65535)
+    unhealthy_after_seconds: float = Field(gt=0)
+    kafka_timeout_seconds: float = Field(gt=0)
+    max_event_bytes: int = Field(ge=1024)
+
+
+def _record(topic: str) -> Callable[[KafkaRecord], SourceRecord]:
+    def to_source(r: KafkaRecord) -> SourceRecord:
+        return SourceRecord(r.value, f"{topic}/{r.partition}", r.offset, r.timestamp_s)
+
+    return to_source
+
+
+def _partition_of(source: str) -> int:
+    return int(source.rsplit("/", 1)[1])
+
+
+class CycleMetrics:
+    """Metrics of the serve loop itself; not persisted, since they describe this process."""
+
+    def __init__(self, registry: Any) -> None:
+        self.cycles = Counter(
+            "ragpulse_cycles",
+            "Serve micro-batch cycles, by outcome.",
+            ["outcome"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "ragpulse_cycle_duration_seconds",
+            "Wall time of one serve cycle that read events.",
+            buckets=(0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
+            registry=registry,
+        )
+        for outcome in ("ok", "failed"):
+            self.cycles.labels(outcome)
+
+
+class TopicWatcher:
+    """The serve loop: cycles over the topic, keeps the state, feeds /metrics and /healthz."""
+
+    def __init__(self, settings: ServeSettings) -> None:
+        self.settings = settings
+        self.state = StateStore(settings.state)
+        self._producer: KafkaProducer | None = None
+        self._lock = threading.Lock()
+        self._lag: dict[tuple[str, int], int] = {}
+        self._heartbeat = time.time()  # start-up counts as alive until the first cycle fails
+        self._last_success: float | None = None
+        self._first_failure: float | None = None
+        self._snapshot = self._load_snapshot()
+
+    # ----- one cycle -------------------------------------------------------------------------
+    def run_cycle(self) -> int:
+        """Read, judge and save one micro-batch; returns how many records it covered."""
+        s = self.settings
+        topic = s.topic
+        ends = end_offsets(s.bootstrap, topic, timeout_s=s.kafka_timeout_seconds)
+        saved = self.state.offsets(topic)
+        beginnings = (
+            beginning_offsets(s.bootstrap, topic, timeout_s=s.kafka_timeout_seconds)
+            if any(p not in saved for p in ends)
+            else {}
+        )
+        for p, end in ends.items():
+            if p in saved and end < saved[p]:
+                log.warning(
+                    "partition %d ends at offset %d, behind the saved offset %d: the topic was "
+                    "truncated or recreated; waiting for it to reach the saved offset",
+                    p,
+                    end,
+                    saved[p],
+                )
+        ranges = plan_batch(saved, ends, s.max_batch_events, beginnings)
+        previous_wm = self.state.watermark(topic)
+        cutoff = closed_before(previous_wm, s.allowed_lateness_seconds)
+        latest = self.state.latest_event_times(topic)
+        result: BatchResult | None = None
+        if ranges:
+            started = time.perf_counter()
+            result, letters = self._judge(ranges, cutoff)
+            self._send_dead_letters(letters)
+            batch_latest = {_partition_of(k): v for k, v in result.latest_event_time.items()}
+            latest = merge_latest(latest, batch_latest)
+            self.cycle_metrics.duration.observe(time.perf_counter() - started)
+        watermark = compute_watermark(
+            latest, list(ranges), s.out_of_orderness_seconds, previous=previous_wm
+        )
+        new_offsets = {p: stop for p, (_, stop) in ranges.items()}
+        completed = self.state.apply_cycle(
+            topic,
+            _partials(result.windows) if result else [],
+            new_offsets,
+            _increments(result.counts) if result else [],
+            closed_before(watermark, s.allowed_lateness_seconds),
+            watermark=watermark,
+            latest_event_times=latest,
+        )
+        for row in completed:
+            log.info(
+                "window %s..%s complete: %s %s/%s pass %s (n=%d)",
+                row["window_start"],
+                row["window_end"],
+                row["judge"],
+                row["app"],
+                row["model"],
+                "-" if row["percentage"] is None else f"{row['percentage']:.1%}",
+                row["yes"] + row["no"],
+            )
+        if new_offsets:
+            self._commit_group_offsets()
+        offsets_now = {**{p: beginnings.get(p, 0) for p in ends}, **self.state.offsets(topic)}
+        with self._lock:
+            self._lag = {(topic, p): n for p, n in consumer_lag(offsets_now, ends).items()}
+        self._refresh_snapshot()
+        covered = sum(stop - start for start, stop in ranges.values())
+        if result is not None:
+            log.info(
+                "cycle covered %d records in %d partitions; %d dead letters; watermark %s",
+                covered,
+                len(ranges),
+                result.dead_letters,
+                watermark,
+            )
+        return covered
+
+    def _judge(
+        self, ranges: Mapping[int, tuple[int, int]], cutoff: float | None
+    ) -> tuple[BatchResult, list[DeadLetter]]:
+        s = self.settings
+        config = BatchConfig(
+            judges=s.judges.spec(),
+            sample_rate=s.sample_rate,
+            window_seconds=s.window_seconds,
+            closed_before=cutoff,
+            max_event_bytes=s.max_event_bytes,
+            judge_batch_size=max(64, s.judges.concurrency * 4),
+        )
+
+        def read(p: beam.Pipeline) -> Any:
+            return (
+                p
+                | "ReadKafka"
+                >> ReadKafkaRanges(
+                    s.bootstrap, s.topic, ranges, stall_timeout_s=s.kafka_timeout_seconds
+                )
+                | "ToSourceRecord" >> beam.Map(_record(s.topic))
+            )
+
+        with tempfile.TemporaryDirectory(prefix="ragpulse-cycle-") as tmp:
+            result = run_batch(
+                read, config, Path(tmp), write_verdicts=False, keep_raw_dead_letters=True
+            )
+            return result, list(_dead_letters(result.dead_letter_path))
+
+    def _send_dead_letters(self, letters: list[DeadLetter]) -> None:
+        if not letters:
+            return
+        if self._producer is None:
+            self._producer = KafkaProducer(
+                bootstrap_servers=self.settings.bootstrap,
+                acks="all",
+                linger_ms=5,
+                request_timeout_ms=int(self.settings.kafka_timeout_seconds * 1000),
+            )
+        sent = produce_dead_letters(
+            self._producer,
+            self.settings.dead_letter_topic,
+            letters,
+            timeout_s=self.settings.kafka_timeout_seconds,
+        )
+        log.info("sent %d dead letters to %s", sent, self.settings.dead_letter_topic)
+
+    def _commit_group_offsets(self) -> None:
+        s = self.settings
+        try:
+            commit_offsets(
+                s.bootstrap,
+                s.group_id,
+                s.topic,
+                self.state.offsets(s.topic),
+                timeout_s=s.kafka_timeout_seconds,
+            )
+        except Exception as exc:  # visibility only: the state file already holds the offsets
+            log.warning("could not commit offsets to consumer group %s: %s", s.group_id, exc)
+
+    # ----- metrics ---------------------------------------------------------------------------
+    def _load_snapshot(self) -> MetricsSnapshot:
+        counts = stats.merge(
+            (stats.key(c.name, **c.labels), c.value) for c in self.state.counters()
+        )
+        complete, in_progress = _split_windows(self.state.windows())
+        wm = self.state.watermark(self.settings.topic)
+        gauges = {"ragpulse_heartbeat_timestamp_seconds": self._heartbeat}
+        if wm is not None:
+            gauges["ragpulse_watermark_timestamp_seconds"] = wm
+        if complete:
+            gauges["ragpulse_last_complete_window_end_timestamp_seconds"] = max(
+                k.window_end for k in complete
+            )
+        with self._lock:
+            lag = dict(self._lag)
+        return MetricsSnapshot(counts, complete, in_progress, gauges, lag)
+
+    def _refresh_snapshot(self) -> None:
+        snap = self._load_snapshot()
+        with self._lock:
+            self._snapshot = snap
+
+    def snapshot(self) -> MetricsSnapshot:
+        with self._lock:
+            return self._snapshot
+
+    def healthy(self) -> tuple[bool, str]:
+        """Healthy while cycles complete; unhealthy once they have failed for too long."""
+        if self._first_failure is None:
+            return True, "ok"
+        failing_for = time.time() - self._first_failure
+        if failing_for > self.settings.unhealthy_after_seconds:
+            return False, f"cycles have failed for {failing_for:.0f}s"
+        return True, f"cycles failing for {failing_for:.0f}s"
+
+    # ----- the loop --------------------------------------------------------------------------
+    def serve_forever(self, stop: threading.Event) -> None:
+        """Cycle until `stop` is set; the cycle in flight always finishes and is saved."""
+        backoff = 1.0
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                covered = self.run_cycle()
+            except Exception as exc:
+                self.cycle_metrics.cycles.labels("failed").inc()
+                if self._first_failure is None:
+                    self._first_failure = time.time()
+                log.error("cycle failed (retrying in %.0fs): %s", backoff, exc)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+                continue
+            backoff = 1.0
+            self._first_failure = None
+            self._heartbeat = time.time()
+            self.cycle_metrics.cycles.labels("ok").inc()
+            self._refresh_snapshot()
+            if covered >= self.settings.max_batch_events:
+                continue  # a backlog remains: go on at once
+            stop.wait(
+                max(0.0, self.settings.trigger_interval_seconds - (time.monotonic() - started))
+            )
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close(timeout=5)
+        self.state.close()
+
+    # Bound by `serve_http`, which owns the registry.
+    cycle_metrics: CycleMetrics
+
+
+def _partials(windows: Mapping[WindowKey, RatingCounts]) -> list[WindowPartial]:
+    return [
+        WindowPartial(k.window_start, k.window_end, k.judge, k.app, k.model, c.yes, c.no, c.error)
+        for k, c in windows.items()
+    ]
+
+
+def _increments(counts: Mapping[stats.CounterKey, float]) -> list[CounterIncrement]:
+    return [CounterIncrement(name, dict(labels), value) for (name, labels), value in counts.items()]
+
+
+def _dead_letters(path: Path) -> Iterator[DeadLetter]:
+    with path.open("rb") as f:
+        for line in f:
+            row = orjson.loads(line)
+            yield DeadLetter(
+                value=base64.b64decode(row["raw_b64"]),
+                reason=row["reason"],
+                source_partition=_partition_of(row["source"]),
+                source_offset=int(row["position"]),
+            )
+
+
+def _split_windows(
+    rows: Iterable[Mapping[str, Any]],
+) -> tuple[dict[WindowKey, RatingCounts], dict[WindowKey, RatingCounts]]:
+    from datetime import datetime
+
+    complete: dict[WindowKey, RatingCounts] = {}
+    in_progress: dict[WindowKey, RatingCounts] = {}
+    for row in rows:
+        key = WindowKey(
+            datetime.fromisoformat(row["window_start"]).timestamp(),
+            datetime.fromisoformat(row["window_end"]).timestamp(),
+            row["judge"],
+            row["app"],
+            row["model"],
+        )
+        (complete if row["complete"] else in_progress)[key] = RatingCounts(
+            row["yes"], row["no"], row["error"]
+        )
+    return complete, in_progress
+
+
+def serve_http(watcher: TopicWatcher, host: str, port: int) -> ThreadingWSGIServer:
+    """Start /metrics and /healthz in a daemon thread; returns the server (for its port)."""
+    registry = registry_for(watcher.snapshot)
+    watcher.cycle_metrics = CycleMetrics(registry)
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == "/healthz":
+            ok, why = watcher.healthy()
+            start_response(
+                "200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")]
+            )
+            return [why.encode() + b"\n"]
+        return metrics_app(environ, start_response)
+
+    class QuietHandler(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # scrapes are not news
+            pass
+
+    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    k = p.add_argument_group("kafka")
+    k.add_argument(
+        "--kafka-bootstrap",
+        required=True,
+        metavar="HOST:PORT",
+        help="Kafka bootstrap servers, comma-separated",
+    )
+    k.add_argument("--topic", required=True, help="the chatbot's inference-log topic")
+    k.add_argument(
+        "--dead-letter-topic",
+        default=None,
+        help="where invalid and late records go, with reason, source partition and "
+        "offset headers (default: TOPIC.dlq)",
+    )
+    k.add_argument(
+        "--group-id",
+        default="ragpulse",
+        help="consumer group the processed offsets are committed to, for lag tools "
+        "(default: %(default)s); the group is never joined",
+    )
+    k.add_argument(
+        "--max-batch-events",
+        type=int,
+        default=50_000,
+        help="most records one cycle reads (default: %(default)s)",
+    )
+    k.add_argument(
+        "--kafka-timeout",
+        type=positive_duration,
+        default=30.0,
+        metavar="DURATION",
+        help="timeout of one Kafka request (default: 30s)",
+    )
+    w = p.add_argument_group("windows")
+    w.add_argument(
+        "--sample-rate",
+        type=sample_rate,
+        default=1.0,
+        help="share of events judged, by a hash of request_id (default: 1.0)",
+    )
+    w.add_argument(
+        "--window",
+        type=positive_duration,
+        default=300.0,
+        metavar="DURATION",
+        help="event-time window size (default: 5m)",
+    )
+    w.add_argument(
+        "--allowed-lateness",
+        type=duration,
+        default=600.0,
+        metavar="DURATION",
+        help="how long after its end a window still takes late events (default: 10m)",
+    )
+    w.add_argument(
+        "--out-of-orderness",
+        type=duration,
+        default=30.0,
+        metavar="DURATION",
+        help="how far event times may run behind within a partition; the watermark "
+        "trails the latest event time by this much (default: 30s)",
+    )
+    w.add_argument(
+        "--trigger-interval",
+        type=positive_duration,
+        default=15.0,
+        metavar="DURATION",
+        help="time between cycles when caught up (default: 15s)",
+    )
+    w.add_argument(
+        "--max-event-bytes",
+        type=int,
+        default=1_048_576,
+        help="largest accepted record (default: 1 MiB)",
+    )
+    s = p.add_argument_group("service")
+    s.add_argument(
+        "--state",
+        type=Path,
+        default=Path("ragpulse-state.sqlite"),
+        help="SQLite file holding windows, offsets and counters (default: %(default)s)",
+    )
+    s.add_argument(
+        "--metrics-host",
+        default="0.0.0.0",
+        help="address of the /metrics and /healthz server (default: %(default)s)",
+    )
+    s.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9464,
+        help="port of the /metrics and /healthz server (default: %(default)s)",
+    )
+    s.add_argument(
+        "--unhealthy-after",
+        type=positive_duration,
+        default=300.0,
+        metavar="DURATION",
+        help="/healthz answers 503 once cycles have failed for this long (default: 5m)",
+    )
+    add_judge_arguments(p)
+
+
+def settings_from_args(args: argparse.Namespace) -> ServeSettings:
+    judges = judge_settings(args)
+    try:
+        return ServeSettings(
+            bootstrap=args.kafka_bootstrap,
+            topic=args.topic,
+            dead_letter_topic=args.dead_letter_topic or f"{args.topic}.dlq",
+            group_id=args.group_id,
+            state=args.state,
+            judges=judges,
+            sample_rate=args.sample_rate,
+            window_seconds=args.window,
+            allowed_lateness_seconds=args.allowed_lateness,
+            out_of_orderness_seconds=args.out_of_orderness,
+            trigger_interval_seconds=args.trigger_interval,
+            max_batch_events=args.max_batch_events,
+            metrics_host=args.metrics_host,
+            metrics_port=args.metrics_port,
+            unhealthy_after_seconds=args.unhealthy_after,
+            kafka_timeout_seconds=args.kafka_timeout,
+            max_event_bytes=args.max_event_bytes,
+        )
+    except ValidationError as exc:
+        raise SettingsError(describe_validation_error(exc)) from None
+
+
+def main(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    watcher = TopicWatcher(settings)
+    server = serve_http(watcher, settings.metrics_host, settings.metrics_port)
+    log.info(
+        "serving /metrics and /healthz on %s:%d; watching %s on %s with %s (backend %s), "
+        "sample rate %g, %gs windows, %gs allowed lateness; state %s",
+        settings.metrics_host,
+        server.server_port,
+        settings.topic,
+        settings.bootstrap,
+        ",".join(settings.judges.names),
+        settings.judges.backend,
+        settings.sample_rate,
+        settings.window_seconds,
+        settings.allowed_lateness_seconds,
+        settings.state,
+    )
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: Any) -> None:
+        log.info(
+            "received %s: finishing the cycle in flight, then exiting", signal.Signals(signum).name
+        )
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        watcher.serve_forever(stop)
+    finally:
+        watcher.close()
+        server.shutdown()
+    log.info("stopped; state saved in %s", settings.state)
+    return 0
+
+
+def configure_windows_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state", type=Path, required=True, help="the state file of `ragpulse serve`")
+    p.add_argument("--judge", default=None, help="only this judge")
+    p.add_argument(
+        "--since",
+        default=None,
+        metavar="TIME",
+        help="only windows starting at or after TIME (ISO 8601, or epoch seconds)",
+    )
+
+
+def windows_main(args: argparse.Namespace) -> int:
+    if not args.state.is_file():
+        raise SettingsError(f"state file not found: {args.state}")
+    since: float | None = None
+    if args.since is not None:
+        since = _parse_time(args.since)
+    with StateStore(args.state) as state:
+        for row in state.windows(judge=args.judge, since=since):
+            sys.stdout.write(orjson.dumps(row).decode() + "\n")
+    return 0
+
+
+def _parse_time(text: str) -> float:
+    from datetime import UTC, datetime
+
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise SettingsError(f"--since {text!r} is neither ISO 8601 nor epoch seconds") from None
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
