@@ -21,6 +21,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from judges.base import RATINGS
 from pipeline import stats
 from pipeline.windows import RatingCounts, WindowKey, wilson_interval
 
@@ -118,11 +119,25 @@ def _window_families(
     yield from (ratio, samples, low, high)
 
 
+def _zero_series(counts: Mapping[stats.CounterKey, float]) -> set[stats.CounterKey]:
+    """Series to export at 0: the fixed ones, and every rating of each judged series.
+
+    Prometheus' increase() cannot see a counter's first sample; a `no` series born during a
+    groundedness drop would hide the drop's first verdicts from the alert.
+    """
+    zeros = set(ALWAYS_PRESENT)
+    for metric, labels in counts:
+        if metric == "ragpulse_judge_verdicts_total":
+            lab = dict(labels)
+            for rating in RATINGS:
+                zeros.add(stats.key(metric, **{**lab, "rating": rating}))
+    return {k for k in zeros if k not in counts}
+
+
 def _counter_families(counts: Mapping[stats.CounterKey, float]) -> Iterator[Metric]:
     by_metric: dict[str, list[tuple[stats.Labels, float]]] = defaultdict(list)
-    for k in ALWAYS_PRESENT:
-        if k not in counts:
-            by_metric[k[0]].append((k[1], 0.0))
+    for k in _zero_series(counts):
+        by_metric[k[0]].append((k[1], 0.0))
     for (metric, labels), value in counts.items():
         if metric not in _HISTOGRAM_PARTS:
             by_metric[metric].append((labels, value))

@@ -7,7 +7,6 @@ ratings, dead letters and a Prometheus textfile into the output directory.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ from pipeline.batch import (
 from pipeline.config import add_judge_arguments, judge_settings, positive_duration, sample_rate
 from pipeline.metrics import MetricsSnapshot, write_textfile
 from pipeline.transforms import SourceRecord
-from pipeline.windows import isoformat_utc, window_row
+from pipeline.windows import isoformat_utc
 
 log = logging.getLogger(__name__)
 
@@ -145,27 +144,35 @@ def main(args: argparse.Namespace) -> int:
 
 
 def summary(result: BatchResult, out_dir: Path, elapsed: float) -> str:
-    """The table `ragpulse run` prints: events, then one row per window and judge."""
+    """The table `ragpulse run` prints: events, then pass ratios per window, app and model.
+
+    Each judge column shows yes / (yes + no) and, in brackets, the graded sample size and the
+    errors, so a ratio is never read without its sample.
+    """
     c = result.counts
     accepted = c[stats.key("ragpulse_events_total", outcome="accepted")]
     invalid = c[stats.key("ragpulse_events_total", outcome="invalid")]
     sampled = c[stats.key("ragpulse_events_sampled_total")]
+    judges = sorted({k.judge for k in result.windows})
+    rows: dict[tuple[float, str, str], dict[str, str]] = {}
+    for key, counts in result.windows.items():
+        pct = f"{counts.yes / counts.graded:.0%}" if counts.graded else "-"
+        cell = f"{pct} (n={counts.graded}" + (f", err={counts.error})" if counts.error else ")")
+        rows.setdefault((key.window_start, key.app, key.model), {})[key.judge] = cell
+    head = f"{'window_start':<21} {'app':<16} {'model':<16}" + "".join(
+        f" {j:<22}" for j in judges
+    )
     lines = [
         f"read {accepted + invalid} lines in {elapsed:.1f}s: {accepted} accepted, "
         f"{invalid} rejected (see {out_dir / DEAD_LETTER_FILE}), {sampled} sampled and judged",
         "",
-        f"{'window_start':<21} {'judge':<19} {'app':<14} {'model':<14} "
-        f"{'yes':>5} {'no':>5} {'err':>4} {'pass':>6}  95% CI",
+        "pass ratio per window: yes / (yes + no), n = yes + no, errors left out",
+        head,
     ]
-    for key in sorted(result.windows, key=dataclasses.astuple):
-        row = window_row(key, result.windows[key])
-        pct = row["percentage"]
-        ci = f"[{row['ci_low']:.2f}, {row['ci_high']:.2f}]" if pct is not None else "-"
-        pass_text = f"{pct:6.1%}" if isinstance(pct, float) else f"{'-':>6}"
+    for (start, app, model), cells in sorted(rows.items()):
         lines.append(
-            f"{isoformat_utc(key.window_start):<21} {key.judge:<19} {key.app[:14]:<14} "
-            f"{key.model[:14]:<14} {row['yes']:>5} {row['no']:>5} {row['error']:>4} "
-            f"{pass_text}  {ci}"
+            f"{isoformat_utc(start):<21} {app[:16]:<16} {model[:16]:<16}"
+            + "".join(f" {cells.get(j, '-'):<22}" for j in judges)
         )
     lines.append("")
     lines.append(

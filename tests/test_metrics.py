@@ -106,3 +106,10 @@ def test_textfile_parses_as_prometheus_exposition(tmp_path: Path) -> None:
         "ragpulse_heartbeat_timestamp_seconds",
         "ragpulse_judge_latency_seconds",
     } <= names
+
+
+def test_every_rating_of_a_judged_series_is_exported_so_increase_sees_its_first_verdicts() -> None:
+    reg = registry_for(snapshot)
+    labels = {"judge": "groundedness", "app": "a", "model": "m"}
+    assert reg.get_sample_value("ragpulse_judge_verdicts_total", {**labels, "rating": "no"}) == 0
+    assert reg.get_sample_value("ragpulse_judge_verdicts_total", {**labels, "rating": "error"}) == 0
