@@ -1,0 +1,160 @@
+"""The Grafana dashboards are well formed, wired to the provisioned datasource, and every
+panel query is PromQL that a real Prometheus accepts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from dashboard_queries import (
+    BUILTIN_VARIABLES,
+    grafana_panel_queries,
+    iter_panels,
+    load_dashboard,
+    substitute,
+    variables_used,
+)
+from prometheus_server import PrometheusServer, running_prometheus
+
+REPO = Path(__file__).resolve().parent.parent
+GRAFANA = REPO / "grafana"
+DASHBOARDS = {
+    "ragpulse-overview": GRAFANA / "dashboards" / "ragpulse-overview.json",
+    "ragpulse-drilldown": GRAFANA / "dashboards" / "ragpulse-drilldown.json",
+}
+EXAMPLE_VALUES = {"app": "shop", "model": "m1", "judge": "groundedness"}
+
+
+@pytest.fixture(scope="module")
+def prometheus() -> Iterator[PrometheusServer]:
+    with running_prometheus() as server:
+        yield server
+
+
+def provisioned_datasource_uids() -> set[str]:
+    provisioning = yaml.safe_load(
+        (GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text(encoding="utf-8")
+    )
+    return {ds["uid"] for ds in provisioning["datasources"] if ds["type"] == "prometheus"}
+
+
+def data_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in iter_panels(dashboard) if p.get("type") != "row"]
+
+
+def test_committed_dashboards_match_their_generator_and_thresholds() -> None:
+    result = subprocess.run(
+        [sys.executable, str(GRAFANA / "render_dashboards.py"), "--check"],
+        capture_output=True, text=True, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("uid", sorted(DASHBOARDS))
+def test_dashboard_has_its_fixed_uid_and_a_current_schema(uid: str) -> None:
+    dashboard = load_dashboard(DASHBOARDS[uid])
+    assert dashboard["uid"] == uid
+    assert dashboard["schemaVersion"] >= 36
+
+
+@pytest.mark.parametrize("uid", sorted(DASHBOARDS))
+def test_panel_ids_are_unique(uid: str) -> None:
+    ids = [p["id"] for p in iter_panels(load_dashboard(DASHBOARDS[uid]))]
+    assert len(ids) == len(set(ids)), ids
+
+
+@pytest.mark.parametrize("uid", sorted(DASHBOARDS))
+def test_every_panel_and_target_uses_the_provisioned_datasource(uid: str) -> None:
+    uids = provisioned_datasource_uids()
+    for panel in data_panels(load_dashboard(DASHBOARDS[uid])):
+        assert panel["datasource"]["uid"] in uids, panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] in uids, panel["title"]
+
+
+@pytest.mark.parametrize("uid", sorted(DASHBOARDS))
+def test_every_panel_has_targets_and_every_target_an_expression(uid: str) -> None:
+    for panel in data_panels(load_dashboard(DASHBOARDS[uid])):
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target.get("expr", "").strip(), f"{panel['title']} {target['refId']}"
+
+
+@pytest.mark.parametrize("uid", sorted(DASHBOARDS))
+def test_every_variable_used_is_defined(uid: str) -> None:
+    dashboard = load_dashboard(DASHBOARDS[uid])
+    defined = {v["name"] for v in dashboard["templating"]["list"]} | set(BUILTIN_VARIABLES)
+    texts = [p.get("title", "") for p in iter_panels(dashboard)]
+    texts += [p.get("repeat", "") and f"${p['repeat']}" for p in iter_panels(dashboard)]
+    texts += [t["expr"] for p in data_panels(dashboard) for t in p["targets"]]
+    texts += [v.get("definition", "") for v in dashboard["templating"]["list"]]
+    used = set().union(*(variables_used(t) for t in texts))
+    assert used <= defined, f"undefined: {used - defined}"
+
+
+def test_drilldown_is_filtered_by_app_and_model_variables() -> None:
+    dashboard = load_dashboard(DASHBOARDS["ragpulse-drilldown"])
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert {"app", "model"} <= set(variables)
+    assert "label_values(" in variables["app"]["definition"]
+    assert "$app" in variables["model"]["definition"]
+    for panel in data_panels(dashboard):
+        for target in panel["targets"]:
+            assert '"$app"' in target["expr"], panel["title"]
+
+
+def test_overview_shows_every_required_signal() -> None:
+    exprs = " ".join(e for _, e in grafana_panel_queries(DASHBOARDS["ragpulse-overview"]))
+    for needle in (
+        "ragpulse_judge_pass_ratio_ci_low", "ragpulse_judge_pass_ratio_ci_high",
+        "ragpulse_judge_window_samples", "ragpulse_events_sampled_total",
+        "ragpulse_events_judged_total", "ragpulse_judge_errors_total",
+        "histogram_quantile(0.95, sum by (judge, le) (rate(ragpulse_judge_latency_seconds_bucket",
+        "ragpulse_judge_tokens_total", "ragpulse_consumer_lag", "ragpulse_dead_letters_total",
+        'ALERTS{alertname=~"Rag.*"', "ragpulse_retrieved_chunks_total",
+        "ragpulse_events_without_context_total",
+    ):
+        assert needle in exprs, needle
+
+
+def test_query_extraction_substitutes_variables_and_rejects_unknown_ones() -> None:
+    queries = grafana_panel_queries(DASHBOARDS["ragpulse-drilldown"], EXAMPLE_VALUES)
+    assert queries and all("$" not in expr for _, expr in queries)
+    assert any('app="shop", model="m1"' in expr for _, expr in queries)
+    assert ("groundedness: pass ratio with 95% band" in {t for t, _ in queries})
+    with pytest.raises(KeyError, match="no value for template variable"):
+        grafana_panel_queries(DASHBOARDS["ragpulse-drilldown"])
+    assert substitute("x[${__rate_interval}] [[app]]", {"__rate_interval": "20s",
+                                                          "app": "a"}) == "x[20s] a"
+
+
+@pytest.mark.parametrize("uid", sorted(DASHBOARDS))
+def test_every_panel_query_parses_in_a_real_prometheus(
+    uid: str, prometheus: PrometheusServer
+) -> None:
+    queries = grafana_panel_queries(DASHBOARDS[uid], EXAMPLE_VALUES)
+    assert queries
+    errors = []
+    for title, expr in queries:
+        body = prometheus.api("query", {"query": expr})
+        if body["status"] != "success":
+            errors.append(f"{title}: {body.get('error')}\n  {expr}")
+    assert not errors, "\n".join(errors)
+
+
+def test_a_malformed_panel_query_would_be_reported(prometheus: PrometheusServer) -> None:
+    body = prometheus.api("query", {"query": "sum by (judge) (rate(x[$__rate_interval])"})
+    assert body["status"] == "error"
+
+
+def test_variable_queries_parse_in_a_real_prometheus(prometheus: PrometheusServer) -> None:
+    dashboard = load_dashboard(DASHBOARDS["ragpulse-drilldown"])
+    for variable in dashboard["templating"]["list"]:
+        # label_values(<selector>, label) is Grafana's; the selector must be valid PromQL.
+        inner = variable["definition"].removeprefix("label_values(").rsplit(",", 1)[0]
+        prometheus.query(substitute(inner, EXAMPLE_VALUES))

