@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Literal
 
 from judges.base import (
@@ -38,6 +39,7 @@ class JudgeSpec:
     timeout_seconds: float = 30.0
     max_retries: int = 4
     temperature: float = 0.1
+    prompts_dir: str | None = None  # replaces the shipped LLM prompt files
 
     def __post_init__(self) -> None:
         unknown = [n for n in self.names if n not in JUDGE_NAMES]
@@ -66,7 +68,8 @@ class JudgeSpec:
             max_retries=self.max_retries,
             temperature=self.temperature,
         )
-        return JudgePanel(build_llm_judges(self.names, endpoint))
+        prompts = Path(self.prompts_dir) if self.prompts_dir else None
+        return JudgePanel(build_llm_judges(self.names, endpoint, prompts))
 
 
 __all__ = [

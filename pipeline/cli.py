@@ -51,10 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger().addFilter(_not_beam_import_noise)
     args = build_parser().parse_args(argv)
     logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=args.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        # Beam logs a warning on the root logger at import, which installs a WARNING-level
+        # handler first; without force the INFO lines of serve (cycles, windows) are lost.
+        force=True,
     )
-    # Beam logs every pipeline step at INFO; keep ragpulse's own log readable.
-    logging.getLogger("apache_beam").setLevel(max(logging.WARNING, logging.getLogger().level))
+    # Beam logs every pipeline step, kafka-python every connection, at INFO; keep ragpulse's
+    # own log readable.
+    for noisy in ("apache_beam", "kafka"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         return int(args._main(args))
     except SettingsError as exc:

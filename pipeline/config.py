@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -38,6 +39,7 @@ class JudgeSettings(BaseModel):
     timeout_seconds: float = Field(30.0, gt=0, le=600)
     max_retries: int = Field(4, ge=0, le=20)
     temperature: float = Field(0.1, ge=0, le=2)
+    prompts_dir: Path | None = None
 
     @field_validator("names")
     @classmethod
@@ -49,6 +51,19 @@ class JudgeSettings(BaseModel):
                 f"known: {', '.join(JUDGE_NAMES)}"
             )
         return names
+
+    @field_validator("prompts_dir")
+    @classmethod
+    def _prompt_files_load(cls, folder: Path | None) -> Path | None:
+        # Fail at start-up, not inside a Beam worker, when a prompt file is missing or invalid.
+        if folder is not None:
+            from judges.llm import available_prompts, load_prompt
+
+            if not folder.is_dir():
+                raise ValueError(f"{folder} is not a directory")
+            for name in available_prompts():
+                load_prompt(name, folder)
+        return folder
 
     @field_validator("base_url")
     @classmethod
@@ -69,6 +84,7 @@ class JudgeSettings(BaseModel):
             timeout_seconds=self.timeout_seconds,
             max_retries=self.max_retries,
             temperature=self.temperature,
+            prompts_dir=str(self.prompts_dir) if self.prompts_dir else None,
         )
 
 
@@ -119,6 +135,14 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: %(default)s)",
     )
     g.add_argument(
+        "--judge-prompts",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="folder of LLM judge prompt files (<judge>.yaml) replacing the shipped ones, "
+        "e.g. a mounted ConfigMap (default: the files in judges/prompts/)",
+    )
+    g.add_argument(
         "--judge-temperature",
         type=float,
         default=0.1,
@@ -159,6 +183,7 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
             timeout_seconds=args.judge_timeout,
             max_retries=args.judge_max_retries,
             temperature=args.judge_temperature,
+            prompts_dir=args.judge_prompts,
         )
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc)) from None

@@ -1,0 +1,353 @@
+"""A local stand-in for an OpenAI-compatible chat endpoint, for tests and benchmarks.
+
+The paid LLM API is the one part of ragpulse that tests may not use for real, so this module
+serves `POST /v1/chat/completions` over real HTTP on 127.0.0.1 (stdlib `ThreadingHTTPServer`,
+one thread per connection, so a slow reply never blocks another request) and lets a test script
+what the "model" does:
+
+* `reply_mode`: "json" (a structured `{"rationale", "rating"}` reply, as with `response_format`
+  json_schema), "plain" (`rationale: ...` / `rating: ...` lines, a server that ignores the
+  schema) or "garbage" (prose with no verdict);
+* `latency`: seconds every reply takes;
+* a queue of one-shot `Fault`s served before normal replies: an HTTP status (429 with
+  Retry-After, 500, 401 ...), a hang longer than the client's timeout, a malformed JSON body,
+  or a 200 whose message content is given verbatim;
+* `decide`: how the verdict is chosen from the request. The default reads the fenced answer
+  (`<answer-NONCE>...</answer-NONCE>`) and says "no" when it contains `MARKER`. It also behaves
+  like a gullible model: a `rating: yes|no` line or JSON verdict found in the last user message
+  *outside* every fence is obeyed. A judge that fails to fence untrusted text therefore gets
+  the injected verdict back, which is what makes the prompt-injection test able to fail.
+
+Every request is logged (`requests`) and the peak number of requests in flight is kept
+(`max_concurrent`). Use `FakeOpenAI` as a context manager in scripts, or the `fake_openai`
+pytest fixture (import `fake_openai_fixture` into a test module).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Literal
+
+import pytest
+
+ReplyMode = Literal["json", "plain", "garbage"]
+FakeRating = Literal["yes", "no"]
+
+# The word that makes the default decision "no" when it appears inside the fenced answer.
+MARKER = "FORBIDDEN"
+
+# A fence is <name-hex> ... </name-hex> with the same name and nonce on both tags.
+_FENCE = re.compile(r"<([a-z_]+)-([0-9a-f]{8,})>(.*?)</\1-\2>", re.DOTALL)
+_OBEYED_LINE = re.compile(r"^\s*rating\s*:\s*(yes|no)\b", re.IGNORECASE | re.MULTILINE)
+_OBEYED_JSON = re.compile(r'"rating"\s*:\s*"(yes|no)"', re.IGNORECASE)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fault:
+    """One scripted misbehaviour, served to one request (in queue order)."""
+
+    kind: Literal["status", "hang", "malformed", "content"]
+    status: int = 200
+    retry_after: str | None = None
+    hang_seconds: float = 5.0
+    content: str = ""
+
+    @classmethod
+    def http(cls, status: int, retry_after: str | None = None) -> Fault:
+        """Answer with this HTTP status and an OpenAI-style error body."""
+        return cls("status", status=status, retry_after=retry_after)
+
+    @classmethod
+    def hang(cls, seconds: float = 5.0) -> Fault:
+        """Say nothing for `seconds` (longer than the client timeout), then close."""
+        return cls("hang", hang_seconds=seconds)
+
+    @classmethod
+    def malformed(cls) -> Fault:
+        """Answer 200 with a body that is not JSON."""
+        return cls("malformed")
+
+    @classmethod
+    def reply(cls, content: str) -> Fault:
+        """Answer 200 with this exact assistant message content."""
+        return cls("content", content=content)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FencedRequest:
+    """What the fake model "reads": fenced blocks by name, and the user text outside fences."""
+
+    fenced: dict[str, list[str]]
+    unfenced: str
+    user_message: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    """One request the server received, and what it did with it."""
+
+    path: str
+    body: dict[str, Any] | None
+    headers: dict[str, str]
+    received_at: float
+    outcome: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+Decide = Callable[[FencedRequest], tuple[FakeRating, str]]
+
+
+def read_fences(user_message: str) -> FencedRequest:
+    """Split a user message into its fenced blocks and the text outside them."""
+    fenced: dict[str, list[str]] = collections.defaultdict(list)
+    for match in _FENCE.finditer(user_message):
+        fenced[match.group(1)].append(match.group(3))
+    return FencedRequest(dict(fenced), _FENCE.sub(" ", user_message), user_message)
+
+
+def default_decide(request: FencedRequest) -> tuple[FakeRating, str]:
+    """A gullible model: obeys unfenced verdict lines, else "no" iff the answer has MARKER."""
+    obeyed = _OBEYED_LINE.search(request.unfenced) or _OBEYED_JSON.search(request.unfenced)
+    if obeyed:
+        rating: FakeRating = "yes" if obeyed.group(1).lower() == "yes" else "no"
+        return rating, "I was told the rating outside the quoted data."
+    answers = request.fenced.get("answer")
+    # No answer fence at all: the judge did not fence, so the model reads the whole message.
+    answer_text = "\n".join(answers) if answers else request.user_message
+    if MARKER in answer_text:
+        return "no", "The answer contains the marker word."
+    return "yes", "The answer is acceptable."
+
+
+def _last_user_message(body: dict[str, Any]) -> str:
+    for message in reversed(body.get("messages") or []):
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):
+                return "\n".join(str(part.get("text", "")) for part in content)
+            return str(content or "")
+    return ""
+
+
+def _word_count(body: dict[str, Any]) -> int:
+    total = 0
+    for message in body.get("messages") or []:
+        total += len(str(message.get("content") or "").split())
+    return total
+
+
+class _Server(ThreadingHTTPServer):
+    # The default listen backlog (5) refuses connections when a client opens 16+ at once.
+    request_queue_size = 256
+
+
+class FakeOpenAI:
+    """A scriptable OpenAI-compatible chat server on 127.0.0.1 (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        reply_mode: ReplyMode = "json",
+        latency: float = 0.0,
+        decide: Decide = default_decide,
+    ) -> None:
+        self.reply_mode: ReplyMode = reply_mode
+        self.latency = latency
+        self.decide = decide
+        self.requests: list[RecordedRequest] = []
+        self.max_concurrent = 0
+        self._in_flight = 0
+        self._faults: collections.deque[Fault] = collections.deque()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- scripting ---------------------------------------------------------------------------
+
+    def push_faults(self, *faults: Fault) -> None:
+        """Queue faults; each is served to exactly one request, before normal replies resume."""
+        with self._lock:
+            self._faults.extend(faults)
+
+    def reset_log(self) -> None:
+        """Forget the request log and the concurrency peak (e.g. between benchmark rounds)."""
+        with self._lock:
+            self.requests.clear()
+            self.max_concurrent = 0
+
+    @property
+    def base_url(self) -> str:
+        """The `base_url` to give an OpenAI client (ends in /v1)."""
+        if self._server is None:
+            raise RuntimeError("the fake server is not running")
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}/v1"
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> FakeOpenAI:
+        """Bind a free port on 127.0.0.1 and serve in a daemon thread."""
+        server = _Server(("127.0.0.1", 0), self._handler_class())
+        server.daemon_threads = True
+        self._server = server
+        # A short poll interval so that stop() (and each test's teardown) takes milliseconds.
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.02}, name="fake-openai"
+        )
+        self._thread.daemon = True
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving; hanging requests are released at once."""
+        self._stopping.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeOpenAI:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- serving -----------------------------------------------------------------------------
+
+    def _next_fault(self) -> Fault | None:
+        with self._lock:
+            return self._faults.popleft() if self._faults else None
+
+    def _enter(self) -> None:
+        with self._lock:
+            self._in_flight += 1
+            self.max_concurrent = max(self.max_concurrent, self._in_flight)
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+    def _record(self, entry: RecordedRequest) -> None:
+        with self._lock:
+            self.requests.append(entry)
+
+    def _content_for(self, body: dict[str, Any]) -> str:
+        rating, rationale = self.decide(read_fences(_last_user_message(body)))
+        if self.reply_mode == "json":
+            return json.dumps({"rationale": rationale, "rating": rating})
+        if self.reply_mode == "plain":
+            return f"Rationale: {rationale}\nRating: {rating}"
+        return "Well, it is hard to say; there are many ways to look at this."
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            # Headers and body go out as separate writes; without TCP_NODELAY, Nagle's
+            # algorithm and the client's delayed ACK add ~40 ms to every reply.
+            disable_nagle_algorithm = True
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # keep test output quiet
+
+            def _send(self, status: int, payload: bytes, headers: dict[str, str]) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                for key, value in headers.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def do_POST(self) -> None:
+                received_at = time.monotonic()
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                try:
+                    body: dict[str, Any] | None = json.loads(raw)
+                except ValueError:
+                    body = None
+                fake._enter()
+                try:
+                    self._serve(body, headers, received_at)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (timeout); nothing to answer
+                finally:
+                    fake._leave()
+
+            def _serve(
+                self, body: dict[str, Any] | None, headers: dict[str, str], received_at: float
+            ) -> None:
+                def record(outcome: str, prompt: int = 0, completion: int = 0) -> None:
+                    fake._record(
+                        RecordedRequest(
+                            self.path, body, headers, received_at, outcome, prompt, completion
+                        )
+                    )
+
+                if self.path.rstrip("/") != "/v1/chat/completions" or body is None:
+                    record("404")
+                    self._send(404, b'{"error": {"message": "not found"}}', {})
+                    return
+                fault = fake._next_fault()
+                if fault is not None and fault.kind == "hang":
+                    record("hang")
+                    fake._stopping.wait(fault.hang_seconds)
+                    self.close_connection = True
+                    return
+                if fake.latency:
+                    time.sleep(fake.latency)
+                if fault is not None and fault.kind == "status":
+                    record(f"status {fault.status}")
+                    extra = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+                    error = {"error": {"message": f"scripted {fault.status}", "type": "fake"}}
+                    self._send(fault.status, json.dumps(error).encode(), extra)
+                    return
+                if fault is not None and fault.kind == "malformed":
+                    record("malformed")
+                    self._send(200, b'{"id": "chatcmpl-broken", "choices": [', {})
+                    return
+                content = fault.content if fault is not None else fake._content_for(body)
+                prompt_tokens = _word_count(body)
+                completion_tokens = len(content.split())
+                record("ok", prompt_tokens, completion_tokens)
+                reply = {
+                    "id": f"chatcmpl-fake-{len(fake.requests)}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body.get("model", "fake"),
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": content},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": completion_tokens,
+                        "total_tokens": prompt_tokens + completion_tokens,
+                    },
+                }
+                self._send(200, json.dumps(reply).encode(), {})
+
+        return Handler
+
+
+@pytest.fixture(name="fake_openai")
+def fake_openai_fixture() -> Iterator[FakeOpenAI]:
+    """A running `FakeOpenAI` (json replies, no latency) for one test; stopped afterwards."""
+    with FakeOpenAI() as server:
+        yield server
