@@ -47,7 +47,7 @@ def test_a_concurrency_of_zero_is_refused_naming_the_setting() -> None:
 
 def test_a_prompts_folder_missing_a_judge_file_is_refused_at_start_up(tmp_path: Path) -> None:
     shutil.copy(SHIPPED / "safety.yaml", tmp_path)
-    with pytest.raises(SettingsError, match="groundedness.yaml"):
+    with pytest.raises(SettingsError, match=r"groundedness\.yaml"):
         judge_settings(parse("--judge-prompts", str(tmp_path)), env={})
 
 
