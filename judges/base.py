@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Sequence
-from typing import Literal, Protocol
+from collections.abc import Callable, Sequence
+from typing import Literal, Protocol, runtime_checkable
 
 Rating = Literal["yes", "no", "error"]
 RATINGS: tuple[Rating, ...] = ("yes", "no", "error")
@@ -76,11 +76,24 @@ class Judge(Protocol):
     async def judge(self, item: JudgeInput) -> Verdict: ...
 
 
+@runtime_checkable
+class SyncJudge(Protocol):
+    """A judge that computes without waiting on I/O may also offer `grade`, the same as
+    `judge` but synchronous; the panel then calls it directly (see `JudgePanel`)."""
+
+    name: str
+
+    def grade(self, item: JudgeInput) -> Verdict: ...
+
+
 class JudgePanel:
     """Runs several judges over a batch of inputs on one private event loop.
 
     Concurrency bounds live with the judges that need them (the LLM endpoint's semaphore);
-    the panel only starts every (input, judge) pair and waits for all of them.
+    the panel only starts every (input, judge) pair and waits for all of them. When every judge
+    also offers a synchronous `grade` (the local judges), the panel calls that instead: a
+    coroutine, a task and two event-loop callbacks per (input, judge) pair cost about as much as
+    a local judge itself, and they buy nothing when there is no I/O to overlap.
     """
 
     def __init__(self, judges: Sequence[Judge]) -> None:
@@ -88,6 +101,10 @@ class JudgePanel:
             raise ValueError("a judge panel needs at least one judge")
         self.judges = tuple(judges)
         self._loop = asyncio.new_event_loop()
+        graders = tuple(j.grade for j in self.judges if isinstance(j, SyncJudge))
+        self._graders: tuple[Callable[[JudgeInput], Verdict], ...] | None = (
+            graders if len(graders) == len(self.judges) else None
+        )
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -95,6 +112,9 @@ class JudgePanel:
 
     def judge_batch(self, items: Sequence[JudgeInput]) -> list[tuple[Verdict, ...]]:
         """One tuple of verdicts per input, in the order of `self.judges`."""
+        graders = self._graders
+        if graders is not None:
+            return [tuple(grade(item) for grade in graders) for item in items]
         return self._loop.run_until_complete(self._judge_all(items))
 
     async def _judge_all(self, items: Sequence[JudgeInput]) -> list[tuple[Verdict, ...]]:

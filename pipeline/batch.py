@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ import apache_beam as beam
 import orjson
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.utils.windowed_value import WindowedValue
 
 from judges import JudgeSpec
 from pipeline import stats
@@ -93,6 +94,32 @@ def _dead_letter_line(keep_raw: bool) -> Callable[[Any], str]:
     return fmt
 
 
+class _JoinLines(beam.DoFn):
+    """Joins text lines of the global window into newline-separated blocks of `max_lines`.
+
+    `WriteToText` writes a block as the same lines, but its per-element cost (a shard key, a
+    re-windowing and a shuffle write and read for each element) is paid once per block
+    instead of once per verdict (see tests/bench/bench_pipeline.py).
+    """
+
+    def __init__(self, max_lines: int = 1000) -> None:
+        self._max_lines = max_lines
+
+    def start_bundle(self) -> None:
+        self._lines: list[str] = []
+
+    def process(self, line: str) -> Iterator[str]:
+        self._lines.append(line)
+        if len(self._lines) >= self._max_lines:
+            yield "\n".join(self._lines)
+            self._lines = []
+
+    def finish_bundle(self) -> Iterator[WindowedValue]:
+        if self._lines:
+            yield beam.transforms.window.GlobalWindows.windowed_value("\n".join(self._lines))
+            self._lines = []
+
+
 def _write(path: Path) -> beam.io.WriteToText:
     return beam.io.WriteToText(str(path), shard_name_template="", num_shards=1)
 
@@ -133,11 +160,12 @@ def run_batch(
             _ = (
                 judged
                 | "FormatVerdicts" >> beam.Map(lambda j: _json_line(verdict_row(j)))
+                | "JoinVerdictLines" >> beam.ParDo(_JoinLines())
                 | "WriteVerdicts" >> _write(out_dir / VERDICTS_FILE)
             )
         _ = (
             judged
-            | "WindowRatings" >> WindowRatings(window_size=config.window_seconds)
+            | "WindowRatings" >> WindowRatings(window_size=config.window_seconds, bounded=True)
             | "FormatWindows" >> beam.MapTuple(lambda k, c: _json_line(window_row(k, c)))
             | "WriteWindows" >> _write(out_dir / WINDOWS_FILE)
         )
