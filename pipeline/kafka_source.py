@@ -46,6 +46,9 @@ def _consumer(bootstrap: str, timeout_s: float, **config: Any) -> KafkaConsumer:
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
         request_timeout_ms=int(timeout_s * 1000) + 1000,
+        # The constructor connects eagerly; without this bound it waits 30 s for a broker that
+        # is down, whatever timeout the caller asked for.
+        bootstrap_timeout_ms=int(timeout_s * 1000),
         **config,
     )
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import logging
 import signal
 import sys
@@ -243,11 +244,16 @@ class TopicWatcher:
         if not letters:
             return
         if self._producer is None:
+            timeout_ms = int(self.settings.kafka_timeout_seconds * 1000)
             self._producer = KafkaProducer(
                 bootstrap_servers=self.settings.bootstrap,
                 acks="all",
                 linger_ms=5,
-                request_timeout_ms=int(self.settings.kafka_timeout_seconds * 1000),
+                request_timeout_ms=timeout_ms,
+                # Connecting and waiting for metadata take 30 s and 60 s by default: bound them
+                # by --kafka-timeout too, so a broker outage fails the cycle in that time.
+                bootstrap_timeout_ms=timeout_ms,
+                max_block_ms=timeout_ms,
             )
         sent = produce_dead_letters(
             self._producer,
@@ -275,7 +281,7 @@ class TopicWatcher:
         counts = stats.merge(
             (stats.key(c.name, **c.labels), c.value) for c in self.state.counters()
         )
-        complete, in_progress = _split_windows(self.state.windows())
+        complete, in_progress = _split_windows(self.state.current_windows())
         wm = self.state.watermark(self.settings.topic)
         gauges = {"ragpulse_heartbeat_timestamp_seconds": self._heartbeat}
         if wm is not None:
@@ -292,6 +298,12 @@ class TopicWatcher:
         snap = self._load_snapshot()
         with self._lock:
             self._snapshot = snap
+
+    def _touch_heartbeat(self) -> None:
+        with self._lock:
+            snap = self._snapshot
+            gauges = {**snap.gauges, "ragpulse_heartbeat_timestamp_seconds": self._heartbeat}
+            self._snapshot = dataclasses.replace(snap, gauges=gauges)
 
     def snapshot(self) -> MetricsSnapshot:
         with self._lock:
@@ -326,7 +338,9 @@ class TopicWatcher:
             self._first_failure = None
             self._heartbeat = time.time()
             self.cycle_metrics.cycles.labels("ok").inc()
-            self._refresh_snapshot()
+            # run_cycle has just rebuilt the snapshot; only the heartbeat is new. A second full
+            # rebuild would query the state again for one gauge.
+            self._touch_heartbeat()
             if covered >= self.settings.max_batch_events:
                 continue  # a backlog remains: go on at once
             stop.wait(

@@ -34,6 +34,7 @@ CREATE TABLE IF NOT EXISTS windows (
     PRIMARY KEY (window_start, window_end, judge, app, model)
 );
 CREATE INDEX IF NOT EXISTS windows_open ON windows (complete, window_end);
+CREATE INDEX IF NOT EXISTS windows_series ON windows (complete, judge, app, model, window_end);
 CREATE TABLE IF NOT EXISTS offsets (
     topic TEXT NOT NULL,
     partition INTEGER NOT NULL,
@@ -257,6 +258,20 @@ class StateStore:
             args.append(_epoch(since))
         sql += " ORDER BY window_start, judge, app, model"
         return [_row(r, complete=bool(r["complete"])) for r in self._db.execute(sql, args)]
+
+    def current_windows(self) -> list[dict[str, Any]]:
+        """What /metrics shows: every open window, and the latest complete one of each series.
+
+        Reads O(series) rows however long the service has run, unlike `windows()`.
+        """
+        sql = (
+            "SELECT * FROM windows WHERE complete = 0 UNION ALL "
+            "SELECT w.* FROM windows w JOIN (SELECT judge, app, model, MAX(window_end) AS e "
+            "FROM windows WHERE complete = 1 GROUP BY judge, app, model) m "
+            "ON w.complete = 1 AND w.judge = m.judge AND w.app = m.app AND w.model = m.model "
+            "AND w.window_end = m.e"
+        )
+        return [_row(r, complete=bool(r["complete"])) for r in self._db.execute(sql)]
 
     def offsets(self, topic: str) -> dict[int, int]:
         """Next offset to read per partition of `topic` (partitions never read are absent)."""

@@ -152,3 +152,24 @@ def test_reopening_restores_everything(tmp_path: Path) -> None:
         }
         assert store.watermark("events") == T0 + 400
         assert store.latest_event_times("events") == {0: T0 + 420, 1: T0 + 400}
+
+
+def test_current_windows_are_the_open_ones_and_the_latest_complete_one_per_series(
+    tmp_path: Path,
+) -> None:
+    with StateStore(tmp_path / "s.db") as store:
+        store.apply_cycle(
+            "t",
+            [partial(T0 + i * 300, 1, 0) for i in range(5)]
+            + [partial(T0, 0, 1, judge="groundedness")],
+            {},
+            [],
+            closed_before=T0 + 900,  # windows 0, 1, 2 complete; 3, 4 open
+        )
+        current = {(w["judge"], w["window_start"], w["complete"]) for w in store.current_windows()}
+    assert current == {
+        ("safety", "2023-11-14T22:23:20Z", True),  # the latest complete safety window
+        ("safety", "2023-11-14T22:28:20Z", False),
+        ("safety", "2023-11-14T22:33:20Z", False),
+        ("groundedness", "2023-11-14T22:13:20Z", True),
+    }
