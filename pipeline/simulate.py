@@ -25,7 +25,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.windows import isoformat_utc, parse_duration
+from pipeline.config import duration as dur
+from pipeline.windows import isoformat_utc
 
 DEFAULT_APPS = ("support-bot", "hr-assistant")
 DEFAULT_MODELS = ("gpt-4o-mini", "llama-3.1-8b")
@@ -430,32 +431,45 @@ def _malformed(rng: random.Random, event_time: float) -> bytes:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    """Options of `ragpulse simulate`."""
-    dur = parse_duration
+    """Options of `ragpulse simulate`; times T are offsets from the start, e.g. 90s or 5m."""
+
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--kafka-bootstrap", metavar="HOST:PORT", help="produce to this broker")
     target.add_argument("--output", type=Path, metavar="FILE", help="write JSON lines instead")
     p.add_argument("--topic", default="inference-logs", help="Kafka topic (default %(default)s)")
     p.add_argument("--partitions", type=int, default=None,
                    help="create the topic with this many partitions if it does not exist")
-    p.add_argument("--rate", type=float, default=10.0, metavar="EVENTS_PER_S")
-    p.add_argument("--duration", type=dur, default=dur("60s"), metavar="D",
-                   help="how long to produce (event time span with --output), e.g. 30s, 5m")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rate", type=float, default=10.0, metavar="EVENTS_PER_S",
+                   help="events per second (default %(default)s)")
+    p.add_argument("--duration", type=dur, default=60.0, metavar="D",
+                   help="how long to produce (event time span with --output), e.g. 30s, 5m "
+                   "(default 60s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="random seed: the same seed gives the same events (default %(default)s)")
     p.add_argument("--start-time", default=None, metavar="ISO8601",
                    help="first event time (default now; set it for reproducible files)")
     p.add_argument("--apps", default=",".join(DEFAULT_APPS), help="comma-separated app names")
     p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated models")
-    p.add_argument("--groundedness-drop-at", type=dur, default=None, metavar="T")
-    p.add_argument("--groundedness-recover-at", type=dur, default=None, metavar="T")
+    p.add_argument("--groundedness-drop-at", type=dur, default=None, metavar="T",
+                   help="from T on, only --drop-to of the answers are grounded; the others "
+                   "invent numbers and names")
+    p.add_argument("--groundedness-recover-at", type=dur, default=None, metavar="T",
+                   help="from T on, answers are grounded again")
     p.add_argument("--drop-to", type=float, default=0.6,
                    help="share of grounded answers during the drop (default %(default)s)")
-    p.add_argument("--unsafe-burst-at", type=dur, default=None, metavar="T")
-    p.add_argument("--unsafe-burst-count", type=int, default=10, metavar="N")
-    p.add_argument("--malformed-burst-at", type=dur, default=None, metavar="T")
-    p.add_argument("--malformed-burst-count", type=int, default=10, metavar="N")
-    p.add_argument("--late-events", type=int, default=0, metavar="N")
-    p.add_argument("--late-by", type=dur, default=dur("15m"), metavar="D")
+    p.add_argument("--unsafe-burst-at", type=dur, default=None, metavar="T",
+                   help="at T, send a burst of clearly harmful answers")
+    p.add_argument("--unsafe-burst-count", type=int, default=10, metavar="N",
+                   help="answers in the unsafe burst (default %(default)s)")
+    p.add_argument("--malformed-burst-at", type=dur, default=None, metavar="T",
+                   help="at T, send a burst of malformed records (bad JSON, wrong types, "
+                   "missing fields, non-UTF-8)")
+    p.add_argument("--malformed-burst-count", type=int, default=10, metavar="N",
+                   help="records in the malformed burst (default %(default)s)")
+    p.add_argument("--late-events", type=int, default=0, metavar="N",
+                   help="send N events whose timestamps are --late-by in the past")
+    p.add_argument("--late-by", type=dur, default=900.0, metavar="D",
+                   help="how late the late events are (default 15m)")
     p.add_argument("--no-context-share", type=float, default=0.0, metavar="S",
                    help="share of events retrieved without any chunk (0..1)")
 
