@@ -49,6 +49,12 @@ ALWAYS_PRESENT: tuple[stats.CounterKey, ...] = (
     stats.key("ragpulse_late_events_total"),
     stats.key("ragpulse_dead_letters_total"),
 )
+# Counters of judged events per (app, model), exported at 0 once the pair has verdicts.
+_PER_APP_MODEL = (
+    "ragpulse_events_judged_total",
+    "ragpulse_retrieved_chunks_total",
+    "ragpulse_events_without_context_total",
+)
 _HISTOGRAM_PARTS = {stats.LATENCY_BUCKET, stats.LATENCY_COUNT, stats.LATENCY_SUM_US}
 
 
@@ -131,6 +137,8 @@ def _zero_series(counts: Mapping[stats.CounterKey, float]) -> set[stats.CounterK
             lab = dict(labels)
             for rating in RATINGS:
                 zeros.add(stats.key(metric, **{**lab, "rating": rating}))
+            for per_app in _PER_APP_MODEL:
+                zeros.add(stats.key(per_app, app=lab["app"], model=lab["model"]))
     return {k for k in zeros if k not in counts}
 
 

@@ -113,3 +113,6 @@ def test_every_rating_of_a_judged_series_is_exported_so_increase_sees_its_first_
     labels = {"judge": "groundedness", "app": "a", "model": "m"}
     assert reg.get_sample_value("ragpulse_judge_verdicts_total", {**labels, "rating": "no"}) == 0
     assert reg.get_sample_value("ragpulse_judge_verdicts_total", {**labels, "rating": "error"}) == 0
+    app_model = {"app": "a", "model": "m"}
+    assert reg.get_sample_value("ragpulse_events_without_context_total", app_model) == 0
+    assert reg.get_sample_value("ragpulse_retrieved_chunks_total", app_model) == 0
