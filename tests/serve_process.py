@@ -1,0 +1,312 @@
+"""`ragpulse serve` as a real subprocess, for integration tests (serve, Prometheus, Alertmanager).
+
+    serve = ServeProcess(broker.bootstrap, "topic", tmp_path / "state.sqlite",
+                         ["--window", "10s"]).start()
+    scrape = serve.wait_for(lambda m: m.total("ragpulse_events_total") >= 100, timeout=30)
+    assert serve.terminate() == 0
+
+`start()` returns once /metrics answers; `metrics()` parses one scrape with prometheus-client's
+parser; `wait_for` polls /metrics until a predicate holds and, when it does not in time, fails
+with the last scrape and the end of serve's log. The process runs in its own session, so `kill()`
+(SIGKILL) takes down anything it started too. The `serve_processes` fixture hands out a factory
+and stops every process it started at teardown, printing each log (pytest shows it on failure);
+import it as `from serve_process import serve_processes_fixture  # noqa: F401`.
+
+Defaults suit tests: local judges, /metrics on a free port of 127.0.0.1, a 0.5 s trigger
+interval and a 5 s Kafka timeout; `extra_args` come last, so they override these.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+import pytest
+from kafka_broker import free_port
+from prometheus_client.parser import text_string_to_metric_families
+
+START_TIMEOUT_S = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Scrape:
+    """One /metrics scrape: every sample as (name, labels, value)."""
+
+    samples: tuple[tuple[str, Mapping[str, str], float], ...]
+
+    @classmethod
+    def parse(cls, text: str) -> Scrape:
+        return cls(
+            tuple(
+                (s.name, dict(s.labels), float(s.value))
+                for family in text_string_to_metric_families(text)
+                for s in family.samples
+            )
+        )
+
+    def select(self, name: str, **labels: str) -> list[tuple[Mapping[str, str], float]]:
+        """Samples called `name` whose labels include `labels`."""
+        return [
+            (lab, value)
+            for n, lab, value in self.samples
+            if n == name and all(lab.get(k) == v for k, v in labels.items())
+        ]
+
+    def total(self, name: str, **labels: str) -> float:
+        """Sum of the samples called `name` whose labels include `labels` (0 when none)."""
+        return sum(value for _, value in self.select(name, **labels))
+
+    def value(self, name: str, **labels: str) -> float | None:
+        """The one sample called `name` with exactly these labels, or None."""
+        found = [v for lab, v in self.select(name, **labels) if dict(lab) == labels]
+        return found[0] if found else None
+
+    def by_labels(self, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+        """Samples called `name`, keyed by their sorted label pairs."""
+        return {tuple(sorted(lab.items())): v for lab, v in self.select(name)}
+
+
+class ServeProcess:
+    """One `ragpulse serve` subprocess and its /metrics and /healthz endpoints."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        state: Path,
+        extra_args: Sequence[str] = (),
+        *,
+        metrics_port: int | None = None,
+        log_path: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.state = Path(state)
+        self.extra_args = list(extra_args)
+        self.port = metrics_port or free_port()
+        self.env = dict(env) if env is not None else None
+        if log_path is None:
+            handle, name = tempfile.mkstemp(prefix="ragpulse-serve-", suffix=".log")
+            os.close(handle)
+            log_path = Path(name)
+        self.log_path = log_path
+        self._log: IO[bytes] | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        # The installed console script when there is one (it is what users run), else the module.
+        script = Path(sys.executable).with_name("ragpulse")
+        prog = [str(script)] if script.is_file() else [sys.executable, "-m", "pipeline.cli"]
+        return [
+            *prog,
+            "serve",
+            "--kafka-bootstrap", self.bootstrap,
+            "--topic", self.topic,
+            "--state", str(self.state),
+            "--metrics-host", "127.0.0.1",
+            "--metrics-port", str(self.port),
+            "--judge-backend", "local",
+            "--trigger-interval", "0.5s",
+            "--kafka-timeout", "5s",
+            *self.extra_args,
+        ]
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> ServeProcess:
+        """Start serve and wait until /metrics answers; raises with the log if it never does."""
+        if self.process is not None and self.process.poll() is None:
+            raise RuntimeError("serve is already running")
+        self._log = self.log_path.open("ab")
+        self._log.write(f"--- start: {' '.join(self.command())}\n".encode())
+        self._log.flush()
+        self.process = subprocess.Popen(
+            self.command(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=self.env,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"serve exited with code {self.process.returncode} before /metrics "
+                    f"answered:\n{self.log_tail()}"
+                )
+            with contextlib.suppress(OSError):
+                self.metrics()
+                return self
+            time.sleep(0.1)
+        self.kill()
+        raise RuntimeError(f"/metrics did not answer within {timeout}s:\n{self.log_tail()}")
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def _get(self, path: str, timeout: float) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=timeout) as response:
+                return int(response.status), response.read().decode()
+        except urllib.error.HTTPError as exc:  # 503 from /healthz is an answer, not a failure
+            return int(exc.code), exc.read().decode()
+
+    def metrics(self, timeout: float = 5.0) -> Scrape:
+        """One scrape of /metrics (OSError when nothing answers)."""
+        status, body = self._get("/metrics", timeout)
+        if status != 200:
+            raise OSError(f"/metrics answered {status}: {body[:200]}")
+        return Scrape.parse(body)
+
+    def healthz(self, timeout: float = 5.0) -> tuple[int, str]:
+        """Status code and body of /healthz."""
+        return self._get("/healthz", timeout)
+
+    def wait_for(
+        self,
+        predicate: Callable[[Scrape], bool],
+        timeout: float,
+        what: str = "the condition",
+        interval: float = 0.2,
+    ) -> Scrape:
+        """Scrape until `predicate(scrape)` holds; returns that scrape, or fails with the log."""
+        deadline = time.monotonic() + timeout
+        last: Scrape | None = None
+        while True:
+            if not self.running:
+                raise AssertionError(
+                    f"serve exited (code {self.returncode}) while waiting for {what}:\n"
+                    f"{self.log_tail()}"
+                )
+            with contextlib.suppress(OSError):
+                last = self.metrics()
+                if predicate(last):
+                    return last
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(interval)
+        seen = "" if last is None else "\n".join(
+            f"{n}{dict(lab)} {v}" for n, lab, v in last.samples if n.startswith("ragpulse_")
+        )
+        raise AssertionError(
+            f"{what} did not happen within {timeout}s.\nlast scrape:\n{seen}\n"
+            f"serve log:\n{self.log_tail()}"
+        )
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        """SIGTERM (serve finishes its cycle and saves), then wait; returns the exit code."""
+        if self.process is None:
+            raise RuntimeError("serve was never started")
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout)
+        finally:
+            self._close_log()
+
+    def kill(self) -> int:
+        """SIGKILL serve's whole session at once (a crash); returns the exit code."""
+        if self.process is None:
+            raise RuntimeError("serve was never started")
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+        code = self.process.wait(timeout=30)
+        self._close_log()
+        return code
+
+    def stop(self) -> None:
+        """Tear-down: terminate, and kill after 20 s; never raises for a process already gone."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            try:
+                self.terminate(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def log_text(self) -> str:
+        if self._log is not None:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def windows(self, *args: str) -> list[dict[str, Any]]:
+        """Rows of `ragpulse windows --state STATE` (works while serve runs: SQLite WAL)."""
+        return windows_rows(self.state, *args)
+
+    def __enter__(self) -> ServeProcess:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def windows_rows(state: Path, *args: str) -> list[dict[str, Any]]:
+    """`ragpulse windows --state STATE [ARGS]` run as a subprocess, parsed from JSON lines."""
+    script = Path(sys.executable).with_name("ragpulse")
+    prog = [str(script)] if script.is_file() else [sys.executable, "-m", "pipeline.cli"]
+    done = subprocess.run(
+        [*prog, "windows", "--state", str(state), *args],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    if done.returncode != 0:
+        stderr = done.stderr.decode(errors="replace")
+        raise AssertionError(f"ragpulse windows exited with {done.returncode}: {stderr}")
+    return [orjson.loads(line) for line in done.stdout.splitlines() if line.strip()]
+
+
+@pytest.fixture(name="serve_processes")
+def serve_processes_fixture() -> Iterator[Callable[..., ServeProcess]]:
+    """Fixture `serve_processes`: a factory of (not yet started) ServeProcess objects, all
+    stopped at teardown, their logs printed (pytest shows them when the test failed).
+
+    Import it as `from serve_process import serve_processes_fixture  # noqa: F401`.
+    """
+    made: list[ServeProcess] = []
+
+    def make(
+        bootstrap: str, topic: str, state: Path, extra_args: Sequence[str] = (), **kwargs: Any
+    ) -> ServeProcess:
+        serve = ServeProcess(bootstrap, topic, state, extra_args, **kwargs)
+        made.append(serve)
+        return serve
+
+    try:
+        yield make
+    finally:
+        for serve in made:
+            serve.stop()
+            print(f"--- ragpulse serve log ({serve.log_path}) ---\n{serve.log_text()}")
+            with contextlib.suppress(OSError):
+                serve.log_path.unlink()

@@ -1,0 +1,546 @@
+"""`ragpulse serve` as a subprocess against a real (Tansu) Kafka broker, with the local judges.
+
+Input comes from `pipeline.simulate` with fixed seeds and start times, so what each window must
+hold is known before serve runs. Results are read the way operators read them: /metrics (parsed
+with prometheus-client), /healthz, `ragpulse windows` on the state file, and the dead-letter topic.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+from kafka.consumer.fetcher import ConsumerRecord
+from kafka_broker import TansuBroker
+from serve_process import Scrape, ServeProcess, serve_processes_fixture, windows_rows  # noqa: F401
+
+from pipeline.events import InvalidEvent, parse_event
+from pipeline.kafka_source import end_offsets
+from pipeline.simulate import Incidents, SimulatedEvent, simulate
+from pipeline.state import StateStore
+
+T0 = 1_763_632_800.0  # 2025-11-20T10:00:00Z, a multiple of the 10 s windows used here
+JUDGES = ("groundedness", "safety", "relevance_to_query")
+WINDOW_ARGS = ["--window", "10s"]
+
+ServeFactory = Callable[..., ServeProcess]
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[TansuBroker]:
+    """One broker for the tests that never stop it; each test uses its own topics."""
+    with TansuBroker() as shared:
+        yield shared
+
+
+def produce_round_robin(
+    broker: TansuBroker, topic: str, payloads: Sequence[bytes], partitions: int
+) -> list[tuple[int, int]]:
+    """Payload i goes to partition i % partitions (each partition stays in event-time order).
+
+    Returns (partition, offset) per payload, in payload order.
+    """
+    where: list[tuple[int, int]] = [(-1, -1)] * len(payloads)
+    for p in range(partitions):
+        indexes = list(range(p, len(payloads), partitions))
+        placed = broker.produce(topic, [payloads[i] for i in indexes], partition=p)
+        for i, spot in zip(indexes, placed, strict=True):
+            where[i] = spot
+    return where
+
+
+def window_of(event_time: float, size: float = 10.0) -> str:
+    start = event_time - event_time % size
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start))
+
+
+def expected_sizes(events: Sequence[SimulatedEvent]) -> Counter[tuple[str, str, str]]:
+    """Valid events per (window_start, app, model): what each judge's yes+no+error must be."""
+    sizes: Counter[tuple[str, str, str]] = Counter()
+    for e in events:
+        if e.kind != "malformed":
+            body = json.loads(e.payload)
+            sizes[(window_of(e.event_time), body["app"], body["model"])] += 1
+    return sizes
+
+
+def judged_sizes(rows: Sequence[dict[str, Any]], judge: str) -> Counter[tuple[str, str, str]]:
+    return Counter(
+        {
+            (str(r["window_start"]), str(r["app"]), str(r["model"])): int(r["yes"])
+            + int(r["no"])
+            + int(r["error"])
+            for r in rows
+            if r["judge"] == judge
+        }
+    )
+
+
+def saved_offsets(state: Path, topic: str) -> dict[int, int]:
+    with StateStore(state) as store:
+        return store.offsets(topic)
+
+
+def durable_counters(scrape: Scrape) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every ragpulse counter that the state file carries (not cycles, not latency sums)."""
+    return {
+        (name, tuple(sorted(labels.items()))): value
+        for name, labels, value in scrape.samples
+        if name.startswith("ragpulse_")
+        and name.endswith("_total")
+        and name != "ragpulse_cycles_total"
+    }
+
+
+def read_topic(bootstrap: str, topic: str, expected: int, timeout: float = 20.0) -> list[Any]:
+    """Every record of `topic` (all partitions, manual assignment), once `expected` have come.
+
+    Reads on for half a second after that, so that extra records would be seen too.
+    """
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        parts: set[int] = set()
+        while not parts and time.monotonic() < deadline:
+            parts = consumer.partitions_for_topic(topic) or set()
+            time.sleep(0.1)
+        assert parts, f"topic {topic} never appeared"
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        records: list[ConsumerRecord] = []
+        settle_until: float | None = None
+        while time.monotonic() < deadline:
+            for batch in consumer.poll(timeout_ms=200).values():
+                records.extend(batch)
+            if len(records) >= expected:
+                settle_until = settle_until or time.monotonic() + 0.5
+                if time.monotonic() >= settle_until:
+                    break
+        return records
+    finally:
+        consumer.close(autocommit=False)
+
+
+def caught_up(total: int, watermark: float | None = None) -> Callable[[Scrape], bool]:
+    """All `total` records read (accepted or not) and, if given, the watermark reached."""
+
+    def check(m: Scrape) -> bool:
+        if m.total("ragpulse_events_total") < total:
+            return False
+        if watermark is None:
+            return True
+        wm = m.value("ragpulse_watermark_timestamp_seconds")
+        return wm is not None and wm >= watermark - 0.001
+
+    return check
+
+
+# --- 1. the happy path -------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_events_produced_while_serving_are_judged_into_metrics_and_saved_windows(
+    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+) -> None:
+    topic = "live"
+    # One partition: with no allowed lateness, a second partition that the producer fills a
+    # moment later would not hold the watermark back (it is idle) and its events would be late.
+    broker.create_topic(topic, 1)
+    events = list(simulate(1, 250, T0, rate=10))  # 25 s: windows :00 and :10 close, :20 stays open
+    serve = serve_processes(
+        broker.bootstrap,
+        topic,
+        tmp_path / "state.sqlite",
+        [*WINDOW_ARGS, "--allowed-lateness", "0s", "--out-of-orderness", "0s"],
+    ).start()
+    serve.wait_for(lambda m: m.total("ragpulse_cycles_total", outcome="ok") >= 1, 30)
+
+    broker.produce(topic, [e.payload for e in events], partition=0)
+    last_time = max(e.event_time for e in events)
+    m = serve.wait_for(caught_up(250, last_time), 60, "all 250 events read")
+
+    assert m.value("ragpulse_events_total", outcome="accepted") == 250
+    assert m.value("ragpulse_events_total", outcome="invalid") == 0
+    assert m.total("ragpulse_events_judged_total") == 250
+    for judge in JUDGES:
+        assert m.total("ragpulse_judge_verdicts_total", judge=judge) == 250
+        assert m.total("ragpulse_judge_calls_total", judge=judge, backend="local") == 250
+    rows = serve.windows()
+    expected = expected_sizes(events)
+    for judge in JUDGES:
+        assert judged_sizes(rows, judge) == expected
+    # The gauges show the latest complete window (10:00:10) and the open one (10:00:20).
+    for row in rows:
+        labels = {"judge": str(row["judge"]), "app": str(row["app"]), "model": str(row["model"])}
+        graded = int(row["yes"]) + int(row["no"])
+        if row["window_start"] == "2025-11-20T10:00:10Z":
+            assert row["complete"] is True
+            assert m.value("ragpulse_judge_window_samples", **labels) == graded
+            assert m.value("ragpulse_judge_pass_ratio", **labels) == pytest.approx(
+                row["percentage"]
+            )
+        elif row["window_start"] == "2025-11-20T10:00:20Z":
+            assert row["complete"] is False
+            assert m.value("ragpulse_judge_in_progress_window_samples", **labels) == graded
+    verdicts_by_rating: Counter[tuple[str, str]] = Counter()
+    for lab, value in m.select("ragpulse_judge_verdicts_total"):
+        verdicts_by_rating[(lab["judge"], lab["rating"])] += int(value)
+    saved_by_rating: Counter[tuple[str, str]] = Counter()
+    for row in rows:
+        for rating in ("yes", "no", "error"):
+            saved_by_rating[(str(row["judge"]), rating)] += int(row[rating])
+    assert +saved_by_rating == +verdicts_by_rating
+    assert serve.terminate() == 0
+
+
+# --- 2. exactly once under SIGKILL -------------------------------------------------------------
+
+BACKLOG_EVENTS = 20_000
+BACKLOG_ARGS = [
+    *WINDOW_ARGS,
+    "--max-batch-events", "2000",  # ten cycles for the backlog
+    "--allowed-lateness", "30s",  # windows complete while the backlog is read
+    "--out-of-orderness", "0s",
+]
+
+
+@pytest.mark.timeout(240)
+def test_sigkill_at_several_points_of_a_backlog_then_restart_counts_what_an_uncrashed_run_counts(
+    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+) -> None:
+    topic = "backlog"
+    broker.create_topic(topic, 2)
+    events = list(simulate(2, BACKLOG_EVENTS, T0, rate=50))  # 400 s of event time, 40 windows
+    produce_round_robin(broker, topic, [e.payload for e in events], 2)
+    last = max(e.event_time for e in events)
+    # The reference reads the same backlog with the same settings, side by side, never killed.
+    reference_state = tmp_path / "reference.sqlite"
+    reference = serve_processes(broker.bootstrap, topic, reference_state, BACKLOG_ARGS).start()
+
+    state = tmp_path / "crashed.sqlite"
+    saved_at_kill: list[int] = []
+    # Kill 1 lands in the first cycle (nothing saved yet); kills 2 and 3 land 1.5 s and 3 s
+    # after a cycle of theirs was saved, i.e. mid-way through a later one whatever the speed.
+    for after_a_saved_cycle, kill_after in ((False, 0.5), (True, 1.5), (True, 3.0)):
+        crashing = serve_processes(broker.bootstrap, topic, state, BACKLOG_ARGS).start()
+        if after_a_saved_cycle:
+            restored = crashing.metrics().total("ragpulse_events_total")
+            crashing.wait_for(caught_up(int(restored) + 1), 60, "a saved cycle")
+        time.sleep(kill_after)
+        assert crashing.kill() != 0
+        saved_at_kill.append(sum(saved_offsets(state, topic).values()))
+    print(f"records saved at each kill: {saved_at_kill}")
+    # Each restart went on from the saved offsets, and the last kill still hit the backlog.
+    assert saved_at_kill == sorted(saved_at_kill) and saved_at_kill[-1] < BACKLOG_EVENTS
+    restarted = serve_processes(broker.bootstrap, topic, state, BACKLOG_ARGS).start()
+
+    reference_scrape = reference.wait_for(caught_up(BACKLOG_EVENTS, last), 180, "reference")
+    assert reference.terminate() == 0
+    scrape = restarted.wait_for(caught_up(BACKLOG_EVENTS, last), 180, "restarted run")
+    assert restarted.terminate() == 0
+
+    # The reference itself is right: every event once, in its window, for every judge ...
+    reference_rows = windows_rows(reference_state)
+    expected = expected_sizes(events)
+    assert len(expected) == 40 * 4  # 40 windows x 4 (app, model) pairs
+    for judge in JUDGES:
+        assert judged_sizes(reference_rows, judge) == expected
+    # ... and windows ending over 30 s (the lateness) before the last event are complete.
+    open_windows = {r["window_start"] for r in reference_rows if not r["complete"]}
+    assert open_windows == {f"2025-11-20T10:06:{s}0Z" for s in range(4)}
+    # The crashed run matches it row for row, and counter for counter.
+    assert windows_rows(state) == reference_rows
+    assert durable_counters(scrape) == durable_counters(reference_scrape)
+    assert scrape.value("ragpulse_events_total", outcome="accepted") == BACKLOG_EVENTS
+
+
+# --- 3. broker outage ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def outage_broker() -> Iterator[TansuBroker]:
+    """A broker of its own, since the test stops it; its log is printed at teardown."""
+    broker = TansuBroker()
+    try:
+        broker.start()
+        yield broker
+    finally:
+        print(f"--- tansu log ---\n{broker.log_text()}")
+        broker.close()
+
+
+@pytest.mark.timeout(150)
+def test_broker_outage_freezes_heartbeat_fails_health_then_recovers_without_loss_or_doubles(
+    outage_broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+) -> None:
+    topic = "outage"
+    outage_broker.create_topic(topic, 2)
+    events = list(simulate(3, 300, T0, rate=10))
+    before_outage, after_outage = events[:200], events[200:]
+    placed = produce_round_robin(outage_broker, topic, [e.payload for e in before_outage], 2)
+    serve = serve_processes(
+        outage_broker.bootstrap,
+        topic,
+        tmp_path / "state.sqlite",
+        [*WINDOW_ARGS, "--unhealthy-after", "5s", "--kafka-timeout", "2s"],
+    ).start()
+    serve.wait_for(caught_up(200), 60, "the first 200 events")
+    assert serve.healthz()[0] == 200
+
+    outage_broker.stop()
+    stopped_at = time.time()
+    outage_ends = time.monotonic() + 20
+    first_failure = serve.wait_for(
+        lambda m: m.total("ragpulse_cycles_total", outcome="failed") >= 1, 20, "a failed cycle"
+    )
+    heartbeat = first_failure.value("ragpulse_heartbeat_timestamp_seconds")
+    assert heartbeat is not None and heartbeat < stopped_at + 5  # the last cycle before it
+    health: list[int] = []
+    while time.monotonic() < outage_ends:
+        scrape = serve.metrics()  # /metrics answers all along
+        assert scrape.value("ragpulse_heartbeat_timestamp_seconds") == heartbeat
+        health.append(serve.healthz()[0])
+        time.sleep(0.5)
+    assert scrape.total("ragpulse_cycles_total", outcome="failed") > first_failure.total(
+        "ragpulse_cycles_total", outcome="failed"
+    )
+    assert scrape.value("ragpulse_events_total", outcome="accepted") == 200
+    # Healthy at first (failing for less than --unhealthy-after), then 503 to the end.
+    assert health[0] == 200 and health[-1] == 503, health
+    assert health == sorted(health), health
+
+    # The broker comes back empty: recreate the topic and replay what it held, as a broker
+    # with durable storage would still have it, then the traffic goes on.
+    outage_broker.start()
+    outage_broker.create_topic(topic, 2)
+    replayed = produce_round_robin(outage_broker, topic, [e.payload for e in before_outage], 2)
+    assert replayed == placed
+    produce_round_robin(outage_broker, topic, [e.payload for e in after_outage], 2)
+    m = serve.wait_for(caught_up(300), 90, "recovery after the outage")
+    m = serve.wait_for(
+        lambda s: (s.value("ragpulse_heartbeat_timestamp_seconds") or 0) > heartbeat, 30
+    )
+    assert serve.healthz()[0] == 200
+    assert m.value("ragpulse_events_total", outcome="accepted") == 300
+    rows = serve.windows()
+    for judge in JUDGES:
+        assert m.total("ragpulse_judge_verdicts_total", judge=judge) == 300
+        assert judged_sizes(rows, judge) == expected_sizes(events)
+    assert serve.terminate() == 0
+
+
+# --- 4. late events ------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_events_beyond_allowed_lateness_are_dead_lettered_and_kept_out_of_closed_windows(
+    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+) -> None:
+    topic = "late"
+    broker.create_topic(topic, 1)
+    on_time = list(simulate(4, 400, T0, rate=10))  # 10:00:00.0 .. 10:00:39.9
+    broker.produce(topic, [e.payload for e in on_time], partition=0)
+    serve = serve_processes(
+        broker.bootstrap,
+        topic,
+        tmp_path / "state.sqlite",
+        [*WINDOW_ARGS, "--allowed-lateness", "5s", "--out-of-orderness", "0s"],
+    ).start()
+    serve.wait_for(caught_up(400, T0 + 39.9), 60, "the on-time events")
+    # Watermark 10:00:39.9, lateness 5 s: windows ending by 10:00:34.9 are complete.
+    before = serve.windows()
+    complete_before = [r for r in before if r["complete"]]
+    assert {r["window_start"] for r in complete_before} == {
+        "2025-11-20T10:00:00Z", "2025-11-20T10:00:10Z", "2025-11-20T10:00:20Z"
+    }
+
+    too_late = list(simulate(5, 20, T0 + 2, rate=10))  # window 10:00:00, complete
+    within = list(simulate(6, 30, T0 + 31, rate=10))  # window 10:00:30, ends 10:00:40: open
+    late_offsets = broker.produce(topic, [e.payload for e in too_late], partition=0)
+    broker.produce(topic, [e.payload for e in within], partition=0)
+    m = serve.wait_for(caught_up(450), 60, "the late events")
+
+    assert m.value("ragpulse_late_events_total") == 20
+    assert m.value("ragpulse_dead_letters_total") == 20
+    assert m.value("ragpulse_events_total", outcome="accepted") == 450
+    for judge in JUDGES:
+        assert m.total("ragpulse_judge_verdicts_total", judge=judge) == 430
+    after = serve.windows()
+    assert [r for r in after if r["window_start"] in {r["window_start"] for r in complete_before}] \
+        == complete_before
+    for judge in JUDGES:
+        assert judged_sizes(after, judge) == expected_sizes(on_time + within)
+
+    letters = read_topic(broker.bootstrap, f"{topic}.dlq", 20)
+    assert sorted(r.value for r in letters) == sorted(e.payload for e in too_late)
+    for letter in letters:
+        headers = {k: v.decode() for k, v in letter.headers}
+        assert headers["reason"].startswith("late event"), headers
+        assert (int(headers["source-partition"]), int(headers["source-offset"])) in late_offsets
+    assert serve.terminate() == 0
+
+
+# --- 5. malformed records ------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_malformed_records_reach_the_dead_letter_topic_with_reason_and_source_and_none_is_lost(
+    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+) -> None:
+    topic = "malformed"
+    broker.create_topic(topic, 2)
+    incidents = Incidents(malformed_burst_at=5.0, malformed_burst_count=30)
+    events = list(simulate(7, 300, T0, rate=10, incidents=incidents))
+    placed = produce_round_robin(broker, topic, [e.payload for e in events], 2)
+    malformed = {placed[i]: e.payload for i, e in enumerate(events) if e.kind == "malformed"}
+    assert len(malformed) == 30
+    serve = serve_processes(broker.bootstrap, topic, tmp_path / "state.sqlite", WINDOW_ARGS)
+    m = serve.start().wait_for(caught_up(300), 60, "all 300 records read")
+
+    assert m.value("ragpulse_events_total", outcome="invalid") == 30
+    assert m.value("ragpulse_events_total", outcome="accepted") == 270
+    assert m.value("ragpulse_dead_letters_total") == 30
+    rows = serve.windows()
+    for judge in JUDGES:
+        assert judged_sizes(rows, judge) == expected_sizes(events)
+
+    letters = read_topic(broker.bootstrap, f"{topic}.dlq", 30)
+    by_source = {}
+    for letter in letters:
+        headers = {k: v.decode() for k, v in letter.headers}
+        source = (int(headers["source-partition"]), int(headers["source-offset"]))
+        by_source[source] = (letter.value, headers["reason"])
+    assert len(letters) == 30
+    assert {source: value for source, (value, _) in by_source.items()} == malformed
+    for raw, reason in by_source.values():
+        with pytest.raises(InvalidEvent) as rejected:  # the reason is the parser's own
+            parse_event(raw, record_time=T0)
+        assert reason == rejected.value.reason
+    assert len({reason for _, reason in by_source.values()}) >= 4  # the reason is specific
+    assert serve.terminate() == 0
+
+
+# --- 6. SIGTERM ----------------------------------------------------------------------------------
+
+
+def saved_counter(state: Path, name: str, **labels: str) -> float:
+    with StateStore(state) as store:
+        return sum(
+            c.value for c in store.counters() if c.name == name and dict(c.labels) == labels
+        )
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_mid_backlog_saves_the_cycle_in_flight_exits_0_and_a_restart_does_not_recount(
+    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+) -> None:
+    topic = "sigterm"
+    broker.create_topic(topic, 2)
+    events = list(simulate(8, 1500, T0, rate=50))
+    produce_round_robin(broker, topic, [e.payload for e in events], 2)
+    state = tmp_path / "state.sqlite"
+    args = [*WINDOW_ARGS, "--max-batch-events", "300"]  # five cycles
+
+    serve = serve_processes(broker.bootstrap, topic, state, args).start()
+    serve.wait_for(lambda m: m.total("ragpulse_events_total") > 0, 60, "the first cycle")
+    assert serve.terminate() == 0
+    read = sum(saved_offsets(state, topic).values())
+    assert 0 < read < 1500  # stopped mid-backlog ...
+    # ... with counts and offsets of the same cycles: nothing half-saved.
+    assert saved_counter(state, "ragpulse_events_total", outcome="accepted") == read
+
+    serve = serve_processes(broker.bootstrap, topic, state, args).start()
+    serve.wait_for(caught_up(1500), 90, "the rest of the backlog")
+    assert serve.terminate() == 0
+    assert saved_offsets(state, topic) == end_offsets(broker.bootstrap, topic)
+    rows = windows_rows(state)
+    assert rows
+    for judge in JUDGES:
+        assert judged_sizes(rows, judge) == expected_sizes(events)
+
+    serve = serve_processes(broker.bootstrap, topic, state, args).start()
+    m = serve.wait_for(
+        lambda s: s.total("ragpulse_cycles_total", outcome="ok") >= 3, 60, "three idle cycles"
+    )
+    assert m.value("ragpulse_events_total", outcome="accepted") == 1500
+    assert serve.terminate() == 0
+    assert windows_rows(state) == rows
+
+
+# --- 7. a topic grown by recreation --------------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_a_topic_recreated_with_more_partitions_is_read_on_every_partition(
+    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+) -> None:
+    topic = "grow"
+    broker.create_topic(topic, 2)
+    first = list(simulate(9, 100, T0, rate=10))
+    placed = produce_round_robin(broker, topic, [e.payload for e in first], 2)
+    state = tmp_path / "state.sqlite"
+    serve = serve_processes(broker.bootstrap, topic, state, WINDOW_ARGS).start()
+    serve.wait_for(caught_up(100), 60, "the events of the 2-partition topic")
+
+    # Tansu cannot add partitions: recreate the topic with 4, holding the same first records.
+    broker.delete_topic(topic)
+    broker.create_topic(topic, 4)
+    assert produce_round_robin(broker, topic, [e.payload for e in first], 2) == placed
+    second = list(simulate(10, 100, T0 + 10, rate=10))
+    produce_round_robin(broker, topic, [e.payload for e in second], 4)
+    m = serve.wait_for(caught_up(200), 90, "the events of the 4-partition topic")
+
+    assert m.value("ragpulse_events_total", outcome="accepted") == 200
+    assert saved_offsets(state, topic) == {0: 75, 1: 75, 2: 25, 3: 25}
+    assert {lab["partition"]: v for lab, v in m.select("ragpulse_consumer_lag", topic=topic)} == {
+        "0": 0, "1": 0, "2": 0, "3": 0
+    }
+    rows = serve.windows()
+    for judge in JUDGES:
+        assert judged_sizes(rows, judge) == expected_sizes(first + second)
+    assert serve.terminate() == 0
+
+
+# --- 8. counters across restarts -----------------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_verdict_counters_restart_at_their_saved_values_and_never_go_backwards(
+    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+) -> None:
+    topic = "restore"
+    broker.create_topic(topic, 1)
+    first = list(simulate(11, 200, T0, rate=10))
+    broker.produce(topic, [e.payload for e in first], partition=0)
+    state = tmp_path / "state.sqlite"
+    serve = serve_processes(broker.bootstrap, topic, state, WINDOW_ARGS).start()
+    saved = serve.wait_for(caught_up(200), 60, "the first events").by_labels(
+        "ragpulse_judge_verdicts_total"
+    )
+    assert sum(saved.values()) == 600
+    assert serve.terminate() == 0
+
+    serve = serve_processes(broker.bootstrap, topic, state, WINDOW_ARGS).start()
+    assert serve.metrics().by_labels("ragpulse_judge_verdicts_total") == saved
+    broker.produce(topic, [e.payload for e in simulate(12, 200, T0 + 20, rate=10)], partition=0)
+    previous = saved
+    deadline = time.monotonic() + 60
+    while sum(previous.values()) < 1200 and time.monotonic() < deadline:
+        current = serve.metrics().by_labels("ragpulse_judge_verdicts_total")
+        assert all(current.get(k, 0) >= v for k, v in previous.items()), (previous, current)
+        previous = current
+        time.sleep(0.1)
+    assert sum(previous.values()) == 1200
+    assert serve.terminate() == 0
