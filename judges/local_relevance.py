@@ -52,15 +52,33 @@ def refusal_in(answer: str) -> str | None:
 
 def key_stems(text: str) -> dict[str, str]:
     """Content-word stems of `text` mapped to their first surface form."""
+    return dict(_key_stems(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _key_stems(text: str) -> tuple[tuple[str, str], ...]:
+    # Memoised for the question, which is also checked for a refusal (and recurs across events).
     out: dict[str, str] = {}
     for tok in tokens(text):
-        low = tok.lower()
-        if low in STOPWORDS or tok[0].isdigit() or len(low) < 2:
-            continue
-        s = stem(low)
-        if s not in _QUESTION_FRAME_STEMS:
+        s = _key_stem(tok)
+        if s is not None:
             out.setdefault(s, tok)
-    return out
+    return tuple(out.items())
+
+
+def _answered_stems(text: str) -> set[str | None]:
+    """The keys of `key_stems(text)` (plus None): all the answer is asked for."""
+    return set(map(_key_stem, tokens(text)))
+
+
+@functools.lru_cache(maxsize=200_000)
+def _key_stem(tok: str) -> str | None:
+    """The stem a token contributes to `key_stems`, or None when it names no key word."""
+    low = tok.lower()
+    if low in STOPWORDS or tok[0].isdigit() or len(low) < 2:
+        return None
+    s = stem(low)
+    return None if s in _QUESTION_FRAME_STEMS else s
 
 
 _QUESTION_FRAME_STEMS = frozenset(stem(w) for w in _QUESTION_FRAME)
@@ -96,10 +114,10 @@ class RelevanceToQueryJudge:
         if refusal is not None:
             shown = refusal if len(refusal) <= 80 else refusal[:79] + "…"
             return "no", f"The answer declines the request ({shown!r})."
-        asked = key_stems(question)
+        asked = dict(_key_stems(question))
         if not asked:
             return "yes", "The answer does not refuse, and the question has no key words to check."
-        answered = key_stems(answer)
+        answered = _answered_stems(answer)
         shared = [surface for s, surface in asked.items() if s in answered]
         share = len(shared) / len(asked)
         if share < self.min_overlap:

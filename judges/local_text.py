@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
+import operator
 import re
 from pathlib import Path
 
@@ -20,7 +22,12 @@ _TOKEN_RE = re.compile(r"\d+(?:[.,]\d+)*|[^\W\d_]+(?:['’][^\W\d_]+)*")
 # A list marker at the start of a line ("1. ", "2) ") is layout, not a claimed number.
 _LIST_MARKER_RE = re.compile(r"^[ \t]*(?:\d{1,2}[.)]|[-*•])[ \t]+", re.MULTILINE)
 # Sentence ends: . ! ? followed by space and an upper-case letter, digit or quote; or a newline.
-_SENTENCE_RE = re.compile(r"(?<=[.!?])\s+(?=[\"“(\[A-Z0-9])|\s*\n\s*")
+# (Every split starts with white space; the leading (?=\s) only spares the regex engine from
+# trying both branches at every other position.)
+_SENTENCE_RE = re.compile(r"(?=\s)(?:(?<=[.!?])\s+(?=[\"“(\[A-Z0-9])|\s*\n\s*)")
+# The same first branch with the end mark consumed (and captured) instead of looked behind at.
+_SENTENCE_END_RE = re.compile(r"([.!?])\s+(?=[\"“(\[A-Z0-9])")
+_LEADING_LIST_MARKER_RE = re.compile(r"[ \t]*(?:\d{1,2}[.)]|[-*•])[ \t]+")
 _CAMEL_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")
 _CLOCK_RE = re.compile(r"\b([01]?\d|2[0-3]):[0-5]?\d\b")
 _ORDINAL_SUFFIXES = frozenset({"st", "nd", "rd", "th", "s"})
@@ -92,17 +99,33 @@ class Claim:
     names: tuple[tuple[str, str], ...]  # (surface, stem) of capitalised non-initial words
 
 
+# Tokens never contain whitespace, so a text's tokens are those of its whitespace-separated
+# pieces in order. Pieces ("days.", "The", "30") recur far more than whole texts do, so the
+# analyses below are memoised per piece: a chunk never seen before still costs one `str.split`
+# and a cache hit per piece instead of a regex pass and a stem look-up per token.
+_PIECE_CACHE = 200_000
+
+
+@functools.lru_cache(maxsize=_PIECE_CACHE)
+def _piece_tokens(piece: str) -> tuple[str, ...]:
+    return tuple(_TOKEN_RE.findall(piece))
+
+
+def _tokens_of(text: str) -> itertools.chain[str]:
+    return itertools.chain.from_iterable(map(_piece_tokens, text.split()))
+
+
 def tokens(text: str) -> list[str]:
     """Word and number tokens of `text`, in order."""
-    return _TOKEN_RE.findall(text)
+    return list(_tokens_of(text))
 
 
-@functools.lru_cache(maxsize=4096)
-def bag_of(text: str) -> Bag:
-    """Stems and numbers of a (context) text; memoised because chunks recur."""
+@functools.lru_cache(maxsize=_PIECE_CACHE)
+def _piece_bag(piece: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What one piece adds to a `Bag`: (stems, numbers); see `bag_of`."""
     stems: set[str] = set()
     numbers: set[str] = set()
-    for tok in _TOKEN_RE.findall(text):
+    for tok in _piece_tokens(piece):
         if tok[0].isdigit():
             numbers.add(normalise_number(tok))
             continue
@@ -115,30 +138,66 @@ def bag_of(text: str) -> Bag:
         if not tok.islower() and not tok.isupper():
             # Structured sources name fields in camelCase ("OutdoorSeating", "WiFi"): the
             # answer says "outdoor seating" / "Wi-Fi", so the parts count as content too.
+            # (This also runs for "The": once per distinct piece, so not worth a pre-check
+            # that would have to mind non-ASCII words like "Éclair", which yield "clair".)
             for part in _CAMEL_RE.findall(tok):
                 part_low = part.lower()
                 if part_low not in STOPWORDS:
                     stems.add(stem(part_low))
-    for hour in _CLOCK_RE.findall(text):
-        # "20:00" supports "8 pm": add the 12-hour reading of 24-hour clock times.
+    # A clock time never spans whitespace and \b sees whitespace like a text's edge, so the
+    # piece's matches are the text's. "20:00" supports "8 pm": add the 12-hour reading.
+    for hour in _CLOCK_RE.findall(piece):
         h = int(hour)
         if 12 < h < 24:
             numbers.add(str(h - 12))
-    return Bag(frozenset(stems), frozenset(numbers))
+    return tuple(stems), tuple(numbers)
+
+
+_STEMS_PART = operator.itemgetter(0)
+_NUMBERS_PART = operator.itemgetter(1)
+
+
+@functools.lru_cache(maxsize=4096)
+def bag_of(text: str) -> Bag:
+    """Stems and numbers of a (context) text; memoised because chunks recur."""
+    parts = list(map(_piece_bag, set(text.split())))
+    return Bag(
+        frozenset(itertools.chain.from_iterable(map(_STEMS_PART, parts))),
+        frozenset(itertools.chain.from_iterable(map(_NUMBERS_PART, parts))),
+    )
 
 
 def split_sentences(text: str) -> list[str]:
     """Sentences and list items of `text`, list markers removed, empty pieces dropped."""
-    text = _LIST_MARKER_RE.sub("", text)
-    return [s for s in _SENTENCE_RE.split(text) if s and not s.isspace()]
+    if "\n" in text:
+        pieces = _SENTENCE_RE.split(_LIST_MARKER_RE.sub("", text))
+    else:
+        # One line (most answers): only a marker at the very start can exist, and only the
+        # first branch of _SENTENCE_RE can match; the faster _SENTENCE_END_RE splits at the same
+        # places but captures the end mark, which is glued back to its sentence.
+        marker = _LEADING_LIST_MARKER_RE.match(text)
+        if marker is not None:
+            text = text[marker.end() :]
+        parts = _SENTENCE_END_RE.split(text)
+        pieces = [s + end for s, end in zip(parts[::2], parts[1::2], strict=False)]
+        pieces.append(parts[-1])
+    return [s for s in pieces if s and not s.isspace()]
 
 
-# How a token of an answer counts: ("num", normalised), ("word", stem) or ("skip", "").
-_TokenInfo = tuple[str, str]
+# How a token of an answer counts, with what `claim_of` asks of it: (token, kind, (token,
+# value), starts with a digit, starts upper-case, is an ordinal suffix); kind is "num" (value
+# normalised), "word" (value = stem) or "skip".
+_ClaimToken = tuple[str, str, tuple[str, str], bool, bool, bool]
 
 
-@functools.lru_cache(maxsize=200_000)
-def _token_info(tok: str) -> _TokenInfo:
+def _claim_token(tok: str) -> _ClaimToken:
+    kind, value = _token_info(tok)
+    return (
+        tok, kind, (tok, value), tok[0].isdigit(), tok[0].isupper(), tok in _ORDINAL_SUFFIXES
+    )
+
+
+def _token_info(tok: str) -> tuple[str, str]:
     if tok[0].isdigit():
         return "num", normalise_number(tok)
     low = tok.lower()
@@ -151,22 +210,27 @@ def _token_info(tok: str) -> _TokenInfo:
     return "word", stem(low)
 
 
+@functools.lru_cache(maxsize=_PIECE_CACHE)
+def _piece_claim_tokens(piece: str) -> tuple[_ClaimToken, ...]:
+    return tuple(map(_claim_token, _piece_tokens(piece)))
+
+
 def claim_of(sentence: str) -> Claim:
     """Content words, numbers and names claimed by one answer sentence."""
     words: list[tuple[str, str]] = []
     numbers: list[tuple[str, str]] = []
     names: list[tuple[str, str]] = []
     after_number = False
-    for i, tok in enumerate(_TOKEN_RE.findall(sentence)):
-        kind, value = _token_info(tok)
-        if after_number and tok in _ORDINAL_SUFFIXES:
+    infos = itertools.chain.from_iterable(map(_piece_claim_tokens, sentence.split()))
+    for i, (_tok, kind, pair, digit, upper, suffix) in enumerate(infos):
+        if after_number and suffix:
             after_number = False
             continue  # "2nd", "1990s": the suffix is part of the number
-        after_number = kind == "num" and tok[0].isdigit()
+        after_number = digit  # a token starting with a digit is always a "num"
         if kind == "word":
-            words.append((tok, value))
-            if i > 0 and tok[0].isupper():
-                names.append((tok, value))
+            words.append(pair)
+            if i > 0 and upper:
+                names.append(pair)
         elif kind == "num":
-            numbers.append((tok, value))
+            numbers.append(pair)
     return Claim(sentence, tuple(words), tuple(numbers), tuple(names))
