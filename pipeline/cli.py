@@ -12,12 +12,17 @@ from pipeline.config import SettingsError
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("pipeline.run", "judge a file of inference-log events and write windowed ratings"),
     "serve": ("pipeline.serve", "watch a Kafka topic continuously and serve /metrics"),
-    "windows": ("pipeline.serve", "print the window aggregates saved by serve, as JSON lines"),
+    "windows": ("pipeline.report", "print the window aggregates saved by serve, as JSON lines"),
     "simulate": ("pipeline.simulate", "produce synthetic chatbot traffic to Kafka or a file"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser; with `command`, only that subcommand's module is imported.
+
+    Importing a module that builds Beam pipelines takes seconds, which `ragpulse --help` and
+    `ragpulse windows` should not pay.
+    """
     parser = argparse.ArgumentParser(
         prog="ragpulse",
         description="Watch the quality of a live RAG chatbot: sample its inference logs, grade "
@@ -32,13 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
-        module = importlib.import_module(module_name)
         p = sub.add_parser(
             name, help=help_text, description=help_text[0].upper() + help_text[1:] + "."
         )
-        configure = getattr(module, f"configure_{name}_parser", None) or module.configure_parser
-        configure(p)
-        p.set_defaults(_main=getattr(module, f"{name}_main", None) or module.main)
+        if command is None or name == command:
+            module = importlib.import_module(module_name)
+            module.configure_parser(p)
+            p.set_defaults(_main=module.main)
     return parser
 
 
@@ -49,7 +54,9 @@ def _not_beam_import_noise(record: logging.LogRecord) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     logging.getLogger().addFilter(_not_beam_import_noise)
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    command = next((w for w in words if w in COMMANDS), None)
+    args = build_parser(command).parse_args(argv)
     logging.basicConfig(
         level=args.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -9,8 +9,6 @@ source of truth). A crash at any point therefore replays at most the cycle in fl
 counts were not saved: nothing is lost and nothing is counted twice. Dead-letter records of a
 replayed cycle may be produced twice (at least once); their headers carry the source partition
 and offset to deduplicate on.
-
-`ragpulse windows` prints the window aggregates saved in the state file.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ import base64
 import dataclasses
 import logging
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -605,40 +602,3 @@ def main(args: argparse.Namespace) -> int:
         server.shutdown()
     log.info("stopped; state saved in %s", settings.state)
     return 0
-
-
-def configure_windows_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--state", type=Path, required=True, help="the state file of `ragpulse serve`")
-    p.add_argument("--judge", default=None, help="only this judge")
-    p.add_argument(
-        "--since",
-        default=None,
-        metavar="TIME",
-        help="only windows starting at or after TIME (ISO 8601, or epoch seconds)",
-    )
-
-
-def windows_main(args: argparse.Namespace) -> int:
-    if not args.state.is_file():
-        raise SettingsError(f"state file not found: {args.state}")
-    since: float | None = None
-    if args.since is not None:
-        since = _parse_time(args.since)
-    with StateStore(args.state) as state:
-        for row in state.windows(judge=args.judge, since=since):
-            sys.stdout.write(orjson.dumps(row).decode() + "\n")
-    return 0
-
-
-def _parse_time(text: str) -> float:
-    from datetime import UTC, datetime
-
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        raise SettingsError(f"--since {text!r} is neither ISO 8601 nor epoch seconds") from None
-    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
