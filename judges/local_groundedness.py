@@ -14,7 +14,16 @@ import time
 from collections.abc import Sequence
 
 from judges.base import JudgeInput, Rating, Verdict
-from judges.local_text import Bag, Claim, bag_of, claim_of, load_lexicon, split_sentences, stem
+from judges.local_text import (
+    Bag,
+    Claim,
+    bag_of,
+    claim_of,
+    empty_answer_verdict,
+    load_lexicon,
+    split_sentences,
+    stem,
+)
 
 # The judge's only two tuned parameters, picked on the whole RAGTruth-QA dev set (so figures at
 # the defaults are in-sample); tests/bench/eval_local_judges.py also tunes them on one half of
@@ -111,12 +120,8 @@ class GroundednessJudge:
         """Synchronous grading (the async `judge` only wraps it)."""
         start = time.perf_counter()
         if not item.answer.strip():
-            return Verdict(
-                self.name,
-                "error",
-                error_message="the answer is empty; there is no claim to check against the context",
-                error_cause="input",
-                latency_seconds=time.perf_counter() - start,
+            return empty_answer_verdict(
+                self.name, "there is no claim to check against the context", start
             )
         rating, rationale = self._decide(item)
         return Verdict(self.name, rating, rationale, latency_seconds=time.perf_counter() - start)

@@ -13,7 +13,14 @@ import re
 import time
 
 from judges.base import JudgeInput, Rating, Verdict
-from judges.local_text import STOPWORDS, load_lexicon, split_sentences, stem, tokens
+from judges.local_text import (
+    STOPWORDS,
+    empty_answer_verdict,
+    load_lexicon,
+    split_sentences,
+    stem,
+    tokens,
+)
 
 DEFAULT_MIN_OVERLAP = 0.2
 # Wh-words and request verbs say what kind of answer is wanted, not what it is about.
@@ -96,12 +103,8 @@ class RelevanceToQueryJudge:
         """Synchronous grading (the async `judge` only wraps it)."""
         start = time.perf_counter()
         if not item.answer.strip():
-            return Verdict(
-                self.name,
-                "error",
-                error_message="the answer is empty; there is nothing to compare with the question",
-                error_cause="input",
-                latency_seconds=time.perf_counter() - start,
+            return empty_answer_verdict(
+                self.name, "there is nothing to compare with the question", start
             )
         rating, rationale = self._decide(item.question, item.answer)
         return Verdict(self.name, rating, rationale, latency_seconds=time.perf_counter() - start)

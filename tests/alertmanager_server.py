@@ -36,6 +36,7 @@ from typing import Any
 
 import pytest
 import yaml
+from processes import stop_process
 from prometheus_server import free_port
 
 ALERTMANAGER_BINARY = "/usr/bin/prometheus-alertmanager"
@@ -230,12 +231,7 @@ def running_alertmanager(
         _wait_ready(server, ready_timeout)
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
+        stop_process(process)
         shutil.rmtree(directory, ignore_errors=True)
 
 

@@ -25,6 +25,7 @@ from typing import IO
 import pytest
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
+from processes import stop_process
 
 START_TIMEOUT_S = 20.0
 
@@ -104,14 +105,8 @@ class TansuBroker:
     def stop(self) -> None:
         """Terminate the broker (kill it if it does not exit within 5 s)."""
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
+        if process is not None:
+            stop_process(process, grace_s=5)
 
     def restart(self) -> None:
         """Stop and start again on the same port; the new broker is empty (memory storage)."""

@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 import yaml
+from processes import stop_process
 
 PROMETHEUS_BINARY = "/usr/bin/prometheus"
 MISSING_BINARY = (
@@ -188,12 +189,7 @@ def running_prometheus(
         _wait_ready(server, ready_timeout)
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
+        stop_process(process)
         if owned_dir:
             shutil.rmtree(directory, ignore_errors=True)
 
