@@ -332,10 +332,10 @@ class TopicWatcher:
         return True, f"cycles failing for {failing_for:.0f}s"
 
     # ----- the loop --------------------------------------------------------------------------
-    def serve_forever(self, stop: threading.Event) -> None:
-        """Cycle until `stop` is set; the cycle in flight always finishes and is saved."""
+    def serve_forever(self, stop: StopRequest) -> None:
+        """Cycle until a stop is requested; the cycle in flight always finishes and is saved."""
         backoff = 1.0
-        while not stop.is_set():
+        while not stop.requested:
             started = time.monotonic()
             try:
                 covered = self.run_cycle()
@@ -344,7 +344,7 @@ class TopicWatcher:
                 if self._first_failure is None:
                     self._first_failure = time.time()
                 log.error("cycle failed (retrying in %.0fs): %s", backoff, exc)
-                stop.wait(backoff)
+                stop.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
                 continue
             backoff = 1.0
@@ -356,9 +356,8 @@ class TopicWatcher:
             self._touch_heartbeat()
             if covered >= self.settings.max_batch_events:
                 continue  # a backlog remains: go on at once
-            stop.wait(
-                max(0.0, self.settings.trigger_interval_seconds - (time.monotonic() - started))
-            )
+            stop.sleep(self.settings.trigger_interval_seconds - (time.monotonic() - started))
+        log.info("stop requested (%s): the cycle in flight has finished and is saved", stop.why)
 
     def close(self) -> None:
         if self._producer is not None:
@@ -367,6 +366,34 @@ class TopicWatcher:
 
     # Bound by `serve_http`, which owns the registry.
     cycle_metrics: CycleMetrics
+
+
+class StopRequest:
+    """A stop request set from a signal handler, polled by the serve loop.
+
+    A plain attribute on purpose: `threading.Event.set()` takes the event's lock, and a signal
+    that lands while the main thread holds that lock inside `Event.wait()` deadlocks the
+    process (seen as a serve that ignored SIGTERM once it had gone idle).
+    """
+
+    POLL_SECONDS = 0.1
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.why = ""
+
+    def request(self, why: str) -> None:
+        self.why = why
+        self.requested = True
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep up to `seconds`, returning within POLL_SECONDS of a stop request."""
+        deadline = time.monotonic() + seconds
+        while not self.requested:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, self.POLL_SECONDS))
 
 
 def _partials(windows: Mapping[WindowKey, RatingCounts]) -> list[WindowPartial]:
@@ -585,13 +612,11 @@ def main(args: argparse.Namespace) -> int:
         settings.allowed_lateness_seconds,
         settings.state,
     )
-    stop = threading.Event()
+    stop = StopRequest()
 
     def request_stop(signum: int, _frame: Any) -> None:
-        log.info(
-            "received %s: finishing the cycle in flight, then exiting", signal.Signals(signum).name
-        )
-        stop.set()
+        # No logging and no locks in a signal handler: the loop logs once it sees the request.
+        stop.request(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
