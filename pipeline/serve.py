@@ -132,6 +132,7 @@ class TopicWatcher:
         self._heartbeat = time.time()  # start-up counts as alive until the first cycle fails
         self._last_success: float | None = None
         self._first_failure: float | None = None
+        self._cycle_started: float | None = None
         self._snapshot = self._load_snapshot()
 
     # ----- one cycle -------------------------------------------------------------------------
@@ -323,10 +324,15 @@ class TopicWatcher:
             return self._snapshot
 
     def healthy(self) -> tuple[bool, str]:
-        """Healthy while cycles complete; unhealthy once they have failed for too long."""
+        """Healthy while cycles complete; unhealthy once they have failed, or one cycle has
+        run, for longer than --unhealthy-after (a hung cycle never fails)."""
+        now = time.time()
+        started = self._cycle_started
+        if started is not None and now - started > self.settings.unhealthy_after_seconds:
+            return False, f"the cycle in flight has run for {now - started:.0f}s"
         if self._first_failure is None:
             return True, "ok"
-        failing_for = time.time() - self._first_failure
+        failing_for = now - self._first_failure
         if failing_for > self.settings.unhealthy_after_seconds:
             return False, f"cycles have failed for {failing_for:.0f}s"
         return True, f"cycles failing for {failing_for:.0f}s"
@@ -337,9 +343,11 @@ class TopicWatcher:
         backoff = 1.0
         while not stop.requested:
             started = time.monotonic()
+            self._cycle_started = time.time()
             try:
                 covered = self.run_cycle()
             except Exception as exc:
+                self._cycle_started = None
                 self.cycle_metrics.cycles.labels("failed").inc()
                 if self._first_failure is None:
                     self._first_failure = time.time()
@@ -348,6 +356,7 @@ class TopicWatcher:
                 backoff = min(backoff * 2, 30.0)
                 continue
             backoff = 1.0
+            self._cycle_started = None
             self._first_failure = None
             self._heartbeat = time.time()
             self.cycle_metrics.cycles.labels("ok").inc()
@@ -563,7 +572,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         type=positive_duration,
         default=300.0,
         metavar="DURATION",
-        help="/healthz answers 503 once cycles have failed for this long (default: 5m)",
+        help="/healthz answers 503 once cycles have failed, or one cycle has run, for this long "
+        "(default: 5m); set it above your longest cycle",
     )
     add_judge_arguments(p)
 

@@ -210,9 +210,12 @@ def test_events_produced_while_serving_are_judged_into_metrics_and_saved_windows
 BACKLOG_EVENTS = 20_000
 BACKLOG_ARGS = [
     *WINDOW_ARGS,
-    "--max-batch-events", "2000",  # ten cycles for the backlog
-    "--allowed-lateness", "30s",  # windows complete while the backlog is read
-    "--out-of-orderness", "0s",
+    "--max-batch-events",
+    "2000",  # ten cycles for the backlog
+    "--allowed-lateness",
+    "30s",  # windows complete while the backlog is read
+    "--out-of-orderness",
+    "0s",
 ]
 
 
@@ -363,7 +366,9 @@ def test_events_beyond_allowed_lateness_are_dead_lettered_and_kept_out_of_closed
     before = serve.windows()
     complete_before = [r for r in before if r["complete"]]
     assert {r["window_start"] for r in complete_before} == {
-        "2025-11-20T10:00:00Z", "2025-11-20T10:00:10Z", "2025-11-20T10:00:20Z"
+        "2025-11-20T10:00:00Z",
+        "2025-11-20T10:00:10Z",
+        "2025-11-20T10:00:20Z",
     }
 
     too_late = list(simulate(5, 20, T0 + 2, rate=10))  # window 10:00:00, complete
@@ -378,8 +383,9 @@ def test_events_beyond_allowed_lateness_are_dead_lettered_and_kept_out_of_closed
     for judge in JUDGES:
         assert m.total("ragpulse_judge_verdicts_total", judge=judge) == 430
     after = serve.windows()
-    assert [r for r in after if r["window_start"] in {r["window_start"] for r in complete_before}] \
-        == complete_before
+    assert [
+        r for r in after if r["window_start"] in {r["window_start"] for r in complete_before}
+    ] == complete_before
     for judge in JUDGES:
         assert judged_sizes(after, judge) == expected_sizes(on_time + within)
 
@@ -437,9 +443,7 @@ def test_malformed_records_reach_the_dead_letter_topic_with_reason_and_source_an
 
 def saved_counter(state: Path, name: str, **labels: str) -> float:
     with StateStore(state) as store:
-        return sum(
-            c.value for c in store.counters() if c.name == name and dict(c.labels) == labels
-        )
+        return sum(c.value for c in store.counters() if c.name == name and dict(c.labels) == labels)
 
 
 @pytest.mark.timeout(120)
@@ -505,7 +509,10 @@ def test_a_topic_recreated_with_more_partitions_is_read_on_every_partition(
     assert m.value("ragpulse_events_total", outcome="accepted") == 200
     assert saved_offsets(state, topic) == {0: 75, 1: 75, 2: 25, 3: 25}
     assert {lab["partition"]: v for lab, v in m.select("ragpulse_consumer_lag", topic=topic)} == {
-        "0": 0, "1": 0, "2": 0, "3": 0
+        "0": 0,
+        "1": 0,
+        "2": 0,
+        "3": 0,
     }
     rows = serve.windows()
     for judge in JUDGES:
@@ -544,3 +551,49 @@ def test_verdict_counters_restart_at_their_saved_values_and_never_go_backwards(
         time.sleep(0.1)
     assert sum(previous.values()) == 1200
     assert serve.terminate() == 0
+
+
+# --- 9. a hung cycle is unhealthy ----------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_a_cycle_stuck_on_a_slow_judge_endpoint_turns_healthz_503_until_it_completes(
+    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+) -> None:
+    from fake_openai import FakeOpenAI
+
+    topic = "hung"
+    broker.create_topic(topic, 1)
+    produce_round_robin(broker, topic, [e.payload for e in simulate(9, 32, T0, rate=10)], 1)
+    with FakeOpenAI(latency=6.0) as judge_server:  # every judge call takes 6 s
+        args = [
+            *WINDOW_ARGS,
+            "--judges",
+            "groundedness",
+            "--judge-backend",
+            "openai",
+            "--judge-base-url",
+            judge_server.base_url,
+            "--judge-timeout",
+            "30s",
+            "--judge-concurrency",
+            "32",
+            "--unhealthy-after",
+            "2s",
+        ]
+        serve = serve_processes(broker.bootstrap, topic, tmp_path / "state.sqlite", args).start()
+        # The cycle never fails, it just does not finish: /healthz must say so.
+        status, body = _wait_for_health(serve, 503, timeout=20)
+        assert status == 503 and "cycle in flight" in body
+        serve.wait_for(lambda m: m.total("ragpulse_events_judged_total") == 32, 60, "the cycle")
+        assert _wait_for_health(serve, 200, timeout=20)[0] == 200
+        assert serve.terminate() == 0
+
+
+def _wait_for_health(serve: ServeProcess, want: int, timeout: float) -> tuple[int, str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        status, body = serve.healthz()
+        if status == want or time.monotonic() > deadline:
+            return status, body
+        time.sleep(0.2)
