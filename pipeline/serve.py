@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -85,6 +86,7 @@ class ServeSettings(BaseModel):
     metrics_host: str
     metrics_port: int = Field(ge=0, le=65535)
     unhealthy_after_seconds: float = Field(gt=0)
+    retention_seconds: float = Field(gt=0)
     kafka_timeout_seconds: float = Field(gt=0)
     max_event_bytes: int = Field(ge=1024)
 
@@ -130,7 +132,6 @@ class TopicWatcher:
         self._lock = threading.Lock()
         self._lag: dict[tuple[str, int], int] = {}
         self._heartbeat = time.time()  # start-up counts as alive until the first cycle fails
-        self._last_success: float | None = None
         self._first_failure: float | None = None
         self._cycle_started: float | None = None
         self._snapshot = self._load_snapshot()
@@ -181,29 +182,15 @@ class TopicWatcher:
             watermark=watermark,
             latest_event_times=latest,
         )
-        for row in completed:
-            log.info(
-                "window %s..%s complete: %s %s/%s pass %s (n=%d)",
-                row["window_start"],
-                row["window_end"],
-                row["judge"],
-                row["app"],
-                row["model"],
-                "-" if row["percentage"] is None else f"{row['percentage']:.1%}",
-                row["yes"] + row["no"],
-            )
+        _log_completed(completed)
+        if watermark is not None:
+            self.state.prune_windows(ended_before=watermark - s.retention_seconds)
         if new_offsets:
             self._commit_group_offsets()
         # The lag is measured against the ends as they are NOW: measured against the ends seen
         # at the start of the cycle it would read 0 after every cycle that caught up with them,
         # however much arrived while the cycle ran (a 16 s cycle at 3,000 events/s hid 48,000).
-        ends_now = self._ends_after_cycle(ends) if ranges else ends
-        offsets_now = {
-            **{p: beginnings.get(p, 0) for p in ends_now},
-            **self.state.offsets(topic),
-        }
-        with self._lock:
-            self._lag = {(topic, p): n for p, n in consumer_lag(offsets_now, ends_now).items()}
+        self._update_lag(self._ends_after_cycle(ends) if ranges else ends, beginnings)
         self._refresh_snapshot()
         covered = sum(stop - start for start, stop in ranges.values())
         if result is not None:
@@ -215,6 +202,12 @@ class TopicWatcher:
                 watermark,
             )
         return covered
+
+    def _update_lag(self, ends: Mapping[int, int], beginnings: Mapping[int, int]) -> None:
+        topic = self.settings.topic
+        offsets = {**{p: beginnings.get(p, 0) for p in ends}, **self.state.offsets(topic)}
+        with self._lock:
+            self._lag = {(topic, p): n for p, n in consumer_lag(offsets, ends).items()}
 
     def _ends_after_cycle(self, ends: Mapping[int, int]) -> dict[int, int]:
         """End offsets after a cycle, for the lag gauge; the ones from its start if that fails."""
@@ -405,6 +398,20 @@ class StopRequest:
             time.sleep(min(left, self.POLL_SECONDS))
 
 
+def _log_completed(rows: Iterable[Mapping[str, Any]]) -> None:
+    for row in rows:
+        log.info(
+            "window %s..%s complete: %s %s/%s pass %s (n=%d)",
+            row["window_start"],
+            row["window_end"],
+            row["judge"],
+            row["app"],
+            row["model"],
+            "-" if row["percentage"] is None else f"{row['percentage']:.1%}",
+            row["yes"] + row["no"],
+        )
+
+
 def _partials(windows: Mapping[WindowKey, RatingCounts]) -> list[WindowPartial]:
     return [
         WindowPartial(k.window_start, k.window_end, k.judge, k.app, k.model, c.yes, c.no, c.error)
@@ -431,8 +438,6 @@ def _dead_letters(path: Path) -> Iterator[DeadLetter]:
 def _split_windows(
     rows: Iterable[Mapping[str, Any]],
 ) -> tuple[dict[WindowKey, RatingCounts], dict[WindowKey, RatingCounts]]:
-    from datetime import datetime
-
     complete: dict[WindowKey, RatingCounts] = {}
     in_progress: dict[WindowKey, RatingCounts] = {}
     for row in rows:
@@ -575,6 +580,14 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="/healthz answers 503 once cycles have failed, or one cycle has run, for this long "
         "(default: 5m); set it above your longest cycle",
     )
+    s.add_argument(
+        "--retention",
+        type=positive_duration,
+        default=30 * 86400.0,
+        metavar="DURATION",
+        help="how long complete windows stay in the state file for `ragpulse windows`, in event "
+        "time (default: 30d); counters are never pruned",
+    )
     add_judge_arguments(p)
 
 
@@ -597,6 +610,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
             metrics_host=args.metrics_host,
             metrics_port=args.metrics_port,
             unhealthy_after_seconds=args.unhealthy_after,
+            retention_seconds=args.retention,
             kafka_timeout_seconds=args.kafka_timeout,
             max_event_bytes=args.max_event_bytes,
         )

@@ -259,6 +259,23 @@ class StateStore:
         sql += " ORDER BY window_start, judge, app, model"
         return [_row(r, complete=bool(r["complete"])) for r in self._db.execute(sql, args)]
 
+    def prune_windows(self, ended_before: float) -> int:
+        """Delete complete windows that ended before `ended_before`; returns how many.
+
+        Counters are cumulative and kept whole, so no `_total` series changes; only the
+        history `ragpulse windows` can print gets shorter. The latest complete window of each
+        series is always kept, so /metrics still shows it after a long quiet spell.
+        """
+        with self._db:
+            cursor = self._db.execute(
+                "DELETE FROM windows WHERE complete = 1 AND window_end < ? AND EXISTS ("
+                "SELECT 1 FROM windows newer WHERE newer.complete = 1 "
+                "AND newer.judge = windows.judge AND newer.app = windows.app "
+                "AND newer.model = windows.model AND newer.window_end > windows.window_end)",
+                (ended_before,),
+            )
+        return cursor.rowcount
+
     def current_windows(self) -> list[dict[str, Any]]:
         """What /metrics shows: every open window, and the latest complete one of each series.
 

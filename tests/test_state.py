@@ -173,3 +173,26 @@ def test_current_windows_are_the_open_ones_and_the_latest_complete_one_per_serie
         ("safety", "2023-11-14T22:33:20Z", False),
         ("groundedness", "2023-11-14T22:13:20Z", True),
     }
+
+
+def test_pruning_drops_old_complete_windows_but_keeps_each_series_latest_and_open_ones(
+    tmp_path: Path,
+) -> None:
+    with StateStore(tmp_path / "s.db") as store:
+        store.apply_cycle(
+            "t",
+            [partial(T0 + i * 300, 1, 0) for i in range(4)]
+            + [partial(T0, 0, 1, judge="groundedness")],
+            {},
+            [CounterIncrement("ragpulse_events_total", {"outcome": "accepted"}, 5)],
+            closed_before=T0 + 900,  # safety windows 0-2 and the groundedness one complete
+        )
+        assert store.prune_windows(ended_before=T0 + 10_000) == 2  # safety windows 0 and 1
+        left = {(w["judge"], w["window_start"], w["complete"]) for w in store.windows()}
+        counters = store.counters()
+    assert left == {
+        ("safety", "2023-11-14T22:23:20Z", True),  # latest complete safety window kept
+        ("safety", "2023-11-14T22:28:20Z", False),  # open windows are never pruned
+        ("groundedness", "2023-11-14T22:13:20Z", True),  # its series' only window
+    }
+    assert [c.value for c in counters] == [5]
