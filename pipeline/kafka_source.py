@@ -11,6 +11,7 @@ the lag. No consumer ever joins the group: partitions are assigned by hand, whic
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -20,6 +21,9 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 DEFAULT_TIMEOUT_S = 10.0
+
+
+log = logging.getLogger(__name__)
 
 
 class KafkaReadError(RuntimeError):
@@ -192,8 +196,10 @@ def read_range(
     """Records with start <= offset < stop of one partition, in offset order.
 
     Stops as soon as the consumer's position reaches `stop`, so offsets that do not exist
-    (compacted away, transaction markers, aborted records) end the range as well. Raises
-    KafkaReadError when no progress is made for `stall_timeout_s` (broker down, records gone).
+    (compacted away, transaction markers, aborted records) end the range as well. Offsets the
+    range skips are logged as a warning: records deleted by retention before ragpulse read them
+    are lost to it, and that must not be silent. Raises KafkaReadError when no progress is made
+    for `stall_timeout_s` (broker down, records gone).
     """
     if stop <= start:
         return
@@ -202,12 +208,16 @@ def read_range(
     consumer.seek(tp, start)
     last_progress = time.monotonic()
     position = start
+    expected = start  # the next offset a gap-free range would hold
     while position < stop:
         batch = consumer.poll(timeout_ms=int(poll_timeout_s * 1000)).get(tp, [])
         for record in batch:
             if record.offset >= stop:
+                _log_skipped(topic, partition, expected, stop)
                 return
             if record.offset >= start:
+                _log_skipped(topic, partition, expected, record.offset)
+                expected = record.offset + 1
                 yield KafkaRecord(
                     partition=partition,
                     offset=record.offset,
@@ -224,6 +234,20 @@ def read_range(
                 f"{topic}/{partition}: no progress at offset {position} (range {start}..{stop}) "
                 f"for {stall_timeout_s:.0f}s; is the broker at {bootstrap_of(consumer)} up?"
             )
+    _log_skipped(topic, partition, expected, stop)
+
+
+def _log_skipped(topic: str, partition: int, first: int, end: int) -> None:
+    if end > first:
+        log.warning(
+            "%s/%d: offsets %d..%d held no record to read (deleted by retention or compaction, "
+            "or transaction markers); %d offsets skipped",
+            topic,
+            partition,
+            first,
+            end - 1,
+            end - first,
+        )
 
 
 class _ReadRangeFn(beam.DoFn):
@@ -249,7 +273,11 @@ class _ReadRangeFn(beam.DoFn):
         assert self._consumer is not None
         partition, start, stop = element
         yield from read_range(
-            self._consumer, self._topic, partition, start, stop,
+            self._consumer,
+            self._topic,
+            partition,
+            start,
+            stop,
             stall_timeout_s=self._stall_timeout_s,
         )
 

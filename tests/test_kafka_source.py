@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 
 import apache_beam as beam
@@ -10,6 +11,7 @@ import pytest
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import assert_that, equal_to
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import KafkaTimeoutError
 from kafka_broker import TansuBroker, kafka_broker  # noqa: F401
 
@@ -205,3 +207,47 @@ def test_undeliverable_dead_letters_raise(kafka_broker: TansuBroker) -> None:  #
         produce_dead_letters(producer, "dlq", [DeadLetter(b"x", "bad", 0, 0)], timeout_s=1)
     with contextlib.suppress(KafkaTimeoutError):  # close() flushes the undeliverable batch again
         producer.close(timeout=1)
+
+
+class _GappyConsumer:
+    """Stands in for kafka-python's consumer: offsets 2..4 of the partition no longer exist."""
+
+    def __init__(self, offsets: list[int]) -> None:
+        self._offsets = offsets
+        self._position = 0
+        self.config = {"bootstrap_servers": "stand-in"}
+
+    def assign(self, tps: list[TopicPartition]) -> None:
+        self._tp = tps[0]
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._position = offset
+
+    def poll(self, timeout_ms: int) -> dict[TopicPartition, list[ConsumerRecord]]:
+        batch = [o for o in self._offsets if o >= self._position][:2]
+        if not batch:
+            return {}
+        self._position = batch[-1] + 1
+        records = [
+            ConsumerRecord(
+                topic="t", partition=0, leader_epoch=-1, offset=o, timestamp=1_700_000_000_000,
+                timestamp_type=0, key=None, value=b"{}", headers=[], checksum=None,
+                serialized_key_size=-1, serialized_value_size=2, serialized_header_size=-1,
+            )
+            for o in batch
+        ]
+        return {self._tp: records}
+
+    def position(self, tp: TopicPartition, timeout_ms: int) -> int:
+        return self._position
+
+
+def test_offsets_a_range_cannot_read_are_logged_not_skipped_silently(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    consumer = _GappyConsumer([0, 1, 5, 6])
+    with caplog.at_level(logging.WARNING, logger="pipeline.kafka_source"):
+        got = [r.offset for r in read_range(consumer, "t", 0, 0, 7)]  # type: ignore[arg-type]
+    assert got == [0, 1, 5, 6]
+    assert "offsets 2..4 held no record" in caplog.text
+    assert "3 offsets skipped" in caplog.text
