@@ -376,25 +376,54 @@ def produce_dead_letters(
     the caller does not save its offsets past records that were neither judged nor kept.
     Returns the number of records delivered.
     """
+    records = [
+        OutputRecord(
+            row.value,
+            row.key,
+            (
+                ("reason", row.reason.encode("utf-8")),
+                ("source-partition", str(row.source_partition).encode()),
+                ("source-offset", str(row.source_offset).encode()),
+            ),
+        )
+        for row in rows
+    ]
+    try:
+        return produce_acknowledged(producer, topic, records, timeout_s=timeout_s)
+    except DeliveryError as exc:
+        raise DeadLetterDeliveryError(f"dead-letter {exc}") from exc
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutputRecord:
+    """A record serve publishes: dead letters, verdicts."""
+
+    value: bytes
+    key: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+class DeliveryError(RuntimeError):
+    """Some records were not acknowledged by the broker."""
+
+
+def produce_acknowledged(
+    producer: KafkaProducer,
+    topic: str,
+    records: Iterable[OutputRecord],
+    *,
+    timeout_s: float = 30.0,
+) -> int:
+    """Send `records` to `topic` and wait for every acknowledgement (DeliveryError if one is
+    missing), so that the caller saves its offsets only past records whose output is kept."""
     try:
         futures = [
-            producer.send(
-                topic,
-                value=row.value,
-                key=row.key,
-                headers=[
-                    ("reason", row.reason.encode("utf-8")),
-                    ("source-partition", str(row.source_partition).encode()),
-                    ("source-offset", str(row.source_offset).encode()),
-                ],
-            )
-            for row in rows
+            producer.send(topic, value=r.value, key=r.key, headers=list(r.headers))
+            for r in records
         ]
         producer.flush(timeout=timeout_s)
         for future in futures:
             future.get(timeout=timeout_s)
     except Exception as exc:
-        raise DeadLetterDeliveryError(
-            f"dead-letter records not acknowledged by topic {topic!r}: {exc!r}"
-        ) from exc
+        raise DeliveryError(f"records not acknowledged by topic {topic!r}: {exc!r}") from exc
     return len(futures)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import apache_beam as beam
@@ -35,7 +35,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline import stats
-from pipeline.batch import BatchConfig, BatchResult, run_batch
+from pipeline.batch import VERDICTS_FILE, BatchConfig, BatchResult, run_batch
 from pipeline.config import (
     JudgeSettings,
     SettingsError,
@@ -49,12 +49,14 @@ from pipeline.config import (
 from pipeline.kafka_source import (
     DeadLetter,
     KafkaRecord,
+    OutputRecord,
     ReadKafkaRanges,
     beginning_offsets,
     commit_offsets,
     consumer_lag,
     end_offsets,
     plan_batch,
+    produce_acknowledged,
     produce_dead_letters,
 )
 from pipeline.metrics import MetricsSnapshot, registry_for
@@ -74,6 +76,8 @@ class ServeSettings(BaseModel):
     bootstrap: str = Field(min_length=3)
     topic: str = Field(min_length=1)
     dead_letter_topic: str = Field(min_length=1)
+    verdicts_topic: str = Field(min_length=1)
+    publish_verdicts: Literal["failing", "all", "none"]
     group_id: str = Field(min_length=1)
     state: Path
     judges: JudgeSettings
@@ -164,8 +168,8 @@ class TopicWatcher:
         result: BatchResult | None = None
         if ranges:
             started = time.perf_counter()
-            result, letters = self._judge(ranges, cutoff)
-            self._send_dead_letters(letters)
+            result, letters, verdicts = self._judge(ranges, cutoff)
+            self._publish(letters, verdicts)
             batch_latest = {_partition_of(k): v for k, v in result.latest_event_time.items()}
             latest = merge_latest(latest, batch_latest)
             self.cycle_metrics.duration.observe(time.perf_counter() - started)
@@ -220,7 +224,7 @@ class TopicWatcher:
 
     def _judge(
         self, ranges: Mapping[int, tuple[int, int]], cutoff: float | None
-    ) -> tuple[BatchResult, list[DeadLetter]]:
+    ) -> tuple[BatchResult, list[DeadLetter], list[OutputRecord]]:
         s = self.settings
         config = BatchConfig(
             judges=s.judges.spec(),
@@ -243,12 +247,23 @@ class TopicWatcher:
 
         with tempfile.TemporaryDirectory(prefix="ragpulse-cycle-") as tmp:
             result = run_batch(
-                read, config, Path(tmp), write_verdicts=False, keep_raw_dead_letters=True
+                read,
+                config,
+                Path(tmp),
+                write_verdicts=s.publish_verdicts != "none",
+                keep_raw_dead_letters=True,
             )
-            return result, list(_dead_letters(result.dead_letter_path))
+            letters = list(_dead_letters(result.dead_letter_path))
+            verdicts = (
+                list(_verdict_records(Path(tmp) / VERDICTS_FILE, s.publish_verdicts))
+                if s.publish_verdicts != "none"
+                else []
+            )
+            return result, letters, verdicts
 
-    def _send_dead_letters(self, letters: list[DeadLetter]) -> None:
-        if not letters:
+    def _publish(self, letters: list[DeadLetter], verdicts: list[OutputRecord]) -> None:
+        """Dead letters and verdict rows, acknowledged before the cycle saves its offsets."""
+        if not letters and not verdicts:
             return
         if self._producer is None:
             timeout_ms = int(self.settings.kafka_timeout_seconds * 1000)
@@ -262,13 +277,19 @@ class TopicWatcher:
                 bootstrap_timeout_ms=timeout_ms,
                 max_block_ms=timeout_ms,
             )
-        sent = produce_dead_letters(
-            self._producer,
-            self.settings.dead_letter_topic,
-            letters,
-            timeout_s=self.settings.kafka_timeout_seconds,
-        )
-        log.info("sent %d dead letters to %s", sent, self.settings.dead_letter_topic)
+        s = self.settings
+        if letters:
+            sent = produce_dead_letters(
+                self._producer, s.dead_letter_topic, letters, timeout_s=s.kafka_timeout_seconds
+            )
+            log.info("sent %d dead letters to %s", sent, s.dead_letter_topic)
+        if verdicts:
+            sent = produce_acknowledged(
+                self._producer, s.verdicts_topic, verdicts, timeout_s=s.kafka_timeout_seconds
+            )
+            log.info(
+                "published %d %s verdict rows to %s", sent, s.publish_verdicts, s.verdicts_topic
+            )
 
     def _commit_group_offsets(self) -> None:
         s = self.settings
@@ -423,6 +444,18 @@ def _increments(counts: Mapping[stats.CounterKey, float]) -> list[CounterIncreme
     return [CounterIncrement(name, dict(labels), value) for (name, labels), value in counts.items()]
 
 
+def _verdict_records(path: Path, which: str) -> Iterator[OutputRecord]:
+    """verdicts.jsonl rows as records keyed by request_id; `failing`: rows with a no or error."""
+    with path.open("rb") as f:
+        for line in f:
+            row = orjson.loads(line)
+            if which == "failing" and not any(
+                row[k] != "yes" for k in row if k.endswith("/rating")
+            ):
+                continue
+            yield OutputRecord(line.rstrip(b"\n"), row["request_id"].encode("utf-8"))
+
+
 def _dead_letters(path: Path) -> Iterator[DeadLetter]:
     with path.open("rb") as f:
         for line in f:
@@ -492,6 +525,20 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         default=None,
         help="where invalid and late records go, with reason, source partition and "
         "offset headers (default: TOPIC.dlq)",
+    )
+    k.add_argument(
+        "--verdicts-topic",
+        default=None,
+        help="where verdict rows (the verdicts.jsonl format of `ragpulse run`, keyed by "
+        "request_id) are published, to read the rationale of a failing answer "
+        "(default: TOPIC.verdicts)",
+    )
+    k.add_argument(
+        "--publish-verdicts",
+        choices=["failing", "all", "none"],
+        default="failing",
+        help="which verdict rows to publish: failing (any judge said no or error), all, or "
+        "none (default: %(default)s)",
     )
     k.add_argument(
         "--group-id",
@@ -598,6 +645,8 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
             bootstrap=args.kafka_bootstrap,
             topic=args.topic,
             dead_letter_topic=args.dead_letter_topic or f"{args.topic}.dlq",
+            verdicts_topic=args.verdicts_topic or f"{args.topic}.verdicts",
+            publish_verdicts=args.publish_verdicts,
             group_id=args.group_id,
             state=args.state,
             judges=judges,

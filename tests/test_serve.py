@@ -597,3 +597,34 @@ def _wait_for_health(serve: ServeProcess, want: int, timeout: float) -> tuple[in
         if status == want or time.monotonic() > deadline:
             return status, body
         time.sleep(0.2)
+
+
+# --- 10. failing verdicts are published ----------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_failing_verdicts_are_published_with_their_rationale_and_passing_ones_are_not(
+    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+) -> None:
+    topic = "verdicts"
+    broker.create_topic(topic, 1)
+    events = list(simulate(10, 120, T0, rate=10, incidents=Incidents(0.0, None, drop_to=0.5)))
+    produce_round_robin(broker, topic, [e.payload for e in events], 1)
+    serve = serve_processes(broker.bootstrap, topic, tmp_path / "state.sqlite", WINDOW_ARGS)
+    serve.start()
+    m = serve.wait_for(caught_up(120), 60, "all events judged")
+    ungrounded = int(m.total("ragpulse_judge_verdicts_total", judge="groundedness", rating="no"))
+    failing = sum(
+        int(v) for lab, v in m.select("ragpulse_judge_verdicts_total") if lab["rating"] != "yes"
+    )
+    assert ungrounded > 10  # the drop produced answers the judge caught
+
+    rows = [json.loads(r.value) for r in read_topic(broker.bootstrap, f"{topic}.verdicts", 1)]
+    ratings = [{k: v for k, v in row.items() if k.endswith("/rating")} for row in rows]
+    assert all(any(v != "yes" for v in r.values()) for r in ratings)  # only failing rows
+    assert len(rows) <= failing
+    not_grounded = [row for row in rows if row["response/llm_judged/groundedness/rating"] == "no"]
+    assert len(not_grounded) == ungrounded  # every ungrounded answer, once
+    assert all(row["response/llm_judged/groundedness/rationale"] for row in not_grounded)
+    assert len({row["request_id"] for row in rows}) == len(rows)
+    assert serve.terminate() == 0
