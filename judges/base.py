@@ -123,4 +123,13 @@ class JudgePanel:
         return [tuple(flat[i * n : (i + 1) * n]) for i in range(len(items))]
 
     def close(self) -> None:
+        """Let judges release what they hold on the panel's loop (HTTP clients), then close it.
+
+        A judge may offer `async aclose()`; pooled connections left to a closed loop raise
+        "Event loop is closed" when they are collected.
+        """
+        for judge in self.judges:
+            aclose = getattr(judge, "aclose", None)
+            if aclose is not None:
+                self._loop.run_until_complete(aclose())
         self._loop.close()

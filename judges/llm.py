@@ -548,6 +548,10 @@ class LLMJudge:
         self.endpoint = endpoint
         self._system = system_prompt(prompt)
 
+    async def aclose(self) -> None:
+        """Close the shared endpoint's client on this loop (a no-op when already closed)."""
+        await self.endpoint.aclose()
+
     def messages(self, item: JudgeInput, nonce: str) -> list[dict[str, str]]:
         """The chat messages for one event (fenced with `nonce`)."""
         return [

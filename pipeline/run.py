@@ -126,7 +126,7 @@ def main(args: argparse.Namespace) -> int:
         sample_rate=args.sample_rate,
         window_seconds=args.window,
         max_event_bytes=args.max_event_bytes,
-        judge_batch_size=max(64, judges.concurrency * 4),
+        judge_batch_size=max(256, judges.concurrency * 16),
     )
     log.info(
         "judging %s with %s (backend %s), sample rate %g, %gs windows",

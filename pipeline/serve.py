@@ -232,7 +232,7 @@ class TopicWatcher:
             window_seconds=s.window_seconds,
             closed_before=cutoff,
             max_event_bytes=s.max_event_bytes,
-            judge_batch_size=max(64, s.judges.concurrency * 4),
+            judge_batch_size=max(256, s.judges.concurrency * 16),
         )
 
         def read(p: beam.Pipeline) -> Any:

@@ -55,8 +55,6 @@ def judge_all(
     try:
         return panel.judge_batch(items)
     finally:
-        # JudgePanel.close() only closes its loop; close the client on that loop first.
-        panel._loop.run_until_complete(endpoint.aclose())
         panel.close()
 
 
@@ -385,3 +383,4 @@ def test_replies_are_read_from_json_or_labelled_lines(
 def test_replies_without_exactly_one_complete_verdict_are_refused(text: str | None) -> None:
     with pytest.raises(UnparsableReply):
         parse_reply(text)
+

@@ -55,9 +55,6 @@ def run_once(
         rows = panel.judge_batch(events)
         elapsed = time.perf_counter() - started
     finally:
-        # JudgePanel.close() only closes its loop; close the HTTP client on that loop first so
-        # pooled connections are not left to a closed loop.
-        panel._loop.run_until_complete(endpoint.aclose())
         panel.close()
     errors = sum(1 for row in rows for v in row if v.rating == "error")
     return elapsed, server.max_concurrent, errors
