@@ -208,10 +208,7 @@ def sample_rate(text: str) -> float:
 
 def positive_duration(text: str) -> float:
     """argparse type for durations that must be > 0."""
-    try:
-        seconds = parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    seconds = duration(text)
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"must be longer than 0, got {text}")
     return seconds

@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 import yaml
-from processes import stop_process
+from processes import ready_server
 from prometheus_server import free_port
 
 ALERTMANAGER_BINARY = "/usr/bin/prometheus-alertmanager"
@@ -214,39 +214,19 @@ def running_alertmanager(
     config_path = directory / "alertmanager.yml"
     config_path.write_text(yaml.safe_dump(dict(config), sort_keys=False), encoding="utf-8")
     port = free_port()
-    with (directory / "alertmanager.log").open("wb") as log:
-        process = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config_path}",
-                f"--storage.path={directory / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--cluster.listen-address=",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    server = AlertmanagerServer(f"http://127.0.0.1:{port}", directory, process)
+    url = f"http://127.0.0.1:{port}"
+    argv = [
+        str(binary),
+        f"--config.file={config_path}",
+        f"--storage.path={directory / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--cluster.listen-address=",
+    ]
     try:
-        _wait_ready(server, ready_timeout)
-        yield server
+        log_path = directory / "alertmanager.log"
+        with ready_server("alertmanager", argv, log_path, f"{url}/-/ready", ready_timeout) as p:
+            yield AlertmanagerServer(url, directory, p)
     finally:
-        stop_process(process)
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _wait_ready(server: AlertmanagerServer, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(
-                f"alertmanager exited with {server.process.returncode}:\n{server.log()}"
-            )
-        try:
-            with urllib.request.urlopen(f"{server.url}/-/ready", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"alertmanager not ready after {timeout}s:\n{server.log()}")

@@ -1,8 +1,13 @@
-"""Stopping the server processes that tests start (broker, Prometheus, Alertmanager)."""
+"""Starting and stopping the server processes that tests run (broker, Prometheus, Alertmanager)."""
 
 from __future__ import annotations
 
 import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 
 def stop_process(process: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
@@ -15,3 +20,31 @@ def stop_process(process: subprocess.Popen[bytes], grace_s: float = 10.0) -> Non
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout=5)
+
+
+@contextmanager
+def ready_server(
+    name: str, argv: list[str], log_path: Path, ready_url: str, timeout: float
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `argv` (output to `log_path`) until the block ends, once `ready_url` answers 200."""
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"{name} exited with {process.returncode}:\n{log_path.read_text()}"
+                )
+            try:
+                with urllib.request.urlopen(ready_url, timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} not ready after {timeout}s:\n{log_path.read_text()}")
+            time.sleep(0.2)
+        yield process
+    finally:
+        stop_process(process)

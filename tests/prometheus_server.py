@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 import yaml
-from processes import stop_process
+from processes import ready_server
 
 PROMETHEUS_BINARY = "/usr/bin/prometheus"
 MISSING_BINARY = (
@@ -172,42 +172,23 @@ def running_prometheus(
         encoding="utf-8",
     )
     port = free_port()
-    with (directory / "prometheus.log").open("wb") as log:
-        process = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config_path}",
-                f"--storage.tsdb.path={directory / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--web.enable-lifecycle",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    server = PrometheusServer(f"http://127.0.0.1:{port}", directory, process)
+    url = f"http://127.0.0.1:{port}"
+    argv = [
+        str(binary),
+        f"--config.file={config_path}",
+        f"--storage.tsdb.path={directory / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--web.enable-lifecycle",
+    ]
     try:
-        _wait_ready(server, ready_timeout)
-        yield server
+        log_path = directory / "prometheus.log"
+        with ready_server("prometheus", argv, log_path, f"{url}/-/ready", ready_timeout) as process:
+            yield PrometheusServer(url, directory, process)
     finally:
-        stop_process(process)
         if owned_dir:
             shutil.rmtree(directory, ignore_errors=True)
 
 
-def _wait_ready(server: PrometheusServer, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"prometheus exited with {server.process.returncode}:\n"
-                               f"{server.log()}")
-        try:
-            with urllib.request.urlopen(f"{server.url}/-/ready", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"prometheus not ready after {timeout}s:\n{server.log()}")
 
 
 @pytest.fixture(scope="session")
