@@ -64,10 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         # handler first; without force the INFO lines of serve (cycles, windows) are lost.
         force=True,
     )
-    # Beam logs every pipeline step, kafka-python every connection, at INFO; keep ragpulse's
-    # own log readable.
-    for noisy in ("apache_beam", "kafka"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    # Beam logs every pipeline step at INFO; kafka-python logs several ERROR lines per
+    # reconnect attempt while a broker is away. ragpulse logs each failed cycle with its cause,
+    # so below DEBUG they only bury it.
+    root_level = logging.getLogger().level
+    logging.getLogger("apache_beam").setLevel(max(logging.WARNING, root_level))
+    if root_level > logging.DEBUG:
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
     try:
         return int(args._main(args))
     except SettingsError as exc:
