@@ -443,6 +443,7 @@ class OpenAIJudgeEndpoint:
             max_retry_after=max_retry_after_seconds,
         )
         self._jitter = jitter
+        self._failure_log = _ThrottledLog(FAILURE_LOG_INTERVAL_SECONDS)
         self._state: _LoopState | None = None
 
     def __repr__(self) -> str:
@@ -521,9 +522,11 @@ class OpenAIJudgeEndpoint:
                 decision = decide_retry(failure, attempt, self.policy, self._jitter())
                 if not decision.retry:
                     message = failure_message(failure, attempt, self.timeout_seconds)
-                    log.warning("judge %s: %s", judge, message)
+                    self._failure_log.warning(
+                        (judge, failure.cause), "judge %s: %s", judge, message
+                    )
                     return EndpointFailure(failure.cause, message, attempt, spent)
-                log.info(
+                log.debug(
                     "judge %s: attempt %d of %d failed (%s); retrying in %.2f s",
                     judge,
                     attempt,
@@ -534,6 +537,35 @@ class OpenAIJudgeEndpoint:
                 await asyncio.sleep(decision.delay)
             else:
                 return dataclasses.replace(reply, latency_seconds=spent + reply.latency_seconds)
+
+
+FAILURE_LOG_INTERVAL_SECONDS = 10.0
+
+
+class _ThrottledLog:
+    """At most one warning per key per interval, then how many were held back.
+
+    A judge outage fails every call; one line per call would bury everything else in the log
+    (the counts are in ragpulse_judge_errors_total).
+    """
+
+    def __init__(self, interval_seconds: float) -> None:
+        self._interval = interval_seconds
+        self._last: dict[tuple[str, str], float] = {}
+        self._held: dict[tuple[str, str], int] = {}
+
+    def warning(self, key: tuple[str, str], msg: str, *args: object) -> None:
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self._interval:
+            self._held[key] = self._held.get(key, 0) + 1
+            return
+        held = self._held.pop(key, 0)
+        self._last[key] = now
+        suffix = (
+            f" (and {held} more like it in the last {now - last:.0f} s)" if held and last else ""
+        )
+        log.warning(msg + suffix, *args)
 
 
 # -- judges -------------------------------------------------------------------------------------

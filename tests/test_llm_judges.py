@@ -384,3 +384,14 @@ def test_replies_without_exactly_one_complete_verdict_are_refused(text: str | No
     with pytest.raises(UnparsableReply):
         parse_reply(text)
 
+
+
+def test_an_outage_logs_one_warning_per_judge_and_cause_not_one_per_call(
+    fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake_openai.push_faults(*[Fault.http(401)] * 20)  # not retried: 20 calls, 20 failures
+    caplog.set_level(logging.WARNING, logger="judges.llm")
+    verdicts = judge_all(endpoint_for(fake_openai), [JudgeInput("q?", "a")] * 20)
+    assert [v[0].rating for v in verdicts] == ["error"] * 20
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "401" in warnings[0].getMessage()
