@@ -63,6 +63,11 @@ class BatchResult:
     latest_event_time: dict[str, float]  # per record source, of the accepted events read
 
 
+def is_failing(judged: JudgedEvent) -> bool:
+    """True when some judge rated the event `no` or `error`."""
+    return any(v.rating != "yes" for v in judged.verdicts)
+
+
 def verdict_row(judged: JudgedEvent) -> dict[str, Any]:
     """The `verdicts.jsonl` row, with Agent Evaluation output field names."""
     record = judged.record
@@ -130,12 +135,14 @@ def run_batch(
     out_dir: Path,
     *,
     write_verdicts: bool = True,
+    only_failing_verdicts: bool = False,
     keep_raw_dead_letters: bool = False,
 ) -> BatchResult:
     """Run one bounded pipeline; `read(pipeline)` returns the PCollection of `SourceRecord`s.
 
     Writes `windows.jsonl`, `dead_letter.jsonl` and (optionally) `verdicts.jsonl` into `out_dir`
-    and returns their content in a form the caller can merge or persist.
+    and returns their content in a form the caller can merge or persist. With
+    `only_failing_verdicts`, `verdicts.jsonl` holds only events some judge rated no or error.
     With `keep_raw_dead_letters` each dead-letter row also carries the whole record (`raw_b64`),
     for re-publishing it to a dead-letter topic.
     """
@@ -157,8 +164,13 @@ def run_batch(
             config.judges, batch_size=config.judge_batch_size
         )
         if write_verdicts:
+            to_write = (
+                judged | "KeepFailing" >> beam.Filter(is_failing)
+                if only_failing_verdicts
+                else judged
+            )
             _ = (
-                judged
+                to_write
                 | "FormatVerdicts" >> beam.Map(lambda j: _json_line(verdict_row(j)))
                 | "JoinVerdictLines" >> beam.ParDo(_JoinLines())
                 | "WriteVerdicts" >> _write(out_dir / VERDICTS_FILE)

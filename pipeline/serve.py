@@ -251,11 +251,12 @@ class TopicWatcher:
                 config,
                 Path(tmp),
                 write_verdicts=s.publish_verdicts != "none",
+                only_failing_verdicts=s.publish_verdicts == "failing",
                 keep_raw_dead_letters=True,
             )
             letters = list(_dead_letters(result.dead_letter_path))
             verdicts = (
-                list(_verdict_records(Path(tmp) / VERDICTS_FILE, s.publish_verdicts))
+                list(_verdict_records(Path(tmp) / VERDICTS_FILE))
                 if s.publish_verdicts != "none"
                 else []
             )
@@ -444,16 +445,11 @@ def _increments(counts: Mapping[stats.CounterKey, float]) -> list[CounterIncreme
     return [CounterIncrement(name, dict(labels), value) for (name, labels), value in counts.items()]
 
 
-def _verdict_records(path: Path, which: str) -> Iterator[OutputRecord]:
-    """verdicts.jsonl rows as records keyed by request_id; `failing`: rows with a no or error."""
+def _verdict_records(path: Path) -> Iterator[OutputRecord]:
+    """verdicts.jsonl rows as records keyed by request_id."""
     with path.open("rb") as f:
         for line in f:
-            row = orjson.loads(line)
-            if which == "failing" and not any(
-                row[k] != "yes" for k in row if k.endswith("/rating")
-            ):
-                continue
-            yield OutputRecord(line.rstrip(b"\n"), row["request_id"].encode("utf-8"))
+            yield OutputRecord(line.rstrip(b"\n"), orjson.loads(line)["request_id"].encode())
 
 
 def _dead_letters(path: Path) -> Iterator[DeadLetter]:
