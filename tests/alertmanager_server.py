@@ -34,9 +34,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
-from processes import ready_server
+from processes import ready_server, require_binary
 from prometheus_server import free_port
 
 ALERTMANAGER_BINARY = "/usr/bin/prometheus-alertmanager"
@@ -190,14 +189,7 @@ class AlertmanagerServer:
 
 def require_alertmanager(binary: str = ALERTMANAGER_BINARY) -> str:
     """Path of the Alertmanager binary, or fail (not skip) naming the Debian package."""
-    found = shutil.which(binary)
-    if found is None:
-        pytest.fail(
-            f"Alertmanager is not installed at {binary}: install the Debian package "
-            "'prometheus-alertmanager' (apt-get install -y prometheus-alertmanager).",
-            pytrace=False,
-        )
-    return found
+    return require_binary(binary, "prometheus-alertmanager")
 
 
 @contextmanager

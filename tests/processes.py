@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
+
+
+def require_binary(binary: str, package: str) -> str:
+    """Path of `binary`, or fail (not skip) the test naming the Debian package that ships it."""
+    found = shutil.which(binary)
+    if found is None:
+        pytest.fail(
+            f"{binary} is not installed: install the Debian package '{package}' "
+            f"(apt-get install -y {package}); make test does this when run as root.",
+            pytrace=False,
+        )
+    return found
 
 
 def stop_process(process: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:

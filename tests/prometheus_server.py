@@ -33,13 +33,9 @@ from typing import Any
 
 import pytest
 import yaml
-from processes import ready_server
+from processes import ready_server, require_binary
 
 PROMETHEUS_BINARY = "/usr/bin/prometheus"
-MISSING_BINARY = (
-    "Prometheus is not installed at {path}: install the Debian package "
-    "'prometheus' (apt-get install -y prometheus)."
-)
 
 
 class PrometheusQueryError(AssertionError):
@@ -132,10 +128,7 @@ def prometheus_config(
 
 def require_prometheus(binary: str = PROMETHEUS_BINARY) -> str:
     """Path of the Prometheus binary, or fail (not skip) naming the Debian package."""
-    found = shutil.which(binary)
-    if found is None:
-        pytest.fail(MISSING_BINARY.format(path=binary), pytrace=False)
-    return found
+    return require_binary(binary, "prometheus")
 
 
 @contextmanager

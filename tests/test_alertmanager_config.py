@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+from processes import require_binary
 
 CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "alertmanager" / "alertmanager.yml"
 
 
 def amtool() -> str:
-    found = shutil.which("amtool")
-    if found is None:
-        pytest.fail("amtool is not installed: install the Debian package "
-                    "'prometheus-alertmanager' (apt-get install -y prometheus-alertmanager).",
-                    pytrace=False)
-    return found
+    return require_binary("amtool", "prometheus-alertmanager")
 
 
 def route_for(*labels: str, expect: str) -> subprocess.CompletedProcess[str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.resources
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from processes import require_binary
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -107,10 +107,7 @@ def test_prometheus_config_loads_exactly_the_generated_rule_files() -> None:
 
 
 def test_prometheus_config_passes_promtool_check_config() -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.fail("promtool is not installed: install the Debian package 'prometheus'.",
-                    pytrace=False)
+    promtool = require_binary("promtool", "prometheus")
     result = subprocess.run([promtool, "check", "config", str(PROMETHEUS_CONFIG)],
                             capture_output=True, text=True, check=False, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr

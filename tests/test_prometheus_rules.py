@@ -4,7 +4,6 @@ the naming and annotation conventions, and behave as the promtool unit tests spe
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from processes import require_binary
 from prometheus_server import PrometheusServer, running_prometheus
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,12 +30,7 @@ RECORD_NAME = re.compile(r"^[a-z_]+:[a-z_]+:[a-z_0-9]+$")
 
 
 def promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        pytest.fail("promtool is not installed: install the Debian package 'prometheus' "
-                    "(apt-get install -y prometheus), which ships /usr/bin/promtool.",
-                    pytrace=False)
-    return found
+    return require_binary("promtool", "prometheus")
 
 
 def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
