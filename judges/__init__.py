@@ -57,7 +57,8 @@ class JudgeSpec:
             from judges.local import build_local_judges
 
             return JudgePanel(build_local_judges(self.names))
-        from judges.llm import OpenAIJudgeEndpoint, build_llm_judges
+        from judges.endpoint import OpenAIJudgeEndpoint
+        from judges.llm import build_llm_judges
 
         endpoint = OpenAIJudgeEndpoint(
             base_url=self.base_url,
