@@ -455,36 +455,58 @@ class OpenAIJudgeEndpoint:
 
     async def _attempt(
         self, state: _LoopState, messages: Sequence[Mapping[str, str]], deadline: float | None
+    ) -> EndpointReply | Refusal:
+        """One request, or the breaker's refusal; records the outcome with the breaker."""
+        async with state.semaphore:
+            # Asked once a slot is free, not before queueing: calls queued behind a hung
+            # endpoint then fail fast as soon as the breaker opens.
+            permit = self.shared.breaker.acquire()
+            if isinstance(permit, Refusal):
+                return permit
+            try:
+                reply = await self._send(state, messages, deadline)
+            except Exception as exc:
+                failure = _failure_from(exc, time.time(), self.scrub)
+                if failure is None:  # over quota, a bug: says nothing about the endpoint
+                    self.shared.breaker.abandoned(permit)
+                elif is_retryable(failure):
+                    self.shared.breaker.failed(permit, _short_description(failure))
+                else:  # it answered: the request was wrong, the endpoint is up
+                    self.shared.breaker.succeeded(permit)
+                raise
+            except BaseException:  # cancelled (the batch deadline)
+                self.shared.breaker.abandoned(permit)
+                raise
+            self.shared.breaker.succeeded(permit)
+            return reply
+
+    async def _send(
+        self, state: _LoopState, messages: Sequence[Mapping[str, str]], deadline: float | None
     ) -> EndpointReply:
         estimate = estimate_tokens(messages, self.max_tokens)
         tokens = self.shared.tokens
-        async with state.semaphore:
-            # Paced inside the semaphore, so that requests leave when their quota says, not in
-            # a burst when slots free up.
-            await self._wait_for_quota(estimate, deadline)
-            started = time.perf_counter()
-            try:
-                # A wall-clock bound per attempt as well: the client's timeout is per read, so a
-                # server trickling bytes could otherwise hold a slot far longer.
-                async with asyncio.timeout(self.timeout_seconds):
-                    raw = await state.client.chat.completions.with_raw_response.create(
-                        model=self.model,
-                        messages=messages,  # type: ignore[arg-type]
-                        temperature=self.temperature,
-                        **self._request_options(),
-                    )
-            except BaseException:
-                if tokens is not None:
-                    tokens.give_back(estimate)  # refused or never answered: no tokens used
-                raise
-            latency = time.perf_counter() - started
-        # Parsed here rather than by the client: its models accept any shape without complaint
-        # (a `message` that is a string, `usage` of 1e30) and hand back a str for an HTML page.
+        # Paced inside the semaphore, so that requests leave when their quota says, not in a
+        # burst when slots free up.
+        await self._wait_for_quota(estimate, deadline)
+        started = time.perf_counter()
         try:
+            # A wall-clock bound per attempt as well: the client's timeout is per read, so a
+            # server trickling bytes could otherwise hold a slot far longer.
+            async with asyncio.timeout(self.timeout_seconds):
+                raw = await state.client.chat.completions.with_raw_response.create(
+                    model=self.model,
+                    messages=messages,  # type: ignore[arg-type]
+                    temperature=self.temperature,
+                    **self._request_options(),
+                )
+            latency = time.perf_counter() - started
+            # Parsed here rather than by the client: its models accept any shape without
+            # complaint (a `message` that is a string, `usage` of 1e30) and hand back a str
+            # for an HTML page.
             completion = read_completion(raw.content, raw.headers.get("content-type"))
-        except MalformedReply:
+        except BaseException:
             if tokens is not None:
-                tokens.give_back(estimate)
+                tokens.give_back(estimate)  # refused, unreadable or never answered
             raise
         sent = sum(len((m.get("content") or "").encode()) for m in messages)
         prompt_tokens, completion_tokens, problem = usage_counts(
@@ -496,11 +518,11 @@ class OpenAIJudgeEndpoint:
                 "judge endpoint reported unusable token usage, counted as 0: %s",
                 self.scrub(problem),
             )
-        if tokens is not None:
-            used = prompt_tokens + completion_tokens if not problem and completion.usage else None
-            if used is not None and used < estimate:
+        if tokens is not None and completion.usage is not None and not problem:
+            used = prompt_tokens + completion_tokens
+            if used < estimate:
                 tokens.give_back(estimate - used)
-            elif used is not None:
+            else:
                 tokens.charge(used - estimate)
         choice = completion.choices[0]
         message = choice.message
@@ -523,7 +545,6 @@ class OpenAIJudgeEndpoint:
         state = self._loop_state()
         loop = state.loop
         deadline = batch_deadline()
-        breaker = self.shared.breaker
         spent = 0.0
         attempt = 0
 
@@ -533,16 +554,12 @@ class OpenAIJudgeEndpoint:
             return EndpointFailure(cause, message, attempt, spent)
 
         while True:
-            permit = breaker.acquire()
-            if isinstance(permit, Refusal):
-                return give_up("circuit_open", _circuit_message(permit, breaker))
             attempt += 1
             started = loop.time()
             try:
                 async with asyncio.timeout_at(deadline) as budget:
-                    reply = await self._attempt(state, messages, deadline)
+                    outcome = await self._attempt(state, messages, deadline)
             except _QuotaPastDeadline as exc:
-                breaker.abandoned(permit)
                 return give_up(
                     "rate_limited",
                     f"the --judge-rpm/--judge-tpm quota would hold this call {exc.wait:.0f} s, "
@@ -551,7 +568,6 @@ class OpenAIJudgeEndpoint:
             except Exception as exc:
                 spent += loop.time() - started
                 if budget.expired():
-                    breaker.abandoned(permit)
                     return give_up(
                         "deadline",
                         f"the batch deadline (--judge-batch-deadline) passed during attempt "
@@ -559,15 +575,10 @@ class OpenAIJudgeEndpoint:
                     )
                 failure = _failure_from(exc, time.time(), self.scrub)
                 if failure is None:
-                    breaker.abandoned(permit)
                     raise
                 message = failure_message(
                     failure, attempt, self.timeout_seconds, self.reply_format
                 )
-                if is_retryable(failure):
-                    breaker.failed(permit, message)
-                else:  # it answered: the request was wrong, the endpoint is up
-                    breaker.succeeded(permit)
                 remaining = math.inf if deadline is None else deadline - loop.time()
                 decision = decide_retry(failure, attempt, self.policy, self._jitter(), remaining)
                 if not decision.retry:
@@ -583,12 +594,22 @@ class OpenAIJudgeEndpoint:
                     decision.delay,
                 )
                 await asyncio.sleep(decision.delay)
-            except BaseException:  # cancelled by the panel: says nothing about the endpoint
-                breaker.abandoned(permit)
-                raise
             else:
-                breaker.succeeded(permit)
-                return dataclasses.replace(reply, latency_seconds=spent + reply.latency_seconds)
+                if isinstance(outcome, Refusal):
+                    attempt -= 1  # not sent
+                    return give_up(
+                        "circuit_open", _circuit_message(outcome, self.shared.breaker)
+                    )
+                return dataclasses.replace(outcome, latency_seconds=spent + outcome.latency_seconds)
+
+
+def _short_description(failure: CallFailure) -> str:
+    """What went wrong, in a few words, for the breaker's messages."""
+    if failure.kind == "status":
+        return f"HTTP {failure.status}"
+    return {"timeout": "no answer in time", "connection": "connection failed"}.get(
+        failure.kind, "malformed reply"
+    )
 
 
 def _circuit_message(refusal: Refusal, breaker: CircuitBreaker) -> str:

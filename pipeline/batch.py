@@ -82,6 +82,7 @@ def verdict_row(judged: JudgedEvent) -> dict[str, Any]:
         row[f"{prefix}/rating"] = v.rating
         row[f"{prefix}/rationale"] = v.rationale
         row[f"{prefix}/error_message"] = v.error_message
+        row[f"{prefix}/error_cause"] = v.error_cause  # the ragpulse_judge_errors_total label
     return row
 
 
