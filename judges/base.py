@@ -194,7 +194,7 @@ class JudgePanel:
     quote anything), and with `deadline_seconds` every call still running that long after the
     batch started is cancelled and rated `error` with cause `deadline`. The deadline is also
     published to the judges (`batch_deadline`) so the ones that wait on I/O can stop in time
-    and say why.
+    and say why. (The synchronous path has no I/O to wait on, and no deadline.)
     """
 
     def __init__(self, judges: Sequence[Judge], deadline_seconds: float | None = None) -> None:

@@ -93,7 +93,7 @@ class CircuitBreaker:
         with self._lock:
             if permit.probe or self._state == "closed":
                 if self._state != "closed":
-                    log.warning("%s: probe succeeded, circuit closed", self.name)
+                    log.info("%s: probe succeeded, circuit closed", self.name)
                 self._state = "closed"
                 self._failures = 0
 
