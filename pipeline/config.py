@@ -175,15 +175,17 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
         "--judge-max-tokens",
         type=int,
         default=256,
+        metavar="N",
         help="cap on each LLM judge reply (max_tokens); a reply cut off there is an error "
-        "with cause truncated (default: %(default)s; a verdict takes about 60)",
+        "with cause truncated (default: %(default)s; a one-sentence verdict takes well under "
+        "100)",
     )
     g.add_argument(
         "--judge-breaker-failures",
         type=int,
         default=5,
         metavar="N",
-        help="open the judge endpoint's circuit breaker after N failed calls in a row "
+        help="open the judge endpoint's circuit breaker after N failed requests in a row "
         "(timeouts, 5xx, 429, connection errors); while open, calls fail at once with cause "
         "circuit_open. 0 turns the breaker off (default: %(default)s)",
     )
@@ -202,7 +204,8 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="most time one batch of events may spend being judged; calls still pending then "
         "are cancelled (cause deadline), and no retry or Retry-After wait past it is taken. "
-        "Keep it above batch events x judges / concurrency x call latency (default: 2m)",
+        "Keep it above batch events (256, or 16 x --judge-concurrency) x judges / "
+        "concurrency x call latency (default: 2m)",
     )
     g.add_argument(
         "--judge-rpm",

@@ -98,6 +98,7 @@ USAGE = {
     "1e30": {"prompt_tokens": 1e30, "completion_tokens": 5},
     "a fraction": {"prompt_tokens": 2.5, "completion_tokens": 5},
     "a boolean": {"prompt_tokens": True, "completion_tokens": 5},
+    "more than the request's bytes": {"prompt_tokens": 5_000_000, "completion_tokens": 5},
 }
 
 
