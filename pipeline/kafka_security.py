@@ -100,6 +100,12 @@ class KafkaSecurity(BaseModel):
             raise KafkaSecurityError(
                 f"--kafka-ssl-cafile {self.ssl_cafile}: not a readable PEM CA bundle ({exc})"
             ) from None
+        if self.ssl_cafile is not None and not context.get_ca_certs():
+            # OpenSSL accepts a file without any certificate and then trusts nothing.
+            raise KafkaSecurityError(
+                f"--kafka-ssl-cafile {self.ssl_cafile}: not a readable PEM CA bundle (no "
+                "certificate in it)"
+            )
         if self.ssl_certfile is not None:
             password = self.ssl_key_password.get_secret_value() if self.ssl_key_password else None
             try:
@@ -181,11 +187,11 @@ def connect(factory: Callable[..., T], bootstrap: str, security: KafkaSecurity, 
     kafka-python reports a refused certificate or password as "Unable to bootstrap" after its
     timeout; this asks the broker once more and raises the real cause, naming the setting.
     """
-    from kafka.errors import KafkaTimeoutError, NoBrokersAvailable
+    from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 
     try:
         return factory(bootstrap_servers=bootstrap, **security.client_config(), **config)
-    except (KafkaTimeoutError, NoBrokersAvailable):
+    except (KafkaTimeoutError, KafkaConnectionError):
         check_access(bootstrap, security, timeout_s=10.0)
         raise
 
@@ -432,6 +438,8 @@ def validate(s: KafkaSecurity) -> KafkaSecurity:
             raise KafkaSecurityError(f"{flag} {value}: no such file")
     if s.ssl_keyfile is not None and s.ssl_certfile is None:
         raise KafkaSecurityError("--kafka-ssl-keyfile needs --kafka-ssl-certfile")
+    if s.uses_tls:
+        s.ssl_context()  # a bad CA bundle or key fails here, at start-up
     if not s.uses_sasl:
         if s.sasl_mechanism is not None:
             raise KafkaSecurityError(
@@ -461,8 +469,6 @@ def validate(s: KafkaSecurity) -> KafkaSecurity:
     if s.protocol == "SASL_PLAINTEXT":
         log.warning("Kafka SASL over SASL_PLAINTEXT: credentials and data cross the network "
                     "unencrypted; use SASL_SSL outside a trusted network")
-    if s.uses_tls:
-        s.ssl_context()  # a bad CA bundle or key fails here, at start-up
     return s
 
 
@@ -521,10 +527,10 @@ def read_properties(path: Path) -> dict[str, Any]:
         elif key == "sasl.jaas.config":
             fields.update(_jaas_credentials(value, where))
         elif key in ("ssl.truststore.location", "ssl.keystore.location"):
-            if key not in types:
+            store_type = key.replace(".location", ".type")
+            if store_type not in types:
                 raise KafkaSecurityError(
-                    f"{where}: {key} needs {key.rsplit('.', 1)[0]}.type=PEM (kafka-python reads "
-                    "PEM files only)"
+                    f"{where}: {key} needs {store_type}=PEM (kafka-python reads PEM files only)"
                 )
             fields["ssl_cafile" if "truststore" in key else "ssl_certfile"] = Path(value)
         elif key == "ssl.key.password":
