@@ -151,6 +151,28 @@ class KafkaSecurity(BaseModel):
 
 PLAINTEXT = KafkaSecurity()
 
+_SECRET_CONFIG_KEYS = frozenset({"sasl_plain_password", "ssl_password"})
+
+
+class _RedactSecrets(logging.Filter):
+    """kafka-python's admin client logs its whole configuration at DEBUG, passwords included."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, Mapping):
+            record.args = _redacted(record.args)
+        elif isinstance(record.args, tuple):
+            record.args = tuple(_redacted(a) for a in record.args)
+        return True
+
+
+def _redacted(value: Any) -> Any:
+    if isinstance(value, Mapping) and _SECRET_CONFIG_KEYS & set(value):
+        return {k: "[redacted]" if k in _SECRET_CONFIG_KEYS and v else v for k, v in value.items()}
+    return value
+
+
+logging.getLogger("kafka.admin.client").addFilter(_RedactSecrets())
+
 
 def file_token_provider(path: Path) -> Any:
     """An OAUTHBEARER token provider reading `path`, re-read whenever the file changes.
@@ -228,8 +250,10 @@ def check_access(bootstrap: str, security: KafkaSecurity, *, timeout_s: float) -
         client.close()
 
 
-_NETWORK = ("connection refused", "name or service not known", "temporary failure in name",
-            "no route to host", "timed out", "network is unreachable")
+# How kafka-python words failures that retrying may heal (the broker is down or unreachable).
+_NETWORK = ("connection refused", "econnrefused", "dns resolution", "name or service not known",
+            "temporary failure in name", "no route to host", "ehostunreach", "timed out",
+            "etimedout", "network is unreachable", "enetunreach")
 
 
 def diagnose(exc: BaseException, security: KafkaSecurity, where: str) -> str | None:

@@ -8,6 +8,7 @@ and print is checked for the setting they name and for secrets they must not sho
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from pathlib import Path
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
+from kafka.errors import KafkaTimeoutError
+from kafka_broker import free_port
 from secure_kafka import Pki, SecureKafka, pki_fixture, secure_kafka  # noqa: F401
 from serve_process import ServeProcess, serve_processes_fixture  # noqa: F401
 
@@ -176,6 +179,34 @@ def test_oauth_token_file_is_read_again_when_it_changes(tmp_path: Path) -> None:
     assert provider.token() == "first-token"
     token_file.write_text("second-token-which-is-longer\n")
     assert provider.token() == "second-token-which-is-longer"
+
+
+def test_kafka_python_debug_log_of_a_client_configuration_hides_the_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    security = KafkaSecurity.model_validate({
+        "protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_username": "ragpulse",
+        "sasl_password": SECRET,
+    })
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(KafkaTimeoutError):  # nothing listens; the log line is written first
+        connect(KafkaAdminClient, f"127.0.0.1:{free_port()}", security,
+                bootstrap_timeout_ms=300, request_timeout_ms=300)
+    assert "Starting KafkaAdminClient with configuration" in caplog.text
+    assert "sasl_plain_password" in caplog.text and SECRET not in caplog.text
+
+
+def test_an_unreachable_broker_is_not_mistaken_for_a_refused_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """serve must keep retrying a broker that is down, not stop as if the password were wrong."""
+    security = KafkaSecurity.model_validate({
+        "protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_username": "ragpulse",
+        "sasl_password": SECRET,
+    })
+    for bootstrap in (f"127.0.0.1:{free_port()}", "kafka.example.invalid:9093"):
+        check_access(bootstrap, security, timeout_s=5)  # no KafkaSecurityError
+    assert caplog.text.count("not reachable") == 2
 
 
 # --- against a broker behind TLS ---------------------------------------------------------------
