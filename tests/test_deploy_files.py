@@ -1,6 +1,8 @@
 """Deployment files agree with each other: the compose file is valid Compose, Prometheus in
 compose loads the generated rule files, the Kubernetes manifests parse and wrap the same rules,
-and the image runs the ragpulse console script."""
+the Helm chart renders valid Kubernetes objects carrying the same rules, dashboards and prompts,
+every ragpulse command line in them is accepted by the real CLI parser, and the image runs the
+ragpulse console script."""
 
 from __future__ import annotations
 

@@ -364,13 +364,23 @@ def test_a_wrong_sasl_password_stops_the_command_naming_the_settings_without_sho
 
 
 @pytest.mark.slow
-def test_a_sasl_mechanism_the_broker_does_not_offer_is_named(tmp_path: Path, pki: Pki) -> None:
+@pytest.mark.parametrize(
+    ("mechanism", "named"),
+    [("PLAIN", "check --kafka-sasl-username"), ("OAUTHBEARER", "--kafka-sasl-oauth-token-file")],
+)
+def test_a_sasl_mechanism_the_broker_refuses_is_named_with_what_to_check(
+    tmp_path: Path, pki: Pki, mechanism: str, named: str
+) -> None:
+    """Tansu offers SCRAM only: PLAIN and OAUTHBEARER exchanges end in a refusal."""
+    token = tmp_path / "token"
+    token.write_text(SECRET)
     for kafka in secure_kafka(tmp_path, pki, authentication=True,
                               require_client_certificate=False):
         security = KafkaSecurity.model_validate({
-            "protocol": "SASL_SSL", "ssl_cafile": pki.ca, "sasl_mechanism": "PLAIN",
-            "sasl_username": "ragpulse", "sasl_password": SECRET,
+            "protocol": "SASL_SSL", "ssl_cafile": pki.ca, "sasl_mechanism": mechanism,
+            "sasl_username": "ragpulse", "sasl_password": SECRET, "sasl_oauth_token_file": token,
         })
-        with pytest.raises(KafkaSecurityError, match="SASL PLAIN") as caught:
+        with pytest.raises(KafkaSecurityError, match=f"SASL {mechanism}") as caught:
             check_access(kafka.bootstrap, security, timeout_s=10)
-        assert SECRET not in str(caught.value)
+        assert named in str(caught.value) and SECRET not in str(caught.value)
+        assert kafka.connections() == 1, kafka.logs()
