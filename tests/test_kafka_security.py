@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -139,6 +140,8 @@ def test_sasl_password_comes_from_its_file_or_the_environment_and_never_shows(
     from_env = security_from_args(parse(*base), env={ENV_SASL_PASSWORD: SECRET})
     for s in (from_file, from_env):
         assert s.client_config()["sasl_plain_password"] == SECRET
+        # Beam pickles the settings into every reader DoFn.
+        assert pickle.loads(pickle.dumps(s)).client_config()["sasl_plain_password"] == SECRET
         assert SECRET not in repr(s) and SECRET not in s.describe() and SECRET not in str(s)
     with pytest.raises(KafkaSecurityError, match="needs a password: --kafka-sasl-password-file"):
         security_from_args(parse(*base), env={})
