@@ -6,8 +6,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-SYSTEM_BINARIES := prometheus promtool amtool prometheus-alertmanager prometheus-pushgateway
-SYSTEM_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway
+SYSTEM_BINARIES := prometheus promtool amtool prometheus-alertmanager prometheus-pushgateway stunnel4
+SYSTEM_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway stunnel4
 
 .PHONY: run test lint typecheck pytest system-deps bench clean
 

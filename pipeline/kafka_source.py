@@ -20,6 +20,8 @@ import apache_beam as beam
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
+from pipeline.kafka_security import PLAINTEXT, KafkaSecurity, connect
+
 DEFAULT_TIMEOUT_S = 10.0
 
 
@@ -45,9 +47,13 @@ class KafkaRecord:
     key: bytes | None = None
 
 
-def _consumer(bootstrap: str, timeout_s: float, **config: Any) -> KafkaConsumer:
-    return KafkaConsumer(
-        bootstrap_servers=bootstrap,
+def _consumer(
+    bootstrap: str, timeout_s: float, security: KafkaSecurity, **config: Any
+) -> KafkaConsumer:
+    return connect(
+        KafkaConsumer,
+        bootstrap,
+        security,
         enable_auto_commit=False,
         request_timeout_ms=int(timeout_s * 1000) + 1000,
         # The constructor connects eagerly; without this bound it waits 30 s for a broker that
@@ -57,9 +63,15 @@ def _consumer(bootstrap: str, timeout_s: float, **config: Any) -> KafkaConsumer:
     )
 
 
-def partitions(bootstrap: str, topic: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[int]:
+def partitions(
+    bootstrap: str,
+    topic: str,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    security: KafkaSecurity = PLAINTEXT,
+) -> list[int]:
     """Partition ids of `topic` as the broker reports them now (new partitions show up here)."""
-    consumer = _consumer(bootstrap, timeout_s)
+    consumer = _consumer(bootstrap, timeout_s, security)
     try:
         return _partitions(consumer, topic, timeout_s)
     finally:
@@ -83,7 +95,11 @@ def bootstrap_of(consumer: KafkaConsumer) -> str:
 
 
 def end_offsets(
-    bootstrap: str, topic: str, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    bootstrap: str,
+    topic: str,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> dict[int, int]:
     """Offset after the last record of every partition of `topic` (its high watermark).
 
@@ -92,7 +108,9 @@ def end_offsets(
     that batch unread until more data arrived. The fetch response carries the true high
     watermark; with Apache Kafka both answers agree and the check costs one round trip.
     """
-    consumer = _consumer(bootstrap, timeout_s, fetch_max_wait_ms=10, max_poll_records=1)
+    consumer = _consumer(
+        bootstrap, timeout_s, security, fetch_max_wait_ms=10, max_poll_records=1
+    )
     try:
         parts = _partitions(consumer, topic, timeout_s)
         tps = [TopicPartition(topic, p) for p in parts]
@@ -122,10 +140,14 @@ def end_offsets(
 
 
 def beginning_offsets(
-    bootstrap: str, topic: str, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    bootstrap: str,
+    topic: str,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> dict[int, int]:
     """Offset of the first record still kept in every partition of `topic`."""
-    consumer = _consumer(bootstrap, timeout_s)
+    consumer = _consumer(bootstrap, timeout_s, security)
     try:
         tps = [TopicPartition(topic, p) for p in _partitions(consumer, topic, timeout_s)]
         found = consumer.beginning_offsets(tps, timeout_ms=int(timeout_s * 1000))
@@ -253,8 +275,11 @@ def _log_skipped(topic: str, partition: int, first: int, end: int) -> None:
 class _ReadRangeFn(beam.DoFn):
     """Reads one (partition, start, stop) element; one consumer per DoFn instance."""
 
-    def __init__(self, bootstrap: str, topic: str, stall_timeout_s: float) -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, stall_timeout_s: float, security: KafkaSecurity
+    ) -> None:
         self._bootstrap = bootstrap
+        self._security = security
         self._topic = topic
         self._stall_timeout_s = stall_timeout_s
         self._consumer: KafkaConsumer | None = None
@@ -263,6 +288,7 @@ class _ReadRangeFn(beam.DoFn):
         self._consumer = _consumer(
             self._bootstrap,
             DEFAULT_TIMEOUT_S,
+            self._security,
             auto_offset_reset="earliest",
             max_poll_records=5000,
             max_partition_fetch_bytes=8 * 1024 * 1024,
@@ -297,9 +323,11 @@ class ReadKafkaRanges(beam.PTransform):
         ranges: Mapping[int, tuple[int, int]],
         *,
         stall_timeout_s: float = 30.0,
+        security: KafkaSecurity = PLAINTEXT,
     ) -> None:
         super().__init__()
         self._bootstrap = bootstrap
+        self._security = security
         self._topic = topic
         self._elements = [(p, start, stop) for p, (start, stop) in sorted(ranges.items())]
         self._stall_timeout_s = stall_timeout_s
@@ -311,7 +339,9 @@ class ReadKafkaRanges(beam.PTransform):
             # One range per worker bundle when a runner parallelises; a no-op on FnApiRunner.
             | "Spread" >> beam.Reshuffle()
             | "Read"
-            >> beam.ParDo(_ReadRangeFn(self._bootstrap, self._topic, self._stall_timeout_s))
+            >> beam.ParDo(
+                _ReadRangeFn(self._bootstrap, self._topic, self._stall_timeout_s, self._security)
+            )
         )
 
 
@@ -322,6 +352,7 @@ def commit_offsets(
     offsets: Mapping[int, int],
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> None:
     """Store `offsets` ({partition: next offset to read}) as `group_id`'s committed offsets.
 
@@ -331,7 +362,7 @@ def commit_offsets(
     """
     if not offsets:
         return
-    consumer = _consumer(bootstrap, timeout_s, group_id=group_id)
+    consumer = _consumer(bootstrap, timeout_s, security, group_id=group_id)
     try:
         tps = {TopicPartition(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()}
         consumer.assign(list(tps))
@@ -341,10 +372,15 @@ def commit_offsets(
 
 
 def committed_offsets(
-    bootstrap: str, group_id: str, topic: str, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    bootstrap: str,
+    group_id: str,
+    topic: str,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> dict[int, int]:
     """The group's committed offsets for `topic` (partitions without a commit are left out)."""
-    consumer = _consumer(bootstrap, timeout_s, group_id=group_id)
+    consumer = _consumer(bootstrap, timeout_s, security, group_id=group_id)
     try:
         found: dict[int, int] = {}
         for partition in _partitions(consumer, topic, timeout_s):

@@ -46,6 +46,14 @@ from pipeline.config import (
     positive_duration,
     sample_rate,
 )
+from pipeline.kafka_security import (
+    PLAINTEXT,
+    KafkaSecurity,
+    add_kafka_security_arguments,
+    check_access,
+    connect,
+    security_from_args,
+)
 from pipeline.kafka_source import (
     DeadLetter,
     KafkaRecord,
@@ -93,6 +101,7 @@ class ServeSettings(BaseModel):
     retention_seconds: float = Field(gt=0)
     kafka_timeout_seconds: float = Field(gt=0)
     max_event_bytes: int = Field(ge=1024)
+    kafka_security: KafkaSecurity = PLAINTEXT
 
 
 def _record(topic: str) -> Callable[[KafkaRecord], SourceRecord]:
@@ -145,10 +154,14 @@ class TopicWatcher:
         """Read, judge and save one micro-batch; returns how many records it covered."""
         s = self.settings
         topic = s.topic
-        ends = end_offsets(s.bootstrap, topic, timeout_s=s.kafka_timeout_seconds)
+        ends = end_offsets(
+            s.bootstrap, topic, timeout_s=s.kafka_timeout_seconds, security=s.kafka_security
+        )
         saved = self.state.offsets(topic)
         beginnings = (
-            beginning_offsets(s.bootstrap, topic, timeout_s=s.kafka_timeout_seconds)
+            beginning_offsets(
+                s.bootstrap, topic, timeout_s=s.kafka_timeout_seconds, security=s.kafka_security
+            )
             if any(p not in saved for p in ends)
             else {}
         )
@@ -217,7 +230,15 @@ class TopicWatcher:
         """End offsets after a cycle, for the lag gauge; the ones from its start if that fails."""
         s = self.settings
         try:
-            return {**ends, **end_offsets(s.bootstrap, s.topic, timeout_s=s.kafka_timeout_seconds)}
+            return {
+                **ends,
+                **end_offsets(
+                    s.bootstrap,
+                    s.topic,
+                    timeout_s=s.kafka_timeout_seconds,
+                    security=s.kafka_security,
+                ),
+            }
         except Exception as exc:  # visibility only: the next cycle asks again
             log.warning("could not read end offsets for the lag gauge: %s", exc)
             return dict(ends)
@@ -240,7 +261,11 @@ class TopicWatcher:
                 p
                 | "ReadKafka"
                 >> ReadKafkaRanges(
-                    s.bootstrap, s.topic, ranges, stall_timeout_s=s.kafka_timeout_seconds
+                    s.bootstrap,
+                    s.topic,
+                    ranges,
+                    stall_timeout_s=s.kafka_timeout_seconds,
+                    security=s.kafka_security,
                 )
                 | "ToSourceRecord" >> beam.Map(_record(s.topic))
             )
@@ -268,8 +293,10 @@ class TopicWatcher:
             return
         if self._producer is None:
             timeout_ms = int(self.settings.kafka_timeout_seconds * 1000)
-            self._producer = KafkaProducer(
-                bootstrap_servers=self.settings.bootstrap,
+            self._producer = connect(
+                KafkaProducer,
+                self.settings.bootstrap,
+                self.settings.kafka_security,
                 acks="all",
                 linger_ms=5,
                 request_timeout_ms=timeout_ms,
@@ -301,6 +328,7 @@ class TopicWatcher:
                 s.topic,
                 self.state.offsets(s.topic),
                 timeout_s=s.kafka_timeout_seconds,
+                security=s.kafka_security,
             )
         except Exception as exc:  # visibility only: the state file already holds the offsets
             log.warning("could not commit offsets to consumer group %s: %s", s.group_id, exc)
@@ -555,6 +583,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="timeout of one Kafka request (default: 30s)",
     )
+    add_kafka_security_arguments(p.add_argument_group("kafka security"))
     w = p.add_argument_group("windows")
     w.add_argument(
         "--sample-rate",
@@ -658,6 +687,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
             retention_seconds=args.retention,
             kafka_timeout_seconds=args.kafka_timeout,
             max_event_bytes=args.max_event_bytes,
+            kafka_security=security_from_args(args),
         )
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc)) from None
@@ -665,15 +695,21 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
 
 def main(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
+    # A refused certificate or password stops serve here, with the setting to fix; retrying
+    # would only hammer the broker with connections it will refuse.
+    check_access(
+        settings.bootstrap, settings.kafka_security, timeout_s=settings.kafka_timeout_seconds
+    )
     watcher = TopicWatcher(settings)
     server = serve_http(watcher, settings.metrics_host, settings.metrics_port)
     log.info(
-        "serving /metrics and /healthz on %s:%d; watching %s on %s with %s (backend %s), "
+        "serving /metrics and /healthz on %s:%d; watching %s on %s (%s) with %s (backend %s), "
         "sample rate %g, %gs windows, %gs allowed lateness; state %s",
         settings.metrics_host,
         server.server_port,
         settings.topic,
         settings.bootstrap,
+        settings.kafka_security.describe(),
         ",".join(settings.judges.names),
         settings.judges.backend,
         settings.sample_rate,
