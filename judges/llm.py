@@ -8,10 +8,10 @@ few-shot example per rating, as the Databricks study found makes cheap judges us
 single-answer grading, one-sentence rationale before the rating, temperature 0.1).
 
 Untrusted text (question, history, retrieved chunks, answer) is fenced between tags carrying a
-random per-call nonce, e.g. `<answer-3f9a0c...>` ... `</answer-3f9a0c...>`; anything inside
-that looks like one of our tags is defused first, so the data cannot close its fence and speak
-as the prompt. The model replies with JSON (`response_format` json_schema) or, when a server
-ignores the schema, with `rationale:` / `rating:` lines. Failures never become "no": they are
+random per-call nonce, e.g. `<answer-3f9a0c...>` ... `</answer-3f9a0c...>`; no angle bracket
+or look-alike of one survives inside (see `judges.fencing`), so the data cannot close its fence
+and speak as the prompt. The model replies with JSON (`response_format` json_schema) or, when a
+server ignores the schema, with `rationale:` / `rating:` lines. Failures never become "no": they are
 rating "error" with a cause from `judges.base.ERROR_CAUSES`.
 """
 
@@ -25,7 +25,6 @@ import logging
 import os
 import random
 import re
-import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -36,6 +35,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from judges.base import ErrorCause, Judge, JudgeInput, Verdict
+from judges.fencing import fence, new_nonce, single_line
 from judges.retry import (
     CallFailure,
     RetryPolicy,
@@ -56,7 +56,7 @@ PLACEHOLDER_API_KEY = "unused"
 # Bumped when the frame below (fence rules, reply format) changes; each prompt file has its own
 # `version` for its rubric and examples. The frame lives in code because the fencer and the
 # reply parser in this module depend on its exact wording.
-FRAME_VERSION = 1
+FRAME_VERSION = 2
 
 _INPUT_DESCRIPTIONS: dict[InputName, str] = {
     "history": "the earlier turns of the conversation",
@@ -162,26 +162,7 @@ def load_prompt(name: str, prompts_dir: Path | None = None) -> JudgePrompt:
     return prompt
 
 
-# -- fencing untrusted text (pure) --------------------------------------------------------------
-
-# Anything shaped like one of our fence tags (`<answer-…`, `</chunks-…`, any `<word-hexhex…`),
-# whatever the nonce, so data can neither close its own fence nor open a fake one.
-_TAG_LIKE = re.compile(r"<(?=\s*/?\s*[A-Za-z_]+\s*-\s*[0-9A-Fa-f]{4,})")
-
-
-def new_nonce() -> str:
-    """A fresh, unguessable fence code for one call (16 hex digits)."""
-    return secrets.token_hex(8)
-
-
-def defuse(text: str) -> str:
-    """`text` with every fence-tag look-alike made inert (its `<` becomes `‹`)."""
-    return _TAG_LIKE.sub("‹", text)
-
-
-def fence(name: str, text: str, nonce: str) -> str:
-    """`text` as data between `<name-nonce>` and `</name-nonce>` lines, defused first."""
-    return f"<{name}-{nonce}>\n{defuse(text)}\n</{name}-{nonce}>"
+# -- fencing untrusted text (pure; the rules are in judges.fencing) -----------------------------
 
 
 def _input_text(name: InputName, item: JudgeInput) -> str:
@@ -193,7 +174,7 @@ def _input_text(name: InputName, item: JudgeInput) -> str:
         if not item.chunks:
             return "(no passages were retrieved)"
         return "\n\n".join(
-            f"[{i}]{f' ({c.doc_uri})' if c.doc_uri else ''} {c.content}"
+            f"[{i}]{f' ({single_line(c.doc_uri)})' if c.doc_uri else ''} {c.content}"
             for i, c in enumerate(item.chunks, start=1)
         )
     if not item.history:
