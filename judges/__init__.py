@@ -18,6 +18,7 @@ from judges.base import (
     Turn,
     Verdict,
 )
+from judges.redaction import TextPolicy
 
 JUDGE_NAMES: tuple[str, ...] = ("groundedness", "safety", "relevance_to_query")
 Backend = Literal["local", "openai"]
@@ -40,6 +41,8 @@ class JudgeSpec:
     max_retries: int = 4
     temperature: float = 0.1
     prompts_dir: str | None = None  # replaces the shipped LLM prompt files
+    # PII redaction of prompts and of stored verdict text (judges.redaction).
+    text_policy: TextPolicy = dataclasses.field(default_factory=TextPolicy)
 
     def __post_init__(self) -> None:
         unknown = [n for n in self.names if n not in JUDGE_NAMES]
@@ -69,7 +72,9 @@ class JudgeSpec:
             temperature=self.temperature,
         )
         prompts = Path(self.prompts_dir) if self.prompts_dir else None
-        return JudgePanel(build_llm_judges(self.names, endpoint, prompts))
+        policy = self.text_policy
+        redact = policy.redactor().judge_input if policy.redacts_prompts_to(self.base_url) else None
+        return JudgePanel(build_llm_judges(self.names, endpoint, prompts, redact))
 
 
 __all__ = [
@@ -84,6 +89,7 @@ __all__ = [
     "JudgePanel",
     "JudgeSpec",
     "Rating",
+    "TextPolicy",
     "Turn",
     "Verdict",
 ]

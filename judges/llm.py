@@ -555,10 +555,16 @@ class _ThrottledLog:
 class LLMJudge:
     """A judge that asks the shared endpoint, with the prompt of one prompt file."""
 
-    def __init__(self, prompt: JudgePrompt, endpoint: OpenAIJudgeEndpoint) -> None:
+    def __init__(
+        self,
+        prompt: JudgePrompt,
+        endpoint: OpenAIJudgeEndpoint,
+        redact: Callable[[JudgeInput], JudgeInput] | None = None,
+    ) -> None:
         self.name = prompt.name
         self.prompt = prompt
         self.endpoint = endpoint
+        self.redact = redact  # applied to every event before its text goes into a prompt
         self._system = system_prompt(prompt)
 
     async def aclose(self) -> None:
@@ -566,7 +572,9 @@ class LLMJudge:
         await self.endpoint.aclose()
 
     def messages(self, item: JudgeInput, nonce: str) -> list[dict[str, str]]:
-        """The chat messages for one event (fenced with `nonce`)."""
+        """The chat messages for one event (redacted when configured, fenced with `nonce`)."""
+        if self.redact is not None:
+            item = self.redact(item)
         return [
             {"role": "system", "content": self._system},
             {"role": "user", "content": user_prompt(self.prompt, item, nonce)},
@@ -619,11 +627,15 @@ class LLMJudge:
 
 
 def build_llm_judges(
-    names: Sequence[str], endpoint: OpenAIJudgeEndpoint, prompts_dir: Path | None = None
+    names: Sequence[str],
+    endpoint: OpenAIJudgeEndpoint,
+    prompts_dir: Path | None = None,
+    redact: Callable[[JudgeInput], JudgeInput] | None = None,
 ) -> list[Judge]:
     """One `LLMJudge` per name, all sharing `endpoint`; ValueError names unknown judges.
 
-    `prompts_dir` replaces the shipped prompt files (e.g. a mounted ConfigMap).
+    `prompts_dir` replaces the shipped prompt files (e.g. a mounted ConfigMap); `redact`
+    (e.g. `judges.redaction.Redactor.judge_input`) rewrites each event before it is prompted.
     """
     known = available_prompts()
     unknown = [n for n in names if n not in known]
@@ -631,4 +643,4 @@ def build_llm_judges(
         raise ValueError(
             f"unknown LLM judge(s): {', '.join(unknown)}; known judges: {', '.join(known)}"
         )
-    return [LLMJudge(load_prompt(n, prompts_dir), endpoint) for n in names]
+    return [LLMJudge(load_prompt(n, prompts_dir), endpoint, redact) for n in names]

@@ -16,6 +16,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from judges import JUDGE_NAMES, JudgeSpec
+from judges.redaction import (
+    REDACT_MODES,
+    STORE_TEXT_MODES,
+    RedactMode,
+    StoreText,
+    TextPolicy,
+    compile_user_patterns,
+    is_loopback_url,
+)
 from pipeline.windows import parse_duration
 
 log = logging.getLogger(__name__)
@@ -40,6 +49,15 @@ class JudgeSettings(BaseModel):
     max_retries: int = Field(4, ge=0, le=20)
     temperature: float = Field(0.1, ge=0, le=2)
     prompts_dir: Path | None = None
+    redact_pii: RedactMode = "auto"
+    redact_patterns: tuple[str, ...] = ()
+    store_text: StoreText = "redacted"
+
+    @field_validator("redact_patterns")
+    @classmethod
+    def _patterns_compile(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        compile_user_patterns(patterns)  # ValueError names the pattern
+        return patterns
 
     @field_validator("names")
     @classmethod
@@ -85,6 +103,7 @@ class JudgeSettings(BaseModel):
             max_retries=self.max_retries,
             temperature=self.temperature,
             prompts_dir=str(self.prompts_dir) if self.prompts_dir else None,
+            text_policy=TextPolicy(self.redact_pii, self.redact_patterns, self.store_text),
         )
 
 
@@ -148,6 +167,29 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.1,
         help="sampling temperature of LLM judges (default: %(default)s)",
     )
+    g.add_argument(
+        "--redact-pii",
+        choices=REDACT_MODES,
+        default="auto",
+        help="replace e-mails, phone, card and IBAN numbers, IP addresses and API keys with "
+        "[EMAIL], [PHONE] ... in LLM judge prompts. auto: on unless the judge endpoint is on "
+        "loopback (default: %(default)s)",
+    )
+    g.add_argument(
+        "--redact-pattern",
+        action="append",
+        default=[],
+        metavar="REGEX",
+        help="also replace matches of this Python regex with [REDACTED] (repeatable); used "
+        "for prompts and stored text",
+    )
+    g.add_argument(
+        "--store-text",
+        choices=STORE_TEXT_MODES,
+        default="redacted",
+        help="what verdict rows keep of judge rationales and error messages, which can quote "
+        "the answer: full, redacted (PII replaced) or none (ratings only) (default: %(default)s)",
+    )
 
 
 def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> JudgeSettings:
@@ -173,7 +215,7 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
             "or --judge-base-url / OPENAI_BASE_URL (for a compatible server)"
         )
     try:
-        return JudgeSettings(
+        settings = JudgeSettings(
             names=tuple(n.strip() for n in args.judges.split(",") if n.strip()),
             backend=backend,
             base_url=base_url,
@@ -184,9 +226,21 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
             max_retries=args.judge_max_retries,
             temperature=args.judge_temperature,
             prompts_dir=args.judge_prompts,
+            redact_pii=args.redact_pii,
+            redact_patterns=tuple(args.redact_pattern),
+            store_text=args.store_text,
         )
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc)) from None
+    if backend == "openai":
+        redacted = settings.spec().text_policy.redacts_prompts_to(base_url)
+        log.info(
+            "PII redaction of judge prompts: %s (--redact-pii %s, endpoint %s)",
+            "on" if redacted else "off",
+            args.redact_pii,
+            "on loopback" if is_loopback_url(base_url) else "not on loopback",
+        )
+    return settings
 
 
 def describe_validation_error(exc: ValidationError) -> str:
