@@ -263,7 +263,9 @@ class UnparsableReply(ValueError):
         self.reason = reason
 
 
-_CODE_BLOCK = re.compile(r"^```[a-zA-Z]*\s*\n?(.*?)\n?```$", re.DOTALL)
+# Linear: `(.*)` backtracks once from the end to the last fence; the old `\s*\n?(.*?)` retried
+# the lazy group from every split of a long white-space run (quadratic).
+_CODE_BLOCK = re.compile(r"^```[a-zA-Z]*+(.*)```$", re.DOTALL)
 _LABEL = re.compile(r"^[\s*#>_-]*(rationale|rating)[\s*_]*:[\s*_]*(.*)$", re.IGNORECASE)
 
 
