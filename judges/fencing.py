@@ -32,6 +32,7 @@ _LEFT_ANGLES = (
     "<\uff1c\ufe64"  # < ＜ ﹤
     "\u2039\u00ab"  # ‹ «
     "\u2329\u3008\u300a\u27e8\u27ea\u29fc"  # 〈 〈 《 ⟨ ⟪ ⧼
+    "\ufe3f\ufe3d"  # ︿ ︽ (vertical forms; NFKC turns them into 〈 《)
     "\u276c\u276e\u2770"  # ❬ ❮ ❰
     "\u02c2\u1438\u16b2"  # ˂ ᐸ ᚲ (arrowhead, Canadian syllabics, runic)
     "\u226e\u22d6\u227a\u2aa1"  # ≮ ⋖ ≺ ⪡
@@ -40,6 +41,7 @@ _RIGHT_ANGLES = (
     ">\uff1e\ufe65"  # > ＞ ﹥
     "\u203a\u00bb"  # › »
     "\u232a\u3009\u300b\u27e9\u27eb\u29fd"  # 〉 〉 》 ⟩ ⟫ ⧽
+    "\ufe40\ufe3e"  # ﹀ ︾
     "\u276d\u276f\u2771"  # ❭ ❯ ❱
     "\u02c3\u1433"  # ˃ ᐳ
     "\u226f\u22d7\u227b\u2aa2"  # ≯ ⋗ ≻ ⪢
