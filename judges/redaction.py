@@ -84,18 +84,31 @@ def _windows(text: str, separators: str) -> list[tuple[int, int]]:
 def _replace_window(
     match: re.Match[str], placeholder: str, ok: Callable[[str], bool], separators: str
 ) -> str | None:
-    """The match with its longest separator-aligned window whose digits pass `ok` replaced."""
+    """The match with its longest separator-aligned window that passes `ok` replaced."""
     text = match.group(0)
     for start, end in _windows(text, separators):
-        if ok(_digits(text[start:end])):
+        if ok(text[start:end]):
             return text[:start] + placeholder + text[end:]
     return None
 
 
+# How card numbers are printed in groups (16 and 19 digits, American Express, Diners, and the
+# shorter Visa and Maestro numbers); other groupings of 13-19 digits are not card numbers.
+_CARD_LAYOUTS = frozenset(
+    {(4, 4, 4, 4), (4, 4, 4, 4, 3), (4, 6, 5), (4, 6, 4), (4, 4, 4, 3), (4, 4, 4, 2), (4, 4, 4, 1)}
+)
+
+
+def _card_number(text: str) -> bool:
+    digits = _digits(text)
+    if not (13 <= len(digits) <= 19 and digits[0] in "23456" and luhn_valid(digits)):
+        return False
+    groups = tuple(len(g) for g in re.split(r"[ \-]", text))
+    return len(groups) == 1 or groups in _CARD_LAYOUTS
+
+
 def _card(match: re.Match[str]) -> str | None:
-    return _replace_window(
-        match, "[CARD]", lambda d: 13 <= len(d) <= 19 and d[0] in "23456" and luhn_valid(d), " -"
-    )
+    return _replace_window(match, "[CARD]", _card_number, " -")
 
 
 def _phone_digits(low: int, high: int) -> _Validate:
@@ -110,7 +123,7 @@ def _phone_digits(low: int, high: int) -> _Validate:
 
 def _international_phone(match: re.Match[str]) -> str | None:
     # E.164 allows 15 digits at most; a longer run is a number followed by more digits.
-    return _replace_window(match, "[PHONE]", lambda d: 7 <= len(d) <= 15, " .-")
+    return _replace_window(match, "[PHONE]", lambda w: 7 <= len(_digits(w)) <= 15, " .-")
 
 
 # Length of the IBAN of each country of the IBAN registry (SWIFT).
@@ -266,7 +279,7 @@ _DETECTORS: tuple[_Detector, ...] = (
     ),
     _Detector(  # national numbers with a trunk 0: 020 7946 0958, 06 12 34 56 78, 030/1234567
         "[PHONE]",
-        re.compile(r"0(?<![\w+.]0)\d{1,4}(?:[ \-/.]\d{2,8}){1,4}(?![\d.])"),
+        re.compile(r"0(?<![\w+.]0)\d{1,4}(?:[ \-/.]\d{2,8}){1,4}(?!\d|\.\d)"),
         _phone_digits(9, 12),
         needs=("0",),
     ),
