@@ -111,10 +111,14 @@ def _card(match: re.Match[str]) -> str | None:
     return _replace_window(match, "[CARD]", _card_number, " -")
 
 
+# 01/28/2015, 05.10.2023: a date at the start of a number is not a phone number.
+_DATE_START = re.compile(r"\d{1,2}([/.\-])\d{1,2}\1\d{2,4}(?!\d)")
+
+
 def _phone_digits(low: int, high: int) -> _Validate:
     def validate(match: re.Match[str]) -> str | None:
         value = match.group("v") if "v" in match.re.groupindex else match.group(0)
-        if not low <= len(_digits(value)) <= high:
+        if not low <= len(_digits(value)) <= high or _DATE_START.match(value):
             return None
         return match.group(0).replace(value, "[PHONE]", 1)
 
