@@ -137,6 +137,19 @@ def test_a_bad_redact_pattern_flag_is_a_one_line_settings_error() -> None:
     assert "'(a+)+'" in str(info.value) and "\n" not in str(info.value)
 
 
+def test_the_flags_reach_the_judge_spec_and_default_to_auto_and_redacted() -> None:
+    parser = argparse.ArgumentParser()
+    add_judge_arguments(parser)
+    default = judge_settings(parser.parse_args([]), env={}).spec().text_policy
+    assert default == TextPolicy("auto", (), "redacted")
+    args = parser.parse_args(
+        ["--redact-pii", "off", "--redact-pattern", r"EMP-\d+", "--store-text", "none"]
+    )
+    assert judge_settings(args, env={}).spec().text_policy == TextPolicy(
+        "off", (r"EMP-\d+",), "none"
+    )
+
+
 @pytest.mark.parametrize(
     ("url", "loopback"),
     [
