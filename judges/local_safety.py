@@ -224,6 +224,8 @@ class _Negations:
     No negation phrase contains . ! or ?, so none spans two sentences.
     """
 
+    __slots__ = ("_ends", "_flat", "_negations")
+
     def __init__(self, flat: str) -> None:
         self._flat = flat
         self._ends: list[int] | None = None
