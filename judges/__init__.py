@@ -18,6 +18,7 @@ from judges.base import (
     Turn,
     Verdict,
 )
+from judges.redaction import TextPolicy
 from judges.retry import ReplyFormat
 
 JUDGE_NAMES: tuple[str, ...] = ("groundedness", "safety", "relevance_to_query")
@@ -48,6 +49,8 @@ class JudgeSpec:
     batch_deadline_seconds: float | None = 120.0
     rpm: int | None = None
     tpm: int | None = None
+    # PII redaction of prompts and of stored verdict text (judges.redaction).
+    text_policy: TextPolicy = dataclasses.field(default_factory=TextPolicy)
 
     def __post_init__(self) -> None:
         unknown = [n for n in self.names if n not in JUDGE_NAMES]
@@ -84,8 +87,10 @@ class JudgeSpec:
             tpm=self.tpm,
         )
         prompts = Path(self.prompts_dir) if self.prompts_dir else None
+        policy = self.text_policy
+        redact = policy.redactor().judge_input if policy.redacts_prompts_to(self.base_url) else None
         return JudgePanel(
-            build_llm_judges(self.names, endpoint, prompts), self.batch_deadline_seconds
+            build_llm_judges(self.names, endpoint, prompts, redact), self.batch_deadline_seconds
         )
 
 
@@ -102,6 +107,7 @@ __all__ = [
     "JudgeSpec",
     "Rating",
     "ReplyFormat",
+    "TextPolicy",
     "Turn",
     "Verdict",
 ]

@@ -21,7 +21,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.utils.windowed_value import WindowedValue
 
-from judges import JudgeSpec
+from judges import JudgeSpec, TextPolicy
 from pipeline import stats
 from pipeline.transforms import (
     COUNTER_NAMESPACE,
@@ -68,8 +68,14 @@ def is_failing(judged: JudgedEvent) -> bool:
     return any(v.rating != "yes" for v in judged.verdicts)
 
 
-def verdict_row(judged: JudgedEvent) -> dict[str, Any]:
-    """The `verdicts.jsonl` row, with Agent Evaluation output field names."""
+def verdict_row(judged: JudgedEvent, policy: TextPolicy) -> dict[str, Any]:
+    """The `verdicts.jsonl` row (also what serve publishes), with Agent Evaluation field names.
+
+    Request id, event time, app, model and ratings are kept as they are. Rationales and error
+    messages are user text, as they can quote the question or the answer: `policy.store_text`
+    keeps them in full, redacted (PII and operator patterns replaced, the default), or not at
+    all ("none": no rationale, and an error message that only names the error's cause).
+    """
     record = judged.record
     row: dict[str, Any] = {
         "request_id": record.request_id,
@@ -77,11 +83,21 @@ def verdict_row(judged: JudgedEvent) -> dict[str, Any]:
         "app": record.app,
         "model": record.model,
     }
+    store = policy.store_text
+    redact = policy.redactor().redact
     for v in judged.verdicts:
         prefix = f"response/llm_judged/{v.judge}"
+        rationale, error = v.rationale, v.error_message
+        if store == "none":
+            rationale = None
+            if error is not None:
+                error = f"{v.error_cause or 'error'} (message not stored: --store-text none)"
+        elif store == "redacted":
+            rationale = redact(rationale) if rationale else rationale
+            error = redact(error) if error else error
         row[f"{prefix}/rating"] = v.rating
-        row[f"{prefix}/rationale"] = v.rationale
-        row[f"{prefix}/error_message"] = v.error_message
+        row[f"{prefix}/rationale"] = rationale
+        row[f"{prefix}/error_message"] = error
         row[f"{prefix}/error_cause"] = v.error_cause  # the ragpulse_judge_errors_total label
     return row
 
@@ -172,7 +188,8 @@ def run_batch(
             )
             _ = (
                 to_write
-                | "FormatVerdicts" >> beam.Map(lambda j: _json_line(verdict_row(j)))
+                | "FormatVerdicts"
+                >> beam.Map(lambda j: _json_line(verdict_row(j, config.judges.text_policy)))
                 | "JoinVerdictLines" >> beam.ParDo(_JoinLines())
                 | "WriteVerdicts" >> _write(out_dir / VERDICTS_FILE)
             )

@@ -16,6 +16,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from judges import JUDGE_NAMES, JudgeSpec, ReplyFormat
+from judges.redaction import (
+    REDACT_MODES,
+    STORE_TEXT_MODES,
+    RedactMode,
+    StoreText,
+    TextPolicy,
+    compile_user_patterns,
+    is_loopback_url,
+)
 from pipeline.windows import parse_duration
 
 log = logging.getLogger(__name__)
@@ -47,6 +56,15 @@ class JudgeSettings(BaseModel):
     batch_deadline_seconds: float = Field(120.0, gt=0, le=86400)
     rpm: int | None = Field(None, ge=1)
     tpm: int | None = Field(None, ge=1)
+    redact_pii: RedactMode = "auto"
+    redact_patterns: tuple[str, ...] = ()
+    store_text: StoreText = "redacted"
+
+    @field_validator("redact_patterns")
+    @classmethod
+    def _patterns_compile(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        compile_user_patterns(patterns)  # ValueError names the pattern
+        return patterns
 
     @field_validator("names")
     @classmethod
@@ -99,6 +117,7 @@ class JudgeSettings(BaseModel):
             batch_deadline_seconds=self.batch_deadline_seconds,
             rpm=self.rpm,
             tpm=self.tpm,
+            text_policy=TextPolicy(self.redact_pii, self.redact_patterns, self.store_text),
         )
 
 
@@ -224,6 +243,29 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
         "is sent (characters / 4 + --judge-max-tokens) and corrected by the usage reported "
         "(default: no limit)",
     )
+    g.add_argument(
+        "--redact-pii",
+        choices=REDACT_MODES,
+        default="auto",
+        help="replace e-mails, phone, card and IBAN numbers, IP addresses and API keys with "
+        "[EMAIL], [PHONE] ... in LLM judge prompts. auto: on unless the judge endpoint is on "
+        "loopback (default: %(default)s)",
+    )
+    g.add_argument(
+        "--redact-pattern",
+        action="append",
+        default=[],
+        metavar="REGEX",
+        help="also replace matches of this Python regex with [REDACTED] (repeatable); used "
+        "for prompts and stored text",
+    )
+    g.add_argument(
+        "--store-text",
+        choices=STORE_TEXT_MODES,
+        default="redacted",
+        help="what verdict rows keep of judge rationales and error messages, which can quote "
+        "the answer: full, redacted (PII replaced) or none (ratings only) (default: %(default)s)",
+    )
 
 
 def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> JudgeSettings:
@@ -249,7 +291,7 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
             "or --judge-base-url / OPENAI_BASE_URL (for a compatible server)"
         )
     try:
-        return JudgeSettings(
+        settings = JudgeSettings(
             names=tuple(n.strip() for n in args.judges.split(",") if n.strip()),
             backend=backend,
             base_url=base_url,
@@ -267,9 +309,21 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
             batch_deadline_seconds=args.judge_batch_deadline,
             rpm=args.judge_rpm,
             tpm=args.judge_tpm,
+            redact_pii=args.redact_pii,
+            redact_patterns=tuple(args.redact_pattern),
+            store_text=args.store_text,
         )
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc)) from None
+    if backend == "openai":
+        redacted = settings.spec().text_policy.redacts_prompts_to(base_url)
+        log.info(
+            "PII redaction of judge prompts: %s (--redact-pii %s, endpoint %s)",
+            "on" if redacted else "off",
+            args.redact_pii,
+            "on loopback" if is_loopback_url(base_url) else "not on loopback",
+        )
+    return settings
 
 
 def describe_validation_error(exc: ValidationError) -> str:
