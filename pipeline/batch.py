@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from judges import JudgeSpec
 from pipeline import stats
+from pipeline.canaries import CanaryEvent
 from pipeline.transforms import (
     COUNTER_NAMESPACE,
     LATEST_EVENT_TIME_PREFIX,
@@ -31,7 +32,8 @@ from pipeline.transforms import (
     ParseEvents,
     WindowRatings,
 )
-from pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_row
+from pipeline.verdict_rows import verdict_row
+from pipeline.windows import RatingCounts, WindowKey, window_row
 
 log = logging.getLogger(__name__)
 
@@ -66,23 +68,6 @@ class BatchResult:
 def is_failing(judged: JudgedEvent) -> bool:
     """True when some judge rated the event `no` or `error`."""
     return any(v.rating != "yes" for v in judged.verdicts)
-
-
-def verdict_row(judged: JudgedEvent) -> dict[str, Any]:
-    """The `verdicts.jsonl` row, with Agent Evaluation output field names."""
-    record = judged.record
-    row: dict[str, Any] = {
-        "request_id": record.request_id,
-        "event_time": isoformat_utc(record.event_time),
-        "app": record.app,
-        "model": record.model,
-    }
-    for v in judged.verdicts:
-        prefix = f"response/llm_judged/{v.judge}"
-        row[f"{prefix}/rating"] = v.rating
-        row[f"{prefix}/rationale"] = v.rationale
-        row[f"{prefix}/error_message"] = v.error_message
-    return row
 
 
 def _json_line(row: dict[str, Any]) -> str:
@@ -137,6 +122,7 @@ def run_batch(
     write_verdicts: bool = True,
     only_failing_verdicts: bool = False,
     keep_raw_dead_letters: bool = False,
+    canaries: Sequence[CanaryEvent] = (),
 ) -> BatchResult:
     """Run one bounded pipeline; `read(pipeline)` returns the PCollection of `SourceRecord`s.
 
@@ -144,7 +130,8 @@ def run_batch(
     and returns their content in a form the caller can merge or persist. With
     `only_failing_verdicts`, `verdicts.jsonl` holds only events some judge rated no or error.
     With `keep_raw_dead_letters` each dead-letter row also carries the whole record (`raw_b64`),
-    for re-publishing it to a dead-letter topic.
+    for re-publishing it to a dead-letter topic. `canaries` are judged with the events and
+    counted only in `ragpulse_canary_verdicts_total` (see `pipeline.canaries`).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     options = PipelineOptions(["--direct_num_workers=1"])
@@ -160,7 +147,13 @@ def run_batch(
             | "FormatDeadLetters" >> beam.Map(_dead_letter_line(keep_raw_dead_letters))
             | "WriteDeadLetters" >> _write(out_dir / DEAD_LETTER_FILE)
         )
-        judged = parsed.events | "JudgeEvents" >> JudgeEvents(
+        to_judge = parsed.events
+        if canaries:
+            to_judge = (
+                to_judge,
+                p | "GoldenCanaries" >> beam.Create(list(canaries)),
+            ) | "WithCanaries" >> beam.Flatten()
+        judged = to_judge | "JudgeEvents" >> JudgeEvents(
             config.judges, batch_size=config.judge_batch_size
         )
         if write_verdicts:
