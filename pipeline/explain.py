@@ -170,15 +170,9 @@ def _read_to_end(
                 if r.value is not None:
                     yield f"{tp.topic}/{tp.partition}@{r.offset}", r.value
             last_progress = time.monotonic()
-        for tp in list(pending):
-            position = consumer.position(tp, timeout_ms=timeout_ms)
-            # Some brokers (Tansu) list a partition's end short of its last batch; the high
-            # watermark that fetch responses carry is exact, so once known it decides.
-            highwater = consumer.highwater(tp)
-            empty = ends[tp] <= begins[tp]
-            exact = highwater is not None and position >= highwater
-            if position >= ends[tp] and (empty or exact):
-                pending.discard(tp)
+        # Some brokers (Tansu) list a partition's end at its last batch's first offset + 1;
+        # reaching that means the whole last batch was read, as batches are fetched whole.
+        pending = {tp for tp in pending if consumer.position(tp, timeout_ms=timeout_ms) < ends[tp]}
         if pending and time.monotonic() - last_progress > timeout_s:
             stuck = ", ".join(f"{tp.topic}/{tp.partition}" for tp in sorted(pending))
             raise SourceError(f"no progress reading {stuck} for {timeout_s:.0f}s")
