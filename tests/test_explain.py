@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from judges import JudgeSpec
 from pipeline.batch import BatchConfig
 from pipeline.cli import main as ragpulse
 from pipeline.run import run_file
+from pipeline.windows import isoformat_utc
 
 SAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "samples" / "events.jsonl"
 
@@ -190,3 +192,25 @@ def test_an_output_directory_without_verdicts_is_named_in_the_error(
     assert (code, err.strip()) == (
         1, f"ragpulse explain: --run-output {tmp_path / 'missing'} is not a directory"
     )
+
+
+def test_window_alone_means_the_last_duration_up_to_now(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    now = time.time()
+    rows = [
+        {
+            "request_id": request_id,
+            "event_time": isoformat_utc(now - age),
+            "app": "bot",
+            "model": "m",
+            "response/llm_judged/safety/rating": "no",
+            "response/llm_judged/safety/rationale": "unsafe",
+            "response/llm_judged/safety/error_message": None,
+        }
+        for request_id, age in (("recent", 30.0), ("two-hours-ago", 7200.0))
+    ]
+    (tmp_path / "verdicts.jsonl").write_bytes(b"\n".join(orjson.dumps(r) for r in rows) + b"\n")
+    code, out, _ = explain(capsys, "--run-output", str(tmp_path), "--window", "1h", "--json")
+    assert code == 0
+    assert [r["request_id"] for r in json_rows(out)] == ["recent"]

@@ -12,7 +12,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -283,6 +283,7 @@ def test_serve_judges_canaries_without_counting_them_as_traffic(
     assert serve.terminate() == 0
 
 
+@pytest.mark.slow
 def test_serve_refuses_a_bad_canary_file_naming_the_file_and_line(tmp_path: Path) -> None:
     bad = tmp_path / "golden.jsonl"
     bad.write_text(CANARIES.read_text().splitlines()[0] + "\n" + '{"request": "q"}\n')
@@ -296,3 +297,38 @@ def test_serve_refuses_a_bad_canary_file_naming_the_file_and_line(tmp_path: Path
         "'trace'; one of them is required"
     )
     assert not (tmp_path / "s.sqlite").exists()  # refused before anything was opened
+
+
+@pytest.mark.slow
+def test_explain_with_a_window_reads_no_row_published_long_before_it(
+    broker: TansuBroker,
+) -> None:
+    topic = "seek.verdicts"
+    broker.create_topic(topic, 1)
+    now = time.time()
+    # Rows published two days ago; made unreadable on purpose, so that reading them would
+    # show as a warning.
+    broker.produce(topic, [b"old and not a verdict row"] * 3, partition=0,
+                   timestamp_ms=int((now - 2 * 86400) * 1000))
+    recent = {
+        "request_id": "recent-1",
+        "event_time": datetime.fromtimestamp(now - 60, tz=UTC).isoformat(),
+        "app": "bot",
+        "model": "m",
+        "response/llm_judged/groundedness/rating": "no",
+        "response/llm_judged/groundedness/rationale": "the claim '42' is in no chunk",
+        "response/llm_judged/groundedness/error_message": None,
+    }
+    broker.produce(topic, [json.dumps(recent).encode()], partition=0)
+    source = ["--kafka-bootstrap", broker.bootstrap, "--verdicts-topic", topic, "--json"]
+
+    windowed = ragpulse("explain", *source, "--window", "10m")
+    assert windowed.returncode == 0, windowed.stderr
+    assert [json.loads(line)["request_id"] for line in windowed.stdout.splitlines()] == [
+        "recent-1"
+    ]
+    assert "skipped" not in windowed.stderr
+    # Without a window every row is read, and the bad ones are named.
+    everything = ragpulse("explain", *source)
+    assert everything.returncode == 0
+    assert everything.stderr.count(f"skipped {topic}/0@") == 3
