@@ -32,12 +32,11 @@ from pipeline.transforms import (
     ParseEvents,
     WindowRatings,
 )
-from pipeline.verdict_rows import verdict_row
+from pipeline.verdict_rows import VERDICTS_FILE, verdict_row
 from pipeline.windows import RatingCounts, WindowKey, window_row
 
 log = logging.getLogger(__name__)
 
-VERDICTS_FILE = "verdicts.jsonl"
 WINDOWS_FILE = "windows.jsonl"
 DEAD_LETTER_FILE = "dead_letter.jsonl"
 

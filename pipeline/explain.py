@@ -29,10 +29,14 @@ from kafka.errors import KafkaError
 
 from pipeline.config import SettingsError, positive_duration
 from pipeline.report import parse_time
-from pipeline.verdict_rows import FailingVerdict, InvalidVerdictRow, failing_verdicts
+from pipeline.verdict_rows import (
+    VERDICTS_FILE,
+    FailingVerdict,
+    InvalidVerdictRow,
+    failing_verdicts,
+)
 from pipeline.windows import isoformat_utc
 
-VERDICTS_FILE = "verdicts.jsonl"  # the name pipeline.batch writes; not imported to spare Beam
 # Serve publishes a row after judging its event, so the row's record time is later than its
 # event time, unless the chatbot's clock runs ahead of serve's. Seeking by record time this far
 # before the window covers that skew.
@@ -253,7 +257,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--topic", help="serve's inference-log topic; rows are read from TOPIC.verdicts"
     )
-    src.add_argument("--verdicts-topic", help="the verdicts topic, when serve was given one")
+    src.add_argument(
+        "--verdicts-topic", metavar="TOPIC", help="the verdicts topic, when serve was given one"
+    )
     src.add_argument(
         "--kafka-timeout",
         type=positive_duration,
@@ -280,6 +286,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "--limit",
         type=int,
         default=50,
+        metavar="N",
         help="show the N most recent (default: %(default)s; 0 shows all)",
     )
     p.add_argument("--json", action="store_true", help="JSON lines instead of a table")

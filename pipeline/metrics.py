@@ -98,29 +98,11 @@ def latest_failing_examples(
             continue
         k = stats.key(VERDICTS, judge=v.judge, rating=v.rating, app=v.app, model=v.model)
         found = FailingExample(v.request_id, v.event_time)
-        if k not in latest or _later(found, latest[k]):
+        if k not in latest or (found.timestamp, found.request_id) > (
+            latest[k].timestamp, latest[k].request_id
+        ):
             latest[k] = found
     return latest
-
-
-def _later(a: FailingExample, b: FailingExample) -> bool:
-    return (a.timestamp, a.request_id) > (b.timestamp, b.request_id)
-
-
-def merge_examples(
-    saved: Mapping[stats.CounterKey, FailingExample],
-    new: Mapping[stats.CounterKey, FailingExample],
-) -> dict[stats.CounterKey, FailingExample]:
-    """`saved` updated with the later examples of `new`.
-
-    Never moves a series' exemplar back in time: Prometheus rejects an exemplar older than the
-    one it holds for the series.
-    """
-    merged = dict(saved)
-    for k, example in new.items():
-        if k not in merged or _later(example, merged[k]):
-            merged[k] = example
-    return merged
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ from pipeline.windows import isoformat_utc
 if TYPE_CHECKING:
     from pipeline.transforms import JudgedEvent
 
+VERDICTS_FILE = "verdicts.jsonl"  # where a file run writes its rows
 _PREFIX = "response/llm_judged/"
 _RATING_SUFFIX = "/rating"
 

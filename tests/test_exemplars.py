@@ -17,7 +17,6 @@ from pipeline.metrics import (
     FailingExample,
     MetricsSnapshot,
     latest_failing_examples,
-    merge_examples,
     registry_for,
 )
 from pipeline.state import ExemplarPointer, StateStore
@@ -77,13 +76,6 @@ def test_a_request_id_too_long_for_an_exemplar_is_passed_over_for_the_next_lates
     rows = [row(long_id, "2025-11-20T10:00:09Z", "no"), row("short", "2025-11-20T10:00:01Z", "no")]
     latest = latest_failing_examples(v for r in rows for v in failing_verdicts(r))
     assert latest[verdicts_key("groundedness", "no")].request_id == "short"
-
-
-def test_merging_never_moves_an_exemplar_back_in_time() -> None:
-    k = verdicts_key("groundedness", "no")
-    saved = {k: FailingExample("new", 200.0)}
-    assert merge_examples(saved, {k: FailingExample("replayed-old", 100.0)}) == saved
-    assert merge_examples(saved, {k: FailingExample("newer", 300.0)})[k].request_id == "newer"
 
 
 def test_a_row_that_is_not_a_verdict_row_is_refused_with_the_reason() -> None:
