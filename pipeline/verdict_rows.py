@@ -71,7 +71,7 @@ def failing_verdicts(row: Mapping[str, Any]) -> Iterator[FailingVerdict]:
     if not all(isinstance(v, str) for v in (request_id, app, model)):
         raise InvalidVerdictRow("request_id, app and model must be strings")
     for field, rating in row.items():
-        if not (field.startswith(_PREFIX) and field.endswith(_RATING_SUFFIX)):
+        if not field.endswith(_RATING_SUFFIX) or not field.startswith(_PREFIX):
             continue
         if rating not in ("yes", "no", "error"):
             raise InvalidVerdictRow(f"{field} is {rating!r}, not yes, no or error")
