@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.utils.windowed_value import WindowedValue
 
-from judges import JudgeSpec, TextPolicy
+from judges import JudgeSpec
 from pipeline import stats
+from pipeline.canaries import CanaryEvent
 from pipeline.transforms import (
     COUNTER_NAMESPACE,
     LATEST_EVENT_TIME_PREFIX,
@@ -31,11 +32,11 @@ from pipeline.transforms import (
     ParseEvents,
     WindowRatings,
 )
-from pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_row
+from pipeline.verdict_rows import VERDICTS_FILE, verdict_row
+from pipeline.windows import RatingCounts, WindowKey, window_row
 
 log = logging.getLogger(__name__)
 
-VERDICTS_FILE = "verdicts.jsonl"
 WINDOWS_FILE = "windows.jsonl"
 DEAD_LETTER_FILE = "dead_letter.jsonl"
 
@@ -66,40 +67,6 @@ class BatchResult:
 def is_failing(judged: JudgedEvent) -> bool:
     """True when some judge rated the event `no` or `error`."""
     return any(v.rating != "yes" for v in judged.verdicts)
-
-
-def verdict_row(judged: JudgedEvent, policy: TextPolicy) -> dict[str, Any]:
-    """The `verdicts.jsonl` row (also what serve publishes), with Agent Evaluation field names.
-
-    Request id, event time, app, model and ratings are kept as they are. Rationales and error
-    messages are user text, as they can quote the question or the answer: `policy.store_text`
-    keeps them in full, redacted (PII and operator patterns replaced, the default), or not at
-    all ("none": no rationale, and an error message that only names the error's cause).
-    """
-    record = judged.record
-    row: dict[str, Any] = {
-        "request_id": record.request_id,
-        "event_time": isoformat_utc(record.event_time),
-        "app": record.app,
-        "model": record.model,
-    }
-    store = policy.store_text
-    redact = policy.redactor().redact
-    for v in judged.verdicts:
-        prefix = f"response/llm_judged/{v.judge}"
-        rationale, error = v.rationale, v.error_message
-        if store == "none":
-            rationale = None
-            if error is not None:
-                error = f"{v.error_cause or 'error'} (message not stored: --store-text none)"
-        elif store == "redacted":
-            rationale = redact(rationale) if rationale else rationale
-            error = redact(error) if error else error
-        row[f"{prefix}/rating"] = v.rating
-        row[f"{prefix}/rationale"] = rationale
-        row[f"{prefix}/error_message"] = error
-        row[f"{prefix}/error_cause"] = v.error_cause  # the ragpulse_judge_errors_total label
-    return row
 
 
 def _json_line(row: dict[str, Any]) -> str:
@@ -154,6 +121,7 @@ def run_batch(
     write_verdicts: bool = True,
     only_failing_verdicts: bool = False,
     keep_raw_dead_letters: bool = False,
+    canaries: Sequence[CanaryEvent] = (),
 ) -> BatchResult:
     """Run one bounded pipeline; `read(pipeline)` returns the PCollection of `SourceRecord`s.
 
@@ -161,7 +129,8 @@ def run_batch(
     and returns their content in a form the caller can merge or persist. With
     `only_failing_verdicts`, `verdicts.jsonl` holds only events some judge rated no or error.
     With `keep_raw_dead_letters` each dead-letter row also carries the whole record (`raw_b64`),
-    for re-publishing it to a dead-letter topic.
+    for re-publishing it to a dead-letter topic. `canaries` are judged with the events and
+    counted only in `ragpulse_canary_verdicts_total` (see `pipeline.canaries`).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     options = PipelineOptions(["--direct_num_workers=1"])
@@ -177,7 +146,13 @@ def run_batch(
             | "FormatDeadLetters" >> beam.Map(_dead_letter_line(keep_raw_dead_letters))
             | "WriteDeadLetters" >> _write(out_dir / DEAD_LETTER_FILE)
         )
-        judged = parsed.events | "JudgeEvents" >> JudgeEvents(
+        to_judge = parsed.events
+        if canaries:
+            to_judge = (
+                to_judge,
+                p | "GoldenCanaries" >> beam.Create(list(canaries)),
+            ) | "WithCanaries" >> beam.Flatten()
+        judged = to_judge | "JudgeEvents" >> JudgeEvents(
             config.judges, batch_size=config.judge_batch_size
         )
         if write_verdicts:

@@ -38,8 +38,9 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_time(text: str) -> float:
-    """Epoch seconds from epoch seconds or ISO 8601 text (no zone means UTC)."""
+def parse_time(text: str, flag: str = "--since") -> float:
+    """Epoch seconds from epoch seconds or ISO 8601 text (no zone means UTC); `flag` names the
+    option in the error."""
     try:
         return float(text)
     except ValueError:
@@ -47,5 +48,5 @@ def parse_time(text: str) -> float:
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
-        raise SettingsError(f"--since {text!r} is neither ISO 8601 nor epoch seconds") from None
+        raise SettingsError(f"{flag} {text!r} is neither ISO 8601 nor epoch seconds") from None
     return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()

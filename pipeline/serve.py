@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline import stats
 from pipeline.batch import VERDICTS_FILE, BatchConfig, BatchResult, run_batch
+from pipeline.canaries import CanaryFeed, GoldenSetError, load_golden_set
 from pipeline.config import (
     JudgeSettings,
     SettingsError,
@@ -67,9 +68,15 @@ from pipeline.kafka_source import (
     produce_acknowledged,
     produce_dead_letters,
 )
-from pipeline.metrics import MetricsSnapshot, registry_for
-from pipeline.state import CounterIncrement, StateStore, WindowPartial
+from pipeline.metrics import (
+    FailingExample,
+    MetricsSnapshot,
+    latest_failing_examples,
+    registry_for,
+)
+from pipeline.state import CounterIncrement, ExemplarPointer, StateStore, WindowPartial
 from pipeline.transforms import SourceRecord
+from pipeline.verdict_rows import failing_verdicts
 from pipeline.watermark import closed_before, compute_watermark, merge_latest
 from pipeline.windows import RatingCounts, WindowKey
 
@@ -102,6 +109,8 @@ class ServeSettings(BaseModel):
     kafka_timeout_seconds: float = Field(gt=0)
     max_event_bytes: int = Field(ge=1024)
     kafka_security: KafkaSecurity = PLAINTEXT
+    canary_file: Path | None = None
+    canary_rate_per_minute: float = Field(1.0, gt=0, le=10_000)
 
 
 def _record(topic: str) -> Callable[[KafkaRecord], SourceRecord]:
@@ -140,6 +149,7 @@ class TopicWatcher:
 
     def __init__(self, settings: ServeSettings) -> None:
         self.settings = settings
+        self._canaries = _canary_feed(settings)
         self.state = StateStore(settings.state)
         self._producer: KafkaProducer | None = None
         self._lock = threading.Lock()
@@ -179,10 +189,12 @@ class TopicWatcher:
         cutoff = closed_before(previous_wm, s.allowed_lateness_seconds)
         latest = self.state.latest_event_times(topic)
         result: BatchResult | None = None
+        examples: list[ExemplarPointer] = []
         if ranges:
             started = time.perf_counter()
             result, letters, verdicts = self._judge(ranges, cutoff)
             self._publish(letters, verdicts)
+            examples = _exemplar_pointers(verdicts)
             batch_latest = {_partition_of(k): v for k, v in result.latest_event_time.items()}
             latest = merge_latest(latest, batch_latest)
             self.cycle_metrics.duration.observe(time.perf_counter() - started)
@@ -200,6 +212,7 @@ class TopicWatcher:
             latest_event_times=latest,
         )
         _log_completed(completed)
+        self.state.save_exemplars(examples)
         if watermark is not None:
             self.state.prune_windows(ended_before=watermark - s.retention_seconds)
         if new_offsets:
@@ -278,6 +291,7 @@ class TopicWatcher:
                 write_verdicts=s.publish_verdicts != "none",
                 only_failing_verdicts=s.publish_verdicts == "failing",
                 keep_raw_dead_letters=True,
+                canaries=self._canaries.take(time.time()) if self._canaries else (),
             )
             letters = list(_dead_letters(result.dead_letter_path))
             verdicts = (
@@ -349,7 +363,11 @@ class TopicWatcher:
             )
         with self._lock:
             lag = dict(self._lag)
-        return MetricsSnapshot(counts, complete, in_progress, gauges, lag)
+        exemplars = {
+            stats.key(e.name, **e.labels): FailingExample(e.request_id, e.timestamp)
+            for e in self.state.exemplars()
+        }
+        return MetricsSnapshot(counts, complete, in_progress, gauges, lag, exemplars)
 
     def _refresh_snapshot(self) -> None:
         snap = self._load_snapshot()
@@ -471,6 +489,33 @@ def _partials(windows: Mapping[WindowKey, RatingCounts]) -> list[WindowPartial]:
 
 def _increments(counts: Mapping[stats.CounterKey, float]) -> list[CounterIncrement]:
     return [CounterIncrement(name, dict(labels), value) for (name, labels), value in counts.items()]
+
+
+def _canary_feed(settings: ServeSettings) -> CanaryFeed | None:
+    if settings.canary_file is None:
+        return None
+    try:
+        golden = load_golden_set(settings.canary_file, settings.judges.names)
+    except GoldenSetError as exc:
+        raise SettingsError(str(exc)) from None
+    log.info(
+        "canaries: %d golden events from %s, %g per minute",
+        len(golden),
+        settings.canary_file,
+        settings.canary_rate_per_minute,
+    )
+    return CanaryFeed(golden, settings.canary_rate_per_minute, time.time())
+
+
+def _exemplar_pointers(verdicts: Iterable[OutputRecord]) -> list[ExemplarPointer]:
+    """The latest failing answer per verdict series among the rows this cycle published."""
+    latest = latest_failing_examples(
+        v for record in verdicts for v in failing_verdicts(orjson.loads(record.value))
+    )
+    return [
+        ExemplarPointer(name, dict(labels), example.request_id, example.timestamp)
+        for (name, labels), example in latest.items()
+    ]
 
 
 def _verdict_records(path: Path) -> Iterator[OutputRecord]:
@@ -660,6 +705,23 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="how long complete windows stay in the state file for `ragpulse windows`, in event "
         "time (default: 30d); counters are never pruned",
     )
+    c = p.add_argument_group("judge canaries")
+    c.add_argument(
+        "--canary-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="golden set: JSON Lines of events with human labels, e.g. "
+        '{..., "labels": {"groundedness": "no"}}; they are judged with the traffic and '
+        "counted only in ragpulse_canary_verdicts_total (default: no canaries)",
+    )
+    c.add_argument(
+        "--canary-rate",
+        type=float,
+        default=1.0,
+        metavar="N",
+        help="golden events judged per minute, in turn (default: %(default)s)",
+    )
     add_judge_arguments(p)
 
 
@@ -688,6 +750,8 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
             kafka_timeout_seconds=args.kafka_timeout,
             max_event_bytes=args.max_event_bytes,
             kafka_security=security_from_args(args),
+            canary_file=args.canary_file,
+            canary_rate_per_minute=args.canary_rate,
         )
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc)) from None

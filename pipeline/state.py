@@ -60,6 +60,19 @@ CREATE TABLE IF NOT EXISTS partition_event_times (
 """
 
 
+# Exemplar pointers came after schema 1; a file without the table gets it at open, and older
+# ragpulse versions ignore it, so no schema bump is needed.
+_EXEMPLARS_TABLE = """
+CREATE TABLE IF NOT EXISTS exemplars (
+    name TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    timestamp REAL NOT NULL,
+    PRIMARY KEY (name, labels)
+)
+"""
+
+
 class StateError(RuntimeError):
     """The state file cannot be used (newer schema, or a cycle that contradicts it)."""
 
@@ -96,6 +109,16 @@ class CounterValue:
     value: float
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExemplarPointer:
+    """The failing answer (request_id, event time) a counter series' exemplar names."""
+
+    name: str
+    labels: Mapping[str, str]
+    request_id: str
+    timestamp: float
+
+
 def _labels_key(labels: Mapping[str, str]) -> str:
     return json.dumps(dict(labels), sort_keys=True, separators=(",", ":"))
 
@@ -128,6 +151,7 @@ class StateStore:
                     self._db.execute(statement)
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             self._db.execute("COMMIT")
+        self._db.execute(_EXEMPLARS_TABLE)
 
     @property
     def schema_version(self) -> int:
@@ -301,6 +325,37 @@ class StateStore:
         """Cumulative counter values, to seed Prometheus counters at start-up."""
         rows = self._db.execute("SELECT name, labels, value FROM counters ORDER BY name, labels")
         return [CounterValue(r["name"], json.loads(r["labels"]), r["value"]) for r in rows]
+
+    def save_exemplars(self, exemplars: Iterable[ExemplarPointer]) -> None:
+        """Keep, per counter series, the failing answer with the latest event time.
+
+        Saved after the cycle's own transaction: they are pointers for people, not counts, and
+        a crash in between loses only that cycle's pointers.
+        """
+        rows = [(e.name, _labels_key(e.labels), e.request_id, e.timestamp) for e in exemplars]
+        if not rows:
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.executemany(
+                "INSERT INTO exemplars (name, labels, request_id, timestamp) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (name, labels) DO UPDATE SET request_id = excluded.request_id, "
+                "timestamp = excluded.timestamp WHERE (excluded.timestamp, excluded.request_id) "
+                "> (exemplars.timestamp, exemplars.request_id)",
+                rows,
+            )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    def exemplars(self) -> list[ExemplarPointer]:
+        """The saved exemplar of every failing verdict series."""
+        rows = self._db.execute("SELECT * FROM exemplars ORDER BY name, labels")
+        return [
+            ExemplarPointer(r["name"], json.loads(r["labels"]), r["request_id"], r["timestamp"])
+            for r in rows
+        ]
 
     def watermark(self, topic: str) -> float | None:
         row = self._db.execute(

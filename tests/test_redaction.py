@@ -20,11 +20,11 @@ from judges.redaction import (
     is_loopback_url,
     luhn_valid,
 )
-from pipeline.batch import verdict_row
 from pipeline.cli import main
 from pipeline.config import SettingsError, add_judge_arguments, judge_settings
 from pipeline.events import InferenceRecord
 from pipeline.transforms import JudgedEvent
+from pipeline.verdict_rows import verdict_row
 
 # (planted item, placeholder): one of each kind the redactor knows.
 PLANTED: list[tuple[str, str]] = [
