@@ -9,6 +9,14 @@ source of truth). A crash at any point therefore replays at most the cycle in fl
 counts were not saved: nothing is lost and nothing is counted twice. Dead-letter records of a
 replayed cycle may be produced twice (at least once); their headers carry the source partition
 and offset to deduplicate on.
+
+What can still go wrong is counted and logged, never silent (see README, "Reliability"):
+a saved offset outside the partition (topic recreated or truncated, retention ahead of serve) is
+handled by --on-offset-reset and counted in `ragpulse_offset_resets_total` and
+`ragpulse_records_lost_total`; output records the broker refuses for good, or still does not
+acknowledge after --undeliverable-after, are counted in
+`ragpulse_dead_letters_undeliverable_total` and the cycle moves on; a state file that cannot be
+used stops serve with one line saying what to do (--state-reset).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -47,25 +56,48 @@ from pipeline.config import (
     sample_rate,
 )
 from pipeline.kafka_source import (
+    RECORDS_LOST,
     DeadLetter,
+    Delivery,
     KafkaRecord,
+    LogBounds,
+    OffsetReset,
     OutputRecord,
     ReadKafkaRanges,
-    beginning_offsets,
     commit_offsets,
+    committed_offsets,
     consumer_lag,
+    deliver,
     end_offsets,
+    log_bounds,
+    offset_resets,
     plan_batch,
-    produce_acknowledged,
-    produce_dead_letters,
+    reset_starts,
 )
 from pipeline.metrics import MetricsSnapshot, registry_for
-from pipeline.state import CounterIncrement, StateStore, WindowPartial
+from pipeline.state import CounterIncrement, StateError, StateStore, WindowPartial
 from pipeline.transforms import SourceRecord
 from pipeline.watermark import closed_before, compute_watermark, merge_latest
 from pipeline.windows import RatingCounts, WindowKey
 
 log = logging.getLogger(__name__)
+
+OFFSET_RESETS = "ragpulse_offset_resets_total"
+UNDELIVERABLE = "ragpulse_dead_letters_undeliverable_total"
+# A delivery failure that may clear up is given up on only after --undeliverable-after AND this
+# many failed attempts, so that a broker just back from an outage gets a few tries.
+MIN_DELIVERY_ATTEMPTS = 3
+EXIT_OFFSET_RESET = 3
+RESET_KINDS = ("beyond_end", "below_start")
+LOSS_REASONS = ("retention", "topic_reset")
+
+
+class OffsetResetRefused(RuntimeError):
+    """A saved offset is outside its partition and --on-offset-reset is `fail`."""
+
+
+class PublishError(RuntimeError):
+    """Output records were not acknowledged and --undeliverable-after has not passed yet."""
 
 
 class ServeSettings(BaseModel):
@@ -93,11 +125,16 @@ class ServeSettings(BaseModel):
     retention_seconds: float = Field(gt=0)
     kafka_timeout_seconds: float = Field(gt=0)
     max_event_bytes: int = Field(ge=1024)
+    on_offset_reset: Literal["earliest", "latest", "fail"] = "earliest"
+    undeliverable_after_seconds: float = Field(default=600.0, gt=0)
+    state_reset: bool = False
 
 
 def _record(topic: str) -> Callable[[KafkaRecord], SourceRecord]:
     def to_source(r: KafkaRecord) -> SourceRecord:
-        return SourceRecord(r.value, f"{topic}/{r.partition}", r.offset, r.timestamp_s)
+        return SourceRecord(
+            r.value, f"{topic}/{r.partition}", r.offset, r.timestamp_s, r.oversize_bytes
+        )
 
     return to_source
 
@@ -131,8 +168,11 @@ class TopicWatcher:
 
     def __init__(self, settings: ServeSettings) -> None:
         self.settings = settings
-        self.state = StateStore(settings.state)
+        self.state = open_state(settings.state, reset=settings.state_reset)
         self._producer: KafkaProducer | None = None
+        self._group_offsets: dict[int, int] | None = None  # asked once, for a fresh state
+        self._delivery_failing_since: float | None = None
+        self._delivery_failures = 0
         self._lock = threading.Lock()
         self._lag: dict[tuple[str, int], int] = {}
         self._heartbeat = time.time()  # start-up counts as alive until the first cycle fails
@@ -145,23 +185,15 @@ class TopicWatcher:
         """Read, judge and save one micro-batch; returns how many records it covered."""
         s = self.settings
         topic = s.topic
-        ends = end_offsets(s.bootstrap, topic, timeout_s=s.kafka_timeout_seconds)
+        bounds = log_bounds(s.bootstrap, topic, timeout_s=s.kafka_timeout_seconds)
+        ends = bounds.ends
         saved = self.state.offsets(topic)
-        beginnings = (
-            beginning_offsets(s.bootstrap, topic, timeout_s=s.kafka_timeout_seconds)
-            if any(p not in saved for p in ends)
-            else {}
+        starts = {**self._fresh_starts(saved, bounds), **saved}
+        reset_to, increments = self._apply_reset_policy(
+            offset_resets(starts, bounds.beginnings, ends, bounds.unconfirmed_ends)
         )
-        for p, end in ends.items():
-            if p in saved and end < saved[p]:
-                log.warning(
-                    "partition %d ends at offset %d, behind the saved offset %d: the topic was "
-                    "truncated or recreated; waiting for it to reach the saved offset",
-                    p,
-                    end,
-                    saved[p],
-                )
-        ranges = plan_batch(saved, ends, s.max_batch_events, beginnings)
+        starts.update(reset_to)
+        ranges = plan_batch(starts, ends, s.max_batch_events, bounds.beginnings)
         previous_wm = self.state.watermark(topic)
         cutoff = closed_before(previous_wm, s.allowed_lateness_seconds)
         latest = self.state.latest_event_times(topic)
@@ -169,7 +201,8 @@ class TopicWatcher:
         if ranges:
             started = time.perf_counter()
             result, letters, verdicts = self._judge(ranges, cutoff)
-            self._publish(letters, verdicts)
+            increments += self._publish(letters, verdicts)
+            increments += _increments(result.counts)
             batch_latest = {_partition_of(k): v for k, v in result.latest_event_time.items()}
             latest = merge_latest(latest, batch_latest)
             self.cycle_metrics.duration.observe(time.perf_counter() - started)
@@ -181,20 +214,22 @@ class TopicWatcher:
             topic,
             _partials(result.windows) if result else [],
             new_offsets,
-            _increments(result.counts) if result else [],
+            increments,
             closed_before(watermark, s.allowed_lateness_seconds),
             watermark=watermark,
             latest_event_times=latest,
+            reset_offsets=reset_to,
         )
+        self._delivery_failing_since, self._delivery_failures = None, 0
         _log_completed(completed)
         if watermark is not None:
             self.state.prune_windows(ended_before=watermark - s.retention_seconds)
-        if new_offsets:
+        if new_offsets or reset_to:
             self._commit_group_offsets()
         # The lag is measured against the ends as they are NOW: measured against the ends seen
         # at the start of the cycle it would read 0 after every cycle that caught up with them,
         # however much arrived while the cycle ran (a 16 s cycle at 3,000 events/s hid 48,000).
-        self._update_lag(self._ends_after_cycle(ends) if ranges else ends, beginnings)
+        self._update_lag(self._ends_after_cycle(ends) if ranges else ends, starts)
         self._refresh_snapshot()
         covered = sum(stop - start for start, stop in ranges.values())
         if result is not None:
@@ -207,9 +242,79 @@ class TopicWatcher:
             )
         return covered
 
-    def _update_lag(self, ends: Mapping[int, int], beginnings: Mapping[int, int]) -> None:
+    def _fresh_starts(self, saved: Mapping[int, int], bounds: LogBounds) -> dict[int, int]:
+        """Start offsets of partitions with no saved offset: the log start, except that a
+        fresh state (no offset saved for the topic) goes on from the consumer group's
+        committed offsets, where a previous state file had got to (see --state-reset)."""
+        s = self.settings
+        missing = [p for p in bounds.ends if p not in saved]
+        if not missing:
+            return {}
+        if not saved and self._group_offsets is None:
+            self._group_offsets = committed_offsets(
+                s.bootstrap, s.group_id, s.topic, timeout_s=s.kafka_timeout_seconds
+            )
+            if self._group_offsets:
+                log.warning(
+                    "no offsets saved for %s in %s: going on from consumer group %s's committed "
+                    "offsets %s (other partitions from their log start)",
+                    s.topic,
+                    s.state,
+                    s.group_id,
+                    self._group_offsets,
+                )
+        group = self._group_offsets or {}
+        return {p: group.get(p, bounds.beginnings.get(p, 0)) for p in missing}
+
+    def _apply_reset_policy(
+        self, resets: list[OffsetReset]
+    ) -> tuple[dict[int, int], list[CounterIncrement]]:
+        """Log each reset as an error and apply --on-offset-reset: the offsets to go on from
+        and the counter increments (resets by kind, records skipped by reason)."""
+        s = self.settings
+        if not resets:
+            return {}, []
+        for r in resets:
+            log.error(
+                "%s/%d: saved offset %d is %s the partition (log start %d, end %d): %s",
+                s.topic,
+                r.partition,
+                r.saved,
+                "beyond the end of" if r.kind == "beyond_end" else "below the log start of",
+                r.log_start,
+                r.log_end,
+                "the topic was recreated, truncated or emptied"
+                if r.kind == "beyond_end"
+                else "retention deleted records before ragpulse read them",
+            )
+        if s.on_offset_reset == "fail":
+            raise OffsetResetRefused(
+                f"offsets saved in {s.state} are outside topic {s.topic!r} (partitions "
+                f"{', '.join(str(r.partition) for r in resets)}) and --on-offset-reset is fail: "
+                "check the topic, then restart with --on-offset-reset earliest (read what the "
+                "partition holds) or latest (skip to its end)"
+            )
+        starts, lost = reset_starts(resets, s.on_offset_reset)
+        log.error(
+            "going on from offsets %s (--on-offset-reset %s); records skipped: %s",
+            starts,
+            s.on_offset_reset,
+            lost or "none",
+        )
+        kinds = Tally(r.kind for r in resets)
+        resets_by_kind = [
+            CounterIncrement(OFFSET_RESETS, {"topic": s.topic, "kind": k}, n)
+            for k, n in kinds.items()
+        ]
+        lost_by_reason = [
+            CounterIncrement(RECORDS_LOST, {"topic": s.topic, "reason": why}, n)
+            for why, n in lost.items()
+        ]
+        return starts, resets_by_kind + lost_by_reason
+
+    def _update_lag(self, ends: Mapping[int, int], starts: Mapping[int, int]) -> None:
         topic = self.settings.topic
-        offsets = {**{p: beginnings.get(p, 0) for p in ends}, **self.state.offsets(topic)}
+        offsets = {**starts, **self.state.offsets(topic)}
         with self._lock:
             self._lag = {(topic, p): n for p, n in consumer_lag(offsets, ends).items()}
 
@@ -240,7 +345,11 @@ class TopicWatcher:
                 p
                 | "ReadKafka"
                 >> ReadKafkaRanges(
-                    s.bootstrap, s.topic, ranges, stall_timeout_s=s.kafka_timeout_seconds
+                    s.bootstrap,
+                    s.topic,
+                    ranges,
+                    stall_timeout_s=s.kafka_timeout_seconds,
+                    max_value_bytes=s.max_event_bytes,
                 )
                 | "ToSourceRecord" >> beam.Map(_record(s.topic))
             )
@@ -262,10 +371,55 @@ class TopicWatcher:
             )
             return result, letters, verdicts
 
-    def _publish(self, letters: list[DeadLetter], verdicts: list[OutputRecord]) -> None:
-        """Dead letters and verdict rows, acknowledged before the cycle saves its offsets."""
+    def _publish(
+        self, letters: list[DeadLetter], verdicts: list[OutputRecord]
+    ) -> list[CounterIncrement]:
+        """Dead letters and verdict rows, acknowledged before the cycle saves its offsets.
+
+        Records refused for good (too large, rejected by the broker's validation) are counted
+        as undeliverable at once. Records not acknowledged for a reason that may clear up fail
+        the cycle, which is retried as after any failure, until delivery has failed for
+        --undeliverable-after (and at least MIN_DELIVERY_ATTEMPTS times): then they are counted
+        as undeliverable too and the cycle moves on. Returns the counter increments.
+        """
         if not letters and not verdicts:
-            return
+            return []
+        s = self.settings
+        producer = self._get_producer()
+        outputs = [(s.dead_letter_topic, [letter.to_record() for letter in letters])]
+        if verdicts:
+            outputs.append((s.verdicts_topic, verdicts))
+        timeout = s.kafka_timeout_seconds
+        deliveries = [deliver(producer, t, rows, timeout_s=timeout) for t, rows in outputs if rows]
+        for d in deliveries:
+            if d.delivered:
+                log.info("published %d records to %s", d.delivered, d.topic)
+        waiting = [(d.topic, why) for d in deliveries for _, why in d.unacknowledged]
+        if waiting:
+            now = time.monotonic()
+            if self._delivery_failing_since is None:
+                self._delivery_failing_since = now
+            self._delivery_failures += 1
+            failing_for = now - self._delivery_failing_since
+            if (
+                failing_for < s.undeliverable_after_seconds
+                or self._delivery_failures < MIN_DELIVERY_ATTEMPTS
+            ):
+                topic, why = waiting[0]
+                raise PublishError(
+                    f"{len(waiting)} records not acknowledged by {topic} ({why}); delivery has "
+                    f"failed for {failing_for:.0f}s, given up after "
+                    f"{s.undeliverable_after_seconds:.0f}s (--undeliverable-after)"
+                )
+        increments = []
+        for d in deliveries:
+            lost = d.refused + d.unacknowledged  # unacknowledged ones get here past the budget
+            if lost:
+                _log_undeliverable(d)
+                increments.append(CounterIncrement(UNDELIVERABLE, {"topic": d.topic}, len(lost)))
+        return increments
+
+    def _get_producer(self) -> KafkaProducer:
         if self._producer is None:
             timeout_ms = int(self.settings.kafka_timeout_seconds * 1000)
             self._producer = KafkaProducer(
@@ -278,19 +432,7 @@ class TopicWatcher:
                 bootstrap_timeout_ms=timeout_ms,
                 max_block_ms=timeout_ms,
             )
-        s = self.settings
-        if letters:
-            sent = produce_dead_letters(
-                self._producer, s.dead_letter_topic, letters, timeout_s=s.kafka_timeout_seconds
-            )
-            log.info("sent %d dead letters to %s", sent, s.dead_letter_topic)
-        if verdicts:
-            sent = produce_acknowledged(
-                self._producer, s.verdicts_topic, verdicts, timeout_s=s.kafka_timeout_seconds
-            )
-            log.info(
-                "published %d %s verdict rows to %s", sent, s.publish_verdicts, s.verdicts_topic
-            )
+        return self._producer
 
     def _commit_group_offsets(self) -> None:
         s = self.settings
@@ -310,6 +452,8 @@ class TopicWatcher:
         counts = stats.merge(
             (stats.key(c.name, **c.labels), c.value) for c in self.state.counters()
         )
+        for zero in self._zero_counters():
+            counts.setdefault(zero, 0)
         complete, in_progress = _split_windows(self.state.current_windows())
         wm = self.state.watermark(self.settings.topic)
         gauges = {"ragpulse_heartbeat_timestamp_seconds": self._heartbeat}
@@ -322,6 +466,17 @@ class TopicWatcher:
         with self._lock:
             lag = dict(self._lag)
         return MetricsSnapshot(counts, complete, in_progress, gauges, lag)
+
+    def _zero_counters(self) -> list[stats.CounterKey]:
+        """Data-loss counters whose labels are known at start-up, exported at 0 until they
+        grow, so that increase() in the alerts sees their first increment."""
+        s = self.settings
+        keys = [stats.key(OFFSET_RESETS, topic=s.topic, kind=k) for k in RESET_KINDS]
+        keys += [stats.key(RECORDS_LOST, topic=s.topic, reason=r) for r in LOSS_REASONS]
+        keys.append(stats.key(UNDELIVERABLE, topic=s.dead_letter_topic))
+        if s.publish_verdicts != "none":
+            keys.append(stats.key(UNDELIVERABLE, topic=s.verdicts_topic))
+        return keys
 
     def _refresh_snapshot(self) -> None:
         snap = self._load_snapshot()
@@ -361,6 +516,8 @@ class TopicWatcher:
             self._cycle_started = time.time()
             try:
                 covered = self.run_cycle()
+            except OffsetResetRefused:
+                raise
             except Exception as exc:
                 self._cycle_started = None
                 self.cycle_metrics.cycles.labels("failed").inc()
@@ -420,6 +577,39 @@ class StopRequest:
             time.sleep(min(left, self.POLL_SECONDS))
 
 
+def open_state(path: Path, *, reset: bool) -> StateStore:
+    """The state store at `path`; with `reset`, an unusable file is moved aside (to
+    FILE.corrupt-<time>) and a fresh one started. Without it, SettingsError says what to do."""
+    try:
+        return StateStore(path)
+    except StateError as exc:
+        if not reset:
+            raise SettingsError(str(exc)) from None
+        moved = StateStore.move_aside(path)
+        log.warning("%s; --state-reset: moved it to %s and starting a fresh state", exc, moved)
+    return StateStore(path)
+
+
+def _log_undeliverable(d: Delivery) -> None:
+    lost = d.refused + d.unacknowledged
+    reasons = Tally(why for _, why in lost)
+    log.error(
+        "%d records for %s are undeliverable and were dropped (%s); first: %s",
+        len(lost),
+        d.topic,
+        "; ".join(f"{n} x {why}" for why, n in reasons.most_common()),
+        ", ".join(_identify(record) for record, _ in lost[:5]),
+    )
+
+
+def _identify(record: OutputRecord) -> str:
+    """Where a dead letter came from (partition/offset), or a verdict row's request_id."""
+    headers = dict(record.headers)
+    if "source-offset" in headers:
+        return f"{headers['source-partition'].decode()}/{headers['source-offset'].decode()}"
+    return (record.key or b"?").decode(errors="replace")
+
+
 def _log_completed(rows: Iterable[Mapping[str, Any]]) -> None:
     for row in rows:
         log.info(
@@ -461,6 +651,7 @@ def _dead_letters(path: Path) -> Iterator[DeadLetter]:
                 reason=row["reason"],
                 source_partition=_partition_of(row["source"]),
                 source_offset=int(row["position"]),
+                original_size=int(row["raw_bytes"]),
             )
 
 
@@ -555,6 +746,25 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="timeout of one Kafka request (default: 30s)",
     )
+    k.add_argument(
+        "--on-offset-reset",
+        choices=["earliest", "latest", "fail"],
+        default="earliest",
+        help="what to do when a saved offset is outside its partition (topic recreated, "
+        "truncated or emptied; retention ahead of serve): earliest goes on from the log start "
+        "(skips nothing still readable), latest from the log end, fail stops serve (exit code "
+        f"{EXIT_OFFSET_RESET}); always logged and counted (default: %(default)s)",
+    )
+    k.add_argument(
+        "--undeliverable-after",
+        type=positive_duration,
+        default=600.0,
+        metavar="DURATION",
+        help="how long dead letters and verdict rows the broker does not acknowledge are "
+        "retried (the cycle fails and runs again) before they are counted as undeliverable "
+        "and the cycle moves on (default: 10m); records the broker refuses for good (too "
+        "large, invalid) are counted at once",
+    )
     w = p.add_argument_group("windows")
     w.add_argument(
         "--sample-rate",
@@ -602,7 +812,15 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "--state",
         type=Path,
         default=Path("ragpulse-state.sqlite"),
-        help="SQLite file holding windows, offsets and counters (default: %(default)s)",
+        help="SQLite file holding windows, offsets and counters (default: %(default)s); "
+        "only a missing file starts fresh",
+    )
+    s.add_argument(
+        "--state-reset",
+        action="store_true",
+        help="if the state file cannot be used (empty, damaged, newer schema, ...), rename it "
+        "to FILE.corrupt-<time> and start fresh, going on from the consumer group's committed "
+        "offsets (else the log start); windows and counters restart from zero",
     )
     s.add_argument(
         "--metrics-host",
@@ -658,6 +876,9 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
             retention_seconds=args.retention,
             kafka_timeout_seconds=args.kafka_timeout,
             max_event_bytes=args.max_event_bytes,
+            on_offset_reset=args.on_offset_reset,
+            undeliverable_after_seconds=args.undeliverable_after,
+            state_reset=args.state_reset,
         )
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc)) from None
@@ -691,6 +912,9 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, request_stop)
     try:
         watcher.serve_forever(stop)
+    except OffsetResetRefused as exc:
+        log.error("stopping: %s", exc)
+        return EXIT_OFFSET_RESET
     finally:
         watcher.close()
         server.shutdown()

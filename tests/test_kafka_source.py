@@ -17,17 +17,16 @@ from kafka_broker import TansuBroker, kafka_broker  # noqa: F401
 
 from pipeline.kafka_source import (
     DeadLetter,
-    DeadLetterDeliveryError,
     KafkaReadError,
     KafkaRecord,
     ReadKafkaRanges,
     commit_offsets,
     committed_offsets,
     consumer_lag,
+    deliver,
     end_offsets,
     partitions,
     plan_batch,
-    produce_dead_letters,
     read_range,
 )
 
@@ -178,11 +177,10 @@ def test_broker_restart_loses_its_data_and_reads_fail_clearly(kafka_broker: Tans
 def test_dead_letters_keep_the_record_and_say_why(kafka_broker: TansuBroker) -> None:  # noqa: F811
     kafka_broker.create_topic("dlq")
     producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap)
-    sent = produce_dead_letters(
-        producer, "dlq", [DeadLetter(b"{not json", "invalid JSON at line 1", 2, 41)]
-    )
+    letter = DeadLetter(b"{not json", "invalid JSON at line 1", 2, 41)
+    delivery = deliver(producer, "dlq", [letter.to_record()])
     producer.close()
-    assert sent == 1
+    assert (delivery.delivered, delivery.refused, delivery.unacknowledged) == (1, [], [])
     consumer = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, enable_auto_commit=False)
     consumer.assign([TopicPartition("dlq", 0)])
     consumer.seek(TopicPartition("dlq", 0), 0)
@@ -193,18 +191,27 @@ def test_dead_letters_keep_the_record_and_say_why(kafka_broker: TansuBroker) -> 
         "reason": b"invalid JSON at line 1",
         "source-partition": b"2",
         "source-offset": b"41",
+        "original-size": b"9",
+        "truncated": b"false",
     }
 
 
-def test_undeliverable_dead_letters_raise(kafka_broker: TansuBroker) -> None:  # noqa: F811
+def test_dead_letters_a_broker_that_is_away_does_not_acknowledge_are_reported(
+    kafka_broker: TansuBroker,  # noqa: F811
+) -> None:
     kafka_broker.create_topic("dlq")
     producer = KafkaProducer(
         bootstrap_servers=kafka_broker.bootstrap, max_block_ms=1000, request_timeout_ms=1000,
         retries=0,
     )
     kafka_broker.stop()
-    with pytest.raises(DeadLetterDeliveryError, match="dlq"):
-        produce_dead_letters(producer, "dlq", [DeadLetter(b"x", "bad", 0, 0)], timeout_s=1)
+    records = [DeadLetter(b"x", "bad", 0, i).to_record() for i in range(3)]
+    started = time.monotonic()
+    delivery = deliver(producer, "dlq", records, timeout_s=1)
+    assert delivery.delivered == 0 and delivery.refused == []
+    assert [r for r, _ in delivery.unacknowledged] == records
+    # Not one metadata wait per record: the rest are given up once the first cannot be sent.
+    assert time.monotonic() - started < 6
     with contextlib.suppress(KafkaTimeoutError):  # close() flushes the undeliverable batch again
         producer.close(timeout=1)
 
