@@ -166,9 +166,9 @@ class CycleMetrics:
 class TopicWatcher:
     """The serve loop: cycles over the topic, keeps the state, feeds /metrics and /healthz."""
 
-    def __init__(self, settings: ServeSettings) -> None:
+    def __init__(self, settings: ServeSettings, state: StateStore | None = None) -> None:
         self.settings = settings
-        self.state = open_state(settings.state, reset=settings.state_reset)
+        self.state = state or open_state(settings.state, reset=settings.state_reset)
         self._producer: KafkaProducer | None = None
         self._group_offsets: dict[int, int] | None = None  # asked once, for a fresh state
         self._delivery_failing_since: float | None = None
@@ -385,15 +385,21 @@ class TopicWatcher:
         if not letters and not verdicts:
             return []
         s = self.settings
-        producer = self._get_producer()
         outputs = [(s.dead_letter_topic, [letter.to_record() for letter in letters])]
         if verdicts:
             outputs.append((s.verdicts_topic, verdicts))
-        timeout = s.kafka_timeout_seconds
-        deliveries = [deliver(producer, t, rows, timeout_s=timeout) for t, rows in outputs if rows]
-        for d in deliveries:
+        deliveries = []
+        for topic, rows in outputs:
+            if not rows:
+                continue
+            d = deliver(self._get_producer(), topic, rows, timeout_s=s.kafka_timeout_seconds)
+            if d.refused or d.unacknowledged:
+                # After some broker errors kafka-python's (idempotent) producer aborts every
+                # later batch too ("fatal error"): the next delivery gets a new producer.
+                self._close_producer()
             if d.delivered:
                 log.info("published %d records to %s", d.delivered, d.topic)
+            deliveries.append(d)
         waiting = [(d.topic, why) for d in deliveries for _, why in d.unacknowledged]
         if waiting:
             now = time.monotonic()
@@ -433,6 +439,14 @@ class TopicWatcher:
                 max_block_ms=timeout_ms,
             )
         return self._producer
+
+    def _close_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                producer.close(timeout=0)
+            except Exception as exc:  # its unsent batches are given up on either way
+                log.debug("closing the producer: %s", exc)
 
     def _commit_group_offsets(self) -> None:
         s = self.settings
@@ -885,8 +899,10 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
 
 
 def main(args: argparse.Namespace) -> int:
+    # The state file first: when it cannot be used, its one-line error is all serve prints.
+    state = open_state(args.state, reset=args.state_reset)
     settings = settings_from_args(args)
-    watcher = TopicWatcher(settings)
+    watcher = TopicWatcher(settings, state)
     server = serve_http(watcher, settings.metrics_host, settings.metrics_port)
     log.info(
         "serving /metrics and /healthz on %s:%d; watching %s on %s with %s (backend %s), "
