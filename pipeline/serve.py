@@ -125,9 +125,9 @@ class ServeSettings(BaseModel):
     retention_seconds: float = Field(gt=0)
     kafka_timeout_seconds: float = Field(gt=0)
     max_event_bytes: int = Field(ge=1024)
-    on_offset_reset: Literal["earliest", "latest", "fail"] = "earliest"
-    undeliverable_after_seconds: float = Field(default=600.0, gt=0)
-    state_reset: bool = False
+    on_offset_reset: Literal["earliest", "latest", "fail"]
+    undeliverable_after_seconds: float = Field(gt=0)
+    state_reset: bool
 
 
 def _record(topic: str) -> Callable[[KafkaRecord], SourceRecord]:
@@ -166,11 +166,18 @@ class CycleMetrics:
 class TopicWatcher:
     """The serve loop: cycles over the topic, keeps the state, feeds /metrics and /healthz."""
 
-    def __init__(self, settings: ServeSettings, state: StateStore | None = None) -> None:
+    def __init__(
+        self, settings: ServeSettings, state: StateStore | None = None, *, was_reset: bool = False
+    ) -> None:
+        """`state`: the store, when the caller opened it (`open_state`); `was_reset`: it is
+        fresh because --state-reset moved an unusable file aside."""
         self.settings = settings
-        self.state = state or open_state(settings.state, reset=settings.state_reset)
+        if state is None:
+            state, was_reset = open_state(settings.state, reset=settings.state_reset)
+        self.state = state
         self._producer: KafkaProducer | None = None
-        self._group_offsets: dict[int, int] | None = None  # asked once, for a fresh state
+        # After a reset, the consumer group's committed offsets say where the lost file had got.
+        self._group_offsets: dict[int, int] | None = None if was_reset else {}
         self._delivery_failing_since: float | None = None
         self._delivery_failures = 0
         self._lock = threading.Lock()
@@ -243,25 +250,28 @@ class TopicWatcher:
         return covered
 
     def _fresh_starts(self, saved: Mapping[int, int], bounds: LogBounds) -> dict[int, int]:
-        """Start offsets of partitions with no saved offset: the log start, except that a
-        fresh state (no offset saved for the topic) goes on from the consumer group's
-        committed offsets, where a previous state file had got to (see --state-reset)."""
+        """Start offsets of partitions with no saved offset: the log start, except after
+        --state-reset moved an unusable file aside, when the consumer group's committed
+        offsets (where that file had got to) are used where there are any.
+
+        Only then: a missing file is a fresh start from the log start, so that a second
+        deployment sharing the group (or a deliberate recount) is not silently skipped ahead.
+        """
         s = self.settings
         missing = [p for p in bounds.ends if p not in saved]
         if not missing:
             return {}
-        if not saved and self._group_offsets is None:
+        if self._group_offsets is None:
             self._group_offsets = committed_offsets(
                 s.bootstrap, s.group_id, s.topic, timeout_s=s.kafka_timeout_seconds
             )
             if self._group_offsets:
                 log.warning(
-                    "no offsets saved for %s in %s: going on from consumer group %s's committed "
-                    "offsets %s (other partitions from their log start)",
-                    s.topic,
-                    s.state,
+                    "fresh state after --state-reset: going on from consumer group %s's committed "
+                    "offsets %s for %s (other partitions from their log start)",
                     s.group_id,
                     self._group_offsets,
+                    s.topic,
                 )
         group = self._group_offsets or {}
         return {p: group.get(p, bounds.beginnings.get(p, 0)) for p in missing}
@@ -591,17 +601,18 @@ class StopRequest:
             time.sleep(min(left, self.POLL_SECONDS))
 
 
-def open_state(path: Path, *, reset: bool) -> StateStore:
-    """The state store at `path`; with `reset`, an unusable file is moved aside (to
-    FILE.corrupt-<time>) and a fresh one started. Without it, SettingsError says what to do."""
+def open_state(path: Path, *, reset: bool) -> tuple[StateStore, bool]:
+    """The state store at `path`, and whether it was reset: with `reset`, an unusable file is
+    moved aside (to FILE.corrupt-<time>) and a fresh one started. Without it, SettingsError
+    says what to do."""
     try:
-        return StateStore(path)
+        return StateStore(path), False
     except StateError as exc:
         if not reset:
             raise SettingsError(str(exc)) from None
         moved = StateStore.move_aside(path)
         log.warning("%s; --state-reset: moved it to %s and starting a fresh state", exc, moved)
-    return StateStore(path)
+    return StateStore(path), True
 
 
 def _log_undeliverable(d: Delivery) -> None:
@@ -900,9 +911,9 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
 
 def main(args: argparse.Namespace) -> int:
     # The state file first: when it cannot be used, its one-line error is all serve prints.
-    state = open_state(args.state, reset=args.state_reset)
+    state, was_reset = open_state(args.state, reset=args.state_reset)
     settings = settings_from_args(args)
-    watcher = TopicWatcher(settings, state)
+    watcher = TopicWatcher(settings, state, was_reset=was_reset)
     server = serve_http(watcher, settings.metrics_host, settings.metrics_port)
     log.info(
         "serving /metrics and /healthz on %s:%d; watching %s on %s with %s (backend %s), "

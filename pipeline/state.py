@@ -76,7 +76,8 @@ CREATE TABLE IF NOT EXISTS partition_event_times (
 
 
 class StateError(RuntimeError):
-    """The state file cannot be used (newer schema, or a cycle that contradicts it)."""
+    """The state file cannot be used (missing pieces, damaged, newer schema, not a file...),
+    or a cycle contradicts it."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
