@@ -50,6 +50,14 @@ COUNTER_HELP: dict[str, str] = {
     "ragpulse_cycles_total": "Serve micro-batch cycles, by outcome.",
     "ragpulse_canary_verdicts_total": "Verdicts on golden-set canaries, by agreement with the "
     "human label (agree, disagree, error); canaries count nowhere else.",
+    "ragpulse_offset_resets_total": "Partitions whose saved offset was outside the partition, "
+    "by kind: beyond_end (topic recreated, truncated or emptied), below_start (retention "
+    "ahead of serve); handled by --on-offset-reset.",
+    "ragpulse_records_lost_total": "Records skipped without being judged, by reason: retention "
+    "(deleted before they were read), topic_reset (skipped by --on-offset-reset latest).",
+    "ragpulse_dead_letters_undeliverable_total": "Dead letters and verdict rows dropped because "
+    "the broker refused them for good or did not acknowledge them within "
+    "--undeliverable-after, by the topic they were meant for.",
 }
 # Counters whose label sets are known up front are exported at 0 before the first event,
 # so that rates and alerts have a series to work with from the first scrape.

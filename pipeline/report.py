@@ -7,6 +7,7 @@ file, so it neither needs nor loads Beam.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import orjson
 
 from pipeline.config import SettingsError
-from pipeline.state import StateStore
+from pipeline.state import StateError, StateStore
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -29,10 +30,14 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if not args.state.is_file():
+    if not os.path.lexists(args.state):
         raise SettingsError(f"state file not found: {args.state}")
     since = None if args.since is None else parse_time(args.since)
-    with StateStore(args.state) as state:
+    try:
+        state = StateStore(args.state)
+    except StateError as exc:
+        raise SettingsError(str(exc)) from None
+    with state:
         for row in state.windows(judge=args.judge, since=since):
             sys.stdout.write(orjson.dumps(row).decode() + "\n")
     return 0

@@ -108,6 +108,8 @@ class _ParseAndSample(beam.DoFn):
         self._counters.inc(LATE_EVENTS if late else EVENTS_INVALID)
         self._counters.inc(DEAD_LETTERS)
         row = dead_letter(record.raw, source=record.source, position=record.position, reason=reason)
+        if record.oversize_bytes is not None:  # `raw` is only the head the reader kept
+            row = {**row, "raw_bytes": record.oversize_bytes, "raw_truncated": True}
         return beam.pvalue.TaggedOutput(ParseEvents.DEAD_LETTER, (row, record.raw))
 
     def process(self, record: SourceRecord) -> Iterator[Any]:

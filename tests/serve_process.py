@@ -255,6 +255,18 @@ class ServeProcess:
         self._close_log()
         return code
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """SIGSTOP serve for the block, SIGCONT after: what the test changes meanwhile (a
+        topic deleted and refilled) looks to serve like one step, never half-done."""
+        if self.process is None:
+            raise RuntimeError("serve was never started")
+        os.killpg(self.process.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.killpg(self.process.pid, signal.SIGCONT)
+
     def stop(self) -> None:
         """Tear-down: terminate, and kill after 20 s; never raises for a process already gone."""
         if self.process is None:
