@@ -25,13 +25,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
-from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import apache_beam as beam
 import orjson
 from kafka import KafkaProducer
 from prometheus_client import Counter, Histogram, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline import stats
@@ -60,6 +58,13 @@ from pipeline.kafka_source import (
     produce_dead_letters,
 )
 from pipeline.metrics import MetricsSnapshot, registry_for
+from pipeline.metrics_http import (
+    MetricsHTTPServer,
+    WebConfig,
+    exporter_app,
+    load_web_config,
+    start_metrics_server,
+)
 from pipeline.state import CounterIncrement, StateStore, WindowPartial
 from pipeline.transforms import SourceRecord
 from pipeline.watermark import closed_before, compute_watermark, merge_latest
@@ -89,6 +94,7 @@ class ServeSettings(BaseModel):
     max_batch_events: int = Field(ge=1)
     metrics_host: str
     metrics_port: int = Field(ge=0, le=65535)
+    web_config_file: Path | None = None
     unhealthy_after_seconds: float = Field(gt=0)
     retention_seconds: float = Field(gt=0)
     kafka_timeout_seconds: float = Field(gt=0)
@@ -483,28 +489,15 @@ def _split_windows(
     return complete, in_progress
 
 
-def serve_http(watcher: TopicWatcher, host: str, port: int) -> ThreadingWSGIServer:
+def serve_http(
+    watcher: TopicWatcher, host: str, port: int, web: WebConfig | None = None
+) -> MetricsHTTPServer:
     """Start /metrics and /healthz in a daemon thread; returns the server (for its port)."""
     registry = registry_for(watcher.snapshot)
     watcher.cycle_metrics = CycleMetrics(registry)
-    metrics_app = make_wsgi_app(registry)
-
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if environ.get("PATH_INFO") == "/healthz":
-            ok, why = watcher.healthy()
-            start_response(
-                "200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")]
-            )
-            return [why.encode() + b"\n"]
-        return metrics_app(environ, start_response)
-
-    class QuietHandler(WSGIRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # scrapes are not news
-            pass
-
-    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=QuietHandler)
-    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
-    return server
+    web = web or WebConfig()
+    app = exporter_app(make_wsgi_app(registry), watcher.healthy, web.users)
+    return start_metrics_server(app, host, port, web.tls)
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -606,14 +599,23 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     )
     s.add_argument(
         "--metrics-host",
-        default="0.0.0.0",
-        help="address of the /metrics and /healthz server (default: %(default)s)",
+        default="127.0.0.1",
+        help="address of the /metrics and /healthz server (default: %(default)s, this host "
+        "only; in a container pass 0.0.0.0 or the pod address so Prometheus can reach it)",
     )
     s.add_argument(
         "--metrics-port",
         type=int,
         default=9464,
         help="port of the /metrics and /healthz server (default: %(default)s)",
+    )
+    s.add_argument(
+        "--web-config-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="TLS and basic auth for /metrics, in the Prometheus exporters' web config format "
+        "(tls_server_config, basic_auth_users with bcrypt hashes); /healthz stays open",
     )
     s.add_argument(
         "--unhealthy-after",
@@ -654,6 +656,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
             max_batch_events=args.max_batch_events,
             metrics_host=args.metrics_host,
             metrics_port=args.metrics_port,
+            web_config_file=args.web_config_file,
             unhealthy_after_seconds=args.unhealthy_after,
             retention_seconds=args.retention,
             kafka_timeout_seconds=args.kafka_timeout,
@@ -665,11 +668,14 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
 
 def main(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
+    web = load_web_config(settings.web_config_file) if settings.web_config_file else WebConfig()
     watcher = TopicWatcher(settings)
-    server = serve_http(watcher, settings.metrics_host, settings.metrics_port)
+    server = serve_http(watcher, settings.metrics_host, settings.metrics_port, web)
     log.info(
-        "serving /metrics and /healthz on %s:%d; watching %s on %s with %s (backend %s), "
+        "serving /metrics (%s%s) and /healthz on %s:%d; watching %s on %s with %s (backend %s), "
         "sample rate %g, %gs windows, %gs allowed lateness; state %s",
+        "https" if web.tls else "http",
+        ", basic auth" if web.users else "",
         settings.metrics_host,
         server.server_port,
         settings.topic,
