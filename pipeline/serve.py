@@ -57,6 +57,7 @@ from pipeline.kafka_source import (
     produce_acknowledged,
     produce_dead_letters,
 )
+from pipeline.labels import LabelBudget, LabelLimits, add_label_arguments, label_limits
 from pipeline.metrics import MetricsSnapshot, registry_for
 from pipeline.metrics_http import (
     MetricsHTTPServer,
@@ -99,6 +100,7 @@ class ServeSettings(BaseModel):
     retention_seconds: float = Field(gt=0)
     kafka_timeout_seconds: float = Field(gt=0)
     max_event_bytes: int = Field(ge=1024)
+    labels: LabelLimits = LabelLimits()
 
 
 def _record(topic: str) -> Callable[[KafkaRecord], SourceRecord]:
@@ -145,6 +147,7 @@ class TopicWatcher:
         self._first_failure: float | None = None
         self._cycle_started: float | None = None
         self._snapshot = self._load_snapshot()
+        self.labels = LabelBudget(settings.labels)
 
     # ----- one cycle -------------------------------------------------------------------------
     def run_cycle(self) -> int:
@@ -175,6 +178,7 @@ class TopicWatcher:
         if ranges:
             started = time.perf_counter()
             result, letters, verdicts = self._judge(ranges, cutoff)
+            result = self._bound_labels(result)
             self._publish(letters, verdicts)
             batch_latest = {_partition_of(k): v for k, v in result.latest_event_time.items()}
             latest = merge_latest(latest, batch_latest)
@@ -212,6 +216,12 @@ class TopicWatcher:
                 watermark,
             )
         return covered
+
+    def _bound_labels(self, result: BatchResult) -> BatchResult:
+        """The batch with app and model labels bounded; the saved counters (the snapshot's)
+        hold the values admitted so far, so the choice survives restarts."""
+        windows, counts = self.labels.bound(result.windows, result.counts, self.snapshot().counts)
+        return dataclasses.replace(result, windows=windows, counts=counts)
 
     def _update_lag(self, ends: Mapping[int, int], beginnings: Mapping[int, int]) -> None:
         topic = self.settings.topic
@@ -633,6 +643,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="how long complete windows stay in the state file for `ragpulse windows`, in event "
         "time (default: 30d); counters are never pruned",
     )
+    add_label_arguments(p)
     add_judge_arguments(p)
 
 
@@ -661,6 +672,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
             retention_seconds=args.retention,
             kafka_timeout_seconds=args.kafka_timeout,
             max_event_bytes=args.max_event_bytes,
+            labels=label_limits(args),
         )
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc)) from None

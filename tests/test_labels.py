@@ -1,0 +1,151 @@
+"""Bounded app and model labels: the cap, the allowlists, the `other` bucket and its overflow
+counter, stability across restarts (through the real state file) and `ragpulse run`'s textfile."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pipeline import cli, stats
+from pipeline.labels import OTHER, LabelBudget, LabelLimits
+from pipeline.metrics import MetricsSnapshot, registry_for
+from pipeline.run import METRICS_FILE, VERDICTS_FILE
+from pipeline.state import CounterIncrement, StateStore, WindowPartial
+from pipeline.windows import RatingCounts, WindowKey
+
+SAMPLES = Path(__file__).resolve().parent.parent / "deploy" / "samples" / "events.jsonl"
+
+
+def batch(apps: Iterable[str], model: str = "gpt") -> tuple[
+    dict[WindowKey, RatingCounts], stats.Counts
+]:
+    """What one batch of one judged event per app yields: one window and the counters."""
+    windows: dict[WindowKey, RatingCounts] = {}
+    counts: stats.Counts = stats.merge()
+    for app in apps:
+        windows[WindowKey(0.0, 60.0, "safety", app, model)] = RatingCounts(yes=1)
+        counts[stats.key("ragpulse_events_judged_total", app=app, model=model)] += 1
+        counts[stats.key("ragpulse_judge_verdicts_total", judge="safety", rating="yes",
+                         app=app, model=model)] += 1
+    counts[stats.key("ragpulse_events_total", outcome="accepted")] += 1
+    return windows, counts
+
+
+def values(windows: Iterable[WindowKey], label: str = "app") -> set[str]:
+    return {getattr(k, label) for k in windows}
+
+
+def save(store: StateStore, windows: dict[WindowKey, RatingCounts], counts: stats.Counts) -> None:
+    store.apply_cycle(
+        "chat",
+        [WindowPartial(k.window_start, k.window_end, k.judge, k.app, k.model, c.yes, c.no,
+                       c.error) for k, c in windows.items()],
+        {},
+        [CounterIncrement(name, dict(labels), v) for (name, labels), v in counts.items()],
+        None,
+    )
+
+
+def test_values_beyond_the_cap_are_counted_as_other_in_sorted_order_with_their_overflow(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    budget = LabelBudget(LabelLimits(max_values=3))
+    with caplog.at_level(logging.WARNING, logger="pipeline.labels"):
+        windows, counts = budget.bound(*batch(["e", "d", "c", "b", "a"]))
+        # The second batch overflows again: the warning is not repeated.
+        budget.bound(*batch(["f", "g"]), admitted_from=counts)
+    assert values(windows) == {"a", "b", "c", OTHER}
+    assert windows[WindowKey(0.0, 60.0, "safety", OTHER, "gpt")] == RatingCounts(yes=2)
+    assert counts[stats.key("ragpulse_label_overflow_total", label="app")] == 2
+    assert counts[stats.key("ragpulse_events_judged_total", app=OTHER, model="gpt")] == 2
+    assert stats.key("ragpulse_label_overflow_total", label="model") not in counts
+    assert sum(counts[k] for k in counts if k[0] == "ragpulse_events_judged_total") == 5
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "'d', 'e'" in warnings[0]
+
+
+def test_values_admitted_before_a_restart_keep_their_series_and_new_ones_do_not_take_their_place(
+    tmp_path: Path,
+) -> None:
+    limits = LabelLimits(max_values=3)
+    with StateStore(tmp_path / "state.sqlite") as store:
+        save(store, *LabelBudget(limits).bound(*batch(["m", "n", "o", "p"])))
+    # A new process: the budget knows nothing; the saved counters say what was admitted.
+    with StateStore(tmp_path / "state.sqlite") as store:
+        saved = [stats.key(c.name, **c.labels) for c in store.counters()]
+        windows, counts = LabelBudget(limits).bound(*batch(["a", "n", "p", "z"]), saved)
+        save(store, windows, counts)
+        apps = {c.labels.get("app") for c in store.counters()} - {None}
+        overflow = {c.labels["label"]: c.value for c in store.counters()
+                    if c.name == "ragpulse_label_overflow_total"}
+    # "a" sorts first but the three slots are taken by m, n, o, saved before the restart.
+    assert values(windows) == {"n", OTHER}
+    assert apps == {"m", "n", "o", OTHER}
+    assert overflow == {"app": 1 + 3}  # p in the first batch; a, p, z in the second
+
+
+def test_allowlists_admit_only_their_values_whatever_the_cap() -> None:
+    budget = LabelBudget(
+        LabelLimits(max_values=1, allowed={"app": frozenset({"billing", "support"}),
+                                           "model": frozenset({"gpt"})})
+    )
+    windows, counts = budget.bound(*batch(["support", "billing", "adhoc"], model="llama"))
+    assert values(windows) == {"support", "billing", OTHER}
+    assert values(windows, "model") == {OTHER}
+    assert counts[stats.key("ragpulse_label_overflow_total", label="app")] == 1
+    assert counts[stats.key("ragpulse_label_overflow_total", label="model")] == 3
+
+
+def test_ten_thousand_distinct_apps_make_as_many_series_as_the_cap_allows() -> None:
+    """Through the serve merge path: bounded batches saved, then /metrics rendered from state."""
+    budget = LabelBudget(LabelLimits(max_values=100))
+    with StateStore(":memory:") as store:
+        for start in range(0, 10_000, 1_000):
+            saved = [stats.key(c.name, **c.labels) for c in store.counters()]
+            apps = [f"tenant-{i:05d}" for i in range(start, start + 1_000)]
+            save(store, *budget.bound(*batch(apps), saved))
+        counts = stats.merge((stats.key(c.name, **c.labels), c.value) for c in store.counters())
+    registry = registry_for(lambda: MetricsSnapshot(counts, {}))
+    apps_in_metrics = {
+        s.labels["app"]
+        for family in registry.collect()
+        for s in family.samples
+        if "app" in s.labels
+    }
+    assert len(apps_in_metrics) == 100 + 1  # tenant-00000..00099 and other
+    assert counts[stats.key("ragpulse_label_overflow_total", label="app")] == 9_900
+
+
+@pytest.mark.slow
+def test_ragpulse_run_bounds_the_labels_of_its_metrics_textfile_but_not_its_verdict_rows(
+    tmp_path: Path,
+) -> None:
+    lines = SAMPLES.read_bytes().splitlines()[:60]
+    events = tmp_path / "events.jsonl"
+    rewritten = []
+    for i, line in enumerate(lines):
+        event = orjson.loads(line)
+        event["app"] = f"tenant-{i:02d}"
+        rewritten.append(orjson.dumps(event))
+    events.write_bytes(b"\n".join(rewritten) + b"\n")
+    code = cli.main(["run", str(events), "--output", str(tmp_path / "out"),
+                     "--judge-backend", "local", "--judges", "safety", "--max-label-values", "5"])
+    assert code == 0
+
+    text = (tmp_path / "out" / METRICS_FILE).read_text()
+    apps = {
+        s.labels["app"]
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if "app" in s.labels
+    }
+    assert apps == {f"tenant-{i:02d}" for i in range(5)} | {OTHER}
+    assert "ragpulse_label_overflow_total{label=\"app\"} 55.0" in text
+    verdict_apps = {orjson.loads(r)["app"] for r in
+                    (tmp_path / "out" / VERDICTS_FILE).read_bytes().splitlines()}
+    assert len(verdict_apps) == 60
