@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -25,7 +26,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for the helpers
 
 from kafka_broker import TansuBroker
-from serve_process import ServeProcess
+from serve_process import Scrape, ServeProcess
 
 from pipeline.simulate import simulate
 
@@ -49,6 +50,10 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError("no VmRSS")
 
 
+def read_all(n: int) -> Callable[[Scrape], bool]:
+    return lambda m: m.total("ragpulse_events_total") >= n
+
+
 def measure(broker: TansuBroker, cap: int, steps: list[int], events: list[bytes]) -> None:
     topic = f"cardinality-{cap}"
     broker.create_topic(topic, 1)
@@ -65,7 +70,7 @@ def measure(broker: TansuBroker, cap: int, steps: list[int], events: list[bytes]
                 broker.produce(topic, events[produced:step], partition=0)
                 produced = step
                 started = time.monotonic()
-                serve.wait_for(lambda m, n=step: m.total("ragpulse_events_total") >= n, 900)
+                serve.wait_for(read_all(step), 900, f"{step} events read")
                 drained = time.monotonic() - started
                 time.sleep(1.0)  # the heartbeat-only refresh after the cycle
                 with urllib.request.urlopen(serve.url + "/metrics", timeout=30) as response:
