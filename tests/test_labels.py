@@ -6,16 +6,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
+import apache_beam as beam
 import orjson
 import pytest
+from apache_beam.runners.worker import sdk_worker
 from prometheus_client.parser import text_string_to_metric_families
 
+from judges import JudgeSpec
 from pipeline import cli, stats
+from pipeline.batch import BatchConfig, run_batch
 from pipeline.labels import OTHER, LabelBudget, LabelLimits
 from pipeline.metrics import MetricsSnapshot, registry_for
 from pipeline.run import METRICS_FILE, VERDICTS_FILE
 from pipeline.state import CounterIncrement, StateStore, WindowPartial
+from pipeline.transforms import SourceRecord
 from pipeline.windows import RatingCounts, WindowKey
 
 SAMPLES = Path(__file__).resolve().parent.parent / "deploy" / "samples" / "events.jsonl"
@@ -149,3 +155,29 @@ def test_ragpulse_run_bounds_the_labels_of_its_metrics_textfile_but_not_its_verd
     verdict_apps = {orjson.loads(r)["app"] for r in
                     (tmp_path / "out" / VERDICTS_FILE).read_bytes().splitlines()}
     assert len(verdict_apps) == 60
+
+
+@pytest.mark.slow
+def test_batches_with_new_label_values_leave_no_counter_names_behind_in_beams_process_cache(
+    tmp_path: Path,
+) -> None:
+    # Beam caches every metric name in a process-wide dict that never shrinks; counter names
+    # carry app and model, so serve grew ~12 MB per 1,000 new apps until this was cleared.
+    samples = SAMPLES.read_bytes().splitlines()[:200]
+    config = BatchConfig(judges=JudgeSpec(names=("safety",)))
+    for batch_number in range(2):
+        records = []
+        for i, line in enumerate(samples):
+            try:
+                event = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(event, dict):
+                event["app"] = f"tenant-{batch_number}-{i}"
+            records.append(SourceRecord(orjson.dumps(event), "mem/0", i))
+        def read(p: beam.Pipeline, r: list[SourceRecord] = records) -> Any:
+            return p | beam.Create(r)
+
+        result = run_batch(read, config, tmp_path / str(batch_number))
+        assert sum(1 for k in result.counts if k[0] == "ragpulse_events_judged_total") > 100
+        assert len(sdk_worker.SHORT_ID_CACHE._info_key_to_short_id) == 0
