@@ -4,7 +4,7 @@ counter, stability across restarts (through the real state file) and `ragpulse r
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,10 @@ import apache_beam as beam
 import orjson
 import pytest
 from apache_beam.runners.worker import sdk_worker
+from kafka_broker import TansuBroker, kafka_broker  # noqa: F401
 from prometheus_client.parser import text_string_to_metric_families
+from serve_process import Scrape, ServeProcess, serve_processes_fixture  # noqa: F401
+from test_serve import T0, caught_up
 
 from judges import JudgeSpec
 from pipeline import cli, stats
@@ -20,6 +23,7 @@ from pipeline.batch import BatchConfig, run_batch
 from pipeline.labels import OTHER, LabelBudget, LabelLimits
 from pipeline.metrics import MetricsSnapshot, registry_for
 from pipeline.run import METRICS_FILE, VERDICTS_FILE
+from pipeline.simulate import simulate
 from pipeline.state import CounterIncrement, StateStore, WindowPartial
 from pipeline.transforms import SourceRecord
 from pipeline.windows import RatingCounts, WindowKey
@@ -181,3 +185,42 @@ def test_batches_with_new_label_values_leave_no_counter_names_behind_in_beams_pr
         result = run_batch(read, config, tmp_path / str(batch_number))
         assert sum(1 for k in result.counts if k[0] == "ragpulse_events_judged_total") > 100
         assert len(sdk_worker.SHORT_ID_CACHE._info_key_to_short_id) == 0
+
+
+def test_serve_keeps_the_cap_across_a_restart_and_admitted_apps_keep_their_own_series(
+    kafka_broker: TansuBroker,  # noqa: F811
+    serve_processes: Callable[..., ServeProcess],
+    tmp_path: Path,
+) -> None:
+    def tenant_events(first: int, apps: list[str]) -> list[bytes]:
+        out = []
+        for app, e in zip(apps, simulate(5, len(apps), T0 + first, rate=10), strict=True):
+            body = orjson.loads(e.payload)
+            body["app"] = app
+            out.append(orjson.dumps(body))
+        return out
+
+    def apps_in(scrape: Scrape) -> set[str]:
+        return {lab["app"] for _, lab, _ in scrape.samples if "app" in lab}
+
+    topic = "tenants"
+    kafka_broker.create_topic(topic, 1)
+    state = tmp_path / "state.sqlite"
+    args = ["--window", "10s", "--max-label-values", "5"]
+    kafka_broker.produce(topic, tenant_events(0, [f"t{i:02d}" for i in range(40)]), partition=0)
+    serve = serve_processes(kafka_broker.bootstrap, topic, state, args).start()
+    first = serve.wait_for(caught_up(40), 90, "40 events read")
+    assert serve.terminate() == 0
+    admitted = {f"t{i:02d}" for i in range(5)}
+    assert apps_in(first) == admitted | {OTHER}
+    assert first.value("ragpulse_label_overflow_total", label="app") == 35
+
+    # After the restart "a-new" sorts before every admitted app, but their slots are taken.
+    later = ["a-new", "t00", "t39", "zz-new"]
+    kafka_broker.produce(topic, tenant_events(10, later), partition=0)
+    serve = serve_processes(kafka_broker.bootstrap, topic, state, args).start()
+    second = serve.wait_for(caught_up(44), 90, "44 events read")
+    assert serve.terminate() == 0
+    assert apps_in(second) == admitted | {OTHER}
+    assert second.value("ragpulse_label_overflow_total", label="app") == 35 + 3
+    assert second.total("ragpulse_events_judged_total", app="t00") == 2
