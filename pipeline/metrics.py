@@ -58,6 +58,8 @@ COUNTER_HELP: dict[str, str] = {
     "ragpulse_dead_letters_undeliverable_total": "Dead letters and verdict rows dropped because "
     "the broker refused them for good or did not acknowledge them within "
     "--undeliverable-after, by the topic they were meant for.",
+    "ragpulse_label_overflow_total": "Judged events counted under app or model 'other': their "
+    "value was beyond --max-label-values or not in --allowed-apps/--allowed-models.",
 }
 # Counters whose label sets are known up front are exported at 0 before the first event,
 # so that rates and alerts have a series to work with from the first scrape.
@@ -67,6 +69,8 @@ ALWAYS_PRESENT: tuple[stats.CounterKey, ...] = (
     stats.key("ragpulse_events_sampled_total"),
     stats.key("ragpulse_late_events_total"),
     stats.key("ragpulse_dead_letters_total"),
+    stats.key("ragpulse_label_overflow_total", label="app"),
+    stats.key("ragpulse_label_overflow_total", label="model"),
 )
 # Counters of judged events per (app, model), exported at 0 once the pair has verdicts.
 _PER_APP_MODEL = (

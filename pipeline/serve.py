@@ -34,13 +34,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
-from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import apache_beam as beam
 import orjson
 from kafka import KafkaProducer
 from prometheus_client import Counter, Histogram, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline import stats
@@ -83,11 +81,19 @@ from pipeline.kafka_source import (
     plan_batch,
     reset_starts,
 )
+from pipeline.labels import LabelBudget, LabelLimits, add_label_arguments, label_limits
 from pipeline.metrics import (
     FailingExample,
     MetricsSnapshot,
     latest_failing_examples,
     registry_for,
+)
+from pipeline.metrics_http import (
+    MetricsHTTPServer,
+    WebConfig,
+    exporter_app,
+    load_web_config,
+    start_metrics_server,
 )
 from pipeline.state import CounterIncrement, ExemplarPointer, StateError, StateStore, WindowPartial
 from pipeline.transforms import SourceRecord
@@ -136,6 +142,7 @@ class ServeSettings(BaseModel):
     max_batch_events: int = Field(ge=1)
     metrics_host: str
     metrics_port: int = Field(ge=0, le=65535)
+    web_config_file: Path | None = None
     unhealthy_after_seconds: float = Field(gt=0)
     retention_seconds: float = Field(gt=0)
     kafka_timeout_seconds: float = Field(gt=0)
@@ -146,6 +153,7 @@ class ServeSettings(BaseModel):
     on_offset_reset: Literal["earliest", "latest", "fail"]
     undeliverable_after_seconds: float = Field(gt=0)
     state_reset: bool
+    labels: LabelLimits = LabelLimits()
 
 
 def _record(topic: str) -> Callable[[KafkaRecord], SourceRecord]:
@@ -205,6 +213,7 @@ class TopicWatcher:
         self._first_failure: float | None = None
         self._cycle_started: float | None = None
         self._snapshot = self._load_snapshot()
+        self.labels = LabelBudget(settings.labels)
 
     # ----- one cycle -------------------------------------------------------------------------
     def run_cycle(self) -> int:
@@ -230,6 +239,7 @@ class TopicWatcher:
         if ranges:
             started = time.perf_counter()
             result, letters, verdicts = self._judge(ranges, cutoff)
+            result = self._bound_labels(result)
             increments += self._publish(letters, verdicts)
             increments += _increments(result.counts)
             examples = _exemplar_pointers(verdicts)
@@ -349,6 +359,12 @@ class TopicWatcher:
             for why, n in lost.items()
         ]
         return starts, resets_by_kind + lost_by_reason
+
+    def _bound_labels(self, result: BatchResult) -> BatchResult:
+        """The batch with app and model labels bounded; the saved counters (the snapshot's)
+        hold the values admitted so far, so the choice survives restarts."""
+        windows, counts = self.labels.bound(result.windows, result.counts, self.snapshot().counts)
+        return dataclasses.replace(result, windows=windows, counts=counts)
 
     def _update_lag(self, ends: Mapping[int, int], starts: Mapping[int, int]) -> None:
         topic = self.settings.topic
@@ -771,28 +787,15 @@ def _split_windows(
     return complete, in_progress
 
 
-def serve_http(watcher: TopicWatcher, host: str, port: int) -> ThreadingWSGIServer:
+def serve_http(
+    watcher: TopicWatcher, host: str, port: int, web: WebConfig | None = None
+) -> MetricsHTTPServer:
     """Start /metrics and /healthz in a daemon thread; returns the server (for its port)."""
     registry = registry_for(watcher.snapshot)
     watcher.cycle_metrics = CycleMetrics(registry)
-    metrics_app = make_wsgi_app(registry)
-
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if environ.get("PATH_INFO") == "/healthz":
-            ok, why = watcher.healthy()
-            start_response(
-                "200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")]
-            )
-            return [why.encode() + b"\n"]
-        return metrics_app(environ, start_response)
-
-    class QuietHandler(WSGIRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # scrapes are not news
-            pass
-
-    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=QuietHandler)
-    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
-    return server
+    web = web or WebConfig()
+    app = exporter_app(make_wsgi_app(registry), watcher.healthy, web.users)
+    return start_metrics_server(app, host, port, web.tls)
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -922,14 +925,23 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     )
     s.add_argument(
         "--metrics-host",
-        default="0.0.0.0",
-        help="address of the /metrics and /healthz server (default: %(default)s)",
+        default="127.0.0.1",
+        help="address of the /metrics and /healthz server (default: %(default)s, this host "
+        "only; in a container pass 0.0.0.0 or the pod address so Prometheus can reach it)",
     )
     s.add_argument(
         "--metrics-port",
         type=int,
         default=9464,
         help="port of the /metrics and /healthz server (default: %(default)s)",
+    )
+    s.add_argument(
+        "--web-config-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="TLS and basic auth for /metrics, in the Prometheus exporters' web config format "
+        "(tls_server_config, basic_auth_users with bcrypt hashes); /healthz stays open",
     )
     s.add_argument(
         "--unhealthy-after",
@@ -964,6 +976,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="golden events judged per minute, in turn (default: %(default)s)",
     )
+    add_label_arguments(p)
     add_judge_arguments(p)
 
 
@@ -987,6 +1000,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
             max_batch_events=args.max_batch_events,
             metrics_host=args.metrics_host,
             metrics_port=args.metrics_port,
+            web_config_file=args.web_config_file,
             unhealthy_after_seconds=args.unhealthy_after,
             retention_seconds=args.retention,
             kafka_timeout_seconds=args.kafka_timeout,
@@ -997,25 +1011,31 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
             on_offset_reset=args.on_offset_reset,
             undeliverable_after_seconds=args.undeliverable_after,
             state_reset=args.state_reset,
+            labels=label_limits(args),
         )
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc)) from None
 
 
 def main(args: argparse.Namespace) -> int:
-    # The state file first: when it cannot be used, its one-line error is all serve prints.
-    state, was_reset = open_state(args.state, reset=args.state_reset)
+    # Settings and files first, all of them checked before anything is opened; then the state
+    # file, whose one-line error (when it cannot be used) says how to recover.
     settings = settings_from_args(args)
+    web = load_web_config(settings.web_config_file) if settings.web_config_file else WebConfig()
+    state, was_reset = open_state(args.state, reset=args.state_reset)
     # A refused certificate or password stops serve here, with the setting to fix; retrying
     # would only hammer the broker with connections it will refuse.
     check_access(
         settings.bootstrap, settings.kafka_security, timeout_s=settings.kafka_timeout_seconds
     )
     watcher = TopicWatcher(settings, state, was_reset=was_reset)
-    server = serve_http(watcher, settings.metrics_host, settings.metrics_port)
+    server = serve_http(watcher, settings.metrics_host, settings.metrics_port, web)
     log.info(
-        "serving /metrics and /healthz on %s:%d; watching %s on %s (%s) with %s (backend %s), "
+        "serving /metrics (%s%s) and /healthz on %s:%d; watching %s on %s (%s) with %s "
+        "(backend %s), "
         "sample rate %g, %gs windows, %gs allowed lateness; state %s",
+        "https" if web.tls else "http",
+        ", basic auth" if web.users else "",
         settings.metrics_host,
         server.server_port,
         settings.topic,

@@ -89,6 +89,8 @@ def test_compose_runs_the_whole_stack_and_simulates_only_in_the_demo_profile() -
 def test_prometheus_in_compose_scrapes_the_ragpulse_metrics_port() -> None:
     serve = compose()["services"]["ragpulse"]["command"]
     assert "--metrics-port=9464" in serve
+    # serve listens on loopback by default: the Prometheus container must be let in explicitly.
+    assert "--metrics-host=0.0.0.0" in serve
     config = yaml.safe_load(PROMETHEUS_CONFIG.read_text(encoding="utf-8"))
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     thresholds = yaml.safe_load((DEPLOY / "prometheus" / "thresholds.yml").read_text("utf-8"))
@@ -162,6 +164,7 @@ def test_kubernetes_service_and_monitor_select_the_deployment_pods() -> None:
     container = docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     port = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert port["metrics"] == 9464 and "--metrics-port=9464" in container["args"]
+    assert "--metrics-host=0.0.0.0" in container["args"]  # probes come on the pod address
     assert docs["Service"]["spec"]["ports"][0]["targetPort"] == "metrics"
     assert docs["ServiceMonitor"]["spec"]["endpoints"][0]["port"] == "metrics"
     # The operator's job label is the Service name; RagPulseDown looks for that job.

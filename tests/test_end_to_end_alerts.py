@@ -54,7 +54,7 @@ RENDER_RULES = REPO / "deploy" / "prometheus" / "render_rules.py"
 ALERTMANAGER_CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 DASHBOARDS = sorted((REPO / "grafana" / "dashboards").glob("*.json"))
 
-pytestmark = pytest.mark.timeout(480)  # the fixture's story takes ~2.5 min; bounds below add up
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]  # ~2.5 min; bounds below add up
 
 TOPIC = "inference-logs"
 RATE = 20.0  # events per second, spread over 2 apps x 2 models
