@@ -193,12 +193,18 @@ class TopicWatcher:
     """The serve loop: cycles over the topic, keeps the state, feeds /metrics and /healthz."""
 
     def __init__(
-        self, settings: ServeSettings, state: StateStore | None = None, *, was_reset: bool = False
+        self,
+        settings: ServeSettings,
+        state: StateStore | None = None,
+        *,
+        was_reset: bool = False,
+        canaries: CanaryFeed | None = None,
     ) -> None:
         """`state`: the store, when the caller opened it (`open_state`); `was_reset`: it is
-        fresh because --state-reset moved an unusable file aside."""
+        fresh because --state-reset moved an unusable file aside; `canaries`: the golden-set
+        feed (`canary_feed`), checked by the caller before anything was opened."""
         self.settings = settings
-        self._canaries = _canary_feed(settings)
+        self._canaries = canaries
         if state is None:
             state, was_reset = open_state(settings.state, reset=settings.state_reset)
         self.state = state
@@ -721,7 +727,9 @@ def _increments(counts: Mapping[stats.CounterKey, float]) -> list[CounterIncreme
     return [CounterIncrement(name, dict(labels), value) for (name, labels), value in counts.items()]
 
 
-def _canary_feed(settings: ServeSettings) -> CanaryFeed | None:
+def canary_feed(settings: ServeSettings) -> CanaryFeed | None:
+    """The golden-set feed of --canary-file (None without one); SettingsError names the file
+    and line of a bad canary."""
     if settings.canary_file is None:
         return None
     try:
@@ -1022,13 +1030,14 @@ def main(args: argparse.Namespace) -> int:
     # file, whose one-line error (when it cannot be used) says how to recover.
     settings = settings_from_args(args)
     web = load_web_config(settings.web_config_file) if settings.web_config_file else WebConfig()
+    canaries = canary_feed(settings)
     state, was_reset = open_state(args.state, reset=args.state_reset)
     # A refused certificate or password stops serve here, with the setting to fix; retrying
     # would only hammer the broker with connections it will refuse.
     check_access(
         settings.bootstrap, settings.kafka_security, timeout_s=settings.kafka_timeout_seconds
     )
-    watcher = TopicWatcher(settings, state, was_reset=was_reset)
+    watcher = TopicWatcher(settings, state, was_reset=was_reset, canaries=canaries)
     server = serve_http(watcher, settings.metrics_host, settings.metrics_port, web)
     log.info(
         "serving /metrics (%s%s) and /healthz on %s:%d; watching %s on %s (%s) with %s "
