@@ -3,6 +3,7 @@ panel query is PromQL that a real Prometheus accepts."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,6 +29,8 @@ DASHBOARDS = {
     "ragpulse-drilldown": GRAFANA / "dashboards" / "ragpulse-drilldown.json",
 }
 EXAMPLE_VALUES = {"app": "shop", "model": "m1", "judge": "groundedness"}
+RULES = REPO / "deploy" / "prometheus" / "rules" / "ragpulse.rules.yml"
+RECORDING_RULE_NAME = re.compile(r"\b[a-z_]+:[a-z_]+:[a-z_0-9]+\b")
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +123,28 @@ def test_overview_shows_every_required_signal() -> None:
         "ragpulse_events_without_context_total",
     ):
         assert needle in exprs, needle
+
+
+def test_every_recording_rule_a_panel_reads_is_generated() -> None:
+    groups = yaml.safe_load(RULES.read_text(encoding="utf-8"))["groups"]
+    recorded = {rule["record"] for group in groups for rule in group["rules"]}
+    read = {name for path in DASHBOARDS.values()
+            for _, expr in grafana_panel_queries(path, EXAMPLE_VALUES)
+            for name in RECORDING_RULE_NAME.findall(expr)}
+    assert read, "no panel reads a recording rule"
+    assert read <= recorded, f"not generated: {read - recorded}"
+
+
+@pytest.mark.parametrize("uid", sorted(DASHBOARDS))
+def test_dashboard_shows_the_error_budget_left_and_an_insufficient_data_state(uid: str) -> None:
+    panels = data_panels(load_dashboard(DASHBOARDS[uid]))
+    exprs = {p["title"]: " ".join(t["expr"] for t in p["targets"]) for p in panels}
+    assert any("ragpulse_judge_slo_budget_remaining" in e for e in exprs.values())
+    state = [p for p in panels if "ragpulse_judge_samples:sufficient" in exprs[p["title"]]]
+    assert state
+    for p in state:
+        mapped = p["fieldConfig"]["defaults"]["mappings"][0]["options"]
+        assert mapped["0"]["text"] == "insufficient data", p["title"]
 
 
 def test_query_extraction_substitutes_variables_and_rejects_unknown_ones() -> None:
