@@ -327,6 +327,19 @@ def overview(cfg: dict[str, Any]) -> dict[str, Any]:
                    f"(rate(ragpulse_cycle_duration_seconds_bucket[{RATE}])))", "p95 duration"),
         ], width=8, unit="short"))
     panels.append(panel(
+        lay, "timeseries", "Data loss and label overflow", [
+            target("sum by (topic, reason) (increase(ragpulse_records_lost_total[1h])) > 0",
+                   "lost {{topic}} {{reason}}"),
+            target("sum by (topic, kind) (increase(ragpulse_offset_resets_total[1h])) > 0",
+                   "offset reset {{topic}} {{kind}}"),
+            target("sum by (topic) (increase(ragpulse_dead_letters_undeliverable_total[1h])) "
+                   "> 0", "undeliverable dead letters {{topic}}"),
+            target("sum by (label) (increase(ragpulse_label_overflow_total[1h])) > 0",
+                   "overflow of label {{label}}"),
+        ], width=8, unit="short", custom={"drawStyle": "bars", "fillOpacity": 60},
+        description="Counts over the last hour of what must never happen; only non-zero "
+                    "counts are drawn, so an empty panel is the healthy state."))
+    panels.append(panel(
         lay, "table", "Firing ragpulse alerts", [
             target('ALERTS{alertname=~"Rag.*", alertstate="firing"}', "", instant=True,
                    format="table")],

@@ -3,6 +3,7 @@ the naming and annotation conventions, and behave as the promtool unit tests spe
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -110,6 +111,32 @@ def test_runbook_urls_point_to_existing_runbook_sections() -> None:
         assert url.rsplit("#", 1)[1] in anchors, f"{rule['alert']}: no section for {url}"
 
 
+def panel_titles() -> set[str]:
+    """Every panel title of the dashboards, repeated and per-judge titles for each judge."""
+    titles = set()
+    for path in (REPO / "grafana" / "dashboards").glob("*.json"):
+        for panel in json.loads(path.read_text(encoding="utf-8"))["panels"]:
+            for judge in ("groundedness", "relevance_to_query", "safety", "JUDGE"):
+                title = panel["title"].replace("$judge", judge)
+                titles.add(title if judge == "JUDGE" else title.replace("JUDGE", judge))
+                titles.add(re.sub(rf"^{judge}:", "JUDGE:", title))
+    return titles
+
+
+def test_runbook_says_for_every_alert_which_dashboard_panel_confirms_it() -> None:
+    sections = re.split(r"^## ", RUNBOOK.read_text(encoding="utf-8"), flags=re.MULTILINE)
+    confirm = {}
+    for section in sections[1:]:
+        name, body = section.split("\n", 1)
+        match = re.search(r"\*\*Confirm\.\*\*(.*?)\n\n", body, re.DOTALL)
+        confirm[name.strip()] = match.group(1) if match else ""
+    titles = panel_titles()
+    for alert in EXPECTED_ALERTS:
+        named = {" ".join(b.split()) for b in re.findall(r"\*\*(.+?)\*\*", confirm.get(alert, ""),
+                                                      re.DOTALL)}
+        assert named & titles, f"{alert}: the runbook names no dashboard panel ({named})"
+
+
 def test_recording_rules_are_named_level_metric_operation() -> None:
     names = [rule["record"] for rule in rules(RULE_FILES[0])]
     assert names
@@ -179,8 +206,15 @@ def test_a_misspelt_threshold_override_is_rejected(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def prometheus_with_rules() -> Iterator[PrometheusServer]:
-    with running_prometheus(rule_files=RULE_FILES, evaluation_interval="1s") as server:
+def prometheus_with_rules(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    # The committed rules, but the SLO period's group (every 5m when shipped) evaluated every
+    # second too, so that every rule has been evaluated within the test's patience.
+    out = tmp_path_factory.mktemp("rules")
+    rendered = run(sys.executable, RENDER, "--set", "slo.period_rule_interval=1s",
+                   "--out-dir", out)
+    assert rendered.returncode == 0, rendered.stderr
+    files = [out / path.name for path in RULE_FILES]
+    with running_prometheus(rule_files=files, evaluation_interval="1s") as server:
         yield server
 
 

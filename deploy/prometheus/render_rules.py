@@ -529,28 +529,32 @@ def judge_errors_alert(config: Mapping[str, Any]) -> dict[str, Any]:
 LOSS_COUNTERS: dict[str, tuple[str, tuple[str, ...], str, str]] = {
     "RagRecordsLost": (
         "ragpulse_records_lost_total", ("topic", "reason"),
-        "ragpulse lost records of topic {{ $labels.topic }}.",
-        "Records of topic {{ $labels.topic }} were lost ({{ $labels.reason }}): neither judged "
-        "nor dead-lettered, so the quality figures miss them.",
+        "ragpulse skipped records of topic {{ $labels.topic }} without judging them.",
+        "Records of topic {{ $labels.topic }} were skipped without being judged (reason "
+        "{{ $labels.reason }}; retention: deleted before they were read, topic_reset: jumped "
+        "over by --on-offset-reset latest), so the quality figures miss them.",
     ),
     "RagOffsetReset": (
         "ragpulse_offset_resets_total", ("topic", "kind"),
         "ragpulse reset its Kafka offset on topic {{ $labels.topic }}.",
-        "ragpulse found its committed position on topic {{ $labels.topic }} invalid and reset "
-        "it ({{ $labels.kind }}): records were skipped or will be read twice.",
+        "Saved offsets of topic {{ $labels.topic }} were outside their partition "
+        "({{ $labels.kind }}: the topic was recreated, truncated or emptied, or retention ran "
+        "ahead of serve); --on-offset-reset decided where reading went on.",
     ),
     "RagDeadLettersUndeliverable": (
-        "ragpulse_dead_letters_undeliverable_total", (),
-        "ragpulse could not write dead letters.",
-        "Invalid or late records could not be written to the dead-letter output: the records "
-        "and the reasons they were rejected are gone.",
+        "ragpulse_dead_letters_undeliverable_total", ("topic",),
+        "ragpulse could not deliver records to {{ $labels.topic }}.",
+        "Dead letters or verdict rows meant for topic {{ $labels.topic }} were dropped: the "
+        "broker refused them for good or did not acknowledge them within "
+        "--undeliverable-after. The rejected records and their reasons (or the failing "
+        "verdicts) are gone.",
     ),
     "RagLabelOverflow": (
         "ragpulse_label_overflow_total", ("label",),
-        "Too many distinct values of label {{ $labels.label }}.",
-        "Verdicts were counted under the overflow value of label {{ $labels.label }}, which has "
-        "more distinct values than ragpulse exports: those apps or models are not monitored "
-        "one by one.",
+        "Judged events were counted under {{ $labels.label }} \"other\".",
+        "Judged events whose {{ $labels.label }} was beyond --max-label-values or not in "
+        "--allowed-apps/--allowed-models were counted under \"other\": their quality is "
+        "measured, but no alert or panel can name them.",
     ),
 }
 
