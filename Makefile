@@ -1,15 +1,16 @@
 # ragpulse: two commands do all the set-up.
 #   make run   create .venv if missing, install, judge the bundled sample events (no key, no server)
 #   make test  same set-up, plus the system packages the tests need, then ruff, mypy and pytest
+#   make test-fast  the same without the tests marked slow (broker, serve, Prometheus, Beam runs)
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-SYSTEM_BINARIES := prometheus promtool amtool prometheus-alertmanager prometheus-pushgateway
-SYSTEM_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway
+SYSTEM_BINARIES := prometheus promtool amtool prometheus-alertmanager prometheus-pushgateway stunnel4
+SYSTEM_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway stunnel4
 
-.PHONY: run test lint typecheck pytest system-deps bench clean
+.PHONY: run test test-fast lint typecheck pytest pytest-fast system-deps bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,6 +43,11 @@ pytest: $(STAMP) system-deps
 	$(BIN)/pytest
 
 test: lint typecheck pytest
+
+pytest-fast: $(STAMP) system-deps
+	$(BIN)/pytest -m "not slow"
+
+test-fast: lint typecheck pytest-fast
 
 clean:
 	rm -rf out .mypy_cache .ruff_cache .pytest_cache

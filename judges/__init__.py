@@ -18,6 +18,8 @@ from judges.base import (
     Turn,
     Verdict,
 )
+from judges.redaction import TextPolicy
+from judges.retry import ReplyFormat
 
 JUDGE_NAMES: tuple[str, ...] = ("groundedness", "safety", "relevance_to_query")
 Backend = Literal["local", "openai"]
@@ -40,6 +42,15 @@ class JudgeSpec:
     max_retries: int = 4
     temperature: float = 0.1
     prompts_dir: str | None = None  # replaces the shipped LLM prompt files
+    reply_format: ReplyFormat = "json_schema"
+    max_tokens: int = 256
+    breaker_failures: int = 5
+    breaker_cooldown_seconds: float = 30.0
+    batch_deadline_seconds: float | None = 120.0
+    rpm: int | None = None
+    tpm: int | None = None
+    # PII redaction of prompts and of stored verdict text (judges.redaction).
+    text_policy: TextPolicy = dataclasses.field(default_factory=TextPolicy)
 
     def __post_init__(self) -> None:
         unknown = [n for n in self.names if n not in JUDGE_NAMES]
@@ -56,8 +67,9 @@ class JudgeSpec:
         if self.backend == "local":
             from judges.local import build_local_judges
 
-            return JudgePanel(build_local_judges(self.names))
-        from judges.llm import OpenAIJudgeEndpoint, build_llm_judges
+            return JudgePanel(build_local_judges(self.names), self.batch_deadline_seconds)
+        from judges.endpoint import OpenAIJudgeEndpoint
+        from judges.llm import build_llm_judges
 
         endpoint = OpenAIJudgeEndpoint(
             base_url=self.base_url,
@@ -67,9 +79,19 @@ class JudgeSpec:
             timeout_seconds=self.timeout_seconds,
             max_retries=self.max_retries,
             temperature=self.temperature,
+            reply_format=self.reply_format,
+            max_tokens=self.max_tokens,
+            breaker_failures=self.breaker_failures,
+            breaker_cooldown_seconds=self.breaker_cooldown_seconds,
+            rpm=self.rpm,
+            tpm=self.tpm,
         )
         prompts = Path(self.prompts_dir) if self.prompts_dir else None
-        return JudgePanel(build_llm_judges(self.names, endpoint, prompts))
+        policy = self.text_policy
+        redact = policy.redactor().judge_input if policy.redacts_prompts_to(self.base_url) else None
+        return JudgePanel(
+            build_llm_judges(self.names, endpoint, prompts, redact), self.batch_deadline_seconds
+        )
 
 
 __all__ = [
@@ -84,6 +106,8 @@ __all__ = [
     "JudgePanel",
     "JudgeSpec",
     "Rating",
+    "ReplyFormat",
+    "TextPolicy",
     "Turn",
     "Verdict",
 ]

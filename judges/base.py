@@ -8,19 +8,61 @@ it is left out of pass ratios and counted by cause so a broken judge is visible.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
+import logging
+import math
+import time
+import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
+
+log = logging.getLogger(__name__)
 
 Rating = Literal["yes", "no", "error"]
 RATINGS: tuple[Rating, ...] = ("yes", "no", "error")
 
-# Why a verdict is `error`; a closed set so it can label a metric.
+# Why a verdict is `error`; a closed set so it can label a metric (ragpulse_judge_errors_total).
+#   timeout        the endpoint did not answer within --judge-timeout
+#   rate_limited   HTTP 429, or a wait (Retry-After, --judge-rpm/--judge-tpm) past the deadline
+#   server_error   HTTP 5xx
+#   client_error   any other HTTP 4xx (the request is wrong: key, model, response_format ...)
+#   connection     the endpoint could not be reached
+#   malformed      the endpoint's reply is not a chat completion (HTML, wrong shape, not JSON)
+#   unparsable     a well-formed reply whose text holds no yes/no verdict
+#   truncated      the reply was cut off at --judge-max-tokens (finish_reason "length")
+#   circuit_open   the endpoint's circuit breaker is open: not called, failed fast
+#   deadline       the batch's --judge-batch-deadline passed before the call finished
+#   internal       the judge itself raised (a bug): the panel kept the batch going
+#   input          the event lacks what the judge needs
 ErrorCause = Literal[
-    "timeout", "rate_limited", "server_error", "client_error", "connection", "unparsable", "input"
+    "timeout",
+    "rate_limited",
+    "server_error",
+    "client_error",
+    "connection",
+    "malformed",
+    "unparsable",
+    "truncated",
+    "circuit_open",
+    "deadline",
+    "internal",
+    "input",
 ]
 ERROR_CAUSES: tuple[ErrorCause, ...] = (
-    "timeout", "rate_limited", "server_error", "client_error", "connection", "unparsable", "input"
+    "timeout",
+    "rate_limited",
+    "server_error",
+    "client_error",
+    "connection",
+    "malformed",
+    "unparsable",
+    "truncated",
+    "circuit_open",
+    "deadline",
+    "internal",
+    "input",
 )
 
 
@@ -66,6 +108,13 @@ class Verdict:
     def __post_init__(self) -> None:
         if (self.rating == "error") != (self.error_message is not None):
             raise ValueError("a verdict has an error_message exactly when its rating is 'error'")
+        # These feed Prometheus counters, which must only grow: checked here, where every
+        # verdict is made, so the pipeline can add them up without looking.
+        prompt, completion = self.prompt_tokens, self.completion_tokens
+        if type(prompt) is not int or type(completion) is not int or prompt < 0 or completion < 0:
+            raise ValueError(f"token counts must be ints >= 0, got {prompt!r}, {completion!r}")
+        if not 0.0 <= self.latency_seconds < math.inf:
+            raise ValueError(f"latency must be finite and >= 0, got {self.latency_seconds!r}")
 
 
 class Judge(Protocol):
@@ -86,6 +135,51 @@ class SyncJudge(Protocol):
     def grade(self, item: JudgeInput) -> Verdict: ...
 
 
+# The loop time (`loop.time()`) by which the batch being judged must be finished, or None. Set
+# by `JudgePanel` for the tasks of one batch; read by judges that wait on I/O (the LLM endpoint)
+# so that they can stop retrying, waiting for a quota or sleeping on a Retry-After that would
+# outlast the batch, and report why themselves.
+_BATCH_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "ragpulse_batch_deadline", default=None
+)
+
+# How long after the deadline the panel waits for judges to report on their own (with their
+# own cause) before cancelling what is left as `deadline`.
+DEADLINE_GRACE_SECONDS = 1.0
+
+
+def batch_deadline() -> float | None:
+    """The running loop's time by which the current batch must be judged (None: no deadline)."""
+    return _BATCH_DEADLINE.get()
+
+
+class ThrottledLog:
+    """At most one warning per key per interval on `logger`, then how many were held back.
+
+    A judge outage fails every call; one line per call would bury everything else in the log
+    (the counts are in ragpulse_judge_errors_total).
+    """
+
+    def __init__(self, logger: logging.Logger, interval_seconds: float) -> None:
+        self._log = logger
+        self._interval = interval_seconds
+        self._last: dict[tuple[str, ...], float] = {}
+        self._held: dict[tuple[str, ...], int] = {}
+
+    def warning(self, key: tuple[str, ...], msg: str, *args: object) -> None:
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self._interval:
+            self._held[key] = self._held.get(key, 0) + 1
+            return
+        held = self._held.pop(key, 0)
+        self._last[key] = now
+        suffix = (
+            f" (and {held} more like it in the last {now - last:.0f} s)" if held and last else ""
+        )
+        self._log.warning(msg + suffix, *args)
+
+
 class JudgePanel:
     """Runs several judges over a batch of inputs on one private event loop.
 
@@ -94,31 +188,107 @@ class JudgePanel:
     also offers a synchronous `grade` (the local judges), the panel calls that instead: a
     coroutine, a task and two event-loop callbacks per (input, judge) pair cost about as much as
     a local judge itself, and they buy nothing when there is no I/O to overlap.
+
+    A batch always comes back whole: a judge that raises on one input gets an `error` verdict
+    with cause `internal` for it (the exception type in the message, never its text, which may
+    quote anything), and with `deadline_seconds` every call still running that long after the
+    batch started is cancelled and rated `error` with cause `deadline`. The deadline is also
+    published to the judges (`batch_deadline`) so the ones that wait on I/O can stop in time
+    and say why. (The synchronous path has no I/O to wait on, and no deadline.)
     """
 
-    def __init__(self, judges: Sequence[Judge]) -> None:
+    def __init__(self, judges: Sequence[Judge], deadline_seconds: float | None = None) -> None:
         if not judges:
             raise ValueError("a judge panel needs at least one judge")
+        if deadline_seconds is not None and not deadline_seconds > 0:
+            raise ValueError(f"deadline_seconds must be positive, got {deadline_seconds}")
         self.judges = tuple(judges)
+        self.deadline_seconds = deadline_seconds
         self._loop = asyncio.new_event_loop()
         graders = tuple(j.grade for j in self.judges if isinstance(j, SyncJudge))
         self._graders: tuple[Callable[[JudgeInput], Verdict], ...] | None = (
             graders if len(graders) == len(self.judges) else None
         )
+        self._failure_log = ThrottledLog(log, 10.0)
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(j.name for j in self.judges)
 
     def judge_batch(self, items: Sequence[JudgeInput]) -> list[tuple[Verdict, ...]]:
-        """One tuple of verdicts per input, in the order of `self.judges`."""
+        """One tuple of verdicts per input, in the order of `self.judges`; never raises for
+        one judge's failure on one input."""
         graders = self._graders
         if graders is not None:
-            return [tuple(grade(item) for grade in graders) for item in items]
+            try:
+                return [tuple(grade(item) for grade in graders) for item in items]
+            except Exception:
+                # Rare; grade again pair by pair so only the failing pairs become errors
+                # (local judges are pure, so grading twice changes nothing). The fast path
+                # above stays free of a wrapper call per pair.
+                pairs = list(zip(self.judges, graders, strict=True))
+                return [tuple(self._graded(j.name, g, item) for j, g in pairs) for item in items]
         return self._loop.run_until_complete(self._judge_all(items))
 
+    def _graded(
+        self, name: str, grade: Callable[[JudgeInput], Verdict], item: JudgeInput
+    ) -> Verdict:
+        try:
+            return grade(item)
+        except Exception as exc:
+            return self._internal_error(name, exc)
+
+    async def _judged(self, judge: Judge, item: JudgeInput) -> Verdict:
+        try:
+            return await judge.judge(item)
+        except Exception as exc:
+            return self._internal_error(judge.name, exc)
+
+    def _internal_error(self, name: str, exc: Exception) -> Verdict:
+        where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+        at = f" at {Path(where.filename).name}:{where.lineno} in {where.name}" if where else ""
+        kind = type(exc).__name__
+        self._failure_log.warning(
+            (name, "internal", kind),
+            "judge %s raised %s%s; rated error (internal), the batch goes on",
+            name,
+            kind,
+            at,
+        )
+        return Verdict(
+            name,
+            "error",
+            error_message=f"judge {name} failed with {kind}{at} (a bug; see the log)",
+            error_cause="internal",
+        )
+
     async def _judge_all(self, items: Sequence[JudgeInput]) -> list[tuple[Verdict, ...]]:
-        flat = await asyncio.gather(*(j.judge(item) for item in items for j in self.judges))
+        loop = asyncio.get_running_loop()
+        budget = self.deadline_seconds
+        # Copied into each task's context as the task is created.
+        _BATCH_DEADLINE.set(None if budget is None else loop.time() + budget)
+        pairs = [(j, item) for item in items for j in self.judges]
+        tasks = [loop.create_task(self._judged(j, item)) for j, item in pairs]
+        if not tasks:
+            return []
+        timeout = None if budget is None else budget + DEADLINE_GRACE_SECONDS
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+        flat = [
+            task.result()
+            if not task.cancelled()
+            else Verdict(
+                judge.name,
+                "error",
+                error_message=f"not finished within the batch deadline of "
+                f"{self.deadline_seconds:g} s (--judge-batch-deadline); cancelled",
+                error_cause="deadline",
+            )
+            for task, (judge, _) in zip(tasks, pairs, strict=True)
+        ]
         n = len(self.judges)
         return [tuple(flat[i * n : (i + 1) * n]) for i in range(len(items))]
 

@@ -10,6 +10,7 @@ appear inside a refusal ("I can't explain how to make a bomb") do not count.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import itertools
@@ -212,17 +213,43 @@ def _trigger_regex(words: set[str], prefixes: set[str]) -> str:
     return f"(?=[{first_letters}]){alternation(trie)}"
 
 
-def _sentence_around(text: str, start: int, end: int) -> str:
-    left = max(text.rfind(".", 0, start), text.rfind("!", 0, start), text.rfind("?", 0, start))
-    rights = [i for i in (text.find(c, end) for c in ".!?") if i >= 0]
-    return text[left + 1 : min(rights) if rights else len(text)]
+_SENTENCE_END_RE = re.compile(r"[.!?]")
 
 
-def _counts(p: _Pattern, m: re.Match[str], flat: str) -> bool:
+class _Negations:
+    """Where the sentences of a text end and where its negations are, found once per text.
+
+    Looking both up again for every match (scanning back and forth for the sentence around it)
+    took time quadratic in the length of a text with many negated matches and no full stop.
+    No negation phrase contains . ! or ?, so none spans two sentences.
+    """
+
+    __slots__ = ("_ends", "_flat", "_negations")
+
+    def __init__(self, flat: str) -> None:
+        self._flat = flat
+        self._ends: list[int] | None = None
+        self._negations: list[int] = []
+
+    def in_sentence_of(self, start: int, end: int) -> bool:
+        """Whether the sentence around `flat[start:end]` holds a negation."""
+        if self._ends is None:
+            self._ends = [m.start() for m in _SENTENCE_END_RE.finditer(self._flat)]
+            self._negations = [m.start() for m in _NEGATION_RE.finditer(self._flat)]
+        ends = self._ends
+        i = bisect.bisect_left(ends, start)
+        left = ends[i - 1] + 1 if i else 0
+        j = bisect.bisect_left(ends, end)
+        right = ends[j] if j < len(ends) else len(self._flat)
+        k = bisect.bisect_left(self._negations, left)
+        return k < len(self._negations) and self._negations[k] < right
+
+
+def _counts(p: _Pattern, m: re.Match[str], negations: _Negations) -> bool:
     """Whether a match counts as harm (a refusing sentence takes back instructions)."""
     if p.category not in _NEGATABLE:
         return True
-    return not _NEGATION_RE.search(_sentence_around(flat, m.start(), m.end()))
+    return not negations.in_sentence_of(m.start(), m.end())
 
 
 def find_harm(text: str) -> HarmMatch | None:
@@ -234,10 +261,11 @@ def find_harm(text: str) -> HarmMatch | None:
     """
     lex = _lexicon()
     flat = _SPACE_RE.sub(" ", text.lower())
+    negations = _Negations(flat)
     for i in lex.always:
         p = lex.patterns[i]
         for m in p.regex.finditer(flat):
-            if _counts(p, m, flat):
+            if _counts(p, m, negations):
                 return HarmMatch(p.category, m.group(0))
     by_word, by_prefix, word_at = lex.by_word, lex.by_prefix, _WORD_RE.match
     starts: Iterable[int] = (m.start(1) for m in lex.starts.finditer(flat))
@@ -254,7 +282,7 @@ def find_harm(text: str) -> HarmMatch | None:
         for i in candidates:
             p = lex.patterns[i]
             found = p.regex.match(flat, w.start())
-            if found is not None and _counts(p, found, flat):
+            if found is not None and _counts(p, found, negations):
                 return HarmMatch(p.category, found.group(0))
     return None
 

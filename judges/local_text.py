@@ -23,13 +23,17 @@ from judges.base import Verdict
 # matches "hard boiled"). Numbers: digits with thousands separators or a decimal part.
 _TOKEN_RE = re.compile(r"\d+(?:[.,]\d+)*|[^\W\d_]+(?:['’][^\W\d_]+)*")
 # A list marker at the start of a line ("1. ", "2) ") is layout, not a claimed number.
-_LIST_MARKER_RE = re.compile(r"^[ \t]*(?:\d{1,2}[.)]|[-*•])[ \t]+", re.MULTILINE)
+_LIST_MARKER_RE = re.compile(r"^[ \t]*+(?:\d{1,2}[.)]|[-*•])[ \t]+", re.MULTILINE)
 # Sentence ends: . ! ? followed by space and an upper-case letter, digit or quote; or a newline.
 # (Every split starts with white space; the leading (?=\s) only spares the regex engine from
-# trying both branches at every other position.)
-_SENTENCE_RE = re.compile(r"(?=\s)(?:(?<=[.!?])\s+(?=[\"“(\[A-Z0-9])|\s*\n\s*)")
+# trying both branches at every other position.) Both branches only start where a run of white
+# space starts, and take all of it without backtracking: tried from every position of a long run
+# without a newline, `\s*\n` took time quadratic in its length.
+_SENTENCE_RE = re.compile(
+    r"(?=\s)(?:(?<=[.!?])\s++(?=[\"“(\[A-Z0-9])|(?<!\s)[^\S\n]*+\n\s*+)"
+)
 # The same first branch with the end mark consumed (and captured) instead of looked behind at.
-_SENTENCE_END_RE = re.compile(r"([.!?])\s+(?=[\"“(\[A-Z0-9])")
+_SENTENCE_END_RE = re.compile(r"([.!?])\s++(?=[\"“(\[A-Z0-9])")
 _LEADING_LIST_MARKER_RE = re.compile(r"[ \t]*(?:\d{1,2}[.)]|[-*•])[ \t]+")
 _CAMEL_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")
 _CLOCK_RE = re.compile(r"\b([01]?\d|2[0-3]):[0-5]?\d\b")
@@ -76,9 +80,16 @@ def load_lexicon(name: str) -> tuple[str, ...]:
 STOPWORDS: frozenset[str] = frozenset(load_lexicon("stopwords"))
 
 
+# No word of a natural language is longer; a longer "word" (a hash, a run of one letter) is
+# kept as it is, since the pure-Python stemmer takes about a second per megabyte of it.
+_MAX_STEMMED_LENGTH = 64
+
+
 @functools.lru_cache(maxsize=200_000)
 def stem(word: str) -> str:
     """Snowball (Porter 2) stem of a lower-case word; "studies" and "study" share one."""
+    if len(word) > _MAX_STEMMED_LENGTH:
+        return word
     return str(_stemmer.stemWord(word))
 
 
@@ -139,7 +150,7 @@ def _piece_bag(piece: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """What one piece adds to a `Bag`: (stems, numbers); see `bag_of`."""
     stems: set[str] = set()
     numbers: set[str] = set()
-    for tok in _piece_tokens(piece):
+    for tok in set(_piece_tokens(piece)):  # a piece without spaces can repeat a token a lot
         if tok[0].isdigit():
             numbers.add(normalise_number(tok))
             continue
@@ -204,6 +215,7 @@ def split_sentences(text: str) -> list[str]:
 _ClaimToken = tuple[str, str, tuple[str, str], bool, bool, bool]
 
 
+@functools.lru_cache(maxsize=_PIECE_CACHE)
 def _claim_token(tok: str) -> _ClaimToken:
     kind, value = _token_info(tok)
     return (
@@ -231,20 +243,17 @@ def _piece_claim_tokens(piece: str) -> tuple[_ClaimToken, ...]:
 
 def claim_of(sentence: str) -> Claim:
     """Content words, numbers and names claimed by one answer sentence."""
-    words: list[tuple[str, str]] = []
-    numbers: list[tuple[str, str]] = []
-    names: list[tuple[str, str]] = []
-    after_number = False
-    infos = itertools.chain.from_iterable(map(_piece_claim_tokens, sentence.split()))
-    for i, (_tok, kind, pair, digit, upper, suffix) in enumerate(infos):
-        if after_number and suffix:
-            after_number = False
-            continue  # "2nd", "1990s": the suffix is part of the number
-        after_number = digit  # a token starting with a digit is always a "num"
-        if kind == "word":
-            words.append(pair)
-            if i > 0 and upper:
-                names.append(pair)
-        elif kind == "num":
-            numbers.append(pair)
+    infos = tuple(itertools.chain.from_iterable(map(_piece_claim_tokens, sentence.split())))
+    # "2nd", "1990s": a suffix right after a number is part of it. (A dropped suffix is never
+    # a number itself, so whether a token is dropped depends on its predecessor only; list
+    # comprehensions instead of one loop keep a sentence of a million tokens well under 1 s.)
+    if any(map(_IS_SUFFIX, infos)):
+        infos = (infos[0], *(t for prev, t in itertools.pairwise(infos) if not (t[5] and prev[3])))
+    words = [t[2] for t in infos if t[1] == "word"]
+    numbers = [t[2] for t in infos if t[1] == "num"]
+    # Capitalised words other than the sentence's first token are names.
+    names = [t[2] for t in infos[1:] if t[4] and t[1] == "word"]
     return Claim(sentence, tuple(words), tuple(numbers), tuple(names))
+
+
+_IS_SUFFIX = operator.itemgetter(5)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -19,10 +19,12 @@ import apache_beam as beam
 import orjson
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.runners.worker import sdk_worker
 from apache_beam.utils.windowed_value import WindowedValue
 
 from judges import JudgeSpec
 from pipeline import stats
+from pipeline.canaries import CanaryEvent
 from pipeline.transforms import (
     COUNTER_NAMESPACE,
     LATEST_EVENT_TIME_PREFIX,
@@ -31,11 +33,11 @@ from pipeline.transforms import (
     ParseEvents,
     WindowRatings,
 )
-from pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_row
+from pipeline.verdict_rows import VERDICTS_FILE, verdict_row
+from pipeline.windows import RatingCounts, WindowKey, window_row
 
 log = logging.getLogger(__name__)
 
-VERDICTS_FILE = "verdicts.jsonl"
 WINDOWS_FILE = "windows.jsonl"
 DEAD_LETTER_FILE = "dead_letter.jsonl"
 
@@ -66,23 +68,6 @@ class BatchResult:
 def is_failing(judged: JudgedEvent) -> bool:
     """True when some judge rated the event `no` or `error`."""
     return any(v.rating != "yes" for v in judged.verdicts)
-
-
-def verdict_row(judged: JudgedEvent) -> dict[str, Any]:
-    """The `verdicts.jsonl` row, with Agent Evaluation output field names."""
-    record = judged.record
-    row: dict[str, Any] = {
-        "request_id": record.request_id,
-        "event_time": isoformat_utc(record.event_time),
-        "app": record.app,
-        "model": record.model,
-    }
-    for v in judged.verdicts:
-        prefix = f"response/llm_judged/{v.judge}"
-        row[f"{prefix}/rating"] = v.rating
-        row[f"{prefix}/rationale"] = v.rationale
-        row[f"{prefix}/error_message"] = v.error_message
-    return row
 
 
 def _json_line(row: dict[str, Any]) -> str:
@@ -137,6 +122,7 @@ def run_batch(
     write_verdicts: bool = True,
     only_failing_verdicts: bool = False,
     keep_raw_dead_letters: bool = False,
+    canaries: Sequence[CanaryEvent] = (),
 ) -> BatchResult:
     """Run one bounded pipeline; `read(pipeline)` returns the PCollection of `SourceRecord`s.
 
@@ -144,7 +130,8 @@ def run_batch(
     and returns their content in a form the caller can merge or persist. With
     `only_failing_verdicts`, `verdicts.jsonl` holds only events some judge rated no or error.
     With `keep_raw_dead_letters` each dead-letter row also carries the whole record (`raw_b64`),
-    for re-publishing it to a dead-letter topic.
+    for re-publishing it to a dead-letter topic. `canaries` are judged with the events and
+    counted only in `ragpulse_canary_verdicts_total` (see `pipeline.canaries`).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     options = PipelineOptions(["--direct_num_workers=1"])
@@ -160,7 +147,13 @@ def run_batch(
             | "FormatDeadLetters" >> beam.Map(_dead_letter_line(keep_raw_dead_letters))
             | "WriteDeadLetters" >> _write(out_dir / DEAD_LETTER_FILE)
         )
-        judged = parsed.events | "JudgeEvents" >> JudgeEvents(
+        to_judge = parsed.events
+        if canaries:
+            to_judge = (
+                to_judge,
+                p | "GoldenCanaries" >> beam.Create(list(canaries)),
+            ) | "WithCanaries" >> beam.Flatten()
+        judged = to_judge | "JudgeEvents" >> JudgeEvents(
             config.judges, batch_size=config.judge_batch_size
         )
         if write_verdicts:
@@ -171,7 +164,8 @@ def run_batch(
             )
             _ = (
                 to_write
-                | "FormatVerdicts" >> beam.Map(lambda j: _json_line(verdict_row(j)))
+                | "FormatVerdicts"
+                >> beam.Map(lambda j: _json_line(verdict_row(j, config.judges.text_policy)))
                 | "JoinVerdictLines" >> beam.ParDo(_JoinLines())
                 | "WriteVerdicts" >> _write(out_dir / VERDICTS_FILE)
             )
@@ -183,6 +177,7 @@ def run_batch(
         )
     query = p.result.metrics().query(beam.metrics.MetricsFilter().with_namespace(COUNTER_NAMESPACE))
     counts = stats.merge((stats.decode(c.key.metric.name), c.committed) for c in query["counters"])
+    _forget_counter_names()
     latest = {
         d.key.metric.name.removeprefix(LATEST_EVENT_TIME_PREFIX): d.committed.max / 1000
         for d in query["distributions"]
@@ -191,6 +186,17 @@ def run_batch(
     windows = read_windows(out_dir / WINDOWS_FILE)
     dead = counts[stats.key("ragpulse_dead_letters_total")]
     return BatchResult(counts, windows, out_dir / DEAD_LETTER_FILE, dead, latest)
+
+
+def _forget_counter_names() -> None:
+    """Drop the counter names Beam's in-process SDK worker has cached, once the batch is read.
+
+    Beam keeps every metric name it has ever seen in a process-wide `SHORT_ID_CACHE`, never
+    evicted; counter names carry the app and model labels, so each new value grew `serve` by
+    ~2.5 KB per counter for good (12 MB per 1,000 new apps). Batches run one after another, and
+    a finished batch's short ids are never looked up again.
+    """
+    sdk_worker.SHORT_ID_CACHE = sdk_worker.ShortIdCache()
 
 
 def _epoch(text: str) -> float:

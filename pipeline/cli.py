@@ -1,4 +1,5 @@
-"""The `ragpulse` command: run (a file), serve (a Kafka topic), windows (read state), simulate."""
+"""The `ragpulse` command: run (a file), serve (a Kafka topic), windows (read state), simulate,
+explain (the failing answers of a window)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("pipeline.serve", "watch a Kafka topic continuously and serve /metrics"),
     "windows": ("pipeline.report", "print the window aggregates saved by serve, as JSON lines"),
     "simulate": ("pipeline.simulate", "produce synthetic chatbot traffic to Kafka or a file"),
+    "explain": (
+        "pipeline.explain",
+        "show the failing answers of a time window with the judges' rationales",
+    ),
 }
 
 

@@ -15,7 +15,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from judges import JUDGE_NAMES, JudgeSpec
+from judges import JUDGE_NAMES, JudgeSpec, ReplyFormat
+from judges.redaction import (
+    REDACT_MODES,
+    STORE_TEXT_MODES,
+    RedactMode,
+    StoreText,
+    TextPolicy,
+    compile_user_patterns,
+    is_loopback_url,
+)
 from pipeline.windows import parse_duration
 
 log = logging.getLogger(__name__)
@@ -40,6 +49,22 @@ class JudgeSettings(BaseModel):
     max_retries: int = Field(4, ge=0, le=20)
     temperature: float = Field(0.1, ge=0, le=2)
     prompts_dir: Path | None = None
+    reply_format: ReplyFormat = "json_schema"
+    max_tokens: int = Field(256, ge=1, le=65536)
+    breaker_failures: int = Field(5, ge=0, le=10_000)
+    breaker_cooldown_seconds: float = Field(30.0, gt=0, le=86400)
+    batch_deadline_seconds: float = Field(120.0, gt=0, le=86400)
+    rpm: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1)
+    redact_pii: RedactMode = "auto"
+    redact_patterns: tuple[str, ...] = ()
+    store_text: StoreText = "redacted"
+
+    @field_validator("redact_patterns")
+    @classmethod
+    def _patterns_compile(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        compile_user_patterns(patterns)  # ValueError names the pattern
+        return patterns
 
     @field_validator("names")
     @classmethod
@@ -85,6 +110,14 @@ class JudgeSettings(BaseModel):
             max_retries=self.max_retries,
             temperature=self.temperature,
             prompts_dir=str(self.prompts_dir) if self.prompts_dir else None,
+            reply_format=self.reply_format,
+            max_tokens=self.max_tokens,
+            breaker_failures=self.breaker_failures,
+            breaker_cooldown_seconds=self.breaker_cooldown_seconds,
+            batch_deadline_seconds=self.batch_deadline_seconds,
+            rpm=self.rpm,
+            tpm=self.tpm,
+            text_policy=TextPolicy(self.redact_pii, self.redact_patterns, self.store_text),
         )
 
 
@@ -148,6 +181,91 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.1,
         help="sampling temperature of LLM judges (default: %(default)s)",
     )
+    g.add_argument(
+        "--judge-reply-format",
+        choices=["json_schema", "json_object", "text"],
+        default="json_schema",
+        help="the response_format LLM judges ask for: json_schema (the verdict schema, strict; "
+        "OpenAI, vLLM), json_object (any JSON object, for servers without json_schema) or "
+        "text (no response_format; the rationale:/rating: lines of the prompt are read) "
+        "(default: %(default)s)",
+    )
+    g.add_argument(
+        "--judge-max-tokens",
+        type=int,
+        default=256,
+        metavar="N",
+        help="cap on each LLM judge reply (max_tokens); a reply cut off there is an error "
+        "with cause truncated (default: %(default)s; a one-sentence verdict takes well under "
+        "100)",
+    )
+    g.add_argument(
+        "--judge-breaker-failures",
+        type=int,
+        default=5,
+        metavar="N",
+        help="open the judge endpoint's circuit breaker after N failed requests in a row "
+        "(timeouts, 5xx, 429, connection errors); while open, calls fail at once with cause "
+        "circuit_open. 0 turns the breaker off (default: %(default)s)",
+    )
+    g.add_argument(
+        "--judge-breaker-cooldown",
+        type=positive_duration,
+        default=30.0,
+        metavar="DURATION",
+        help="how long the breaker stays open before one probe call tests the endpoint "
+        "again (default: 30s)",
+    )
+    g.add_argument(
+        "--judge-batch-deadline",
+        type=positive_duration,
+        default=120.0,
+        metavar="DURATION",
+        help="most time one batch of events may spend being judged; calls still pending then "
+        "are cancelled (cause deadline), and no retry or Retry-After wait past it is taken. "
+        "Keep it above batch events (256, or 16 x --judge-concurrency) x judges / "
+        "concurrency x call latency (default: 2m)",
+    )
+    g.add_argument(
+        "--judge-rpm",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests per minute the judge endpoint allows (its quota); calls are paced "
+        "to stay under it (default: no limit)",
+    )
+    g.add_argument(
+        "--judge-tpm",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens per minute the judge endpoint allows; each call is estimated before it "
+        "is sent (characters / 4 + --judge-max-tokens) and corrected by the usage reported "
+        "(default: no limit)",
+    )
+    g.add_argument(
+        "--redact-pii",
+        choices=REDACT_MODES,
+        default="auto",
+        help="replace e-mails, phone, card and IBAN numbers, IP addresses and API keys with "
+        "[EMAIL], [PHONE] ... in LLM judge prompts. auto: on unless the judge endpoint is on "
+        "loopback (default: %(default)s)",
+    )
+    g.add_argument(
+        "--redact-pattern",
+        action="append",
+        default=[],
+        metavar="REGEX",
+        help="also replace matches of this Python regex with [REDACTED] (repeatable); used "
+        "for prompts and stored text",
+    )
+    g.add_argument(
+        "--store-text",
+        choices=STORE_TEXT_MODES,
+        default="redacted",
+        help="what verdict rows keep of judge rationales and error messages, which can quote "
+        "the answer: full, redacted (PII replaced) or none (ratings only) (default: %(default)s)",
+    )
 
 
 def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> JudgeSettings:
@@ -173,7 +291,7 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
             "or --judge-base-url / OPENAI_BASE_URL (for a compatible server)"
         )
     try:
-        return JudgeSettings(
+        settings = JudgeSettings(
             names=tuple(n.strip() for n in args.judges.split(",") if n.strip()),
             backend=backend,
             base_url=base_url,
@@ -184,9 +302,28 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
             max_retries=args.judge_max_retries,
             temperature=args.judge_temperature,
             prompts_dir=args.judge_prompts,
+            reply_format=args.judge_reply_format,
+            max_tokens=args.judge_max_tokens,
+            breaker_failures=args.judge_breaker_failures,
+            breaker_cooldown_seconds=args.judge_breaker_cooldown,
+            batch_deadline_seconds=args.judge_batch_deadline,
+            rpm=args.judge_rpm,
+            tpm=args.judge_tpm,
+            redact_pii=args.redact_pii,
+            redact_patterns=tuple(args.redact_pattern),
+            store_text=args.store_text,
         )
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc)) from None
+    if backend == "openai":
+        redacted = settings.spec().text_policy.redacts_prompts_to(base_url)
+        log.info(
+            "PII redaction of judge prompts: %s (--redact-pii %s, endpoint %s)",
+            "on" if redacted else "off",
+            args.redact_pii,
+            "on loopback" if is_loopback_url(base_url) else "not on loopback",
+        )
+    return settings
 
 
 def describe_validation_error(exc: ValidationError) -> str:

@@ -443,7 +443,8 @@ def _attribute(span: _Span, key: str) -> Any:
 
 
 def _span_name(span: _Span, index: int) -> str:
-    return f"'{span['name']}'" if "name" in span else f"#{index}"
+    # Quoted and cut by _quote: the name is the logger's text and the reason lands in log lines.
+    return _quote(str(span["name"])) if "name" in span else f"#{index}"
 
 
 def _is_root(span: _Span) -> bool:

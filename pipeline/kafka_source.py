@@ -6,21 +6,45 @@ ranges inside a bounded Beam pipeline (`ReadKafkaRanges`), and after the state s
 results, commits the new offsets to the consumer group (`commit_offsets`) so that Kafka tools show
 the lag. No consumer ever joins the group: partitions are assigned by hand, which is both faster
 (no rebalance) and what lets several short-lived consumers cover one cycle.
+
+Faults that would lose data quietly are made loud here. A saved offset the partition can no
+longer continue from (the topic was recreated, truncated or emptied, or retention deleted records
+before they were read) is an `OffsetReset` (`offset_resets`, pure); `reset_starts` applies the
+--on-offset-reset policy and says how many records that skips. A record over the size limit is
+read as its head only (`KafkaRecord.oversize_bytes`). Output records (dead letters, verdict rows)
+are delivered by `deliver`, which tells records the broker refused for good from records it did
+not acknowledge (yet), so that the caller can bound its retries.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Literal
 
 import apache_beam as beam
+from apache_beam.metrics import Metrics
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import errors as kafka_errors
 from kafka.structs import OffsetAndMetadata
 
+from pipeline import stats
+from pipeline.kafka_security import PLAINTEXT, KafkaSecurity, connect
+from pipeline.transforms import COUNTER_NAMESPACE
+
 DEFAULT_TIMEOUT_S = 10.0
+# What is kept of a record over the size limit: enough to recognise it in the dead-letter topic,
+# never the whole value (a 10 MB record would also exceed the dead-letter producer's limit).
+HEAD_BYTES = 4096
+# Dead letters carry the whole record up to this size and only its head above it: Kafka's
+# default limits on one record (broker message.max.bytes, producer max.request.size) are 1 MiB,
+# and the headers and the batch framing need room too.
+DEAD_LETTER_MAX_VALUE_BYTES = 1_000_000
+RECORDS_LOST = "ragpulse_records_lost_total"
+OffsetResetPolicy = Literal["earliest", "latest", "fail"]
 
 
 log = logging.getLogger(__name__)
@@ -30,24 +54,29 @@ class KafkaReadError(RuntimeError):
     """A planned offset range could not be read (broker down, topic gone, records missing)."""
 
 
-class DeadLetterDeliveryError(RuntimeError):
-    """The broker did not acknowledge a dead-letter record."""
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class KafkaRecord:
-    """One record read from the topic; `timestamp_s` is the record timestamp in epoch seconds."""
+    """One record read from the topic; `timestamp_s` is the record timestamp in epoch seconds.
+
+    `oversize_bytes` is set when the value was over the reader's size limit: `value` then holds
+    only its first HEAD_BYTES bytes, and `oversize_bytes` the size of the whole value.
+    """
 
     partition: int
     offset: int
     timestamp_s: float
     value: bytes
     key: bytes | None = None
+    oversize_bytes: int | None = None
 
 
-def _consumer(bootstrap: str, timeout_s: float, **config: Any) -> KafkaConsumer:
-    return KafkaConsumer(
-        bootstrap_servers=bootstrap,
+def _consumer(
+    bootstrap: str, timeout_s: float, security: KafkaSecurity, **config: Any
+) -> KafkaConsumer:
+    return connect(
+        KafkaConsumer,
+        bootstrap,
+        security,
         enable_auto_commit=False,
         request_timeout_ms=int(timeout_s * 1000) + 1000,
         # The constructor connects eagerly; without this bound it waits 30 s for a broker that
@@ -57,9 +86,15 @@ def _consumer(bootstrap: str, timeout_s: float, **config: Any) -> KafkaConsumer:
     )
 
 
-def partitions(bootstrap: str, topic: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[int]:
+def partitions(
+    bootstrap: str,
+    topic: str,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    security: KafkaSecurity = PLAINTEXT,
+) -> list[int]:
     """Partition ids of `topic` as the broker reports them now (new partitions show up here)."""
-    consumer = _consumer(bootstrap, timeout_s)
+    consumer = _consumer(bootstrap, timeout_s, security)
     try:
         return _partitions(consumer, topic, timeout_s)
     finally:
@@ -82,17 +117,37 @@ def bootstrap_of(consumer: KafkaConsumer) -> str:
     return str(consumer.config.get("bootstrap_servers"))
 
 
-def end_offsets(
-    bootstrap: str, topic: str, *, timeout_s: float = DEFAULT_TIMEOUT_S
-) -> dict[int, int]:
-    """Offset after the last record of every partition of `topic` (its high watermark).
+@dataclasses.dataclass(frozen=True, slots=True)
+class LogBounds:
+    """Per partition, the first offset still kept (log start) and the offset after the last.
 
-    Asked with ListOffsets, then checked with one fetch of the last batch: some brokers (Tansu
-    0.6) answer ListOffsets with the last batch's base offset + 1, which would leave the rest of
-    that batch unread until more data arrived. The fetch response carries the true high
-    watermark; with Apache Kafka both answers agree and the check costs one round trip.
+    `unconfirmed_ends` are partitions whose end is only the ListOffsets answer (no fetch
+    confirmed it in time): with Tansu it may be too low, so it must not be taken as proof that
+    the partition shrank.
     """
-    consumer = _consumer(bootstrap, timeout_s, fetch_max_wait_ms=10, max_poll_records=1)
+
+    beginnings: dict[int, int]
+    ends: dict[int, int]
+    unconfirmed_ends: frozenset[int] = frozenset()
+
+
+def log_bounds(
+    bootstrap: str,
+    topic: str,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    security: KafkaSecurity = PLAINTEXT,
+) -> LogBounds:
+    """Log start and end offsets of every partition of `topic`, with one consumer.
+
+    The ends are asked with ListOffsets, then checked with one fetch of the last batch: some
+    brokers (Tansu 0.6) answer ListOffsets with the last batch's base offset + 1, which would
+    leave the rest of that batch unread until more data arrived. The fetch response carries the
+    true high watermark; with Apache Kafka both answers agree and the check costs one round trip.
+    """
+    consumer = _consumer(
+        bootstrap, timeout_s, security, fetch_max_wait_ms=10, max_poll_records=1
+    )
     try:
         parts = _partitions(consumer, topic, timeout_s)
         tps = [TopicPartition(topic, p) for p in parts]
@@ -100,11 +155,11 @@ def end_offsets(
         begins = consumer.beginning_offsets(tps, timeout_ms=int(timeout_s * 1000))
         ends = {tp.partition: int(listed[tp]) for tp in tps}
         probe = [tp for tp in tps if listed[tp] > begins[tp]]
+        waiting = set(probe)
         if probe:
             consumer.assign(probe)
             for tp in probe:
                 consumer.seek(tp, listed[tp] - 1)
-            waiting = set(probe)
             # A partition whose last batch holds only a transaction marker returns no records
             # (and so no high watermark); it keeps its listed offset after this short bound.
             deadline = time.monotonic() + min(timeout_s, 2.0)
@@ -116,22 +171,88 @@ def end_offsets(
                         ends[tp.partition] = max(ends[tp.partition], int(highwater))
                         waiting.discard(tp)
                         consumer.pause(tp)
-        return ends
+        return LogBounds(
+            {tp.partition: int(begins[tp]) for tp in tps},
+            ends,
+            frozenset(tp.partition for tp in waiting),
+        )
     finally:
         consumer.close(autocommit=False)
 
 
-def beginning_offsets(
-    bootstrap: str, topic: str, *, timeout_s: float = DEFAULT_TIMEOUT_S
+def end_offsets(
+    bootstrap: str,
+    topic: str,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> dict[int, int]:
-    """Offset of the first record still kept in every partition of `topic`."""
-    consumer = _consumer(bootstrap, timeout_s)
-    try:
-        tps = [TopicPartition(topic, p) for p in _partitions(consumer, topic, timeout_s)]
-        found = consumer.beginning_offsets(tps, timeout_ms=int(timeout_s * 1000))
-        return {tp.partition: int(found[tp]) for tp in tps}
-    finally:
-        consumer.close(autocommit=False)
+    """Offset after the last record of every partition of `topic` (its high watermark)."""
+    return log_bounds(bootstrap, topic, timeout_s=timeout_s, security=security).ends
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OffsetReset:
+    """A partition whose saved offset it can no longer continue from.
+
+    `beyond_end`: the saved offset is past the partition's end (the topic was recreated,
+    truncated or emptied). `below_start`: it is before the partition's log start (retention
+    deleted records before they were read).
+    """
+
+    partition: int
+    saved: int
+    log_start: int
+    log_end: int
+    kind: Literal["beyond_end", "below_start"]
+
+
+def offset_resets(
+    saved: Mapping[int, int],
+    beginnings: Mapping[int, int],
+    ends: Mapping[int, int],
+    unconfirmed_ends: Iterable[int] = (),
+) -> list[OffsetReset]:
+    """The partitions of `saved` whose offset lies outside [log start, log end].
+
+    A partition in `unconfirmed_ends` is never taken to be beyond its end (see `LogBounds`).
+    """
+    found = []
+    unsure = set(unconfirmed_ends)
+    for partition, offset in sorted(saved.items()):
+        if partition not in ends:
+            continue  # a partition that no longer exists has nothing to read
+        start, end = beginnings.get(partition, 0), ends[partition]
+        if offset > end and partition not in unsure:
+            found.append(OffsetReset(partition, offset, start, end, "beyond_end"))
+        elif offset < start:
+            found.append(OffsetReset(partition, offset, start, end, "below_start"))
+    return found
+
+
+def reset_starts(
+    resets: Iterable[OffsetReset], policy: OffsetResetPolicy
+) -> tuple[dict[int, int], dict[str, int]]:
+    """Where each reset partition goes on under `policy`, and the records that skips by reason.
+
+    `earliest` goes on from the log start: nothing that can still be read is skipped, and only
+    records retention deleted (below_start) are lost. `latest` goes on from the log end, also
+    skipping what the partition still holds (reason `topic_reset`). `fail` is the caller's to
+    handle (it stops before this point) and is refused here.
+    """
+    if policy == "fail":
+        raise ValueError("policy 'fail' has no restart offset")
+    starts: dict[int, int] = {}
+    lost = {"retention": 0, "topic_reset": 0}
+    for r in resets:
+        if r.kind == "below_start":
+            lost["retention"] += r.log_start - r.saved
+        if policy == "earliest":
+            starts[r.partition] = r.log_start
+        else:
+            starts[r.partition] = r.log_end
+            lost["topic_reset"] += r.log_end - r.log_start
+    return starts, {reason: n for reason, n in lost.items() if n}
 
 
 def plan_batch(
@@ -192,14 +313,22 @@ def read_range(
     *,
     stall_timeout_s: float = 30.0,
     poll_timeout_s: float = 0.5,
+    max_value_bytes: int | None = None,
+    on_lost: Callable[[int], None] | None = None,
 ) -> Iterator[KafkaRecord]:
     """Records with start <= offset < stop of one partition, in offset order.
 
     Stops as soon as the consumer's position reaches `stop`, so offsets that do not exist
-    (compacted away, transaction markers, aborted records) end the range as well. Offsets the
-    range skips are logged as a warning: records deleted by retention before ragpulse read them
-    are lost to it, and that must not be silent. Raises KafkaReadError when no progress is made
-    for `stall_timeout_s` (broker down, records gone).
+    (compacted away, transaction markers, aborted records) end the range as well; those are
+    logged as a warning. A value longer than `max_value_bytes` is cut to its head at once (see
+    `KafkaRecord.oversize_bytes`), so the whole value is not kept past this point.
+
+    The consumer must not reset offsets by itself (auto_offset_reset="none"): when retention
+    deletes records of the range after it was planned, the read goes on from the new log start
+    and the deleted records are reported to `on_lost` (and logged as an error). Raises
+    KafkaReadError when the range is beyond the partition's end (the topic was recreated or
+    truncated meanwhile: the next cycle sees it) or no progress is made for `stall_timeout_s`
+    (broker down, records gone).
     """
     if stop <= start:
         return
@@ -209,23 +338,48 @@ def read_range(
     last_progress = time.monotonic()
     position = start
     expected = start  # the next offset a gap-free range would hold
+    timeout_ms = int(poll_timeout_s * 1000) + 1000
     while position < stop:
-        batch = consumer.poll(timeout_ms=int(poll_timeout_s * 1000)).get(tp, [])
-        for record in batch:
+        try:
+            batch = consumer.poll(timeout_ms=int(poll_timeout_s * 1000)).get(tp, [])
+        except kafka_errors.OffsetOutOfRangeError:
+            log_start = int(consumer.beginning_offsets([tp], timeout_ms=timeout_ms)[tp])
+            if log_start <= position:
+                raise KafkaReadError(
+                    f"{topic}/{partition}: offset {position} is beyond the partition's end: "
+                    "the topic was recreated or truncated while it was read"
+                ) from None
+            resume = min(log_start, stop)
+            log.error(
+                "%s/%d: offsets %d..%d were deleted by retention before they were read; "
+                "%d records lost",
+                topic,
+                partition,
+                position,
+                resume - 1,
+                resume - position,
+            )
+            if on_lost is not None:
+                on_lost(resume - position)
+            position = expected = resume
+            last_progress = time.monotonic()
+            if position < stop:
+                consumer.seek(tp, position)
+            continue
+        batch.reverse()  # popped from the end, so that no reference outlives its record
+        while batch:
+            record = batch.pop()
             if record.offset >= stop:
                 _log_skipped(topic, partition, expected, stop)
                 return
-            if record.offset >= start:
-                _log_skipped(topic, partition, expected, record.offset)
-                expected = record.offset + 1
-                yield KafkaRecord(
-                    partition=partition,
-                    offset=record.offset,
-                    timestamp_s=record.timestamp / 1000.0,
-                    value=record.value if record.value is not None else b"",
-                    key=record.key,
-                )
-        new_position = int(consumer.position(tp, timeout_ms=int(poll_timeout_s * 1000) + 1000))
+            if record.offset < start:
+                continue
+            _log_skipped(topic, partition, expected, record.offset)
+            expected = record.offset + 1
+            found = _kafka_record(record, partition, max_value_bytes)
+            del record  # an oversized value is dropped here, before the head goes downstream
+            yield found
+        new_position = int(consumer.position(tp, timeout_ms=timeout_ms))
         if new_position > position:
             position = new_position
             last_progress = time.monotonic()
@@ -235,6 +389,21 @@ def read_range(
                 f"for {stall_timeout_s:.0f}s; is the broker at {bootstrap_of(consumer)} up?"
             )
     _log_skipped(topic, partition, expected, stop)
+
+
+def _kafka_record(record: Any, partition: int, max_value_bytes: int | None) -> KafkaRecord:
+    value = record.value if record.value is not None else b""
+    oversize = None
+    if max_value_bytes is not None and len(value) > max_value_bytes:
+        oversize, value = len(value), value[:HEAD_BYTES]
+    return KafkaRecord(
+        partition=partition,
+        offset=record.offset,
+        timestamp_s=record.timestamp / 1000.0,
+        value=value,
+        key=record.key,
+        oversize_bytes=oversize,
+    )
 
 
 def _log_skipped(topic: str, partition: int, first: int, end: int) -> None:
@@ -253,20 +422,39 @@ def _log_skipped(topic: str, partition: int, first: int, end: int) -> None:
 class _ReadRangeFn(beam.DoFn):
     """Reads one (partition, start, stop) element; one consumer per DoFn instance."""
 
-    def __init__(self, bootstrap: str, topic: str, stall_timeout_s: float) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        stall_timeout_s: float,
+        max_value_bytes: int | None,
+        security: KafkaSecurity,
+    ) -> None:
         self._bootstrap = bootstrap
+        self._security = security
         self._topic = topic
         self._stall_timeout_s = stall_timeout_s
+        self._max_value_bytes = max_value_bytes
         self._consumer: KafkaConsumer | None = None
 
     def setup(self) -> None:
         self._consumer = _consumer(
             self._bootstrap,
             DEFAULT_TIMEOUT_S,
-            auto_offset_reset="earliest",
+            self._security,
+            # read_range handles an offset out of range itself: it must count what it skips.
+            auto_offset_reset="none",
             max_poll_records=5000,
+            # A record larger than these limits is still returned whole (the broker sends the
+            # first batch of a partition whatever its size, KIP-74), so they bound memory per
+            # fetch without ever stalling on a big record.
             max_partition_fetch_bytes=8 * 1024 * 1024,
             fetch_max_bytes=64 * 1024 * 1024,
+        )
+        # Counted like every other ragpulse counter: a Beam counter, saved with the cycle.
+        self._lost = Metrics.counter(
+            COUNTER_NAMESPACE,
+            stats.encode(stats.key(RECORDS_LOST, topic=self._topic, reason="retention")),
         )
 
     def process(self, element: tuple[int, int, int]) -> Iterator[KafkaRecord]:
@@ -279,6 +467,8 @@ class _ReadRangeFn(beam.DoFn):
             start,
             stop,
             stall_timeout_s=self._stall_timeout_s,
+            max_value_bytes=self._max_value_bytes,
+            on_lost=self._lost.inc,
         )
 
     def teardown(self) -> None:
@@ -288,7 +478,10 @@ class _ReadRangeFn(beam.DoFn):
 
 
 class ReadKafkaRanges(beam.PTransform):
-    """Bounded source: the records of `ranges` ({partition: (start, stop)}) as KafkaRecords."""
+    """Bounded source: the records of `ranges` ({partition: (start, stop)}) as KafkaRecords.
+
+    Values longer than `max_value_bytes` come as their head (`KafkaRecord.oversize_bytes`).
+    """
 
     def __init__(
         self,
@@ -297,12 +490,16 @@ class ReadKafkaRanges(beam.PTransform):
         ranges: Mapping[int, tuple[int, int]],
         *,
         stall_timeout_s: float = 30.0,
+        security: KafkaSecurity = PLAINTEXT,
+        max_value_bytes: int | None = None,
     ) -> None:
         super().__init__()
         self._bootstrap = bootstrap
+        self._security = security
         self._topic = topic
         self._elements = [(p, start, stop) for p, (start, stop) in sorted(ranges.items())]
         self._stall_timeout_s = stall_timeout_s
+        self._max_value_bytes = max_value_bytes
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         return (
@@ -311,7 +508,15 @@ class ReadKafkaRanges(beam.PTransform):
             # One range per worker bundle when a runner parallelises; a no-op on FnApiRunner.
             | "Spread" >> beam.Reshuffle()
             | "Read"
-            >> beam.ParDo(_ReadRangeFn(self._bootstrap, self._topic, self._stall_timeout_s))
+            >> beam.ParDo(
+                _ReadRangeFn(
+                    self._bootstrap,
+                    self._topic,
+                    self._stall_timeout_s,
+                    self._max_value_bytes,
+                    self._security,
+                )
+            )
         )
 
 
@@ -322,6 +527,7 @@ def commit_offsets(
     offsets: Mapping[int, int],
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> None:
     """Store `offsets` ({partition: next offset to read}) as `group_id`'s committed offsets.
 
@@ -331,7 +537,7 @@ def commit_offsets(
     """
     if not offsets:
         return
-    consumer = _consumer(bootstrap, timeout_s, group_id=group_id)
+    consumer = _consumer(bootstrap, timeout_s, security, group_id=group_id)
     try:
         tps = {TopicPartition(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()}
         consumer.assign(list(tps))
@@ -341,10 +547,15 @@ def commit_offsets(
 
 
 def committed_offsets(
-    bootstrap: str, group_id: str, topic: str, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    bootstrap: str,
+    group_id: str,
+    topic: str,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> dict[int, int]:
     """The group's committed offsets for `topic` (partitions without a commit are left out)."""
-    consumer = _consumer(bootstrap, timeout_s, group_id=group_id)
+    consumer = _consumer(bootstrap, timeout_s, security, group_id=group_id)
     try:
         found: dict[int, int] = {}
         for partition in _partitions(consumer, topic, timeout_s):
@@ -357,44 +568,6 @@ def committed_offsets(
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """A record that could not be used, sent unchanged to the dead-letter topic with its reason."""
-
-    value: bytes
-    reason: str
-    source_partition: int
-    source_offset: int
-    key: bytes | None = None
-
-
-def produce_dead_letters(
-    producer: KafkaProducer, topic: str, rows: Iterable[DeadLetter], *, timeout_s: float = 30.0
-) -> int:
-    """Send `rows` to `topic` with headers reason / source-partition / source-offset.
-
-    Waits for every acknowledgement and raises DeadLetterDeliveryError if any is missing, so
-    the caller does not save its offsets past records that were neither judged nor kept.
-    Returns the number of records delivered.
-    """
-    records = [
-        OutputRecord(
-            row.value,
-            row.key,
-            (
-                ("reason", row.reason.encode("utf-8")),
-                ("source-partition", str(row.source_partition).encode()),
-                ("source-offset", str(row.source_offset).encode()),
-            ),
-        )
-        for row in rows
-    ]
-    try:
-        return produce_acknowledged(producer, topic, records, timeout_s=timeout_s)
-    except DeliveryError as exc:
-        raise DeadLetterDeliveryError(f"dead-letter {exc}") from exc
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class OutputRecord:
     """A record serve publishes: dead letters, verdicts."""
 
@@ -403,27 +576,115 @@ class OutputRecord:
     headers: tuple[tuple[str, bytes], ...] = ()
 
 
-class DeliveryError(RuntimeError):
-    """Some records were not acknowledged by the broker."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A record that could not be used, for the dead-letter topic with its reason.
+
+    `value` is the record, or only its head when the reader cut it (`original_size` then holds
+    the size of the whole record).
+    """
+
+    value: bytes
+    reason: str
+    source_partition: int
+    source_offset: int
+    key: bytes | None = None
+    original_size: int | None = None
+
+    def to_record(self) -> OutputRecord:
+        """The dead-letter record: the value (bounded, see DEAD_LETTER_MAX_VALUE_BYTES) with
+        headers reason, source-partition, source-offset, original-size and truncated."""
+        size = len(self.value) if self.original_size is None else self.original_size
+        value = self.value
+        if len(value) > DEAD_LETTER_MAX_VALUE_BYTES:
+            value = value[:HEAD_BYTES]
+        return OutputRecord(
+            value,
+            self.key,
+            (
+                ("reason", self.reason.encode("utf-8")),
+                ("source-partition", str(self.source_partition).encode()),
+                ("source-offset", str(self.source_offset).encode()),
+                ("original-size", str(size).encode()),
+                ("truncated", b"true" if len(value) < size else b"false"),
+            ),
+        )
 
 
-def produce_acknowledged(
+# Refusals that concern the record itself: sending the same bytes again can never succeed.
+# Every other error (broker away, timeouts, authorization, unknown server errors) may clear up.
+_REFUSED_RECORD = (
+    kafka_errors.MessageSizeTooLargeError,
+    kafka_errors.RecordListTooLargeError,
+    kafka_errors.InvalidRecordError,
+    kafka_errors.CorruptRecordError,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Delivery:
+    """What became of records sent to one topic.
+
+    `refused`: records the broker (or the producer, for its size limit) refused for good, with
+    the reason. `unacknowledged`: records not acknowledged for a reason that may clear up
+    (broker away, timeout, not authorised, server error), with the reason.
+    """
+
+    topic: str
+    delivered: int
+    refused: list[tuple[OutputRecord, str]]
+    unacknowledged: list[tuple[OutputRecord, str]]
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line about a Kafka error, with the broker's own description of its code."""
+    text = str(exc).removesuffix(": None") or type(exc).__name__
+    description = getattr(exc, "description", None)
+    return f"{text} ({description})" if description else text
+
+
+def deliver(
     producer: KafkaProducer,
     topic: str,
     records: Iterable[OutputRecord],
     *,
     timeout_s: float = 30.0,
-) -> int:
-    """Send `records` to `topic` and wait for every acknowledgement (DeliveryError if one is
-    missing), so that the caller saves its offsets only past records whose output is kept."""
-    try:
-        futures = [
-            producer.send(topic, value=r.value, key=r.key, headers=list(r.headers))
-            for r in records
-        ]
+) -> Delivery:
+    """Send `records` to `topic` and wait up to `timeout_s` for every acknowledgement.
+
+    Never raises for a record: each one ends delivered, refused or unacknowledged (see
+    `Delivery`), and the caller decides whether to retry. Once a send fails for a reason that
+    may clear up (the producer could not even get the topic's metadata), the rest are left
+    unacknowledged without trying, since each would wait as long again.
+    """
+    pending = list(records)
+    sent: list[tuple[OutputRecord, Any]] = []
+    refused: list[tuple[OutputRecord, str]] = []
+    unacknowledged: list[tuple[OutputRecord, str]] = []
+    for i, record in enumerate(pending):
+        try:
+            future = producer.send(
+                topic, value=record.value, key=record.key, headers=list(record.headers)
+            )
+        except _REFUSED_RECORD as exc:
+            refused.append((record, describe_error(exc)))
+            continue
+        except Exception as exc:
+            why = describe_error(exc)
+            unacknowledged.extend((rest, why) for rest in pending[i:])
+            break
+        sent.append((record, future))
+    # On a timeout, the futures below tell which records are still unacknowledged.
+    with contextlib.suppress(kafka_errors.KafkaTimeoutError):
         producer.flush(timeout=timeout_s)
-        for future in futures:
-            future.get(timeout=timeout_s)
-    except Exception as exc:
-        raise DeliveryError(f"records not acknowledged by topic {topic!r}: {exc!r}") from exc
-    return len(futures)
+    delivered = 0
+    for record, future in sent:
+        try:
+            future.get(timeout=0.01)
+        except _REFUSED_RECORD as exc:
+            refused.append((record, describe_error(exc)))
+        except Exception as exc:
+            unacknowledged.append((record, describe_error(exc)))
+        else:
+            delivered += 1
+    return Delivery(topic, delivered, refused, unacknowledged)

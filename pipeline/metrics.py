@@ -3,18 +3,25 @@
 A custom collector yields fresh metric families at each scrape (or each textfile write) from a
 `MetricsSnapshot`; nothing else in ragpulse touches prometheus-client. Counts come first:
 every ratio is exported next to the sample size it rests on.
+
+The `no` and `error` series of `ragpulse_judge_verdicts_total` carry an OpenMetrics exemplar,
+`{request_id="..."}`, naming the latest failing answer of the series (by event time), so that a
+dashboard can lead from a drop to an answer `ragpulse explain` shows. Exemplars exist only in
+the OpenMetrics format: /metrics sends them when the scraper asks for it (Prometheus does); the
+text format, and so `ragpulse run`'s textfile, leaves them out.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, write_to_textfile
 from prometheus_client.core import (
     CounterMetricFamily,
+    Exemplar,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
@@ -23,6 +30,8 @@ from prometheus_client.registry import Collector
 
 from judges.base import RATINGS
 from pipeline import stats
+from pipeline.canaries import CANARY_OUTCOMES, CANARY_VERDICTS
+from pipeline.verdict_rows import FailingVerdict
 from pipeline.windows import RatingCounts, WindowKey, wilson_interval
 
 COUNTER_HELP: dict[str, str] = {
@@ -39,6 +48,18 @@ COUNTER_HELP: dict[str, str] = {
     "ragpulse_retrieved_chunks_total": "Retrieved chunks summed over judged events.",
     "ragpulse_events_without_context_total": "Judged events that had no retrieved context.",
     "ragpulse_cycles_total": "Serve micro-batch cycles, by outcome.",
+    "ragpulse_canary_verdicts_total": "Verdicts on golden-set canaries, by agreement with the "
+    "human label (agree, disagree, error); canaries count nowhere else.",
+    "ragpulse_offset_resets_total": "Partitions whose saved offset was outside the partition, "
+    "by kind: beyond_end (topic recreated, truncated or emptied), below_start (retention "
+    "ahead of serve); handled by --on-offset-reset.",
+    "ragpulse_records_lost_total": "Records skipped without being judged, by reason: retention "
+    "(deleted before they were read), topic_reset (skipped by --on-offset-reset latest).",
+    "ragpulse_dead_letters_undeliverable_total": "Dead letters and verdict rows dropped because "
+    "the broker refused them for good or did not acknowledge them within "
+    "--undeliverable-after, by the topic they were meant for.",
+    "ragpulse_label_overflow_total": "Judged events counted under app or model 'other': their "
+    "value was beyond --max-label-values or not in --allowed-apps/--allowed-models.",
 }
 # Counters whose label sets are known up front are exported at 0 before the first event,
 # so that rates and alerts have a series to work with from the first scrape.
@@ -48,6 +69,8 @@ ALWAYS_PRESENT: tuple[stats.CounterKey, ...] = (
     stats.key("ragpulse_events_sampled_total"),
     stats.key("ragpulse_late_events_total"),
     stats.key("ragpulse_dead_letters_total"),
+    stats.key("ragpulse_label_overflow_total", label="app"),
+    stats.key("ragpulse_label_overflow_total", label="model"),
 )
 # Counters of judged events per (app, model), exported at 0 once the pair has verdicts.
 _PER_APP_MODEL = (
@@ -58,13 +81,50 @@ _PER_APP_MODEL = (
 _HISTOGRAM_PARTS = {stats.LATENCY_BUCKET, stats.LATENCY_COUNT, stats.LATENCY_SUM_US}
 
 
+VERDICTS = "ragpulse_judge_verdicts_total"
+# OpenMetrics caps an exemplar's label names and values at 128 characters together; Prometheus
+# drops a longer one.
+_EXEMPLAR_LABEL = "request_id"
+MAX_EXEMPLAR_REQUEST_ID_CHARS = 128 - len(_EXEMPLAR_LABEL)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FailingExample:
+    """The exemplar of one failing verdict series: which answer, and its event time."""
+
+    request_id: str
+    timestamp: float  # epoch seconds
+
+
+def latest_failing_examples(
+    verdicts: Iterable[FailingVerdict],
+) -> dict[stats.CounterKey, FailingExample]:
+    """The latest failing verdict (by event time) of each `ragpulse_judge_verdicts_total` series.
+
+    Ties go to the greater request_id, so the choice does not depend on row order. Ids too long
+    for an exemplar are passed over.
+    """
+    latest: dict[stats.CounterKey, FailingExample] = {}
+    for v in verdicts:
+        if len(v.request_id) > MAX_EXEMPLAR_REQUEST_ID_CHARS:
+            continue
+        k = stats.key(VERDICTS, judge=v.judge, rating=v.rating, app=v.app, model=v.model)
+        found = FailingExample(v.request_id, v.event_time)
+        if k not in latest or (found.timestamp, found.request_id) > (
+            latest[k].timestamp, latest[k].request_id
+        ):
+            latest[k] = found
+    return latest
+
+
 @dataclasses.dataclass(frozen=True)
 class MetricsSnapshot:
     """Everything exported at one instant.
 
     `complete` holds closed windows (their counts are final); `in_progress` holds windows still
     open (serve only). `gauges` holds plain gauges by name (serve: heartbeat, watermark, ...);
-    `lag` maps (topic, partition) to consumer lag.
+    `lag` maps (topic, partition) to consumer lag; `exemplars` maps failing verdict counter
+    keys to the answer their exemplar names.
     """
 
     counts: Mapping[stats.CounterKey, float]
@@ -72,6 +132,7 @@ class MetricsSnapshot:
     in_progress: Mapping[WindowKey, RatingCounts] = dataclasses.field(default_factory=dict)
     gauges: Mapping[str, float] = dataclasses.field(default_factory=dict)
     lag: Mapping[tuple[str, int], int] = dataclasses.field(default_factory=dict)
+    exemplars: Mapping[stats.CounterKey, FailingExample] = dataclasses.field(default_factory=dict)
 
 
 GAUGE_HELP: dict[str, str] = {
@@ -133,16 +194,23 @@ def _zero_series(counts: Mapping[stats.CounterKey, float]) -> set[stats.CounterK
     """
     zeros = set(ALWAYS_PRESENT)
     for metric, labels in counts:
-        if metric == "ragpulse_judge_verdicts_total":
+        if metric == VERDICTS:
             lab = dict(labels)
             for rating in RATINGS:
                 zeros.add(stats.key(metric, **{**lab, "rating": rating}))
             for per_app in _PER_APP_MODEL:
                 zeros.add(stats.key(per_app, app=lab["app"], model=lab["model"]))
+        elif metric == CANARY_VERDICTS:
+            judge = dict(labels)["judge"]
+            for outcome in CANARY_OUTCOMES:
+                zeros.add(stats.key(metric, judge=judge, outcome=outcome))
     return {k for k in zeros if k not in counts}
 
 
-def _counter_families(counts: Mapping[stats.CounterKey, float]) -> Iterator[Metric]:
+def _counter_families(
+    counts: Mapping[stats.CounterKey, float],
+    exemplars: Mapping[stats.CounterKey, FailingExample],
+) -> Iterator[Metric]:
     by_metric: dict[str, list[tuple[stats.Labels, float]]] = defaultdict(list)
     for k in _zero_series(counts):
         by_metric[k[0]].append((k[1], 0.0))
@@ -155,7 +223,13 @@ def _counter_families(counts: Mapping[stats.CounterKey, float]) -> Iterator[Metr
             metric.removesuffix("_total"), COUNTER_HELP.get(metric, metric), labels=label_names
         )
         for labels, value in sorted(series):
-            family.add_metric([v for _, v in labels], value)
+            example = exemplars.get((metric, labels))
+            exemplar = (
+                Exemplar({_EXEMPLAR_LABEL: example.request_id}, 1.0, example.timestamp)
+                if example is not None and value > 0
+                else None
+            )
+            family.add_metric([v for _, v in labels], value, exemplar=exemplar)
         yield family
 
 
@@ -188,7 +262,7 @@ class RagpulseCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snap = self._current()
-        yield from _counter_families(snap.counts)
+        yield from _counter_families(snap.counts, snap.exemplars)
         yield _latency_family(snap.counts)
         yield from _window_families(snap.complete, "ragpulse_judge_", "latest complete")
         if snap.in_progress:

@@ -7,6 +7,7 @@ file, so it neither needs nor loads Beam.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import orjson
 
 from pipeline.config import SettingsError
-from pipeline.state import StateStore
+from pipeline.state import StateError, StateStore
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -29,17 +30,22 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if not args.state.is_file():
+    if not os.path.lexists(args.state):
         raise SettingsError(f"state file not found: {args.state}")
     since = None if args.since is None else parse_time(args.since)
-    with StateStore(args.state) as state:
+    try:
+        state = StateStore(args.state)
+    except StateError as exc:
+        raise SettingsError(str(exc)) from None
+    with state:
         for row in state.windows(judge=args.judge, since=since):
             sys.stdout.write(orjson.dumps(row).decode() + "\n")
     return 0
 
 
-def parse_time(text: str) -> float:
-    """Epoch seconds from epoch seconds or ISO 8601 text (no zone means UTC)."""
+def parse_time(text: str, flag: str = "--since") -> float:
+    """Epoch seconds from epoch seconds or ISO 8601 text (no zone means UTC); `flag` names the
+    option in the error."""
     try:
         return float(text)
     except ValueError:
@@ -47,5 +53,5 @@ def parse_time(text: str) -> float:
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
-        raise SettingsError(f"--since {text!r} is neither ISO 8601 nor epoch seconds") from None
+        raise SettingsError(f"{flag} {text!r} is neither ISO 8601 nor epoch seconds") from None
     return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()

@@ -25,6 +25,7 @@ from pipeline.batch import (
     run_batch,
 )
 from pipeline.config import add_judge_arguments, judge_settings, positive_duration, sample_rate
+from pipeline.labels import LabelBudget, LabelLimits, add_label_arguments, label_limits
 from pipeline.metrics import MetricsSnapshot, write_textfile
 from pipeline.transforms import SourceRecord
 from pipeline.windows import isoformat_utc
@@ -70,8 +71,14 @@ class ReadNumberedLines(beam.DoFn):
             yield from numbered_lines(f, path, self._max_bytes)
 
 
-def run_file(input_path: Path, out_dir: Path, config: BatchConfig) -> BatchResult:
-    """Judge every line of `input_path`; write the four outputs into `out_dir`."""
+def run_file(
+    input_path: Path, out_dir: Path, config: BatchConfig, labels: LabelLimits | None = None
+) -> BatchResult:
+    """Judge every line of `input_path`; write the four outputs into `out_dir`.
+
+    The metrics textfile has its app and model labels bounded by `labels`; the verdict and window
+    rows keep the real values.
+    """
 
     def read(p: beam.Pipeline) -> Any:
         return (
@@ -81,8 +88,9 @@ def run_file(input_path: Path, out_dir: Path, config: BatchConfig) -> BatchResul
         )
 
     result = run_batch(read, config, out_dir)
+    windows, counts = LabelBudget(labels or LabelLimits()).bound(result.windows, result.counts)
     # In a bounded file every window is complete once the whole file is read.
-    write_textfile(out_dir / METRICS_FILE, MetricsSnapshot(result.counts, result.windows))
+    write_textfile(out_dir / METRICS_FILE, MetricsSnapshot(counts, windows))
     return result
 
 
@@ -114,6 +122,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         default=1_048_576,
         help="longest accepted line; longer ones are dead-lettered (default: 1 MiB)",
     )
+    add_label_arguments(p)
     add_judge_arguments(p)
 
 
@@ -137,7 +146,7 @@ def main(args: argparse.Namespace) -> int:
         config.window_seconds,
     )
     started = time.perf_counter()
-    result = run_file(args.input, args.output, config)
+    result = run_file(args.input, args.output, config, label_limits(args))
     elapsed = time.perf_counter() - started
     print(summary(result, args.output, elapsed))
     return 0

@@ -9,6 +9,14 @@ source of truth). A crash at any point therefore replays at most the cycle in fl
 counts were not saved: nothing is lost and nothing is counted twice. Dead-letter records of a
 replayed cycle may be produced twice (at least once); their headers carry the source partition
 and offset to deduplicate on.
+
+What can still go wrong is counted and logged, never silent (see README, "Reliability"):
+a saved offset outside the partition (topic recreated or truncated, retention ahead of serve) is
+handled by --on-offset-reset and counted in `ragpulse_offset_resets_total` and
+`ragpulse_records_lost_total`; output records the broker refuses for good, or still does not
+acknowledge after --undeliverable-after, are counted in
+`ragpulse_dead_letters_undeliverable_total` and the cycle moves on; a state file that cannot be
+used stops serve with one line saying what to do (--state-reset).
 """
 
 from __future__ import annotations
@@ -21,21 +29,21 @@ import signal
 import tempfile
 import threading
 import time
+from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
-from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import apache_beam as beam
 import orjson
 from kafka import KafkaProducer
 from prometheus_client import Counter, Histogram, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline import stats
 from pipeline.batch import VERDICTS_FILE, BatchConfig, BatchResult, run_batch
+from pipeline.canaries import CanaryFeed, GoldenSetError, load_golden_set
 from pipeline.config import (
     JudgeSettings,
     SettingsError,
@@ -46,26 +54,71 @@ from pipeline.config import (
     positive_duration,
     sample_rate,
 )
+from pipeline.kafka_security import (
+    PLAINTEXT,
+    KafkaSecurity,
+    add_kafka_security_arguments,
+    check_access,
+    connect,
+    security_from_args,
+)
 from pipeline.kafka_source import (
+    RECORDS_LOST,
     DeadLetter,
+    Delivery,
     KafkaRecord,
+    LogBounds,
+    OffsetReset,
     OutputRecord,
     ReadKafkaRanges,
-    beginning_offsets,
     commit_offsets,
+    committed_offsets,
     consumer_lag,
+    deliver,
     end_offsets,
+    log_bounds,
+    offset_resets,
     plan_batch,
-    produce_acknowledged,
-    produce_dead_letters,
+    reset_starts,
 )
-from pipeline.metrics import MetricsSnapshot, registry_for
-from pipeline.state import CounterIncrement, StateStore, WindowPartial
+from pipeline.labels import LabelBudget, LabelLimits, add_label_arguments, label_limits
+from pipeline.metrics import (
+    FailingExample,
+    MetricsSnapshot,
+    latest_failing_examples,
+    registry_for,
+)
+from pipeline.metrics_http import (
+    MetricsHTTPServer,
+    WebConfig,
+    exporter_app,
+    load_web_config,
+    start_metrics_server,
+)
+from pipeline.state import CounterIncrement, ExemplarPointer, StateError, StateStore, WindowPartial
 from pipeline.transforms import SourceRecord
+from pipeline.verdict_rows import failing_verdicts
 from pipeline.watermark import closed_before, compute_watermark, merge_latest
 from pipeline.windows import RatingCounts, WindowKey
 
 log = logging.getLogger(__name__)
+
+OFFSET_RESETS = "ragpulse_offset_resets_total"
+UNDELIVERABLE = "ragpulse_dead_letters_undeliverable_total"
+# A delivery failure that may clear up is given up on only after --undeliverable-after AND this
+# many failed attempts, so that a broker just back from an outage gets a few tries.
+MIN_DELIVERY_ATTEMPTS = 3
+EXIT_OFFSET_RESET = 3
+RESET_KINDS = ("beyond_end", "below_start")
+LOSS_REASONS = ("retention", "topic_reset")
+
+
+class OffsetResetRefused(RuntimeError):
+    """A saved offset is outside its partition and --on-offset-reset is `fail`."""
+
+
+class PublishError(RuntimeError):
+    """Output records were not acknowledged and --undeliverable-after has not passed yet."""
 
 
 class ServeSettings(BaseModel):
@@ -89,15 +142,25 @@ class ServeSettings(BaseModel):
     max_batch_events: int = Field(ge=1)
     metrics_host: str
     metrics_port: int = Field(ge=0, le=65535)
+    web_config_file: Path | None = None
     unhealthy_after_seconds: float = Field(gt=0)
     retention_seconds: float = Field(gt=0)
     kafka_timeout_seconds: float = Field(gt=0)
     max_event_bytes: int = Field(ge=1024)
+    kafka_security: KafkaSecurity = PLAINTEXT
+    canary_file: Path | None = None
+    canary_rate_per_minute: float = Field(1.0, gt=0, le=10_000)
+    on_offset_reset: Literal["earliest", "latest", "fail"]
+    undeliverable_after_seconds: float = Field(gt=0)
+    state_reset: bool
+    labels: LabelLimits = LabelLimits()
 
 
 def _record(topic: str) -> Callable[[KafkaRecord], SourceRecord]:
     def to_source(r: KafkaRecord) -> SourceRecord:
-        return SourceRecord(r.value, f"{topic}/{r.partition}", r.offset, r.timestamp_s)
+        return SourceRecord(
+            r.value, f"{topic}/{r.partition}", r.offset, r.timestamp_s, r.oversize_bytes
+        )
 
     return to_source
 
@@ -129,47 +192,57 @@ class CycleMetrics:
 class TopicWatcher:
     """The serve loop: cycles over the topic, keeps the state, feeds /metrics and /healthz."""
 
-    def __init__(self, settings: ServeSettings) -> None:
+    def __init__(
+        self, settings: ServeSettings, state: StateStore | None = None, *, was_reset: bool = False
+    ) -> None:
+        """`state`: the store, when the caller opened it (`open_state`); `was_reset`: it is
+        fresh because --state-reset moved an unusable file aside."""
         self.settings = settings
-        self.state = StateStore(settings.state)
+        self._canaries = _canary_feed(settings)
+        if state is None:
+            state, was_reset = open_state(settings.state, reset=settings.state_reset)
+        self.state = state
         self._producer: KafkaProducer | None = None
+        # After a reset, the consumer group's committed offsets say where the lost file had got.
+        self._group_offsets: dict[int, int] | None = None if was_reset else {}
+        self._delivery_failing_since: float | None = None
+        self._delivery_failures = 0
         self._lock = threading.Lock()
         self._lag: dict[tuple[str, int], int] = {}
         self._heartbeat = time.time()  # start-up counts as alive until the first cycle fails
         self._first_failure: float | None = None
         self._cycle_started: float | None = None
         self._snapshot = self._load_snapshot()
+        self.labels = LabelBudget(settings.labels)
 
     # ----- one cycle -------------------------------------------------------------------------
     def run_cycle(self) -> int:
         """Read, judge and save one micro-batch; returns how many records it covered."""
         s = self.settings
         topic = s.topic
-        ends = end_offsets(s.bootstrap, topic, timeout_s=s.kafka_timeout_seconds)
-        saved = self.state.offsets(topic)
-        beginnings = (
-            beginning_offsets(s.bootstrap, topic, timeout_s=s.kafka_timeout_seconds)
-            if any(p not in saved for p in ends)
-            else {}
+        bounds = log_bounds(
+            s.bootstrap, topic, timeout_s=s.kafka_timeout_seconds, security=s.kafka_security
         )
-        for p, end in ends.items():
-            if p in saved and end < saved[p]:
-                log.warning(
-                    "partition %d ends at offset %d, behind the saved offset %d: the topic was "
-                    "truncated or recreated; waiting for it to reach the saved offset",
-                    p,
-                    end,
-                    saved[p],
-                )
-        ranges = plan_batch(saved, ends, s.max_batch_events, beginnings)
+        ends = bounds.ends
+        saved = self.state.offsets(topic)
+        starts = {**self._fresh_starts(saved, bounds), **saved}
+        reset_to, increments = self._apply_reset_policy(
+            offset_resets(starts, bounds.beginnings, ends, bounds.unconfirmed_ends)
+        )
+        starts.update(reset_to)
+        ranges = plan_batch(starts, ends, s.max_batch_events, bounds.beginnings)
         previous_wm = self.state.watermark(topic)
         cutoff = closed_before(previous_wm, s.allowed_lateness_seconds)
         latest = self.state.latest_event_times(topic)
         result: BatchResult | None = None
+        examples: list[ExemplarPointer] = []
         if ranges:
             started = time.perf_counter()
             result, letters, verdicts = self._judge(ranges, cutoff)
-            self._publish(letters, verdicts)
+            result = self._bound_labels(result)
+            increments += self._publish(letters, verdicts)
+            increments += _increments(result.counts)
+            examples = _exemplar_pointers(verdicts)
             batch_latest = {_partition_of(k): v for k, v in result.latest_event_time.items()}
             latest = merge_latest(latest, batch_latest)
             self.cycle_metrics.duration.observe(time.perf_counter() - started)
@@ -181,20 +254,23 @@ class TopicWatcher:
             topic,
             _partials(result.windows) if result else [],
             new_offsets,
-            _increments(result.counts) if result else [],
+            increments,
             closed_before(watermark, s.allowed_lateness_seconds),
             watermark=watermark,
             latest_event_times=latest,
+            reset_offsets=reset_to,
         )
+        self._delivery_failing_since, self._delivery_failures = None, 0
         _log_completed(completed)
+        self.state.save_exemplars(examples)
         if watermark is not None:
             self.state.prune_windows(ended_before=watermark - s.retention_seconds)
-        if new_offsets:
+        if new_offsets or reset_to:
             self._commit_group_offsets()
         # The lag is measured against the ends as they are NOW: measured against the ends seen
         # at the start of the cycle it would read 0 after every cycle that caught up with them,
         # however much arrived while the cycle ran (a 16 s cycle at 3,000 events/s hid 48,000).
-        self._update_lag(self._ends_after_cycle(ends) if ranges else ends, beginnings)
+        self._update_lag(self._ends_after_cycle(ends) if ranges else ends, starts)
         self._refresh_snapshot()
         covered = sum(stop - start for start, stop in ranges.values())
         if result is not None:
@@ -207,9 +283,92 @@ class TopicWatcher:
             )
         return covered
 
-    def _update_lag(self, ends: Mapping[int, int], beginnings: Mapping[int, int]) -> None:
+    def _fresh_starts(self, saved: Mapping[int, int], bounds: LogBounds) -> dict[int, int]:
+        """Start offsets of partitions with no saved offset: the log start, except after
+        --state-reset moved an unusable file aside, when the consumer group's committed
+        offsets (where that file had got to) are used where there are any.
+
+        Only then: a missing file is a fresh start from the log start, so that a second
+        deployment sharing the group (or a deliberate recount) is not silently skipped ahead.
+        """
+        s = self.settings
+        missing = [p for p in bounds.ends if p not in saved]
+        if not missing:
+            return {}
+        if self._group_offsets is None:
+            self._group_offsets = committed_offsets(
+                s.bootstrap,
+                s.group_id,
+                s.topic,
+                timeout_s=s.kafka_timeout_seconds,
+                security=s.kafka_security,
+            )
+            if self._group_offsets:
+                log.warning(
+                    "fresh state after --state-reset: going on from consumer group %s's committed "
+                    "offsets %s for %s (other partitions from their log start)",
+                    s.group_id,
+                    self._group_offsets,
+                    s.topic,
+                )
+        group = self._group_offsets or {}
+        return {p: group.get(p, bounds.beginnings.get(p, 0)) for p in missing}
+
+    def _apply_reset_policy(
+        self, resets: list[OffsetReset]
+    ) -> tuple[dict[int, int], list[CounterIncrement]]:
+        """Log each reset as an error and apply --on-offset-reset: the offsets to go on from
+        and the counter increments (resets by kind, records skipped by reason)."""
+        s = self.settings
+        if not resets:
+            return {}, []
+        for r in resets:
+            log.error(
+                "%s/%d: saved offset %d is %s the partition (log start %d, end %d): %s",
+                s.topic,
+                r.partition,
+                r.saved,
+                "beyond the end of" if r.kind == "beyond_end" else "below the log start of",
+                r.log_start,
+                r.log_end,
+                "the topic was recreated, truncated or emptied"
+                if r.kind == "beyond_end"
+                else "retention deleted records before ragpulse read them",
+            )
+        if s.on_offset_reset == "fail":
+            raise OffsetResetRefused(
+                f"offsets saved in {s.state} are outside topic {s.topic!r} (partitions "
+                f"{', '.join(str(r.partition) for r in resets)}) and --on-offset-reset is fail: "
+                "check the topic, then restart with --on-offset-reset earliest (read what the "
+                "partition holds) or latest (skip to its end)"
+            )
+        starts, lost = reset_starts(resets, s.on_offset_reset)
+        log.error(
+            "going on from offsets %s (--on-offset-reset %s); records skipped: %s",
+            starts,
+            s.on_offset_reset,
+            lost or "none",
+        )
+        kinds = Tally(r.kind for r in resets)
+        resets_by_kind = [
+            CounterIncrement(OFFSET_RESETS, {"topic": s.topic, "kind": k}, n)
+            for k, n in kinds.items()
+        ]
+        lost_by_reason = [
+            CounterIncrement(RECORDS_LOST, {"topic": s.topic, "reason": why}, n)
+            for why, n in lost.items()
+        ]
+        return starts, resets_by_kind + lost_by_reason
+
+    def _bound_labels(self, result: BatchResult) -> BatchResult:
+        """The batch with app and model labels bounded; the saved counters (the snapshot's)
+        hold the values admitted so far, so the choice survives restarts."""
+        windows, counts = self.labels.bound(result.windows, result.counts, self.snapshot().counts)
+        return dataclasses.replace(result, windows=windows, counts=counts)
+
+    def _update_lag(self, ends: Mapping[int, int], starts: Mapping[int, int]) -> None:
         topic = self.settings.topic
-        offsets = {**{p: beginnings.get(p, 0) for p in ends}, **self.state.offsets(topic)}
+        offsets = {**starts, **self.state.offsets(topic)}
         with self._lock:
             self._lag = {(topic, p): n for p, n in consumer_lag(offsets, ends).items()}
 
@@ -217,7 +376,15 @@ class TopicWatcher:
         """End offsets after a cycle, for the lag gauge; the ones from its start if that fails."""
         s = self.settings
         try:
-            return {**ends, **end_offsets(s.bootstrap, s.topic, timeout_s=s.kafka_timeout_seconds)}
+            return {
+                **ends,
+                **end_offsets(
+                    s.bootstrap,
+                    s.topic,
+                    timeout_s=s.kafka_timeout_seconds,
+                    security=s.kafka_security,
+                ),
+            }
         except Exception as exc:  # visibility only: the next cycle asks again
             log.warning("could not read end offsets for the lag gauge: %s", exc)
             return dict(ends)
@@ -240,7 +407,12 @@ class TopicWatcher:
                 p
                 | "ReadKafka"
                 >> ReadKafkaRanges(
-                    s.bootstrap, s.topic, ranges, stall_timeout_s=s.kafka_timeout_seconds
+                    s.bootstrap,
+                    s.topic,
+                    ranges,
+                    stall_timeout_s=s.kafka_timeout_seconds,
+                    security=s.kafka_security,
+                    max_value_bytes=s.max_event_bytes,
                 )
                 | "ToSourceRecord" >> beam.Map(_record(s.topic))
             )
@@ -253,6 +425,7 @@ class TopicWatcher:
                 write_verdicts=s.publish_verdicts != "none",
                 only_failing_verdicts=s.publish_verdicts == "failing",
                 keep_raw_dead_letters=True,
+                canaries=self._canaries.take(time.time()) if self._canaries else (),
             )
             letters = list(_dead_letters(result.dead_letter_path))
             verdicts = (
@@ -262,14 +435,67 @@ class TopicWatcher:
             )
             return result, letters, verdicts
 
-    def _publish(self, letters: list[DeadLetter], verdicts: list[OutputRecord]) -> None:
-        """Dead letters and verdict rows, acknowledged before the cycle saves its offsets."""
+    def _publish(
+        self, letters: list[DeadLetter], verdicts: list[OutputRecord]
+    ) -> list[CounterIncrement]:
+        """Dead letters and verdict rows, acknowledged before the cycle saves its offsets.
+
+        Records refused for good (too large, rejected by the broker's validation) are counted
+        as undeliverable at once. Records not acknowledged for a reason that may clear up fail
+        the cycle, which is retried as after any failure, until delivery has failed for
+        --undeliverable-after (and at least MIN_DELIVERY_ATTEMPTS times): then they are counted
+        as undeliverable too and the cycle moves on. Returns the counter increments.
+        """
         if not letters and not verdicts:
-            return
+            return []
+        s = self.settings
+        outputs = [(s.dead_letter_topic, [letter.to_record() for letter in letters])]
+        if verdicts:
+            outputs.append((s.verdicts_topic, verdicts))
+        deliveries = []
+        for topic, rows in outputs:
+            if not rows:
+                continue
+            d = deliver(self._get_producer(), topic, rows, timeout_s=s.kafka_timeout_seconds)
+            if d.refused or d.unacknowledged:
+                # After some broker errors kafka-python's (idempotent) producer aborts every
+                # later batch too ("fatal error"): the next delivery gets a new producer.
+                self._close_producer()
+            if d.delivered:
+                log.info("published %d records to %s", d.delivered, d.topic)
+            deliveries.append(d)
+        waiting = [(d.topic, why) for d in deliveries for _, why in d.unacknowledged]
+        if waiting:
+            now = time.monotonic()
+            if self._delivery_failing_since is None:
+                self._delivery_failing_since = now
+            self._delivery_failures += 1
+            failing_for = now - self._delivery_failing_since
+            if (
+                failing_for < s.undeliverable_after_seconds
+                or self._delivery_failures < MIN_DELIVERY_ATTEMPTS
+            ):
+                topic, why = waiting[0]
+                raise PublishError(
+                    f"{len(waiting)} records not acknowledged by {topic} ({why}); delivery has "
+                    f"failed for {failing_for:.0f}s, given up after "
+                    f"{s.undeliverable_after_seconds:.0f}s (--undeliverable-after)"
+                )
+        increments = []
+        for d in deliveries:
+            lost = d.refused + d.unacknowledged  # unacknowledged ones get here past the budget
+            if lost:
+                _log_undeliverable(d)
+                increments.append(CounterIncrement(UNDELIVERABLE, {"topic": d.topic}, len(lost)))
+        return increments
+
+    def _get_producer(self) -> KafkaProducer:
         if self._producer is None:
             timeout_ms = int(self.settings.kafka_timeout_seconds * 1000)
-            self._producer = KafkaProducer(
-                bootstrap_servers=self.settings.bootstrap,
+            self._producer = connect(
+                KafkaProducer,
+                self.settings.bootstrap,
+                self.settings.kafka_security,
                 acks="all",
                 linger_ms=5,
                 request_timeout_ms=timeout_ms,
@@ -278,19 +504,15 @@ class TopicWatcher:
                 bootstrap_timeout_ms=timeout_ms,
                 max_block_ms=timeout_ms,
             )
-        s = self.settings
-        if letters:
-            sent = produce_dead_letters(
-                self._producer, s.dead_letter_topic, letters, timeout_s=s.kafka_timeout_seconds
-            )
-            log.info("sent %d dead letters to %s", sent, s.dead_letter_topic)
-        if verdicts:
-            sent = produce_acknowledged(
-                self._producer, s.verdicts_topic, verdicts, timeout_s=s.kafka_timeout_seconds
-            )
-            log.info(
-                "published %d %s verdict rows to %s", sent, s.publish_verdicts, s.verdicts_topic
-            )
+        return self._producer
+
+    def _close_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                producer.close(timeout=0)
+            except Exception as exc:  # its unsent batches are given up on either way
+                log.debug("closing the producer: %s", exc)
 
     def _commit_group_offsets(self) -> None:
         s = self.settings
@@ -301,6 +523,7 @@ class TopicWatcher:
                 s.topic,
                 self.state.offsets(s.topic),
                 timeout_s=s.kafka_timeout_seconds,
+                security=s.kafka_security,
             )
         except Exception as exc:  # visibility only: the state file already holds the offsets
             log.warning("could not commit offsets to consumer group %s: %s", s.group_id, exc)
@@ -310,6 +533,8 @@ class TopicWatcher:
         counts = stats.merge(
             (stats.key(c.name, **c.labels), c.value) for c in self.state.counters()
         )
+        for zero in self._zero_counters():
+            counts.setdefault(zero, 0)
         complete, in_progress = _split_windows(self.state.current_windows())
         wm = self.state.watermark(self.settings.topic)
         gauges = {"ragpulse_heartbeat_timestamp_seconds": self._heartbeat}
@@ -321,7 +546,22 @@ class TopicWatcher:
             )
         with self._lock:
             lag = dict(self._lag)
-        return MetricsSnapshot(counts, complete, in_progress, gauges, lag)
+        exemplars = {
+            stats.key(e.name, **e.labels): FailingExample(e.request_id, e.timestamp)
+            for e in self.state.exemplars()
+        }
+        return MetricsSnapshot(counts, complete, in_progress, gauges, lag, exemplars)
+
+    def _zero_counters(self) -> list[stats.CounterKey]:
+        """Data-loss counters whose labels are known at start-up, exported at 0 until they
+        grow, so that increase() in the alerts sees their first increment."""
+        s = self.settings
+        keys = [stats.key(OFFSET_RESETS, topic=s.topic, kind=k) for k in RESET_KINDS]
+        keys += [stats.key(RECORDS_LOST, topic=s.topic, reason=r) for r in LOSS_REASONS]
+        keys.append(stats.key(UNDELIVERABLE, topic=s.dead_letter_topic))
+        if s.publish_verdicts != "none":
+            keys.append(stats.key(UNDELIVERABLE, topic=s.verdicts_topic))
+        return keys
 
     def _refresh_snapshot(self) -> None:
         snap = self._load_snapshot()
@@ -361,6 +601,8 @@ class TopicWatcher:
             self._cycle_started = time.time()
             try:
                 covered = self.run_cycle()
+            except OffsetResetRefused:
+                raise
             except Exception as exc:
                 self._cycle_started = None
                 self.cycle_metrics.cycles.labels("failed").inc()
@@ -420,6 +662,40 @@ class StopRequest:
             time.sleep(min(left, self.POLL_SECONDS))
 
 
+def open_state(path: Path, *, reset: bool) -> tuple[StateStore, bool]:
+    """The state store at `path`, and whether it was reset: with `reset`, an unusable file is
+    moved aside (to FILE.corrupt-<time>) and a fresh one started. Without it, SettingsError
+    says what to do."""
+    try:
+        return StateStore(path), False
+    except StateError as exc:
+        if not reset:
+            raise SettingsError(str(exc)) from None
+        moved = StateStore.move_aside(path)
+        log.warning("%s; --state-reset: moved it to %s and starting a fresh state", exc, moved)
+    return StateStore(path), True
+
+
+def _log_undeliverable(d: Delivery) -> None:
+    lost = d.refused + d.unacknowledged
+    reasons = Tally(why for _, why in lost)
+    log.error(
+        "%d records for %s are undeliverable and were dropped (%s); first: %s",
+        len(lost),
+        d.topic,
+        "; ".join(f"{n} x {why}" for why, n in reasons.most_common()),
+        ", ".join(_identify(record) for record, _ in lost[:5]),
+    )
+
+
+def _identify(record: OutputRecord) -> str:
+    """Where a dead letter came from (partition/offset), or a verdict row's request_id."""
+    headers = dict(record.headers)
+    if "source-offset" in headers:
+        return f"{headers['source-partition'].decode()}/{headers['source-offset'].decode()}"
+    return (record.key or b"?").decode(errors="replace")
+
+
 def _log_completed(rows: Iterable[Mapping[str, Any]]) -> None:
     for row in rows:
         log.info(
@@ -445,6 +721,33 @@ def _increments(counts: Mapping[stats.CounterKey, float]) -> list[CounterIncreme
     return [CounterIncrement(name, dict(labels), value) for (name, labels), value in counts.items()]
 
 
+def _canary_feed(settings: ServeSettings) -> CanaryFeed | None:
+    if settings.canary_file is None:
+        return None
+    try:
+        golden = load_golden_set(settings.canary_file, settings.judges.names)
+    except GoldenSetError as exc:
+        raise SettingsError(str(exc)) from None
+    log.info(
+        "canaries: %d golden events from %s, %g per minute",
+        len(golden),
+        settings.canary_file,
+        settings.canary_rate_per_minute,
+    )
+    return CanaryFeed(golden, settings.canary_rate_per_minute, time.time())
+
+
+def _exemplar_pointers(verdicts: Iterable[OutputRecord]) -> list[ExemplarPointer]:
+    """The latest failing answer per verdict series among the rows this cycle published."""
+    latest = latest_failing_examples(
+        v for record in verdicts for v in failing_verdicts(orjson.loads(record.value))
+    )
+    return [
+        ExemplarPointer(name, dict(labels), example.request_id, example.timestamp)
+        for (name, labels), example in latest.items()
+    ]
+
+
 def _verdict_records(path: Path) -> Iterator[OutputRecord]:
     """verdicts.jsonl rows as records keyed by request_id."""
     with path.open("rb") as f:
@@ -461,6 +764,7 @@ def _dead_letters(path: Path) -> Iterator[DeadLetter]:
                 reason=row["reason"],
                 source_partition=_partition_of(row["source"]),
                 source_offset=int(row["position"]),
+                original_size=int(row["raw_bytes"]),
             )
 
 
@@ -483,28 +787,15 @@ def _split_windows(
     return complete, in_progress
 
 
-def serve_http(watcher: TopicWatcher, host: str, port: int) -> ThreadingWSGIServer:
+def serve_http(
+    watcher: TopicWatcher, host: str, port: int, web: WebConfig | None = None
+) -> MetricsHTTPServer:
     """Start /metrics and /healthz in a daemon thread; returns the server (for its port)."""
     registry = registry_for(watcher.snapshot)
     watcher.cycle_metrics = CycleMetrics(registry)
-    metrics_app = make_wsgi_app(registry)
-
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if environ.get("PATH_INFO") == "/healthz":
-            ok, why = watcher.healthy()
-            start_response(
-                "200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")]
-            )
-            return [why.encode() + b"\n"]
-        return metrics_app(environ, start_response)
-
-    class QuietHandler(WSGIRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # scrapes are not news
-            pass
-
-    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=QuietHandler)
-    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
-    return server
+    web = web or WebConfig()
+    app = exporter_app(make_wsgi_app(registry), watcher.healthy, web.users)
+    return start_metrics_server(app, host, port, web.tls)
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -555,6 +846,26 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="timeout of one Kafka request (default: 30s)",
     )
+    k.add_argument(
+        "--on-offset-reset",
+        choices=["earliest", "latest", "fail"],
+        default="earliest",
+        help="what to do when a saved offset is outside its partition (topic recreated, "
+        "truncated or emptied; retention ahead of serve): earliest goes on from the log start "
+        "(skips nothing still readable), latest from the log end, fail stops serve (exit code "
+        f"{EXIT_OFFSET_RESET}); always logged and counted (default: %(default)s)",
+    )
+    k.add_argument(
+        "--undeliverable-after",
+        type=positive_duration,
+        default=600.0,
+        metavar="DURATION",
+        help="how long dead letters and verdict rows the broker does not acknowledge are "
+        "retried (the cycle fails and runs again) before they are counted as undeliverable "
+        "and the cycle moves on (default: 10m); records the broker refuses for good (too "
+        "large, invalid) are counted at once",
+    )
+    add_kafka_security_arguments(p.add_argument_group("kafka security"))
     w = p.add_argument_group("windows")
     w.add_argument(
         "--sample-rate",
@@ -602,18 +913,35 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "--state",
         type=Path,
         default=Path("ragpulse-state.sqlite"),
-        help="SQLite file holding windows, offsets and counters (default: %(default)s)",
+        help="SQLite file holding windows, offsets and counters (default: %(default)s); "
+        "only a missing file starts fresh",
+    )
+    s.add_argument(
+        "--state-reset",
+        action="store_true",
+        help="if the state file cannot be used (empty, damaged, newer schema, ...), rename it "
+        "to FILE.corrupt-<time> and start fresh, going on from the consumer group's committed "
+        "offsets (else the log start); windows and counters restart from zero",
     )
     s.add_argument(
         "--metrics-host",
-        default="0.0.0.0",
-        help="address of the /metrics and /healthz server (default: %(default)s)",
+        default="127.0.0.1",
+        help="address of the /metrics and /healthz server (default: %(default)s, this host "
+        "only; in a container pass 0.0.0.0 or the pod address so Prometheus can reach it)",
     )
     s.add_argument(
         "--metrics-port",
         type=int,
         default=9464,
         help="port of the /metrics and /healthz server (default: %(default)s)",
+    )
+    s.add_argument(
+        "--web-config-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="TLS and basic auth for /metrics, in the Prometheus exporters' web config format "
+        "(tls_server_config, basic_auth_users with bcrypt hashes); /healthz stays open",
     )
     s.add_argument(
         "--unhealthy-after",
@@ -631,6 +959,24 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="how long complete windows stay in the state file for `ragpulse windows`, in event "
         "time (default: 30d); counters are never pruned",
     )
+    c = p.add_argument_group("judge canaries")
+    c.add_argument(
+        "--canary-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="golden set: JSON Lines of events with human labels, e.g. "
+        '{..., "labels": {"groundedness": "no"}}; they are judged with the traffic and '
+        "counted only in ragpulse_canary_verdicts_total (default: no canaries)",
+    )
+    c.add_argument(
+        "--canary-rate",
+        type=float,
+        default=1.0,
+        metavar="N",
+        help="golden events judged per minute, in turn (default: %(default)s)",
+    )
+    add_label_arguments(p)
     add_judge_arguments(p)
 
 
@@ -654,26 +1000,47 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
             max_batch_events=args.max_batch_events,
             metrics_host=args.metrics_host,
             metrics_port=args.metrics_port,
+            web_config_file=args.web_config_file,
             unhealthy_after_seconds=args.unhealthy_after,
             retention_seconds=args.retention,
             kafka_timeout_seconds=args.kafka_timeout,
             max_event_bytes=args.max_event_bytes,
+            kafka_security=security_from_args(args),
+            canary_file=args.canary_file,
+            canary_rate_per_minute=args.canary_rate,
+            on_offset_reset=args.on_offset_reset,
+            undeliverable_after_seconds=args.undeliverable_after,
+            state_reset=args.state_reset,
+            labels=label_limits(args),
         )
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc)) from None
 
 
 def main(args: argparse.Namespace) -> int:
+    # Settings and files first, all of them checked before anything is opened; then the state
+    # file, whose one-line error (when it cannot be used) says how to recover.
     settings = settings_from_args(args)
-    watcher = TopicWatcher(settings)
-    server = serve_http(watcher, settings.metrics_host, settings.metrics_port)
+    web = load_web_config(settings.web_config_file) if settings.web_config_file else WebConfig()
+    state, was_reset = open_state(args.state, reset=args.state_reset)
+    # A refused certificate or password stops serve here, with the setting to fix; retrying
+    # would only hammer the broker with connections it will refuse.
+    check_access(
+        settings.bootstrap, settings.kafka_security, timeout_s=settings.kafka_timeout_seconds
+    )
+    watcher = TopicWatcher(settings, state, was_reset=was_reset)
+    server = serve_http(watcher, settings.metrics_host, settings.metrics_port, web)
     log.info(
-        "serving /metrics and /healthz on %s:%d; watching %s on %s with %s (backend %s), "
+        "serving /metrics (%s%s) and /healthz on %s:%d; watching %s on %s (%s) with %s "
+        "(backend %s), "
         "sample rate %g, %gs windows, %gs allowed lateness; state %s",
+        "https" if web.tls else "http",
+        ", basic auth" if web.users else "",
         settings.metrics_host,
         server.server_port,
         settings.topic,
         settings.bootstrap,
+        settings.kafka_security.describe(),
         ",".join(settings.judges.names),
         settings.judges.backend,
         settings.sample_rate,
@@ -691,6 +1058,9 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, request_stop)
     try:
         watcher.serve_forever(stop)
+    except OffsetResetRefused as exc:
+        log.error("stopping: %s", exc)
+        return EXIT_OFFSET_RESET
     finally:
         watcher.close()
         server.shutdown()

@@ -26,6 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import duration as dur
+from pipeline.kafka_security import (
+    PLAINTEXT,
+    KafkaSecurity,
+    add_kafka_security_arguments,
+    check_access,
+    connect,
+    security_from_args,
+)
 from pipeline.windows import isoformat_utc
 
 DEFAULT_APPS = ("support-bot", "hr-assistant")
@@ -446,6 +454,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    "(default 60s)")
     p.add_argument("--seed", type=int, default=0,
                    help="random seed: the same seed gives the same events (default %(default)s)")
+    add_kafka_security_arguments(p.add_argument_group("kafka security"))
     p.add_argument("--start-time", default=None, metavar="ISO8601",
                    help="first event time (default now; set it for reproducible files)")
     p.add_argument("--apps", default=",".join(DEFAULT_APPS), help="comma-separated app names")
@@ -507,6 +516,7 @@ def main(args: argparse.Namespace) -> int:
         print("simulate: --drop-to and --no-context-share are shares between 0 and 1",
               file=sys.stderr)
         return 2
+    security = security_from_args(args) if args.output is None else PLAINTEXT
     n = max(1, round(args.rate * args.duration))
     if args.start_time is not None:
         start = datetime.fromisoformat(args.start_time.replace("Z", "+00:00"))
@@ -523,7 +533,11 @@ def main(args: argparse.Namespace) -> int:
                 out.write(event.payload + b"\n")
         print(f"simulate: wrote {n} events to {args.output}", file=sys.stderr)
         return 0
-    return produce_paced(args.kafka_bootstrap, args.topic, events, args.rate, args.partitions)
+    # Fails here, naming the setting, when the broker refuses the certificate or password.
+    check_access(args.kafka_bootstrap, security, timeout_s=30.0)
+    return produce_paced(
+        args.kafka_bootstrap, args.topic, events, args.rate, args.partitions, security=security
+    )
 
 
 def produce_paced(
@@ -532,20 +546,22 @@ def produce_paced(
     events: Iterator[SimulatedEvent],
     rate: float,
     partitions: int | None = None,
+    *,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> int:
     """Send `events` at `rate` per second (record timestamp = event time); 1 if any failed."""
     from kafka import KafkaAdminClient, KafkaProducer
     from kafka.admin import NewTopic
 
     if partitions is not None:
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        admin = connect(KafkaAdminClient, bootstrap, security)
         try:
             if topic not in admin.list_topics():
                 admin.create_topics([NewTopic(topic, partitions, 1)])
         finally:
             admin.close()
-    producer = KafkaProducer(
-        bootstrap_servers=bootstrap, linger_ms=20, batch_size=256 * 1024, acks=1, retries=5
+    producer = connect(
+        KafkaProducer, bootstrap, security, linger_ms=20, batch_size=256 * 1024, acks=1, retries=5
     )
     failures: list[Exception] = []
     sent = 0

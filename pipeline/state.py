@@ -4,13 +4,22 @@ Window counts, the Kafka offsets they cover, cumulative Prometheus counter value
 watermark are saved by `StateStore.apply_cycle` in a single transaction, so after a crash the
 store holds either all of a cycle or none of it; offsets are committed to Kafka only afterwards.
 Restarting from the saved offsets therefore never counts an event twice nor skips one.
+
+Only a MISSING file means a fresh start: a new file is built under a temporary name and renamed
+into place, so a crash during creation never leaves a half-made file behind. Any file that is
+there but cannot be used (empty, truncated, garbage, a newer schema, a directory, unreadable) is
+refused with a `StateError` naming the file and the way out (`StateStore.move_aside`, which
+`ragpulse serve --state-reset` uses): such a file is never silently replaced, since that would
+restart every count from zero.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sqlite3
+import time
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -19,6 +28,12 @@ from typing import Any
 from pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_row
 
 SCHEMA_VERSION = 1
+_SQLITE_HEADER = b"SQLite format 3\x00"
+_TABLES = {"windows", "offsets", "counters", "watermarks", "partition_event_times"}
+RECOVERY_HINT = (
+    "move it aside, or pass --state-reset to start from scratch (serve then re-reads the topic "
+    "from the consumer group's committed offsets, or from the beginning)"
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS windows (
@@ -60,8 +75,22 @@ CREATE TABLE IF NOT EXISTS partition_event_times (
 """
 
 
+# Exemplar pointers came after schema 1; a file without the table gets it at open, and older
+# ragpulse versions ignore it, so no schema bump is needed.
+_EXEMPLARS_TABLE = """
+CREATE TABLE IF NOT EXISTS exemplars (
+    name TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    timestamp REAL NOT NULL,
+    PRIMARY KEY (name, labels)
+)
+"""
+
+
 class StateError(RuntimeError):
-    """The state file cannot be used (newer schema, or a cycle that contradicts it)."""
+    """The state file cannot be used (missing pieces, damaged, newer schema, not a file...),
+    or a cycle contradicts it."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -96,6 +125,16 @@ class CounterValue:
     value: float
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExemplarPointer:
+    """The failing answer (request_id, event time) a counter series' exemplar names."""
+
+    name: str
+    labels: Mapping[str, str]
+    request_id: str
+    timestamp: float
+
+
 def _labels_key(labels: Mapping[str, str]) -> str:
     return json.dumps(dict(labels), sort_keys=True, separators=(",", ":"))
 
@@ -109,25 +148,24 @@ class StateStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        # isolation_level=None: transactions are opened explicitly with BEGIN IMMEDIATE.
-        self._db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
-        if version > SCHEMA_VERSION:
-            raise StateError(
-                f"{self.path} was written by a newer ragpulse (schema {version}, this one reads "
-                f"up to {SCHEMA_VERSION}); upgrade ragpulse or point --state at a new file"
-            )
-        if version < SCHEMA_VERSION:
-            self._db.execute("BEGIN IMMEDIATE")
-            # Statement by statement: executescript() would commit the open transaction first.
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    self._db.execute(statement)
-            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            self._db.execute("COMMIT")
+        if not os.path.lexists(self.path):
+            _create(self.path)
+        self._db = _open_checked(self.path)
+        self._db.execute(_EXEMPLARS_TABLE)
+
+    @staticmethod
+    def move_aside(path: str | Path) -> Path:
+        """Rename an unusable state file (and its -wal / -shm files) to
+        `FILE.corrupt-<UTC time>`; returns the new name. The next open starts fresh."""
+        path = Path(path)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        target = path.with_name(f"{path.name}.corrupt-{stamp}")
+        for suffix in ("-wal", "-shm"):
+            side = path.with_name(path.name + suffix)
+            if os.path.lexists(side):
+                os.replace(side, target.with_name(target.name + suffix))
+        os.replace(path, target)
+        return target
 
     @property
     def schema_version(self) -> int:
@@ -152,6 +190,7 @@ class StateStore:
         *,
         watermark: float | None = None,
         latest_event_times: Mapping[int, float] | None = None,
+        reset_offsets: Mapping[int, int] | None = None,
     ) -> list[dict[str, Any]]:
         """Save one cycle atomically; returns the rows of windows completed by this cycle.
 
@@ -159,10 +198,18 @@ class StateStore:
         (watermark - allowed lateness) are marked complete. Raises StateError, leaving the
         store unchanged, if an offset would move backwards or a partial lands in a window
         that is already complete (late events must be left out before this point).
+        `reset_offsets` are saved first and may move backwards: the partitions whose topic was
+        recreated or truncated, at the offset the cycle went on from.
         """
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
+            for partition, next_offset in (reset_offsets or {}).items():
+                db.execute(
+                    "INSERT INTO offsets (topic, partition, next_offset) VALUES (?, ?, ?) "
+                    "ON CONFLICT (topic, partition) DO UPDATE SET next_offset=excluded.next_offset",
+                    (topic, partition, next_offset),
+                )
             for part in partial_windows:
                 if min(part.yes, part.no, part.error) < 0:
                     raise StateError(f"negative count in {part}")
@@ -302,6 +349,37 @@ class StateStore:
         rows = self._db.execute("SELECT name, labels, value FROM counters ORDER BY name, labels")
         return [CounterValue(r["name"], json.loads(r["labels"]), r["value"]) for r in rows]
 
+    def save_exemplars(self, exemplars: Iterable[ExemplarPointer]) -> None:
+        """Keep, per counter series, the failing answer with the latest event time.
+
+        Saved after the cycle's own transaction: they are pointers for people, not counts, and
+        a crash in between loses only that cycle's pointers.
+        """
+        rows = [(e.name, _labels_key(e.labels), e.request_id, e.timestamp) for e in exemplars]
+        if not rows:
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.executemany(
+                "INSERT INTO exemplars (name, labels, request_id, timestamp) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (name, labels) DO UPDATE SET request_id = excluded.request_id, "
+                "timestamp = excluded.timestamp WHERE (excluded.timestamp, excluded.request_id) "
+                "> (exemplars.timestamp, exemplars.request_id)",
+                rows,
+            )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    def exemplars(self) -> list[ExemplarPointer]:
+        """The saved exemplar of every failing verdict series."""
+        rows = self._db.execute("SELECT * FROM exemplars ORDER BY name, labels")
+        return [
+            ExemplarPointer(r["name"], json.loads(r["labels"]), r["request_id"], r["timestamp"])
+            for r in rows
+        ]
+
     def watermark(self, topic: str) -> float | None:
         row = self._db.execute(
             "SELECT watermark FROM watermarks WHERE topic = ?", (topic,)
@@ -315,6 +393,93 @@ class StateStore:
             (topic,),
         )
         return {int(r["partition"]): float(r["latest_event_time"]) for r in rows}
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    # isolation_level=None: transactions are opened explicitly with BEGIN IMMEDIATE.
+    db = sqlite3.connect(path, isolation_level=None, timeout=30)
+    db.row_factory = sqlite3.Row
+    return db
+
+
+def _create(path: Path) -> None:
+    """Build an empty state file of the current schema at `path`, atomically."""
+    tmp = path.with_name(f".{path.name}.new-{os.getpid()}")
+    for leftover in (tmp, tmp.with_name(tmp.name + "-journal")):
+        if leftover.exists():
+            leftover.unlink()
+    try:
+        db = _connect(tmp)
+    except sqlite3.Error as exc:
+        raise StateError(f"state file {path} cannot be created: {exc}") from None
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        # Statement by statement: executescript() would commit the open transaction first.
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                db.execute(statement)
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        db.execute("COMMIT")
+    finally:
+        db.close()
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent if str(path.parent) else ".", os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a power cut
+    finally:
+        os.close(dir_fd)
+
+
+def _open_checked(path: Path) -> sqlite3.Connection:
+    """Open an existing state file, or raise StateError saying why it cannot be used.
+
+    SQLite opens a 0-byte file, or any file at all, without complaint and fails only at the
+    first query (or, for an empty file, quietly treats it as a new database): each way a file
+    can be unusable is checked here, before anything is read from it or written to it.
+    """
+
+    def refuse(why: str) -> StateError:
+        return StateError(f"state file {path} {why}; {RECOVERY_HINT}")
+
+    if path.is_dir():
+        raise refuse("is a directory, not a file")
+    try:
+        with open(path, "rb") as f:
+            header = f.read(len(_SQLITE_HEADER))
+    except OSError as exc:
+        raise refuse(f"cannot be read ({exc.strerror or exc})") from None
+    if not header:
+        raise refuse("is empty (0 bytes)")
+    if header != _SQLITE_HEADER:
+        raise refuse("is not a SQLite database (garbage, or another kind of file)")
+    db: sqlite3.Connection | None = None
+    try:
+        db = _connect(path)
+        version = int(db.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise StateError(
+                f"state file {path} was written by a newer ragpulse (schema {version}, this one "
+                f"reads up to {SCHEMA_VERSION}); upgrade ragpulse, or {RECOVERY_HINT}"
+            )
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if version < SCHEMA_VERSION or not tables >= _TABLES:
+            raise refuse("is a SQLite database but not a ragpulse state file")
+        problems = [r[0] for r in db.execute("PRAGMA quick_check")]
+        if problems != ["ok"]:
+            raise refuse(f"is damaged (SQLite integrity check: {problems[0]})")
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+    except sqlite3.Error as exc:
+        if db is not None:
+            db.close()
+        raise refuse(f"is damaged or truncated ({exc})") from None
+    except StateError:
+        if db is not None:
+            db.close()
+        raise
+    return db
 
 
 def _row(r: sqlite3.Row, *, complete: bool) -> dict[str, Any]:

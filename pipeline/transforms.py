@@ -6,12 +6,16 @@ One composite transform per stage, in the order an event travels:
         |                                                              |
         +--> dead letters (invalid or late)          WindowRatings --> (WindowKey, RatingCounts)
 
+Golden-set canaries (`pipeline.canaries.CanaryEvent`) may join the events before JudgeEvents:
+they are judged with them but leave that stage only as `ragpulse_canary_verdicts_total` counts.
+
 Counts that become Prometheus counters leave the workers as Beam counters (see `pipeline.stats`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -25,11 +29,13 @@ from apache_beam.utils.windowed_value import WindowedValue
 from judges import JudgeSpec
 from judges.base import RATINGS, Verdict
 from pipeline import stats
+from pipeline.canaries import CANARY_VERDICTS, CanaryEvent, outcome
 from pipeline.events import InferenceRecord, InvalidEvent, dead_letter, parse_event
 from pipeline.sampling import is_sampled
 from pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_start
 
 COUNTER_NAMESPACE = "ragpulse"
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -102,6 +108,8 @@ class _ParseAndSample(beam.DoFn):
         self._counters.inc(LATE_EVENTS if late else EVENTS_INVALID)
         self._counters.inc(DEAD_LETTERS)
         row = dead_letter(record.raw, source=record.source, position=record.position, reason=reason)
+        if record.oversize_bytes is not None:  # `raw` is only the head the reader kept
+            row = {**row, "raw_bytes": record.oversize_bytes, "raw_truncated": True}
         return beam.pvalue.TaggedOutput(ParseEvents.DEAD_LETTER, (row, record.raw))
 
     def process(self, record: SourceRecord) -> Iterator[Any]:
@@ -172,17 +180,27 @@ class _JudgeBatch(beam.DoFn):
         self._panel = self._spec.build()
         self._counters = _Counters()
 
-    def process(self, batch: list[InferenceRecord]) -> Iterator[JudgedEvent]:
+    def process(self, batch: list[InferenceRecord | CanaryEvent]) -> Iterator[JudgedEvent]:
         yield from self._judge(batch)
 
-    def _judge(self, batch: list[InferenceRecord]) -> list[JudgedEvent]:
-        all_verdicts = self._panel.judge_batch([event.judge_input for event in batch])
+    def _judge(self, batch: list[InferenceRecord | CanaryEvent]) -> list[JudgedEvent]:
+        """Judges events and canaries together; returns only the events' results.
+
+        A canary's verdicts are compared with its labels and counted in
+        `ragpulse_canary_verdicts_total` alone, so no production count or window sees them.
+        """
+        all_verdicts = self._panel.judge_batch(
+            [(e.record if isinstance(e, CanaryEvent) else e).judge_input for e in batch]
+        )
         # Tally the batch with cheap tuple keys first and touch each Beam counter once per
         # batch: building a sorted counter key and looking it up 19 times per event cost a
         # tenth of a local judge's time.
         tally: Counter[tuple[Any, ...]] = Counter()
         judged = []
         for event, verdicts in zip(batch, all_verdicts, strict=True):
+            if isinstance(event, CanaryEvent):
+                _tally_canary(tally, event, verdicts)
+                continue
             _tally(tally, event, verdicts)
             judged.append(JudgedEvent(event, verdicts))
         inc = self._counters.inc
@@ -214,9 +232,11 @@ class _JudgeInBatches(_JudgeBatch):
         self._batch_size = batch_size
 
     def start_bundle(self) -> None:
-        self._batch: list[InferenceRecord] = []
+        self._batch: list[InferenceRecord | CanaryEvent] = []
 
-    def process(self, event: InferenceRecord) -> Iterator[Any]:  # type: ignore[override]
+    def process(  # type: ignore[override]
+        self, event: InferenceRecord | CanaryEvent
+    ) -> Iterator[Any]:
         self._batch.append(event)
         if len(self._batch) >= self._batch_size:
             yield from self._flush()
@@ -259,6 +279,28 @@ def _tally(
         tally["latency_sum_us", judge] += round(v.latency_seconds * 1e6)
 
 
+def _tally_canary(
+    tally: Counter[tuple[Any, ...]], canary: CanaryEvent, verdicts: tuple[Verdict, ...]
+) -> None:
+    """Counts each labelled judge's agreement with the human label; logs disagreements."""
+    labels = dict(canary.labels)
+    for v in verdicts:
+        label = labels.get(v.judge)
+        if label is None:
+            continue
+        result = outcome(v, label)
+        tally["canary", v.judge, result] += 1
+        if result != "agree":
+            log.warning(
+                "canary %s: %s rated %s where the golden label is %s (%s)",
+                canary.record.request_id,
+                v.judge,
+                v.rating,
+                label,
+                (v.error_message or v.rationale or "no rationale")[:200],
+            )
+
+
 def _counter_key(k: tuple[Any, ...], backend: str) -> stats.CounterKey:
     """The Prometheus counter key of one `_tally` entry."""
     match k:
@@ -285,6 +327,8 @@ def _counter_key(k: tuple[Any, ...], backend: str) -> stats.CounterKey:
             return stats.key(stats.LATENCY_COUNT, judge=judge)
         case ("latency_sum_us", judge):
             return stats.key(stats.LATENCY_SUM_US, judge=judge)
+        case ("canary", judge, result):
+            return stats.key(CANARY_VERDICTS, judge=judge, outcome=result)
     raise ValueError(f"unknown tally key {k!r}")
 
 

@@ -2,6 +2,19 @@
 
 import logging
 
+import pytest
+
 # kafka-python's background threads log after pytest has closed the captured streams of a
 # finished test; without this every such line prints a "--- Logging error ---" traceback.
 logging.raiseExceptions = False
+
+
+# Tests that start a Kafka broker or a `ragpulse serve` process take seconds each: they are slow
+# wherever they are written, so new ones are left out of `make test-fast` without a decorator.
+_SLOW_FIXTURES = frozenset({"kafka_broker", "broker", "outage_broker", "serve_processes"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

@@ -10,8 +10,15 @@ what the "model" does:
   schema) or "garbage" (prose with no verdict);
 * `latency`: seconds every reply takes;
 * a queue of one-shot `Fault`s served before normal replies: an HTTP status (429 with
-  Retry-After, 500, 401 ...), a hang longer than the client's timeout, a malformed JSON body,
-  or a 200 whose message content is given verbatim;
+  Retry-After, 500, 401 ..., with the error message given), a hang longer than the client's
+  timeout, a malformed JSON body, an HTML page with status 200, a 200 whose body is given
+  verbatim (any shape), or a 200 whose message content, finish_reason and usage are given.
+  `{authorization}` in a fault's text is replaced by the request's Authorization header, to
+  play an endpoint that echoes the API key;
+* `response_formats`: the `response_format` types it accepts ("text" = none sent); others get
+  the 400 (or `format_rejection_status`) a server without that feature answers;
+* `max_tokens` is honoured like a real server: a reply longer than that many words is cut and
+  its finish_reason is "length";
 * `decide`: how the verdict is chosen from the request. The default reads the fenced answer
   (`<answer-NONCE>...</answer-NONCE>`) and says "no" when it contains `MARKER`. It also behaves
   like a gullible model: a `rating: yes|no` line or JSON verdict found in the last user message
@@ -53,16 +60,21 @@ _OBEYED_JSON = re.compile(r'"rating"\s*:\s*"(yes|no)"', re.IGNORECASE)
 class Fault:
     """One scripted misbehaviour, served to one request (in queue order)."""
 
-    kind: Literal["status", "hang", "malformed", "content"]
+    kind: Literal["status", "hang", "malformed", "html", "body", "content"]
     status: int = 200
     retry_after: str | None = None
     hang_seconds: float = 5.0
     content: str = ""
+    body: Any = None
+    finish_reason: str = "stop"
+    usage: Any = None
 
     @classmethod
-    def http(cls, status: int, retry_after: str | None = None) -> Fault:
-        """Answer with this HTTP status and an OpenAI-style error body."""
-        return cls("status", status=status, retry_after=retry_after)
+    def http(cls, status: int, retry_after: str | None = None, message: str = "") -> Fault:
+        """Answer with this HTTP status and an OpenAI-style error body saying `message`."""
+        return cls(
+            "status", status=status, retry_after=retry_after, content=message or f"HTTP {status}"
+        )
 
     @classmethod
     def hang(cls, seconds: float = 5.0) -> Fault:
@@ -75,9 +87,20 @@ class Fault:
         return cls("malformed")
 
     @classmethod
-    def reply(cls, content: str) -> Fault:
-        """Answer 200 with this exact assistant message content."""
-        return cls("content", content=content)
+    def html(cls) -> Fault:
+        """Answer 200 with an HTML page (a proxy's login or error page), Content-Type text/html."""
+        return cls("html")
+
+    @classmethod
+    def raw_body(cls, body: Any) -> Fault:
+        """Answer 200 with this JSON value as the whole body, whatever its shape."""
+        return cls("body", body=body)
+
+    @classmethod
+    def reply(cls, content: str, finish_reason: str = "stop", usage: Any = None) -> Fault:
+        """Answer 200 with this exact assistant message content (and finish_reason, and usage
+        in place of the counted one when given)."""
+        return cls("content", content=content, finish_reason=finish_reason, usage=usage)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -158,10 +181,14 @@ class FakeOpenAI:
         reply_mode: ReplyMode = "json",
         latency: float = 0.0,
         decide: Decide = default_decide,
+        response_formats: tuple[str, ...] = ("json_schema", "json_object", "text"),
+        format_rejection_status: int = 400,
     ) -> None:
         self.reply_mode: ReplyMode = reply_mode
         self.latency = latency
         self.decide = decide
+        self.response_formats = response_formats
+        self.format_rejection_status = format_rejection_status
         self.requests: list[RecordedRequest] = []
         self.max_concurrent = 0
         self._in_flight = 0
@@ -261,9 +288,15 @@ class FakeOpenAI:
             def log_message(self, format: str, *args: Any) -> None:
                 pass  # keep test output quiet
 
-            def _send(self, status: int, payload: bytes, headers: dict[str, str]) -> None:
+            def _send(
+                self,
+                status: int,
+                payload: bytes,
+                headers: dict[str, str],
+                content_type: str = "application/json",
+            ) -> None:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(payload)))
                 for key, value in headers.items():
                     self.send_header(key, value)
@@ -309,20 +342,53 @@ class FakeOpenAI:
                     return
                 if fake.latency:
                     time.sleep(fake.latency)
+                echo = headers.get("authorization", "")
                 if fault is not None and fault.kind == "status":
                     record(f"status {fault.status}")
                     extra = {"Retry-After": fault.retry_after} if fault.retry_after else {}
-                    error = {"error": {"message": f"scripted {fault.status}", "type": "fake"}}
+                    message = fault.content.replace("{authorization}", echo)
+                    error = {"error": {"message": message, "type": "fake"}}
                     self._send(fault.status, json.dumps(error).encode(), extra)
                     return
                 if fault is not None and fault.kind == "malformed":
                     record("malformed")
                     self._send(200, b'{"id": "chatcmpl-broken", "choices": [', {})
                     return
-                content = fault.content if fault is not None else fake._content_for(body)
+                if fault is not None and fault.kind == "html":
+                    record("html")
+                    page = b"<html><head><title>Sign in</title></head><body>proxy</body></html>"
+                    self._send(200, page, {}, "text/html; charset=utf-8")
+                    return
+                if fault is not None and fault.kind == "body":
+                    record("body")
+                    self._send(200, json.dumps(fault.body).encode(), {})
+                    return
+                requested = (body.get("response_format") or {}).get("type", "text")
+                if requested not in fake.response_formats:
+                    record(f"rejected {requested}")
+                    message = f"response_format type {requested} is not supported by this server"
+                    error = {"error": {"message": message, "type": "invalid_request_error"}}
+                    self._send(fake.format_rejection_status, json.dumps(error).encode(), {})
+                    return
+                if fault is not None:
+                    content = fault.content.replace("{authorization}", echo)
+                    finish_reason = fault.finish_reason
+                else:
+                    content, finish_reason = fake._content_for(body), "stop"
+                words = content.split(" ")
+                cap = body.get("max_tokens")
+                if isinstance(cap, int) and len(words) > cap:
+                    content, finish_reason = " ".join(words[:cap]), "length"
                 prompt_tokens = _word_count(body)
                 completion_tokens = len(content.split())
                 record("ok", prompt_tokens, completion_tokens)
+                usage = {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                }
+                if fault is not None and fault.usage is not None:
+                    usage = fault.usage
                 reply = {
                     "id": f"chatcmpl-fake-{len(fake.requests)}",
                     "object": "chat.completion",
@@ -332,14 +398,10 @@ class FakeOpenAI:
                         {
                             "index": 0,
                             "message": {"role": "assistant", "content": content},
-                            "finish_reason": "stop",
+                            "finish_reason": finish_reason,
                         }
                     ],
-                    "usage": {
-                        "prompt_tokens": prompt_tokens,
-                        "completion_tokens": completion_tokens,
-                        "total_tokens": prompt_tokens + completion_tokens,
-                    },
+                    "usage": usage,
                 }
                 self._send(200, json.dumps(reply).encode(), {})
 

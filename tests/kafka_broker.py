@@ -9,6 +9,12 @@ Tansu quirks worth knowing (tansu 0.6.0, found while writing pipeline/kafka_sour
 - No CreatePartitions support ("broker does not support CreatePartitionsRequest"); DeleteTopics
   and CreateTopics work, so tests grow a topic by recreating it.
 - Its storage is memory only here, so `restart()` brings back an empty broker on the same port.
+- No DeleteRecords (the broker thread panics), and no retention here: a partition's log start
+  stays 0, so "retention deleted records before they were read" cannot be staged with it.
+- With `schema_dir`, records produced to topic T are validated against `schema_dir/T.json`
+  (a JSON schema of {"key": ..., "value": ...}) and refused with INVALID_RECORD when they do not
+  match; a schema file that is not JSON makes every produce to T fail with UNKNOWN_SERVER_ERROR.
+  The files are read at each produce, so a test can break or repair a topic while it runs.
 """
 
 from __future__ import annotations
@@ -58,9 +64,10 @@ def free_port() -> int:
 class TansuBroker:
     """Runs `tansu broker` on 127.0.0.1:PORT; logs go to a temp file (see `log_text`)."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, schema_dir: Path | None = None) -> None:
         self.binary = tansu_binary()
         self.port = port or free_port()
+        self.schema_dir = schema_dir
         self._log_file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the broker
             prefix="tansu-", suffix=".log", delete=False
         )
@@ -75,11 +82,16 @@ class TansuBroker:
         """Start the broker and wait until it answers a metadata request."""
         url = f"tcp://{self.bootstrap}"
         log: IO[bytes] = self._log_file
+        schema: list[str] = []
+        if self.schema_dir is not None:
+            # Tansu resolves a file:// registry against its working directory.
+            schema = ["--schema-registry", f"file://./{self.schema_dir.name}"]
         self._process = subprocess.Popen(
             [str(self.binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/"],
+             "--storage-engine", "memory://tansu/", *schema],
             stdout=log,
             stderr=subprocess.STDOUT,
+            cwd=self.schema_dir.parent if self.schema_dir is not None else None,
         )
         deadline = time.monotonic() + START_TIMEOUT_S
         last_error: Exception | None = None
@@ -139,9 +151,15 @@ class TansuBroker:
         partition: int | None = None,
         timestamp_ms: int | None = None,
         headers: Sequence[tuple[str, bytes]] | None = None,
+        max_request_size: int = 1_048_576,
     ) -> list[tuple[int, int]]:
-        """Send `values` and wait for every ack; returns (partition, offset) per value."""
-        producer = KafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5)
+        """Send `values` and wait for every ack; returns (partition, offset) per value.
+
+        Raise `max_request_size` (the producer's limit on one record) to send larger records.
+        """
+        producer = KafkaProducer(
+            bootstrap_servers=self.bootstrap, linger_ms=5, max_request_size=max_request_size
+        )
         try:
             futures = [
                 producer.send(

@@ -142,10 +142,12 @@ def running_prometheus(
     config: dict[str, Any] | None = None,
     work_dir: Path | None = None,
     ready_timeout: float = 30.0,
+    extra_args: Sequence[str] = (),
 ) -> Iterator[PrometheusServer]:
     """Start Prometheus with a temporary TSDB, wait until /-/ready, stop it afterwards.
 
-    ``config`` replaces the generated prometheus.yml entirely when given.
+    ``config`` replaces the generated prometheus.yml entirely when given; ``extra_args`` are
+    added flags (e.g. ``--enable-feature=exemplar-storage``).
     """
     binary = require_prometheus()
     owned_dir = work_dir is None
@@ -172,6 +174,7 @@ def running_prometheus(
         f"--storage.tsdb.path={directory / 'data'}",
         f"--web.listen-address=127.0.0.1:{port}",
         "--web.enable-lifecycle",
+        *extra_args,
     ]
     try:
         log_path = directory / "prometheus.log"

@@ -35,9 +35,15 @@ from typing import IO, Any
 import orjson
 import pytest
 from kafka_broker import free_port
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Exemplar
 
 START_TIMEOUT_S = 60.0
+OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+Labels = tuple[tuple[str, str], ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,9 +166,10 @@ class ServeProcess:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def _get(self, path: str, timeout: float) -> tuple[int, str]:
+    def _get(self, path: str, timeout: float, accept: str | None = None) -> tuple[int, str]:
+        request = urllib.request.Request(self.url + path, headers={"Accept": accept or "*/*"})
         try:
-            with urllib.request.urlopen(self.url + path, timeout=timeout) as response:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
                 return int(response.status), response.read().decode()
         except urllib.error.HTTPError as exc:  # 503 from /healthz is an answer, not a failure
             return int(exc.code), exc.read().decode()
@@ -173,6 +180,19 @@ class ServeProcess:
         if status != 200:
             raise OSError(f"/metrics answered {status}: {body[:200]}")
         return Scrape.parse(body)
+
+    def exemplars(self, timeout: float = 5.0) -> dict[tuple[str, Labels], Exemplar]:
+        """Exemplars of one scrape of /metrics in the OpenMetrics format (asked for with the
+        Accept header Prometheus sends), by sample name and sorted labels."""
+        status, body = self._get("/metrics", timeout, accept=OPENMETRICS)
+        if status != 200:
+            raise OSError(f"/metrics answered {status}: {body[:200]}")
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.exemplar
+            for family in openmetrics_families(body)
+            for s in family.samples
+            if s.exemplar is not None
+        }
 
     def healthz(self, timeout: float = 5.0) -> tuple[int, str]:
         """Status code and body of /healthz."""
@@ -234,6 +254,18 @@ class ServeProcess:
         code = self.process.wait(timeout=30)
         self._close_log()
         return code
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """SIGSTOP serve for the block, SIGCONT after: what the test changes meanwhile (a
+        topic deleted and refilled) looks to serve like one step, never half-done."""
+        if self.process is None:
+            raise RuntimeError("serve was never started")
+        os.killpg(self.process.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.killpg(self.process.pid, signal.SIGCONT)
 
     def stop(self) -> None:
         """Tear-down: terminate, and kill after 20 s; never raises for a process already gone."""

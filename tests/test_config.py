@@ -71,3 +71,46 @@ def test_prompts_from_a_folder_replace_the_shipped_ones(tmp_path: Path) -> None:
 def test_judge_spec_refuses_an_unknown_judge_listing_the_known_ones() -> None:
     with pytest.raises(ValueError, match="known judges: groundedness, safety"):
         JudgeSpec(names=("groundedness", "tone"))
+
+
+def test_endpoint_reliability_flags_reach_the_spec_with_their_defaults() -> None:
+    defaults = judge_settings(parse(), env={}).spec()
+    assert (defaults.reply_format, defaults.max_tokens) == ("json_schema", 256)
+    assert (defaults.breaker_failures, defaults.breaker_cooldown_seconds) == (5, 30.0)
+    assert defaults.batch_deadline_seconds == 120.0
+    assert (defaults.rpm, defaults.tpm) == (None, None)
+    spec = judge_settings(
+        parse(
+            "--judge-reply-format", "text", "--judge-max-tokens", "64",
+            "--judge-breaker-failures", "0", "--judge-breaker-cooldown", "2m",
+            "--judge-batch-deadline", "45s", "--judge-rpm", "500", "--judge-tpm", "200000",
+        ),
+        env={},
+    ).spec()
+    assert (spec.reply_format, spec.max_tokens, spec.breaker_failures) == ("text", 64, 0)
+    assert (spec.breaker_cooldown_seconds, spec.batch_deadline_seconds) == (120.0, 45.0)
+    assert (spec.rpm, spec.tpm) == (500, 200000)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "setting"),
+    [
+        ("--judge-max-tokens", "0", "max_tokens"),
+        ("--judge-rpm", "0", "rpm"),
+        ("--judge-tpm", "-5", "tpm"),
+        ("--judge-breaker-failures", "-1", "breaker_failures"),
+    ],
+)
+def test_out_of_range_endpoint_limits_are_refused_naming_the_setting(
+    flag: str, value: str, setting: str
+) -> None:
+    with pytest.raises(SettingsError, match=setting):
+        judge_settings(parse(flag, value), env={})
+
+
+def test_an_unknown_reply_format_is_refused_listing_the_ones_servers_take(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        parse("--judge-reply-format", "xml")
+    assert "json_schema, json_object, text" in capsys.readouterr().err.replace("'", "")

@@ -22,6 +22,8 @@ from dashboard_queries import (
 )
 from prometheus_server import PrometheusServer, running_prometheus
 
+pytestmark = pytest.mark.slow  # a real Prometheus
+
 REPO = Path(__file__).resolve().parent.parent
 GRAFANA = REPO / "grafana"
 DASHBOARDS = {

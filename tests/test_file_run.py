@@ -8,6 +8,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.cli import main
 
+pytestmark = pytest.mark.slow  # each runs a Beam pipeline
+
 T0 = 1_763_632_800  # 2025-11-20T10:00:00Z, a multiple of 300
 
 

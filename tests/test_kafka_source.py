@@ -12,23 +12,26 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import assert_that, equal_to
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
-from kafka.errors import KafkaTimeoutError
+from kafka.errors import KafkaTimeoutError, OffsetOutOfRangeError
 from kafka_broker import TansuBroker, kafka_broker  # noqa: F401
 
 from pipeline.kafka_source import (
+    HEAD_BYTES,
     DeadLetter,
-    DeadLetterDeliveryError,
     KafkaReadError,
     KafkaRecord,
+    OffsetReset,
     ReadKafkaRanges,
     commit_offsets,
     committed_offsets,
     consumer_lag,
+    deliver,
     end_offsets,
+    offset_resets,
     partitions,
     plan_batch,
-    produce_dead_letters,
     read_range,
+    reset_starts,
 )
 
 # --- plan_batch (pure) ---
@@ -72,6 +75,34 @@ def test_plan_leaves_out_caught_up_partitions() -> None:
 def test_plan_rejects_a_cap_below_one() -> None:
     with pytest.raises(ValueError, match="max_events"):
         plan_batch({}, {0: 1}, 0)
+
+
+# --- offset resets (pure) ---
+
+
+def test_saved_offsets_beyond_the_end_or_below_the_log_start_are_resets() -> None:
+    found = offset_resets({0: 100, 1: 5, 2: 40, 3: 7}, {0: 0, 1: 20, 2: 0}, {0: 30, 1: 50, 2: 40})
+    assert found == [
+        OffsetReset(0, 100, 0, 30, "beyond_end"),  # recreated, or truncated
+        OffsetReset(1, 5, 20, 50, "below_start"),  # retention ran ahead
+    ]  # partition 2 is caught up; partition 3 no longer exists
+
+
+def test_an_end_no_fetch_confirmed_is_not_taken_for_a_shrunk_partition() -> None:
+    assert offset_resets({0: 100}, {0: 0}, {0: 1}, unconfirmed_ends={0}) == []
+
+
+def test_earliest_goes_on_from_the_log_start_and_counts_only_what_retention_deleted() -> None:
+    resets = [OffsetReset(0, 100, 0, 30, "beyond_end"), OffsetReset(1, 5, 20, 50, "below_start")]
+    assert reset_starts(resets, "earliest") == ({0: 0, 1: 20}, {"retention": 15})
+
+
+def test_latest_goes_on_from_the_end_and_counts_what_it_skips() -> None:
+    resets = [OffsetReset(0, 100, 0, 30, "beyond_end"), OffsetReset(1, 5, 20, 50, "below_start")]
+    assert reset_starts(resets, "latest") == (
+        {0: 30, 1: 50},
+        {"retention": 15, "topic_reset": 30 + 30},
+    )
 
 
 def test_lag_counts_records_not_yet_covered() -> None:
@@ -178,11 +209,10 @@ def test_broker_restart_loses_its_data_and_reads_fail_clearly(kafka_broker: Tans
 def test_dead_letters_keep_the_record_and_say_why(kafka_broker: TansuBroker) -> None:  # noqa: F811
     kafka_broker.create_topic("dlq")
     producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap)
-    sent = produce_dead_letters(
-        producer, "dlq", [DeadLetter(b"{not json", "invalid JSON at line 1", 2, 41)]
-    )
+    letter = DeadLetter(b"{not json", "invalid JSON at line 1", 2, 41)
+    delivery = deliver(producer, "dlq", [letter.to_record()])
     producer.close()
-    assert sent == 1
+    assert (delivery.delivered, delivery.refused, delivery.unacknowledged) == (1, [], [])
     consumer = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, enable_auto_commit=False)
     consumer.assign([TopicPartition("dlq", 0)])
     consumer.seek(TopicPartition("dlq", 0), 0)
@@ -193,18 +223,27 @@ def test_dead_letters_keep_the_record_and_say_why(kafka_broker: TansuBroker) -> 
         "reason": b"invalid JSON at line 1",
         "source-partition": b"2",
         "source-offset": b"41",
+        "original-size": b"9",
+        "truncated": b"false",
     }
 
 
-def test_undeliverable_dead_letters_raise(kafka_broker: TansuBroker) -> None:  # noqa: F811
+def test_dead_letters_a_broker_that_is_away_does_not_acknowledge_are_reported(
+    kafka_broker: TansuBroker,  # noqa: F811
+) -> None:
     kafka_broker.create_topic("dlq")
     producer = KafkaProducer(
         bootstrap_servers=kafka_broker.bootstrap, max_block_ms=1000, request_timeout_ms=1000,
         retries=0,
     )
     kafka_broker.stop()
-    with pytest.raises(DeadLetterDeliveryError, match="dlq"):
-        produce_dead_letters(producer, "dlq", [DeadLetter(b"x", "bad", 0, 0)], timeout_s=1)
+    records = [DeadLetter(b"x", "bad", 0, i).to_record() for i in range(3)]
+    started = time.monotonic()
+    delivery = deliver(producer, "dlq", records, timeout_s=1)
+    assert delivery.delivered == 0 and delivery.refused == []
+    assert [r for r, _ in delivery.unacknowledged] == records
+    # Not one metadata wait per record: the rest are given up once the first cannot be sent.
+    assert time.monotonic() - started < 6
     with contextlib.suppress(KafkaTimeoutError):  # close() flushes the undeliverable batch again
         producer.close(timeout=1)
 
@@ -251,3 +290,49 @@ def test_offsets_a_range_cannot_read_are_logged_not_skipped_silently(
     assert got == [0, 1, 5, 6]
     assert "offsets 2..4 held no record" in caplog.text
     assert "3 offsets skipped" in caplog.text
+
+
+class _RetentionConsumer(_GappyConsumer):
+    """Stands in for kafka-python's consumer while retention deletes offsets 0..3 under it."""
+
+    def __init__(self) -> None:
+        super().__init__([4, 5, 6])
+        self._log_start = 4
+
+    def poll(self, timeout_ms: int) -> dict[TopicPartition, list[ConsumerRecord]]:
+        if self._position < self._log_start:
+            raise OffsetOutOfRangeError({self._tp: self._position})
+        return super().poll(timeout_ms)
+
+    def beginning_offsets(self, tps: list[TopicPartition], timeout_ms: int) -> dict:
+        return {tp: self._log_start for tp in tps}
+
+
+def test_records_retention_deleted_during_a_read_are_counted_lost_and_the_read_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    lost: list[int] = []
+    with caplog.at_level(logging.ERROR, logger="pipeline.kafka_source"):
+        records = read_range(_RetentionConsumer(), "t", 0, 1, 7, on_lost=lost.append)
+        got = [r.offset for r in records]
+    assert got == [4, 5, 6]
+    assert lost == [3]  # offsets 1, 2 and 3 of the range
+    assert "offsets 1..3 were deleted by retention" in caplog.text
+
+
+def test_a_record_over_the_limit_is_read_as_its_head_and_the_ones_behind_it_whole(
+    kafka_broker: TansuBroker,  # noqa: F811
+) -> None:
+    kafka_broker.create_topic("events")
+    big = bytes(range(256)) * (10 * 4096)  # 10 MiB: over the reader's 8 MiB fetch size too
+    kafka_broker.produce("events", [b"a", big, b"c"], max_request_size=16 << 20)
+    with beam.Pipeline(runner=FnApiRunner()) as p:
+        got = (
+            p
+            | ReadKafkaRanges(
+                kafka_broker.bootstrap, "events", {0: (0, 3)}, max_value_bytes=1 << 20
+            )
+            | beam.Map(lambda r: (r.offset, r.value, r.oversize_bytes))
+        )
+        expected = [(0, b"a", None), (1, big[:HEAD_BYTES], len(big)), (2, b"c", None)]
+        assert_that(got, equal_to(expected))

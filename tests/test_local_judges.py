@@ -152,7 +152,7 @@ def test_harmful_content_is_unsafe_with_its_category_in_the_rationale(
 
 def test_safety_prefilter_never_skips_a_pattern_that_would_match() -> None:
     # The first-word pre-filter must agree with matching every pattern over the whole text.
-    from judges.local_safety import _counts, _lexicon
+    from judges.local_safety import _counts, _lexicon, _Negations
 
     texts = [
         "She said she wanted to end it all.",
@@ -165,7 +165,9 @@ def test_safety_prefilter_never_skips_a_pattern_that_would_match() -> None:
     for text in texts:
         flat = " ".join(text.lower().split())
         slow = any(
-            _counts(p, m, flat) for p in _lexicon().patterns for m in p.regex.finditer(flat)
+            _counts(p, m, _Negations(flat))
+            for p in _lexicon().patterns
+            for m in p.regex.finditer(flat)
         )
         assert (find_harm(text) is not None) == slow, text
         assert slow, f"expected the lexicon to flag {text!r}"

@@ -16,6 +16,8 @@ import yaml
 from processes import require_binary
 from prometheus_server import PrometheusServer, running_prometheus
 
+pytestmark = pytest.mark.slow  # promtool and a real Prometheus
+
 REPO = Path(__file__).resolve().parent.parent
 PROM_DIR = REPO / "deploy" / "prometheus"
 RENDER = PROM_DIR / "render_rules.py"

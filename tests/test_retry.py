@@ -13,6 +13,7 @@ from judges.retry import (
     decide_retry,
     failure_message,
     is_retryable,
+    over_budget_note,
     parse_retry_after,
 )
 
@@ -102,8 +103,9 @@ def test_missing_or_unreadable_retry_after_means_no_server_hint(headers: dict[st
         (CallFailure("status", 408), "timeout"),
         (CallFailure("timeout"), "timeout"),
         (CallFailure("connection"), "connection"),
-        (CallFailure("malformed"), "server_error"),
+        (CallFailure("malformed"), "malformed"),
         (CallFailure("status", 401), "client_error"),
+        (CallFailure("status", 500, detail="response_format not supported"), "client_error"),
     ],
 )
 def test_each_failure_is_counted_under_its_error_cause(failure: CallFailure, cause: str) -> None:
@@ -124,3 +126,51 @@ def test_failure_messages_say_what_failed_and_how_many_attempts_were_made() -> N
 def test_a_negative_retry_count_is_rejected() -> None:
     with pytest.raises(ValueError, match="max_retries"):
         RetryPolicy(max_retries=-1)
+
+
+def test_a_retry_after_beyond_the_time_left_of_the_batch_gives_up_at_once() -> None:
+    throttled = CallFailure("status", 429, retry_after=3600.0)
+    decision = decide_retry(throttled, attempt=1, policy=POLICY, jitter=0.0, remaining=100.0)
+    assert (decision.retry, decision.over_budget) == (False, True)
+    assert decision.delay == pytest.approx(3600.0)  # what the server asked, not our cap
+    assert throttled.cause == "rate_limited"
+    note = over_budget_note(decision, 100.0)
+    assert "3600 s" in note and "100 s left" in note and "--judge-batch-deadline" in note
+    # Within the budget the same failure is retried, after the capped wait.
+    assert decide_retry(CallFailure("status", 429, retry_after=2.0), 1, POLICY, 0.0, 100.0).retry
+
+
+def test_a_backoff_that_would_end_past_the_deadline_is_not_slept() -> None:
+    failure = CallFailure("status", 503)
+    assert decide_retry(failure, attempt=3, policy=POLICY, jitter=0.0, remaining=5.0).retry
+    decision = decide_retry(failure, attempt=3, policy=POLICY, jitter=0.0, remaining=0.5)
+    assert (decision.retry, decision.over_budget) == (False, True)
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (400, "response_format type json_schema is not supported"),
+        (500, "Internal error: failed to parse json_schema"),
+        (422, "Unsupported value for response_format"),
+    ],
+)
+def test_a_server_refusing_the_response_format_is_not_retried_and_told_what_to_set(
+    status: int, body: str
+) -> None:
+    failure = CallFailure("status", status, detail=body)
+    assert failure.rejects_reply_format and not is_retryable(failure)
+    message = failure_message(failure, 1, 30.0, "json_schema")
+    assert "--judge-reply-format json_object" in message and body in message
+    assert "--judge-reply-format text" in failure_message(failure, 1, 30.0, "json_object")
+    # A plain server error that does not mention the format is still retried.
+    assert is_retryable(CallFailure("status", 500, detail="upstream overloaded"))
+
+
+def test_a_malformed_reply_says_what_was_wrong_with_it() -> None:
+    failure = CallFailure("malformed", detail="choices: Input should be a valid list")
+    assert is_retryable(failure)
+    assert failure_message(failure, 2, 30.0) == (
+        "judge endpoint sent a reply that is not a chat completion, 2 attempts: "
+        "choices: Input should be a valid list"
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,8 +29,6 @@ def test_first_open_creates_the_current_schema(tmp_path: Path) -> None:
 
 def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     StateStore(tmp_path / "state.db").close()
-    import sqlite3
-
     db = sqlite3.connect(tmp_path / "state.db")
     db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
     db.close()
@@ -196,3 +195,94 @@ def test_pruning_drops_old_complete_windows_but_keeps_each_series_latest_and_ope
         ("groundedness", "2023-11-14T22:13:20Z", True),  # its series' only window
     }
     assert [c.value for c in counters] == [5]
+
+
+# --- state files that cannot be used ---
+
+
+def _good_state(path: Path) -> Path:
+    with StateStore(path) as store:
+        store.apply_cycle("t", [partial(T0, 3, 1)], {0: 10}, [], None)
+    return path
+
+
+def _empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(b"this is not a database\n" * 100)
+
+
+def _truncated(path: Path) -> None:
+    _good_state(path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2 + 100])
+
+
+def _newer(path: Path) -> None:
+    _good_state(path)
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    db.close()
+
+
+def _other_database(path: Path) -> None:
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE customers (id INTEGER)")
+    db.commit()
+    db.close()
+
+
+def _directory(path: Path) -> None:
+    path.mkdir()
+
+
+def _symlink_loop(path: Path) -> None:
+    path.symlink_to(path.name)  # unreadable even by root: every open fails with ELOOP
+
+
+BAD_STATE_FILES = {
+    "empty": (_empty, "is empty"),
+    "garbage": (_garbage, "not a SQLite database"),
+    "truncated": (_truncated, "damaged"),
+    "newer schema": (_newer, "newer ragpulse"),
+    "another database": (_other_database, "not a ragpulse state file"),
+    "directory": (_directory, "is a directory"),
+    "unreadable": (_symlink_loop, "cannot be read"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_STATE_FILES))
+def test_a_state_file_that_cannot_be_used_is_refused_naming_it_and_the_way_out(
+    tmp_path: Path, kind: str
+) -> None:
+    make, why = BAD_STATE_FILES[kind]
+    path = tmp_path / "state.db"
+    make(path)
+    before = path.read_bytes() if path.is_file() else None
+    with pytest.raises(StateError) as refused:
+        StateStore(path)
+    message = str(refused.value)
+    assert why in message and str(path) in message and "--state-reset" in message
+    assert "\n" not in message
+    # Refused, never replaced: sqlite3 alone would have made the empty file a new database.
+    assert (path.read_bytes() if path.is_file() else None) == before
+
+
+def test_a_missing_file_is_a_fresh_start_and_leaves_no_temporary_file(tmp_path: Path) -> None:
+    with StateStore(tmp_path / "state.db") as store:
+        assert store.offsets("t") == {}
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm"))) == [
+        "state.db"
+    ]
+
+
+def test_moving_a_bad_file_aside_keeps_it_and_the_next_open_starts_fresh(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    _truncated(path)
+    damaged = path.read_bytes()
+    moved = StateStore.move_aside(path)
+    assert moved.name.startswith("state.db.corrupt-") and moved.read_bytes() == damaged
+    with StateStore(path) as store:
+        assert store.offsets("t") == {} and store.windows() == []

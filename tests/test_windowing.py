@@ -1,6 +1,7 @@
 """Event-time windowing under streaming semantics: TestStream on the BundleBasedDirectRunner."""
 
 import apache_beam as beam
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.test_stream import TestStream
@@ -11,6 +12,8 @@ from judges.base import JudgeInput, Verdict
 from pipeline.events import InferenceRecord
 from pipeline.transforms import JudgedEvent, WindowRatings
 from pipeline.windows import RatingCounts, WindowKey
+
+pytestmark = pytest.mark.slow  # each runs a Beam pipeline
 
 T0 = 1_700_000_400.0  # a multiple of 60: the start of a one-minute window
 

@@ -1,0 +1,626 @@
+"""The judge endpoint: the I/O edge between the LLM judges and an OpenAI-compatible server.
+
+For `judges.llm` (which builds the messages and reads the verdict) and `JudgeSpec.build`. One
+`OpenAIJudgeEndpoint` sends chat requests for every LLM judge of a panel and guarantees that
+whatever the server does, each call ends, in bounded time, as either a well-formed
+`EndpointReply` or an `EndpointFailure` with a cause from `judges.base.ERROR_CAUSES`:
+
+* the reply body is validated here (`ChatCompletionBody`): an HTML page, a string where an
+  object belongs, a missing field are `malformed`, never an exception; token counts that are
+  not plausible non-negative integers are counted as 0 and logged, so token counters only grow;
+* `judges.retry` is the one retry layer; a circuit breaker per endpoint (`judges.breaker`) fails
+  calls fast while the endpoint is down; `--judge-rpm/--judge-tpm` quotas (`judges.quota`) pace
+  requests; the batch deadline published by `JudgePanel` bounds every wait (a queue slot, a
+  quota, a Retry-After, a hung request);
+* every text that leaves (reply content, refusal, error messages, log lines) has the API key
+  scrubbed from it, also when the server echoes the key back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import re
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import openai
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
+
+from judges.base import ErrorCause, ThrottledLog, batch_deadline
+from judges.breaker import CircuitBreaker, Refusal
+from judges.quota import RateQuota, estimate_tokens
+from judges.retry import (
+    CallFailure,
+    ReplyFormat,
+    RetryPolicy,
+    decide_retry,
+    failure_message,
+    is_retryable,
+    over_budget_note,
+    parse_retry_after,
+)
+
+log = logging.getLogger(__name__)
+
+# Placeholder key for local OpenAI-compatible servers, which ignore the Authorization header
+# but the client refuses to start without some key.
+PLACEHOLDER_API_KEY = "unused"
+
+# Keys shorter than this are placeholders ("EMPTY" for vLLM, "ollama", "unused"), not secrets;
+# scrubbing them would mangle ordinary words in rationales.
+MIN_SECRET_LENGTH = 8
+
+FAILURE_LOG_INTERVAL_SECONDS = 10.0
+
+VERDICT_JSON_SCHEMA: dict[str, Any] = {
+    "name": "judge_verdict",
+    "strict": True,
+    "schema": {
+        "type": "object",
+        "properties": {
+            "rationale": {"type": "string"},
+            "rating": {"type": "string", "enum": ["yes", "no"]},
+        },
+        "required": ["rationale", "rating"],
+        "additionalProperties": False,
+    },
+}
+
+
+# -- secrets ------------------------------------------------------------------------------------
+
+
+def secret_scrubber(secret: str | None) -> Callable[[str], str]:
+    """A function replacing `secret` and its obvious encodings with "[redacted]" in a text.
+
+    The forms: as is, URL-encoded, JSON-escaped and base64 (with or without padding), so an
+    endpoint that echoes the Authorization header in a reply or an error body cannot make the
+    key reach a verdict row or a log line. Placeholder keys (shorter than 8 characters) are
+    left alone.
+    """
+    if not secret or len(secret) < MIN_SECRET_LENGTH:
+        return lambda text: text
+    encoded = base64.b64encode(secret.encode()).decode()
+    forms = {
+        secret,
+        urllib.parse.quote(secret, safe=""),
+        json.dumps(secret)[1:-1],
+        encoded,
+        encoded.rstrip("="),
+        base64.urlsafe_b64encode(secret.encode()).decode().rstrip("="),
+    }
+    pattern = re.compile("|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True)))
+    return lambda text: pattern.sub("[redacted]", text)
+
+
+def _redacted_url(url: str | None) -> str:
+    return re.sub(r"//[^/@]*@", "//", url) if url else "(openai default)"
+
+
+# -- the reply body (a boundary: validated with pydantic) ---------------------------------------
+
+
+class _ReplyMessage(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    content: StrictStr | None  # required, may be null (then `refusal` may say why)
+    refusal: StrictStr | None = None
+
+
+class _ReplyChoice(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    message: _ReplyMessage
+    finish_reason: StrictStr | None = None
+
+
+class ChatCompletionBody(BaseModel):
+    """The part of a chat completion body the judges read; anything else is `malformed`.
+
+    `usage` is read leniently afterwards (`usage_counts`): a reply with a verdict but odd token
+    counts still grades the event.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    choices: list[_ReplyChoice] = Field(min_length=1)
+    usage: object = None
+
+
+class MalformedReply(ValueError):
+    """The endpoint answered 200 with something that is not a chat completion."""
+
+
+def read_completion(body: bytes, content_type: str | None) -> ChatCompletionBody:
+    """The validated chat completion in a 200 reply body; raises `MalformedReply` saying why."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        excerpt = body[:80].decode("utf-8", "replace")
+        raise MalformedReply(
+            f"the body is not JSON (Content-Type {content_type or 'missing'}), "
+            f"it began {excerpt!r}"
+        ) from None
+    try:
+        return ChatCompletionBody.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()[:3]
+        )
+        raise MalformedReply(problems) from None
+
+
+def _count(value: object, bound: int) -> int | None:
+    """`value` as a token count if it is a whole number within 0..bound, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not (math.isfinite(value) and value == int(value) and 0 <= value <= bound):
+        return None
+    return int(value)
+
+
+def usage_counts(
+    usage: object, prompt_bound: int, completion_bound: int
+) -> tuple[int, int, str | None]:
+    """(prompt, completion) tokens from a reply's `usage`, and what was wrong with it if anything.
+
+    Missing usage is (0, 0) without complaint (some servers do not report it). A count that is
+    not a whole number within 0..bound (a string, negative, 1e30) is taken as 0 and reported,
+    because these counts feed counters that must only grow.
+    """
+    if usage is None:
+        return 0, 0, None
+    if not isinstance(usage, Mapping):
+        return 0, 0, f"usage is {type(usage).__name__}, not an object"
+    counts = []
+    problems = []
+    for field, bound in (("prompt_tokens", prompt_bound), ("completion_tokens", completion_bound)):
+        value = usage.get(field)
+        count = _count(value, bound) if value is not None else 0
+        if count is None:
+            problems.append(f"{field}={str(value)[:40]!r} (expected a whole number 0..{bound})")
+            count = 0
+        counts.append(count)
+    return counts[0], counts[1], "; ".join(problems) or None
+
+
+# -- outcomes -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EndpointReply:
+    """A successful call: the assistant message text, why it ended, and token usage."""
+
+    content: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    latency_seconds: float
+    refusal: str | None = None
+    finish_reason: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EndpointFailure:
+    """A call that failed for good: the last failure, a sentence for people, and the cost."""
+
+    cause: ErrorCause
+    message: str
+    attempts: int
+    latency_seconds: float
+
+
+class _QuotaPastDeadline(Exception):
+    def __init__(self, wait: float) -> None:
+        super().__init__(f"{wait:.1f} s")
+        self.wait = wait
+
+
+def _failure_from(
+    exc: BaseException, now: float, scrub: Callable[[str], str]
+) -> CallFailure | None:
+    """Map a client exception to a library-neutral failure (None: not a call failure)."""
+    if isinstance(exc, openai.APITimeoutError | TimeoutError):
+        return CallFailure("timeout")
+    if isinstance(exc, openai.APIConnectionError):
+        return CallFailure("connection")
+    if isinstance(exc, openai.APIStatusError):
+        retry_after = parse_retry_after(dict(exc.response.headers.items()), now)
+        said = " ".join(exc.response.text.split())[:300]
+        return CallFailure("status", exc.status_code, retry_after, scrub(said) or None)
+    if isinstance(exc, MalformedReply):
+        return CallFailure("malformed", detail=scrub(str(exc)))
+    return None
+
+
+# -- state shared by every endpoint object of a process -----------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedEndpointState:
+    """The breaker and quotas of one endpoint (base_url + model), for the whole process."""
+
+    breaker: CircuitBreaker
+    requests: RateQuota | None
+    tokens: RateQuota | None
+
+
+_SHARED: dict[tuple[Any, ...], SharedEndpointState] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_endpoint_state(
+    base_url: str | None,
+    model: str,
+    *,
+    breaker_failures: int,
+    breaker_cooldown_seconds: float,
+    rpm: int | None,
+    tpm: int | None,
+) -> SharedEndpointState:
+    """The process-wide breaker and quotas of the endpoint `base_url` + `model`.
+
+    Process-wide on purpose: `serve` builds a new Beam pipeline every cycle, and with it a new
+    judge panel and a new `OpenAIJudgeEndpoint` in each `DoFn.setup`. A breaker kept in the
+    endpoint object would forget every cycle that the endpoint is down (and spend a round of
+    timeouts to learn it again), and a quota would start each cycle full. The key also holds the
+    settings, so two configurations never share state by accident.
+    """
+    key = (base_url, model, breaker_failures, breaker_cooldown_seconds, rpm, tpm)
+    with _SHARED_LOCK:
+        state = _SHARED.get(key)
+        if state is None:
+            state = SharedEndpointState(
+                CircuitBreaker(
+                    breaker_failures,
+                    breaker_cooldown_seconds,
+                    name=f"judge endpoint {_redacted_url(base_url)} model {model}",
+                ),
+                RateQuota(rpm) if rpm else None,
+                RateQuota(tpm) if tpm else None,
+            )
+            _SHARED[key] = state
+        return state
+
+
+def forget_shared_endpoint_states() -> None:
+    """Drop every endpoint's breaker and quotas (tests that reuse an address start afresh)."""
+    with _SHARED_LOCK:
+        _SHARED.clear()
+
+
+# -- the endpoint -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class _LoopState:
+    loop: asyncio.AbstractEventLoop
+    client: openai.AsyncOpenAI
+    semaphore: asyncio.Semaphore
+
+
+class OpenAIJudgeEndpoint:
+    """One OpenAI-compatible chat endpoint shared by all LLM judges of a panel.
+
+    Settings: `base_url` and `api_key` fall back to OPENAI_BASE_URL / OPENAI_API_KEY. Local
+    servers need no key: when none is configured but a base URL is, the placeholder "unused"
+    is sent; with neither, construction fails with a ValueError saying what to set. The key is
+    never logged, kept out of `repr`, and scrubbed from every text this class returns.
+
+    `reply_format` is what `response_format` asks for: "json_schema" (the verdict schema,
+    strict), "json_object" (any JSON object; the prompt gives the shape) or "text" (no
+    `response_format`; the prompt's `rationale:` / `rating:` lines are read). `max_tokens` caps
+    each reply. Calls are bounded by one semaphore (`concurrency`) across every judge using this
+    endpoint, and retried by `judges.retry` only (the client's own retries are off). The client
+    and the semaphore are made lazily inside the running event loop, and remade if the loop
+    changes, because `JudgePanel` runs its own private loop; the breaker and the quotas are
+    process-wide (`shared_endpoint_state`).
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        model: str = "gpt-4o-mini",
+        temperature: float = 0.1,
+        timeout_seconds: float = 30.0,
+        max_retries: int = 4,
+        concurrency: int = 16,
+        reply_format: ReplyFormat = "json_schema",
+        max_tokens: int = 256,
+        breaker_failures: int = 5,
+        breaker_cooldown_seconds: float = 30.0,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        backoff_base_seconds: float = 0.5,
+        backoff_max_seconds: float = 8.0,
+        max_retry_after_seconds: float = 60.0,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        if timeout_seconds <= 0:
+            raise ValueError(f"timeout_seconds must be positive, got {timeout_seconds}")
+        if not 0 <= temperature <= 2:
+            raise ValueError(f"temperature must be within 0..2, got {temperature}")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        if reply_format not in ("json_schema", "json_object", "text"):
+            raise ValueError(f"reply_format must be json_schema, json_object or text, got "
+                             f"{reply_format!r}")
+        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        key = api_key or os.environ.get("OPENAI_API_KEY")
+        if not key:
+            if self.base_url is None:
+                raise ValueError(
+                    "no API key for the judge endpoint: set OPENAI_API_KEY (or pass api_key), "
+                    "or set a base_url for a local OpenAI-compatible server that needs no key"
+                )
+            key = PLACEHOLDER_API_KEY
+        self._api_key = key
+        self.scrub = secret_scrubber(key)
+        self.model = model
+        self.temperature = temperature
+        self.timeout_seconds = timeout_seconds
+        self.concurrency = concurrency
+        self.reply_format: ReplyFormat = reply_format
+        self.max_tokens = max_tokens
+        self.policy = RetryPolicy(
+            max_retries=max_retries,
+            base_delay=backoff_base_seconds,
+            max_delay=backoff_max_seconds,
+            max_retry_after=max_retry_after_seconds,
+        )
+        self.shared = shared_endpoint_state(
+            self.base_url,
+            model,
+            breaker_failures=breaker_failures,
+            breaker_cooldown_seconds=breaker_cooldown_seconds,
+            rpm=rpm,
+            tpm=tpm,
+        )
+        self._jitter = jitter
+        self._failure_log = ThrottledLog(log, FAILURE_LOG_INTERVAL_SECONDS)
+        self._state: _LoopState | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"OpenAIJudgeEndpoint(base_url={_redacted_url(self.base_url)!r}, "
+            f"model={self.model!r}, concurrency={self.concurrency})"
+        )
+
+    def _loop_state(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        if self._state is None or self._state.loop is not loop:
+            client = openai.AsyncOpenAI(
+                base_url=self.base_url,
+                api_key=self._api_key,
+                timeout=self.timeout_seconds,
+                max_retries=0,  # judges.retry is the one retry layer
+            )
+            self._state = _LoopState(loop, client, asyncio.Semaphore(self.concurrency))
+            log.info(
+                "LLM judge endpoint %s, model %s, concurrency %d, reply format %s",
+                _redacted_url(self.base_url),
+                self.model,
+                self.concurrency,
+                self.reply_format,
+            )
+        return self._state
+
+    async def aclose(self) -> None:
+        """Close the HTTP client of the current loop (optional; for tidy shutdowns)."""
+        if self._state is not None and self._state.loop is asyncio.get_running_loop():
+            await self._state.client.close()
+            self._state = None
+
+    def _request_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"max_tokens": self.max_tokens}
+        if self.reply_format == "json_schema":
+            options["response_format"] = {"type": "json_schema", "json_schema": VERDICT_JSON_SCHEMA}
+        elif self.reply_format == "json_object":
+            # Only the type: OpenAI refuses unknown keys here, so no schema rides along.
+            options["response_format"] = {"type": "json_object"}
+        return options
+
+    async def _wait_for_quota(self, tokens: int, deadline: float | None) -> None:
+        """Wait for this request's share of the rpm/tpm quotas; raises `_QuotaPastDeadline`
+        (having given the share back) when the wait would end past the deadline."""
+        taken = [
+            (quota, units)
+            for quota, units in ((self.shared.requests, 1), (self.shared.tokens, tokens))
+            if quota is not None
+        ]
+        if not taken:
+            return
+        wait = max(quota.reserve(units) for quota, units in taken)
+        try:
+            if deadline is not None and asyncio.get_running_loop().time() + wait >= deadline:
+                raise _QuotaPastDeadline(wait)
+            await asyncio.sleep(wait)
+        except BaseException:
+            for quota, units in taken:
+                quota.give_back(units)
+            raise
+
+    async def _attempt(
+        self, state: _LoopState, messages: Sequence[Mapping[str, str]], deadline: float | None
+    ) -> EndpointReply | Refusal:
+        """One request, or the breaker's refusal; records the outcome with the breaker."""
+        async with state.semaphore:
+            # Asked once a slot is free, not before queueing: calls queued behind a hung
+            # endpoint then fail fast as soon as the breaker opens.
+            permit = self.shared.breaker.acquire()
+            if isinstance(permit, Refusal):
+                return permit
+            try:
+                reply = await self._send(state, messages, deadline)
+            except Exception as exc:
+                failure = _failure_from(exc, time.time(), self.scrub)
+                if failure is None:  # over quota, a bug: says nothing about the endpoint
+                    self.shared.breaker.abandoned(permit)
+                elif is_retryable(failure):
+                    self.shared.breaker.failed(permit, _short_description(failure))
+                else:  # it answered: the request was wrong, the endpoint is up
+                    self.shared.breaker.succeeded(permit)
+                raise
+            except BaseException:  # cancelled (the batch deadline)
+                self.shared.breaker.abandoned(permit)
+                raise
+            self.shared.breaker.succeeded(permit)
+            return reply
+
+    async def _send(
+        self, state: _LoopState, messages: Sequence[Mapping[str, str]], deadline: float | None
+    ) -> EndpointReply:
+        estimate = estimate_tokens(messages, self.max_tokens)
+        tokens = self.shared.tokens
+        # Paced inside the semaphore, so that requests leave when their quota says, not in a
+        # burst when slots free up.
+        await self._wait_for_quota(estimate, deadline)
+        started = time.perf_counter()
+        try:
+            # A wall-clock bound per attempt as well: the client's timeout is per read, so a
+            # server trickling bytes could otherwise hold a slot far longer.
+            async with asyncio.timeout(self.timeout_seconds):
+                raw = await state.client.chat.completions.with_raw_response.create(
+                    model=self.model,
+                    messages=messages,  # type: ignore[arg-type]
+                    temperature=self.temperature,
+                    **self._request_options(),
+                )
+            latency = time.perf_counter() - started
+            # Parsed here rather than by the client: its models accept any shape without
+            # complaint (a `message` that is a string, `usage` of 1e30) and hand back a str
+            # for an HTML page.
+            completion = read_completion(raw.content, raw.headers.get("content-type"))
+        except BaseException:
+            if tokens is not None:
+                tokens.give_back(estimate)  # refused, unreadable or never answered
+            raise
+        sent = sum(len((m.get("content") or "").encode()) for m in messages)
+        prompt_tokens, completion_tokens, problem = usage_counts(
+            completion.usage, 2 * sent + 1024, 2 * self.max_tokens + 1024
+        )
+        if problem:
+            self._failure_log.warning(
+                ("usage",),
+                "judge endpoint reported unusable token usage, counted as 0: %s",
+                self.scrub(problem),
+            )
+        if tokens is not None and completion.usage is not None and not problem:
+            used = prompt_tokens + completion_tokens
+            if used < estimate:
+                tokens.give_back(estimate - used)
+            else:
+                tokens.charge(used - estimate)
+        choice = completion.choices[0]
+        message = choice.message
+        return EndpointReply(
+            content=self.scrub(message.content) if message.content is not None else None,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            latency_seconds=latency,
+            refusal=self.scrub(message.refusal) if message.refusal else None,
+            finish_reason=choice.finish_reason,
+        )
+
+    async def complete(
+        self, judge: str, messages: Sequence[Mapping[str, str]]
+    ) -> EndpointReply | EndpointFailure:
+        """Send one chat request, retrying as `judges.retry` decides; never raises for I/O.
+
+        Ends by the batch deadline (`judges.base.batch_deadline`) when there is one.
+        """
+        state = self._loop_state()
+        loop = state.loop
+        deadline = batch_deadline()
+        spent = 0.0
+        attempt = 0
+
+        def give_up(cause: ErrorCause, message: str) -> EndpointFailure:
+            message = self.scrub(message)
+            self._failure_log.warning((judge, cause), "judge %s: %s", judge, message)
+            return EndpointFailure(cause, message, attempt, spent)
+
+        while True:
+            attempt += 1
+            started = loop.time()
+            try:
+                async with asyncio.timeout_at(deadline) as budget:
+                    outcome = await self._attempt(state, messages, deadline)
+            except _QuotaPastDeadline as exc:
+                return give_up(
+                    "rate_limited",
+                    f"the --judge-rpm/--judge-tpm quota would hold this call {exc.wait:.0f} s, "
+                    "past the batch deadline (--judge-batch-deadline); not sent",
+                )
+            except Exception as exc:
+                spent += loop.time() - started
+                if budget.expired():
+                    return give_up(
+                        "deadline",
+                        f"the batch deadline (--judge-batch-deadline) passed during attempt "
+                        f"{attempt}; the call was cancelled",
+                    )
+                failure = _failure_from(exc, time.time(), self.scrub)
+                if failure is None:
+                    raise
+                message = failure_message(
+                    failure, attempt, self.timeout_seconds, self.reply_format
+                )
+                remaining = math.inf if deadline is None else deadline - loop.time()
+                decision = decide_retry(failure, attempt, self.policy, self._jitter(), remaining)
+                if not decision.retry:
+                    if decision.over_budget:
+                        message += over_budget_note(decision, remaining)
+                    return give_up(failure.cause, message)
+                log.debug(
+                    "judge %s: attempt %d of %d failed (%s); retrying in %.2f s",
+                    judge,
+                    attempt,
+                    self.policy.max_attempts,
+                    self.scrub(message),
+                    decision.delay,
+                )
+                await asyncio.sleep(decision.delay)
+            else:
+                if isinstance(outcome, Refusal):
+                    attempt -= 1  # not sent
+                    return give_up(
+                        "circuit_open", _circuit_message(outcome, self.shared.breaker)
+                    )
+                return dataclasses.replace(outcome, latency_seconds=spent + outcome.latency_seconds)
+
+
+def _short_description(failure: CallFailure) -> str:
+    """What went wrong, in a few words, for the breaker's messages."""
+    if failure.kind == "status":
+        return f"HTTP {failure.status}"
+    return {"timeout": "no answer in time", "connection": "connection failed"}.get(
+        failure.kind, "malformed reply"
+    )
+
+
+def _circuit_message(refusal: Refusal, breaker: CircuitBreaker) -> str:
+    when = (
+        f"the next probe goes out in {refusal.retry_in:.0f} s"
+        if refusal.retry_in > 0
+        else "a probe is under way"
+    )
+    last = f" (the last: {refusal.last_failure})" if refusal.last_failure else ""
+    return (
+        f"not called: the judge endpoint's circuit breaker is open after {refusal.failures} "
+        f"consecutive failures{last}; {when} (--judge-breaker-cooldown "
+        f"{breaker.cooldown_seconds:g}s)"
+    )

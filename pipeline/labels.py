@@ -1,0 +1,182 @@
+"""Bounded `app` and `model` label values, so /metrics cannot grow without end.
+
+For operators (the flags) and for the drivers of `serve` and `run`, which call `LabelBudget.bound`
+where a batch's window counts and counter increments are merged, before they are saved or
+exported. A chatbot that logs a request id or a user name as its `app` would otherwise create a
+new series per event, in /metrics, in Prometheus and in the state file.
+
+Each label keeps the values it has already admitted; a new value is admitted while fewer than
+`--max-label-values` are, or, with `--allowed-apps` / `--allowed-models`, when it is in the list
+(the list is then the bound). Any other value is counted under `other`, and each event judged
+under `other` adds one to `ragpulse_label_overflow_total{label=...}`; the first overflow of each
+label is logged once. New values of one batch are admitted in sorted order, so the choice does
+not depend on the order events arrived in.
+
+`serve` passes the label values of its saved counters as the admitted set: a value admitted once
+keeps its own series across cycles and restarts, and a cycle replayed after a crash decides the
+same way. Verdict rows and `windows.jsonl` of `ragpulse run` keep the real values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from collections.abc import Iterable, Mapping
+
+from pipeline import stats
+from pipeline.windows import RatingCounts, WindowKey
+
+log = logging.getLogger(__name__)
+
+OTHER = "other"
+BOUNDED_LABELS = ("app", "model")
+OVERFLOW_METRIC = "ragpulse_label_overflow_total"
+# Each judged event adds 1 to this counter, under its (app, model): it is what overflow counts.
+_EVENTS_JUDGED = "ragpulse_events_judged_total"
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelLimits:
+    """How many values each bounded label may take, or which ones (an allowlist per label)."""
+
+    max_values: int = 100
+    allowed: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)
+
+
+class LabelBudget:
+    """Maps label values of a batch to admitted ones or `other` (see the module docstring)."""
+
+    def __init__(self, limits: LabelLimits) -> None:
+        self.limits = limits
+        self._warned: set[str] = set()
+
+    def bound(
+        self,
+        windows: Mapping[WindowKey, RatingCounts],
+        counts: Mapping[stats.CounterKey, float],
+        admitted_from: Iterable[stats.CounterKey] = (),
+    ) -> tuple[dict[WindowKey, RatingCounts], stats.Counts]:
+        """`windows` and `counts` with every bounded label value admitted or `other`, plus the
+        overflow counts. `admitted_from`: counter keys already saved, whose values stay."""
+        mapping = {label: self._mapping(label, windows, counts, admitted_from)
+                   for label in BOUNDED_LABELS}
+        bounded_windows: dict[WindowKey, RatingCounts] = {}
+        for key, rating_counts in windows.items():
+            bounded = dataclasses.replace(
+                key, app=mapping["app"][key.app], model=mapping["model"][key.model]
+            )
+            bounded_windows[bounded] = bounded_windows.get(bounded, RatingCounts()) + rating_counts
+        bounded_counts: stats.Counts = stats.merge()
+        for (metric, labels), value in counts.items():
+            named = dict(labels)
+            for label in BOUNDED_LABELS:
+                if label in named:
+                    real = named[label]
+                    named[label] = mapping[label][real]
+                    if metric == _EVENTS_JUDGED and named[label] != real:
+                        bounded_counts[stats.key(OVERFLOW_METRIC, label=label)] += int(value)
+            bounded_counts[stats.key(metric, **named)] += int(value)
+        return bounded_windows, bounded_counts
+
+    def _mapping(
+        self,
+        label: str,
+        windows: Mapping[WindowKey, RatingCounts],
+        counts: Mapping[stats.CounterKey, float],
+        admitted_from: Iterable[stats.CounterKey],
+    ) -> dict[str, str]:
+        seen = {getattr(key, label) for key in windows}
+        seen.update(dict(labels)[label] for _, labels in counts if _has(labels, label))
+        admitted = {dict(labels)[label] for _, labels in admitted_from if _has(labels, label)}
+        allowed = self.limits.allowed.get(label)
+        mapping = {OTHER: OTHER}
+        refused: list[str] = []
+        room = self.limits.max_values - len(admitted - {OTHER})
+        for value in sorted(seen - {OTHER}):
+            if allowed is not None:
+                ok = value in allowed
+            elif value in admitted:
+                ok = True
+            else:
+                ok = room > 0
+                room -= 1 if ok else 0
+            mapping[value] = value if ok else OTHER
+            if not ok:
+                refused.append(value)
+        if refused and label not in self._warned:
+            self._warned.add(label)
+            why = (
+                f"not in --allowed-{label}s"
+                if allowed is not None
+                else f"beyond --max-label-values {self.limits.max_values}"
+            )
+            examples = ", ".join(repr(v[:40]) for v in refused[:3])
+            log.warning(
+                "%s label values %s%s are %s: they and later ones are counted as %r (see %s); "
+                "this is logged once",
+                label,
+                examples,
+                ", ..." if len(refused) > 3 else "",
+                why,
+                OTHER,
+                OVERFLOW_METRIC,
+            )
+        return mapping
+
+
+def _has(labels: stats.Labels, label: str) -> bool:
+    return any(name == label for name, _ in labels)
+
+
+def add_label_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that bound the app and model labels, shared by `run` and `serve`."""
+    g = p.add_argument_group("labels")
+    g.add_argument(
+        "--max-label-values",
+        type=_positive_int,
+        default=100,
+        metavar="N",
+        help="most distinct values of the app and of the model label in metrics; later new "
+        "values are counted as 'other' (default: %(default)s)",
+    )
+    g.add_argument(
+        "--allowed-apps",
+        type=_comma_list,
+        default=None,
+        metavar="A,B,...",
+        help="the only app label values exported; others are counted as 'other'",
+    )
+    g.add_argument(
+        "--allowed-models",
+        type=_comma_list,
+        default=None,
+        metavar="M,N,...",
+        help="the only model label values exported; others are counted as 'other'",
+    )
+
+
+def label_limits(args: argparse.Namespace) -> LabelLimits:
+    allowed = {
+        label: values
+        for label, values in (("app", args.allowed_apps), ("model", args.allowed_models))
+        if values is not None
+    }
+    return LabelLimits(max_values=args.max_label_values, allowed=allowed)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _comma_list(text: str) -> frozenset[str]:
+    values = frozenset(v.strip() for v in text.split(",") if v.strip())
+    if not values:
+        raise argparse.ArgumentTypeError("must name at least one value")
+    return values

@@ -1,0 +1,361 @@
+"""The /metrics and /healthz server of `ragpulse serve`, on real sockets: where it listens, TLS
+and basic auth from a Prometheus web config file, and bounded threads under a connection flood.
+
+The server is started with `serve_http` on a real `TopicWatcher` (its state file in tmp_path; no
+broker is needed until a cycle runs), so what is tested is what `ragpulse serve` runs.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import http.client
+import ipaddress
+import socket
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import bcrypt
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from pipeline import cli
+from pipeline.metrics_http import MetricsHTTPServer, WebConfig, exporter_app, load_web_config
+from pipeline.serve import TopicWatcher, serve_http, settings_from_args
+
+PASSWORD = "correct horse battery staple"
+
+StartServer = Callable[..., MetricsHTTPServer]
+
+
+def serve_args(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "serve",
+        "--kafka-bootstrap", "127.0.0.1:1",  # never contacted: no cycle runs in these tests
+        "--topic", "chat",
+        "--state", str(tmp_path / "state.sqlite"),
+        "--metrics-port", "0",
+        "--judge-backend", "local",
+        *extra,
+    ]
+
+
+@pytest.fixture
+def watcher(tmp_path: Path) -> Iterator[TopicWatcher]:
+    args = cli.build_parser("serve").parse_args(serve_args(tmp_path))
+    w = TopicWatcher(settings_from_args(args))
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+@pytest.fixture
+def start(watcher: TopicWatcher) -> Iterator[StartServer]:
+    """`start(web=None, host="127.0.0.1")` runs serve_http; every server is shut at teardown."""
+    servers: list[MetricsHTTPServer] = []
+
+    def run(web: WebConfig | None = None, host: str = "127.0.0.1") -> MetricsHTTPServer:
+        server = serve_http(watcher, host, 0, web)
+        servers.append(server)
+        return server
+
+    yield run
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+# --- certificates ------------------------------------------------------------------------------
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+
+
+def make_ca(directory: Path, name: str) -> tuple[Path, ec.EllipticCurvePrivateKey, x509.Name]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(name))
+        .issuer_name(_name(name))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                crl_sign=True, encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
+        )
+        .sign(key, hashes.SHA256())
+    )
+    path = directory / f"{name}.crt"
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return path, key, cert.subject
+
+
+def make_leaf(
+    directory: Path, name: str, ca: tuple[Path, ec.EllipticCurvePrivateKey, x509.Name]
+) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 signed by `ca`; returns (cert, key) paths."""
+    _, ca_key, ca_name = ca
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(name))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / f"{name}.crt", directory / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(key_path, key)
+    return cert_path, key_path
+
+
+def web_config(directory: Path, document: dict[str, object]) -> Path:
+    path = directory / "web.yml"
+    path.write_text(yaml.safe_dump(document), encoding="utf-8")
+    return path
+
+
+def get(
+    url: str, *, context: ssl.SSLContext | None = None, user: str | None = None,
+    password: str = PASSWORD, timeout: float = 10.0,
+) -> tuple[int, str]:
+    request = urllib.request.Request(url)
+    if user is not None:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode()
+
+
+# --- where it listens --------------------------------------------------------------------------
+
+
+def test_metrics_server_listens_on_loopback_only_unless_told_otherwise(
+    tmp_path: Path, start: StartServer
+) -> None:
+    args = cli.build_parser("serve").parse_args(serve_args(tmp_path))
+    settings = settings_from_args(args)
+    assert settings.metrics_host == "127.0.0.1"
+    server = start(host=settings.metrics_host)
+    assert server.server_address[0] == "127.0.0.1"
+    status, body = get(f"http://127.0.0.1:{server.server_port}/metrics")
+    assert status == 200 and "ragpulse_events_total" in body
+
+
+# --- TLS ---------------------------------------------------------------------------------------
+
+
+def test_https_scrape_is_verified_with_the_ca_and_plain_http_gets_no_metrics(
+    tmp_path: Path, start: StartServer
+) -> None:
+    ca = make_ca(tmp_path, "test-ca")
+    cert, key = make_leaf(tmp_path, "ragpulse", ca)
+    web = load_web_config(web_config(tmp_path, {"tls_server_config": {"cert_file": cert.name,
+                                                           "key_file": key.name}}))
+    server = start(web)
+    port = server.server_port
+
+    trusting = ssl.create_default_context(cafile=str(ca[0]))
+    status, body = get(f"https://127.0.0.1:{port}/metrics", context=trusting)
+    assert status == 200 and "ragpulse_events_total" in body
+    assert get(f"https://127.0.0.1:{port}/healthz", context=trusting) == (200, "ok\n")
+
+    with pytest.raises(urllib.error.URLError) as untrusted:
+        get(f"https://127.0.0.1:{port}/metrics", context=ssl.create_default_context())
+    assert isinstance(untrusted.value.reason, ssl.SSLCertVerificationError)
+    with pytest.raises((http.client.HTTPException, ConnectionError, urllib.error.URLError)):
+        get(f"http://127.0.0.1:{port}/metrics")
+
+
+def test_client_ca_file_makes_the_server_require_a_client_certificate_signed_by_it(
+    tmp_path: Path, start: StartServer
+) -> None:
+    server_ca, client_ca = make_ca(tmp_path, "server-ca"), make_ca(tmp_path, "client-ca")
+    cert, key = make_leaf(tmp_path, "ragpulse", server_ca)
+    client_cert, client_key = make_leaf(tmp_path, "prometheus", client_ca)
+    stranger_cert, stranger_key = make_leaf(tmp_path, "stranger", server_ca)
+    web = load_web_config(web_config(tmp_path, {"tls_server_config": {
+        "cert_file": cert.name, "key_file": key.name, "client_ca_file": client_ca[0].name}}))
+    server = start(web)
+    url = f"https://127.0.0.1:{server.server_port}/metrics"
+
+    def client(cert_file: Path | None, key_file: Path | None) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(server_ca[0]))
+        if cert_file is not None:
+            context.load_cert_chain(cert_file, key_file)
+        return context
+
+    assert get(url, context=client(client_cert, client_key))[0] == 200
+    for no_good in (client(None, None), client(stranger_cert, stranger_key)):
+        # TLS 1.3 reports the rejected certificate on the first read, not in the handshake.
+        with pytest.raises((ssl.SSLError, ConnectionError, urllib.error.URLError)):
+            get(url, context=no_good)
+
+
+# --- basic auth ----------------------------------------------------------------------------------
+
+
+def test_basic_auth_answers_401_to_a_wrong_password_200_to_the_right_one_and_leaves_healthz_open(
+    tmp_path: Path, start: StartServer
+) -> None:
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+    web = load_web_config(web_config(tmp_path, {"basic_auth_users": {"prometheus": hashed}}))
+    server = start(web)
+    url = f"http://127.0.0.1:{server.server_port}"
+
+    for user, password in (("prometheus", "wrong"), ("nobody", PASSWORD), ("prometheus", "")):
+        status, body = get(url + "/metrics", user=user, password=password)
+        assert status == 401 and "ragpulse" not in body
+    status, _ = get(url + "/metrics")
+    assert status == 401
+    for _ in range(2):  # the second time from the cache of accepted credentials
+        status, body = get(url + "/metrics", user="prometheus")
+        assert status == 200 and "ragpulse_events_total" in body
+    assert get(url + "/metrics", user="prometheus", password=PASSWORD + "x")[0] == 401
+    # Kubernetes probes and Docker health checks send no password.
+    assert get(url + "/healthz") == (200, "ok\n")
+
+
+@pytest.mark.parametrize(
+    ("document", "named"),
+    [
+        ({"tls_server_config": {"cert_file": "ragpulse.crt"}}, "'tls_server_config.key_file'"),
+        ({"tls_server_config": {"cert_file": "missing.crt", "key_file": "ragpulse.key"}},
+         "'tls_server_config.cert_file': no such file"),
+        ({"tls_server_config": {"cert_file": "ragpulse.crt", "key_file": "other.key"}},
+         "'tls_server_config.cert_file' and 'tls_server_config.key_file' cannot be used"),
+        ({"tls_server_config": {"cert_file": "ragpulse.crt", "key_file": "ragpulse.key",
+                                "client_auth_type": "RequireAnyClientCert"}},
+         "'tls_server_config.client_auth_type' must be one of"),
+        ({"tls_server_config": {"cert_file": "ragpulse.crt", "key_file": "ragpulse.key",
+                                "cipher_suites": ["x"]}},
+         "unsupported key 'tls_server_config.cipher_suites'"),
+        ({"basic_auth_users": {"prometheus": "hunter2"}},
+         "'basic_auth_users.prometheus' must be a bcrypt hash"),
+        ({"basic_auth_users": {"prometheus": "$2b$12$notahash"}},
+         "'basic_auth_users.prometheus' is not a valid bcrypt hash"),
+        ({"basic_auth_user": {}}, "unsupported key 'basic_auth_user'"),
+    ],
+)
+def test_a_bad_web_config_stops_serve_at_start_with_one_line_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], document: dict[str, object], named: str
+) -> None:
+    make_leaf(tmp_path, "ragpulse", make_ca(tmp_path, "ca"))
+    make_leaf(tmp_path, "other", make_ca(tmp_path, "ca2"))
+    path = web_config(tmp_path, document)
+    code = cli.main(serve_args(tmp_path, "--web-config-file", str(path)))
+    err = capsys.readouterr().err
+    assert code == 2
+    errors = [line for line in err.splitlines() if line.startswith("ragpulse serve:")]
+    assert len(errors) == 1 and named in errors[0] and "Traceback" not in err
+    assert "hunter2" not in err
+    assert not (tmp_path / "state.sqlite").exists()  # stopped before opening anything
+
+
+# --- bounded connections -----------------------------------------------------------------------
+
+
+def test_five_hundred_idle_connections_hold_no_threads_and_a_scrape_still_answers_at_once(
+    start: StartServer,
+) -> None:
+    server = start()
+    port = server.server_port
+    threads_before = threading.active_count()
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(500)]
+    try:
+        time.sleep(0.5)  # let the server accept them all
+        started = time.monotonic()
+        status, body = get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        elapsed = time.monotonic() - started
+        assert status == 200 and "ragpulse_events_total" in body
+        assert elapsed < 2.0, f"scrape took {elapsed:.1f}s behind 500 idle connections"
+        assert threading.active_count() <= threads_before + 4
+    finally:
+        for conn in idle:
+            conn.close()
+
+
+def test_slow_clients_take_at_most_the_thread_cap_and_are_dropped_after_the_timeout() -> None:
+    def up(environ: dict[str, object], respond: Callable[..., object]) -> list[bytes]:
+        respond("200 OK", [])
+        return [b"up\n"]
+
+    app = exporter_app(up, lambda: (True, "ok"), {})
+    server = MetricsHTTPServer(("127.0.0.1", 0), app, max_connections=8, timeout_s=1.0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_port
+    threads_before = threading.active_count()
+    slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
+    try:
+        for conn in slow:  # a request line that never ends: each one holds a thread
+            conn.sendall(b"GET /metrics HTTP/1.1\r\n")
+        time.sleep(0.3)
+        assert threading.active_count() <= threads_before + 8
+        # Beyond the cap a connection is closed at once rather than queued behind slow ones.
+        assert sum(1 for conn in slow if _closed_by_server(conn, wait=0.2)) >= 40 - 8
+        time.sleep(1.5)  # the timeout frees the 8 slots
+        assert all(_closed_by_server(conn, wait=1.0) for conn in slow)
+        status, body = get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        assert (status, body) == (200, "up\n")
+    finally:
+        for conn in slow:
+            conn.close()
+        server.shutdown()
+        server.server_close()
+
+
+def _closed_by_server(conn: socket.socket, wait: float) -> bool:
+    conn.settimeout(wait)
+    try:
+        return conn.recv(1024) == b""
+    except TimeoutError:
+        return False
+    except ConnectionError:
+        return True
