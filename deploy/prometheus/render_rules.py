@@ -163,6 +163,16 @@ def budget_remaining_rule(period: str) -> str:
     return f"judge_app_model:ragpulse_judge_slo_budget_remaining:ratio{period}"
 
 
+def canary_disagreement_rule(window: str) -> str:
+    """Recording rule: disagree/(agree+disagree) of a judge's canary verdicts over ``window``."""
+    return f"judge:ragpulse_canary_disagreement:ratio_rate{window}"
+
+
+def canary_graded_rule(window: str) -> str:
+    """Recording rule: canaries a judge graded (agree+disagree, errors excluded) over ``window``."""
+    return f"judge:ragpulse_canary_graded:increase{window}"
+
+
 # Recording rules that are not per window.
 OBJECTIVE_RULE = "judge:ragpulse_judge_slo_objective:ratio"
 SUFFICIENT_RULE = "judge_app_model:ragpulse_judge_samples:sufficient"
@@ -265,6 +275,30 @@ def _sufficient_rule(config: Mapping[str, Any]) -> dict[str, Any]:
     return {"record": SUFFICIENT_RULE, "expr": "\nor\n".join(parts) + "\n"}
 
 
+CANARY_VERDICTS = "ragpulse_canary_verdicts_total"
+
+
+def _canary_rules(config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Disagreement of each judge with the golden set, and the graded count behind it.
+
+    Canary counters have no app or model: a golden event belongs to no chatbot series.
+    """
+    w, keep = str(config["canaries"]["window"]), ", ".join([*config["deployment_labels"], "judge"])
+
+    def total(outcome: str, fn: str) -> str:
+        return (f'sum by ({keep}) ({fn}({CANARY_VERDICTS}{{job="{config["job"]}", '
+                f'outcome{outcome}}}[{w}]))')
+
+    graded, disagree = '=~"agree|disagree"', '="disagree"'
+    graded_rate = total(graded, "rate")
+    return [
+        {"record": canary_graded_rule(w), "expr": total(graded, "increase")},
+        {"record": canary_disagreement_rule(w),
+         "expr": (f"(\n  {total(disagree, 'rate')}\n  or\n  0 * {graded_rate}\n)\n"
+                  f"/\n{graded_rate}\n")},
+    ]
+
+
 def recording_groups(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per-window counts, ratios, Wilson bounds and burn rates; the SLO period's budget."""
     rules: list[dict[str, Any]] = []
@@ -274,6 +308,7 @@ def recording_groups(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     for w in quality_windows(config):
         rules += [_wilson_rule(config, w, "lower"), _wilson_rule(config, w, "upper")]
     rules.append(_sufficient_rule(config))
+    rules += _canary_rules(config)
     slo = config["slo"]
     for judge, objective in slo["objectives"].items():
         rules.append({"record": OBJECTIVE_RULE, "expr": f"vector({float(objective):g})",
@@ -410,7 +445,7 @@ def quality_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
             f"{_percent(config, ratio_rule(fast_s), judge)} over {fast_s}: confidently below "
             f"the floor {_pct(floor)} or more than {_pct(margin)} below the {win['baseline']} "
             f"baseline ({_percent(config, ratio_rule(win['baseline']), judge)}). "
-            f"Judge errors are not counted.",
+            f"Judge errors are not counted. {_explain_hint(judge)}",
             {"window": "fast"},
         ))
         slow_expr = (
@@ -426,10 +461,53 @@ def quality_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
             f"({_count(config, samples_rule(slow_l), judge)} judged answers; 95% lower bound "
             f"{{{{ $value | humanizePercentage }}}}) and "
             f"{_percent(config, ratio_rule(slow_s), judge)} over {slow_s}: possibly below the "
-            f"floor {_pct(floor)}. Judge errors are not counted.",
+            f"floor {_pct(floor)}. Judge errors are not counted. {_explain_hint(judge)}",
             {"window": "slow"},
         ))
     return alerts
+
+
+def _explain_hint(judge: str) -> str:
+    """Where the failing answers behind a drop alert are: the command that lists them.
+
+    The alert cannot know serve's Kafka address and topic, so they stay placeholders.
+    """
+    return (
+        "The failing answers and the judge's rationales: ragpulse explain --kafka-bootstrap "
+        "<bootstrap> --topic <topic> --app {{ $labels.app }} --model {{ $labels.model }} "
+        f"--judge {judge} --window 30m"
+    )
+
+
+def canary_alert(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A judge that grades the human-labelled golden set differently from the humans."""
+    c, on = config["canaries"], f"on ({', '.join([*config['deployment_labels'], 'judge'])})"
+    w = str(c["window"])
+    expr = (
+        f"{canary_disagreement_rule(w)} > {float(c['max_disagreement']):g}\n"
+        f"and {on}\n{canary_graded_rule(w)} >= {int(c['min_graded'])}\n"
+    )
+    graded = (
+        f'{{{{ with printf "{canary_graded_rule(w)}{{job=%q,judge=%q}}" $labels.job '
+        '$labels.judge | query }}{{ . | first | value | printf "%.0f" }}{{ end }}'
+    )
+    return _alert(
+        config,
+        "RagJudgeCanaryDisagreement",
+        expr,
+        c["for"],
+        c["severity"],
+        "Judge {{ $labels.judge }} disagrees with the golden set on "
+        "{{ $value | humanizePercentage }} of canaries",
+        f"Over the last {w} the {{{{ $labels.judge }}}} judge rated "
+        f"{{{{ $value | humanizePercentage }}}} of {graded} human-labelled canaries (serve "
+        f"--canary-file) differently from their label (limit "
+        f"{_pct(float(c['max_disagreement']))} of at least {int(c['min_graded'])}). A judge, "
+        "judge-model or prompt change grades the golden set differently, so pass ratios from "
+        "this judge may have moved without the chatbot changing: check before acting on its "
+        "quality alerts. serve logs each disagreement (warning) as \"canary <id>: <judge> rated "
+        "<rating> where the golden label is <label> (<rationale>)\".",
+    )
 
 
 def burn_rate_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -640,7 +718,7 @@ def pipeline_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
 def alert_groups(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Alert rule groups: answer quality, and ragpulse's own health."""
     quality = [*quality_alerts(config), *burn_rate_alerts(config), safety_alert(config),
-               judge_errors_alert(config)]
+               judge_errors_alert(config), canary_alert(config)]
     return [
         _group("ragpulse-quality.alerts", quality, config),
         _group("ragpulse-pipeline.alerts", [*pipeline_alerts(config), *loss_alerts(config)],
