@@ -27,6 +27,8 @@ BUDGET_LEFT = "judge_app_model:ragpulse_judge_slo_budget_remaining:ratio"
 BURN_RATE = "judge_app_model:ragpulse_judge_slo_burn_rate:ratio_rate"
 SUFFICIENT = "judge_app_model:ragpulse_judge_samples:sufficient"
 PASS_RATIO = "judge_app_model:ragpulse_judge_pass_ratio"
+CANARY_DISAGREEMENT = "judge:ragpulse_canary_disagreement:ratio_rate"
+CANARY_GRADED = "judge:ragpulse_canary_graded:increase"
 
 
 class Layout:
@@ -163,6 +165,37 @@ def query_variable(name: str, label: str, query: str, *, multi: bool = False,
     }
 
 
+def textbox_variable(name: str, label: str, default: str) -> dict[str, Any]:
+    """A free-text template variable with a default value."""
+    return {
+        "name": name, "label": label, "type": "textbox", "query": default,
+        "current": {"text": default, "value": default},
+        "options": [{"selected": True, "text": default, "value": default}], "hide": 0,
+    }
+
+
+def text_panel(layout: Layout, title: str, content: str, *, width: int, height: int,
+               description: str = "") -> dict[str, Any]:
+    """A markdown panel (no query; Grafana substitutes template variables in it)."""
+    return {
+        "id": layout.new_id(), "type": "text", "title": title, "description": description,
+        "gridPos": layout.place(width, height),
+        "options": {"mode": "markdown", "content": content},
+    }
+
+
+EXPLAIN_TEXT = (
+    "The failing answers of this time range, newest first, with the judges' rationales:\n\n"
+    "```\nragpulse explain --kafka-bootstrap $kafka_bootstrap --topic $topic --app $app "
+    "--model $model --judge $judge --since ${__from:date:seconds} --until ${__to:date:seconds}"
+    "\n```\n\n"
+    "Add --json for full rationales; with docker compose prefix `docker compose exec ragpulse`."
+    "\n\nWith several judges selected, run it once per judge (--judge takes one). Set "
+    "*Kafka bootstrap* and *Inference-log topic* above to serve's `--kafka-bootstrap` and "
+    "`--topic`.\n"
+)
+
+
 def overview(cfg: dict[str, Any]) -> dict[str, Any]:
     """All apps: quality per judge, traffic, judges, retrieval, pipeline health, alerts."""
     floors = {j: float(spec["floor"]) for j, spec in cfg["quality_alerts"].items()}
@@ -297,6 +330,27 @@ def overview(cfg: dict[str, Any]) -> dict[str, Any]:
         lay, "timeseries", "Judge calls by backend", [
             target(f"sum by (judge, backend) (rate(ragpulse_judge_calls_total[{RATE}]))",
                    "{{judge}} {{backend}}")], width=12, unit="reqps"))
+    canary = cfg["canaries"]
+    cw = str(canary["window"])
+    panels.append(panel(
+        lay, "timeseries", "Judge agreement with the golden set (canaries)", [
+            target(f"{CANARY_DISAGREEMENT}{cw}", f"{{{{judge}}}} disagreement ({cw})"),
+            target(f"{CANARY_GRADED}{cw}", f"{{{{judge}}}} graded canaries ({cw})"),
+        ], width=24, unit="percentunit",
+        thresholds=[{"color": "green", "value": None},
+                    {"color": "red", "value": float(canary["max_disagreement"])}],
+        custom={"thresholdsStyle": {"mode": "line"}},
+        overrides=[{"matcher": {"id": "byRegexp", "options": ".*graded canaries.*"},
+                    "properties": [{"id": "unit", "value": "short"},
+                                   {"id": "custom.axisPlacement", "value": "right"},
+                                   {"id": "custom.drawStyle", "value": "bars"},
+                                   {"id": "custom.fillOpacity", "value": 20}]}],
+        description=(f"Share of the human-labelled canaries (serve --canary-file) each judge "
+                     f"graded differently from their label over {cw}, judge errors left out; "
+                     f"bars: canaries graded (right axis). RagJudgeCanaryDisagreement warns "
+                     f"above the line ({float(canary['max_disagreement']):.0%}) with at least "
+                     f"{int(canary['min_graded'])} graded. A step here together with a step in "
+                     f"a pass ratio means the judge moved, not the chatbot.")))
 
     panels.append(lay.row("Retrieval"))
     panels.append(panel(
@@ -362,6 +416,12 @@ def drilldown(cfg: dict[str, Any]) -> dict[str, Any]:
         query_variable("judge", "Judge", "label_values(ragpulse_judge_verdicts_total, judge)",
                        multi=True, include_all=True),
     ]
+    variables += [
+        textbox_variable("kafka_bootstrap", "Kafka bootstrap (for ragpulse explain)",
+                         "kafka:9092"),
+        textbox_variable("topic", "Inference-log topic (for ragpulse explain)",
+                         "chat-inference"),
+    ]
     jsel = f'judge="$judge", {sel}'
     panels: list[dict[str, Any]] = [lay.row("Judges")]
     panels.append(panel(
@@ -412,6 +472,21 @@ def drilldown(cfg: dict[str, Any]) -> dict[str, Any]:
         width=8, height=6, options={"showValue": "never", "mergeValues": True},
         mappings=sufficiency_mappings(),
         description="orange = insufficient data: too few judged answers for a quality page."))
+    panels.append(lay.row("Failing answers"))
+    failing = (f'sum by (judge, rating) (increase(ragpulse_judge_verdicts_total{{'
+               f'job="{cfg["job"]}", {sel}, judge=~"$judge", rating=~"no|error"}}[{RATE}]))')
+    panels.append(panel(
+        lay, "timeseries", "Failing answers (hover a dot for its request_id)", [
+            target(failing, "{{judge}} {{rating}}", exemplar=True)],
+        width=14, height=9, custom={"drawStyle": "bars", "fillOpacity": 40},
+        description="Verdicts rated no or error per interval. The dots are exemplars: the "
+                    "latest failing answer of each series at each scrape, with its request_id "
+                    "(Prometheus needs --enable-feature=exemplar-storage). Look the answer up "
+                    "in the chatbot's log, or list them all with the command beside."))
+    panels.append(text_panel(
+        lay, "Explain these failures", EXPLAIN_TEXT, width=10, height=9,
+        description="The failing answers of the dashboard's time range with the judges' "
+                    "rationales, read from the verdicts topic serve publishes."))
     panels.append(lay.row("Volume and retrieval"))
     panels.append(panel(
         lay, "timeseries", "Judged answers per window", [
