@@ -4,8 +4,8 @@ Everything is real except the chatbot, and at the shipped time scale: a Tansu Ka
 `ragpulse serve` (local judges, its default 15 s trigger interval; 20 s windows so that window
 gauges exist early) as a subprocess (tests/serve_process.py), /usr/bin/prometheus scraping it
 every 15 s and evaluating the COMMITTED rule files every 15 s (as deploy/prometheus/prometheus.yml
-does), and /usr/bin/prometheus-alertmanager with the shipped routing tree and its 30 s
-group_wait, whose webhooks point at a recorder run by the test. Traffic is the issue's: one
+does), and /usr/bin/prometheus-alertmanager with the shipped routing tree and its group_wait
+(10 s for pages), whose webhooks point at a recorder run by the test. Traffic is the issue's: one
 judged answer a second per app and model.
 
 One module-scoped run (`incident`) plays the story once; the tests read what it recorded:
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from alertmanager_server import (
     Notification,
     WebhookRecorder,
@@ -50,6 +51,7 @@ from prometheus_server import PrometheusServer, prometheus_config, running_prome
 from serve_process import ServeProcess
 
 from pipeline.simulate import Incidents, SimulatedEvent, simulate
+from pipeline.windows import parse_duration
 
 REPO = Path(__file__).resolve().parent.parent
 ALERTMANAGER_CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
@@ -68,10 +70,19 @@ RESOLVE_TIMEOUT_S = 240.0
 # The issue asks for a page within 3 minutes. The rules alone take 2m15s at 1 answer/s
 # (tests/promtool/groundedness.test.yaml); serve's cycle, the scrape and the evaluation add up
 # to 15 s each. Prometheus must fire within the 3 minutes; the webhook additionally waits for
-# Alertmanager's group_wait (30 s shipped), so it gets that on top. Resolution: the 1m window's
-# lower bound back over the floor, then the same lags.
+# the pager route's group_wait (10 s shipped, read from the shipped config), so it gets that on
+# top. Resolution: the 1m window's lower bound back over the floor, then the same lags.
 PROMETHEUS_FIRING_BOUND_S = 180.0
-GROUP_WAIT_S = 30.0
+
+
+def pager_group_wait_s(config: Path) -> float:
+    """group_wait of the route critical alerts take (its own, else the root's), in seconds."""
+    route = yaml.safe_load(config.read_text(encoding="utf-8"))["route"]
+    pager = next(r for r in route["routes"] if 'severity="critical"' in r.get("matchers", []))
+    return parse_duration(str(pager.get("group_wait", route["group_wait"])))
+
+
+GROUP_WAIT_S = pager_group_wait_s(ALERTMANAGER_CONFIG)
 DETECTION_BOUND_S = PROMETHEUS_FIRING_BOUND_S + GROUP_WAIT_S + 15.0
 RESOLVE_BOUND_S = 180.0
 
@@ -251,8 +262,9 @@ def incident() -> Iterator[IncidentRun]:
                          log_path=work_dir / "serve.log")
         )
         hook = stack.enter_context(WebhookRecorder())
+        # The shipped group_wait of every route (the pager's is what detection includes).
         am_config = config_for_test(ALERTMANAGER_CONFIG, hook.url,
-                                    group_wait=f"{GROUP_WAIT_S:.0f}s", group_interval="2s")
+                                    group_wait=None, group_interval="2s")
         am = stack.enter_context(running_alertmanager(am_config))
         prom_config = prometheus_config(
             [f"127.0.0.1:{serve.port}"], SHIPPED_RULES, scrape_interval="15s",
