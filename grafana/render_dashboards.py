@@ -22,6 +22,13 @@ DASHBOARDS = HERE / "dashboards"
 DATASOURCE = {"type": "prometheus", "uid": "prometheus"}
 JUDGES = ("groundedness", "safety", "relevance_to_query")
 RATE = "$__rate_interval"
+# Recording rules of deploy/prometheus/render_rules.py the panels read.
+BUDGET_LEFT = "judge_app_model:ragpulse_judge_slo_budget_remaining:ratio"
+BURN_RATE = "judge_app_model:ragpulse_judge_slo_burn_rate:ratio_rate"
+SUFFICIENT = "judge_app_model:ragpulse_judge_samples:sufficient"
+PASS_RATIO = "judge_app_model:ragpulse_judge_pass_ratio"
+CANARY_DISAGREEMENT = "judge:ragpulse_canary_disagreement:ratio_rate"
+CANARY_GRADED = "judge:ragpulse_canary_graded:increase"
 
 
 class Layout:
@@ -64,6 +71,7 @@ def panel(layout: Layout, kind: str, title: str, targets: list[dict[str, Any]], 
           width: int = 12, height: int = 8, description: str = "", unit: str = "short",
           thresholds: list[dict[str, Any]] | None = None, overrides: list[Any] | None = None,
           options: dict[str, Any] | None = None, custom: dict[str, Any] | None = None,
+          mappings: list[dict[str, Any]] | None = None,
           extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """A panel with ids, layout, datasource and field config filled in."""
     refs = "ABCDEFGH"
@@ -74,6 +82,9 @@ def panel(layout: Layout, kind: str, title: str, targets: list[dict[str, Any]], 
         defaults["thresholds"] = {"mode": "absolute", "steps": thresholds}
     if custom:
         defaults["custom"] = custom
+    if mappings:
+        defaults["mappings"] = mappings
+        defaults["color"] = {"mode": "thresholds"}
     result = {
         "id": layout.new_id(),
         "type": kind,
@@ -104,6 +115,19 @@ def ci_band_overrides() -> list[dict[str, Any]]:
         {"matcher": {"id": "byRegexp", "options": ".*ci_low.*"},
          "properties": [{"id": "custom.lineWidth", "value": 0}]},
     ]
+
+
+def sufficiency_mappings() -> list[dict[str, Any]]:
+    """Show the 0/1 of the `...:samples:sufficient` rule as words, insufficient data in orange."""
+    return [{"type": "value", "options": {
+        "0": {"text": "insufficient data", "color": "orange", "index": 0},
+        "1": {"text": "enough data", "color": "green", "index": 1}}}]
+
+
+def budget_steps() -> list[dict[str, Any]]:
+    """Red once the budget is spent, orange under a quarter left."""
+    return [{"color": "red", "value": None}, {"color": "orange", "value": 0},
+            {"color": "green", "value": 0.25}]
 
 
 def dashboard(uid: str, title: str, panels: list[dict[str, Any]],
@@ -139,6 +163,37 @@ def query_variable(name: str, label: str, query: str, *, multi: bool = False,
         "refresh": 2, "sort": 1, "multi": multi, "includeAll": include_all,
         "current": {}, "options": [], "hide": 0,
     }
+
+
+def textbox_variable(name: str, label: str, default: str) -> dict[str, Any]:
+    """A free-text template variable with a default value."""
+    return {
+        "name": name, "label": label, "type": "textbox", "query": default,
+        "current": {"text": default, "value": default},
+        "options": [{"selected": True, "text": default, "value": default}], "hide": 0,
+    }
+
+
+def text_panel(layout: Layout, title: str, content: str, *, width: int, height: int,
+               description: str = "") -> dict[str, Any]:
+    """A markdown panel (no query; Grafana substitutes template variables in it)."""
+    return {
+        "id": layout.new_id(), "type": "text", "title": title, "description": description,
+        "gridPos": layout.place(width, height),
+        "options": {"mode": "markdown", "content": content},
+    }
+
+
+EXPLAIN_TEXT = (
+    "The failing answers of this time range, newest first, with the judges' rationales:\n\n"
+    "```\nragpulse explain --kafka-bootstrap $kafka_bootstrap --topic $topic --app $app "
+    "--model $model --judge $judge --since ${__from:date:seconds} --until ${__to:date:seconds}"
+    "\n```\n\n"
+    "Add --json for full rationales; with docker compose prefix `docker compose exec ragpulse`."
+    "\n\nWith several judges selected, run it once per judge (--judge takes one). Set "
+    "*Kafka bootstrap* and *Inference-log topic* above to serve's `--kafka-bootstrap` and "
+    "`--topic`.\n"
+)
 
 
 def overview(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -184,6 +239,43 @@ def overview(cfg: dict[str, Any]) -> dict[str, Any]:
             target(f"sum by (judge, rating) (rate(ragpulse_judge_verdicts_total[{RATE}]))",
                    "{{judge}} {{rating}}")],
         width=12, unit="reqps", custom={"stacking": {"mode": "normal"}, "fillOpacity": 30}))
+
+    slo = cfg["slo"]
+    period = str(slo["period"])
+    panels.append(lay.row(f"Quality SLOs ({period}) and data sufficiency"))
+    for judge, objective in slo["objectives"].items():
+        panels.append(panel(
+            lay, "stat", f"{judge}: error budget left", [
+                target(f'min({BUDGET_LEFT}{period}{{judge="{judge}"}})', judge)],
+            width=8, height=5, unit="percentunit", thresholds=budget_steps(),
+            description=(f"Share of the {period} error budget ({1 - float(objective):.0%} of "
+                         f"judged answers may fail: objective {float(objective):.0%}) not yet "
+                         f"spent, for the app/model that spent most. Negative: overspent."),
+            options={"reduceOptions": {"calcs": ["lastNotNull"]}, "colorMode": "background",
+                     "graphMode": "area", "textMode": "value_and_name"},
+        ))
+    panels.append(panel(
+        lay, "table", "Error budget left and burn rate per app / model", [
+            target(f"{BUDGET_LEFT}{period}", "", instant=True, format="table"),
+            target(f"{BURN_RATE}{slo['burn_rate_alerts'][0]['long']}", "", instant=True,
+                   format="table"),
+        ], width=12, unit="percentunit",
+        description="Budget left over the SLO period (A) and the burn rate over the page tier's "
+                    "long window (B: 1 = spending exactly the budget; RagQualityBudgetBurn pages "
+                    "at the tier factors of thresholds.yml).",
+        extra={"transformations": [
+            {"id": "merge", "options": {}},
+            {"id": "organize", "options": {
+                "excludeByName": {"Time": True, "__name__": True, "job": True},
+                "renameByName": {"Value #A": "budget left", "Value #B": "burn rate"}}}]}))
+    panels.append(panel(
+        lay, "state-timeline", "Enough judged answers to page?", [
+            target(SUFFICIENT, "{{judge}} {{app}} / {{model}}")],
+        width=12, options={"showValue": "never", "mergeValues": True},
+        mappings=sufficiency_mappings(),
+        description="Per series: orange = insufficient data (fewer judged answers in the page's "
+                    "window than its minimum sample; no quality page can fire and the ratios "
+                    "above are noise), green = enough data."))
 
     panels.append(lay.row("Traffic"))
     panels.append(panel(
@@ -238,6 +330,27 @@ def overview(cfg: dict[str, Any]) -> dict[str, Any]:
         lay, "timeseries", "Judge calls by backend", [
             target(f"sum by (judge, backend) (rate(ragpulse_judge_calls_total[{RATE}]))",
                    "{{judge}} {{backend}}")], width=12, unit="reqps"))
+    canary = cfg["canaries"]
+    cw = str(canary["window"])
+    panels.append(panel(
+        lay, "timeseries", "Judge agreement with the golden set (canaries)", [
+            target(f"{CANARY_DISAGREEMENT}{cw}", f"{{{{judge}}}} disagreement ({cw})"),
+            target(f"{CANARY_GRADED}{cw}", f"{{{{judge}}}} graded canaries ({cw})"),
+        ], width=24, unit="percentunit",
+        thresholds=[{"color": "green", "value": None},
+                    {"color": "red", "value": float(canary["max_disagreement"])}],
+        custom={"thresholdsStyle": {"mode": "line"}},
+        overrides=[{"matcher": {"id": "byRegexp", "options": ".*graded canaries.*"},
+                    "properties": [{"id": "unit", "value": "short"},
+                                   {"id": "custom.axisPlacement", "value": "right"},
+                                   {"id": "custom.drawStyle", "value": "bars"},
+                                   {"id": "custom.fillOpacity", "value": 20}]}],
+        description=(f"Share of the human-labelled canaries (serve --canary-file) each judge "
+                     f"graded differently from their label over {cw}, judge errors left out; "
+                     f"bars: canaries graded (right axis). RagJudgeCanaryDisagreement warns "
+                     f"above the line ({float(canary['max_disagreement']):.0%}) with at least "
+                     f"{int(canary['min_graded'])} graded. A step here together with a step in "
+                     f"a pass ratio means the judge moved, not the chatbot.")))
 
     panels.append(lay.row("Retrieval"))
     panels.append(panel(
@@ -268,6 +381,19 @@ def overview(cfg: dict[str, Any]) -> dict[str, Any]:
                    f"(rate(ragpulse_cycle_duration_seconds_bucket[{RATE}])))", "p95 duration"),
         ], width=8, unit="short"))
     panels.append(panel(
+        lay, "timeseries", "Data loss and label overflow", [
+            target("sum by (topic, reason) (increase(ragpulse_records_lost_total[1h])) > 0",
+                   "lost {{topic}} {{reason}}"),
+            target("sum by (topic, kind) (increase(ragpulse_offset_resets_total[1h])) > 0",
+                   "offset reset {{topic}} {{kind}}"),
+            target("sum by (topic) (increase(ragpulse_dead_letters_undeliverable_total[1h])) "
+                   "> 0", "undeliverable dead letters {{topic}}"),
+            target("sum by (label) (increase(ragpulse_label_overflow_total[1h])) > 0",
+                   "overflow of label {{label}}"),
+        ], width=8, unit="short", custom={"drawStyle": "bars", "fillOpacity": 60},
+        description="Counts over the last hour of what must never happen; only non-zero "
+                    "counts are drawn, so an empty panel is the healthy state."))
+    panels.append(panel(
         lay, "table", "Firing ragpulse alerts", [
             target('ALERTS{alertname=~"Rag.*", alertstate="firing"}', "", instant=True,
                    format="table")],
@@ -290,6 +416,12 @@ def drilldown(cfg: dict[str, Any]) -> dict[str, Any]:
         query_variable("judge", "Judge", "label_values(ragpulse_judge_verdicts_total, judge)",
                        multi=True, include_all=True),
     ]
+    variables += [
+        textbox_variable("kafka_bootstrap", "Kafka bootstrap (for ragpulse explain)",
+                         "kafka:9092"),
+        textbox_variable("topic", "Inference-log topic (for ragpulse explain)",
+                         "chat-inference"),
+    ]
     jsel = f'judge="$judge", {sel}'
     panels: list[dict[str, Any]] = [lay.row("Judges")]
     panels.append(panel(
@@ -301,17 +433,60 @@ def drilldown(cfg: dict[str, Any]) -> dict[str, Any]:
         ], width=12, unit="percentunit", overrides=ci_band_overrides(),
         description="Latest complete window with its Wilson band, and the window still open.",
         extra={"repeat": "judge", "repeatDirection": "h", "maxPerRow": 3}))
+    win = cfg["windows"]
     panels.append(panel(
         lay, "timeseries", "Rolling pass ratio (as the alerts see it)", [
-            target(f'sum by (judge) (rate(ragpulse_judge_verdicts_total{{rating="yes", {sel}}}'
-                   f'[{w}])) / sum by (judge) (rate(ragpulse_judge_verdicts_total'
-                   f'{{rating=~"yes|no", {sel}}}[{w}]))', f"{{{{judge}}}} {w}")
-            for w in dict.fromkeys([cfg["windows"]["fast_short"], cfg["windows"]["fast_long"],
-                                    cfg["windows"]["baseline"]])
+            target(f"{PASS_RATIO}:ratio_rate{win['fast_long']}{{{sel}}}",
+                   f"{{{{judge}}}} {win['fast_long']}"),
+            target(f"{PASS_RATIO}:wilson_upper_rate{win['fast_long']}{{{sel}}}",
+                   f"{{{{judge}}}} {win['fast_long']} upper bound (page)"),
+            target(f"{PASS_RATIO}:wilson_lower_rate{win['slow_long']}{{{sel}}}",
+                   f"{{{{judge}}}} {win['slow_long']} lower bound (warning)"),
+            target(f"{PASS_RATIO}:ratio_rate{win['baseline']}{{{sel}}}",
+                   f"{{{{judge}}}} {win['baseline']} baseline"),
         ], width=12, unit="percentunit",
         thresholds=floor_steps(floors["groundedness"]),
         custom={"thresholdsStyle": {"mode": "line"}},
-        description="yes/(yes+no) over the alert windows; the line is the groundedness floor."))
+        description=(f"What the drop alerts decide on: the page fires when the "
+                     f"{win['fast_long']} upper Wilson bound is under the floor, the warning "
+                     f"when the {win['slow_long']} lower bound is; the line is the "
+                     f"groundedness floor.")))
+    period = str(cfg["slo"]["period"])
+    panels.append(panel(
+        lay, "stat", f"Error budget left ({period})", [
+            target(f"{BUDGET_LEFT}{period}{{{sel}}}", "{{judge}}")],
+        width=8, height=6, unit="percentunit", thresholds=budget_steps(),
+        options={"reduceOptions": {"calcs": ["lastNotNull"]}, "colorMode": "background",
+                 "textMode": "value_and_name"},
+        description="Per judge with an SLO objective (thresholds.yml slo.objectives)."))
+    panels.append(panel(
+        lay, "timeseries", "SLO burn rate", [
+            target(f"{BURN_RATE}{w}{{{sel}}}", f"{{{{judge}}}} {w}")
+            for w in dict.fromkeys(str(t["long"]) for t in cfg["slo"]["burn_rate_alerts"])
+        ], width=8, height=6,
+        description="1 = spending exactly the budget over the SLO period; the burn-rate alerts "
+                    "fire above their tier factors."))
+    panels.append(panel(
+        lay, "state-timeline", "Enough judged answers to page?", [
+            target(f"{SUFFICIENT}{{{sel}}}", "{{judge}}")],
+        width=8, height=6, options={"showValue": "never", "mergeValues": True},
+        mappings=sufficiency_mappings(),
+        description="orange = insufficient data: too few judged answers for a quality page."))
+    panels.append(lay.row("Failing answers"))
+    failing = (f'sum by (judge, rating) (increase(ragpulse_judge_verdicts_total{{'
+               f'job="{cfg["job"]}", {sel}, judge=~"$judge", rating=~"no|error"}}[{RATE}]))')
+    panels.append(panel(
+        lay, "timeseries", "Failing answers (hover a dot for its request_id)", [
+            target(failing, "{{judge}} {{rating}}", exemplar=True)],
+        width=14, height=9, custom={"drawStyle": "bars", "fillOpacity": 40},
+        description="Verdicts rated no or error per interval. The dots are exemplars: the "
+                    "latest failing answer of each series at each scrape, with its request_id "
+                    "(Prometheus needs --enable-feature=exemplar-storage). Look the answer up "
+                    "in the chatbot's log, or list them all with the command beside."))
+    panels.append(text_panel(
+        lay, "Explain these failures", EXPLAIN_TEXT, width=10, height=9,
+        description="The failing answers of the dashboard's time range with the judges' "
+                    "rationales, read from the verdicts topic serve publishes."))
     panels.append(lay.row("Volume and retrieval"))
     panels.append(panel(
         lay, "timeseries", "Judged answers per window", [

@@ -133,15 +133,15 @@ def config_for_test(
     shipped: Mapping[str, Any] | Path,
     webhook_base_url: str,
     *,
-    group_wait: str = "1s",
-    group_interval: str = "2s",
-    repeat_interval: str = "1h",
+    group_wait: str | None = "1s",
+    group_interval: str | None = "2s",
+    repeat_interval: str | None = "1h",
 ) -> dict[str, Any]:
     """The shipped config with webhook hosts replaced and route timings shortened.
 
     Nothing else changes: receivers, matchers, grouping and inhibitions stay as shipped, so the
     test exercises the real routing tree. Timings are replaced wherever the shipped tree sets
-    them (root and child routes).
+    them (root and child routes); a timing given as None keeps the shipped values.
     """
     source: Mapping[str, Any] = (
         yaml.safe_load(shipped.read_text(encoding="utf-8"))
@@ -164,7 +164,7 @@ def config_for_test(
 
     def shorten(route: dict[str, Any], root: bool) -> None:
         for key in ROUTE_TIMINGS:
-            if root or key in route:
+            if timings[key] is not None and (root or key in route):
                 route[key] = timings[key]
         for child in route.get("routes", []):
             shorten(child, root=False)

@@ -25,11 +25,14 @@ BUILTIN_VARIABLES: dict[str, str] = {
     "__range": "1h",
     "__range_s": "3600",
     "__interval_ms": "30000",
+    # The time range in epoch ms (text panels format them, e.g. ${__from:date:seconds}).
+    "__from": "1763632800000",
+    "__to": "1763654400000",
 }
 
-# $name, ${name}, ${name:format} and the deprecated [[name]].
+# $name, ${name}, ${name:format[:arg]} and the deprecated [[name]].
 VARIABLE_PATTERN = re.compile(
-    r"\$\{(?P<braced>\w+)(?::\w+)?\}|\[\[(?P<bracketed>\w+)\]\]|\$(?P<plain>\w+)"
+    r"\$\{(?P<braced>\w+)(?::[^}]*)?\}|\[\[(?P<bracketed>\w+)\]\]|\$(?P<plain>\w+)"
 )
 
 

@@ -66,3 +66,12 @@ def test_default_receivers_are_webhooks_with_resolved_notifications() -> None:
         assert hooks and all(h["url"].startswith("http") and h["send_resolved"] for h in hooks)
     text = CONFIG.read_text(encoding="utf-8")
     assert "# slack_configs:" in text and "# pagerduty_configs:" in text
+
+
+def test_pages_wait_only_ten_seconds_while_warnings_stay_grouped_for_thirty() -> None:
+    route = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))["route"]
+    by_severity = {r["matchers"][0]: r for r in route["routes"]}
+    assert by_severity['severity="critical"']["group_wait"] == "10s"
+    # Warnings (and anything unmatched) inherit the root's grouping delay.
+    assert "group_wait" not in by_severity['severity="warning"']
+    assert route["group_wait"] == "30s"

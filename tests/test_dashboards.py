@@ -3,6 +3,7 @@ panel query is PromQL that a real Prometheus accepts."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -30,6 +31,8 @@ DASHBOARDS = {
     "ragpulse-drilldown": GRAFANA / "dashboards" / "ragpulse-drilldown.json",
 }
 EXAMPLE_VALUES = {"app": "shop", "model": "m1", "judge": "groundedness"}
+RULES = REPO / "deploy" / "prometheus" / "rules" / "ragpulse.rules.yml"
+RECORDING_RULE_NAME = re.compile(r"\b[a-z_]+:[a-z_]+:[a-z_0-9]+\b")
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,12 @@ def provisioned_datasource_uids() -> set[str]:
 
 
 def data_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
-    return [p for p in iter_panels(dashboard) if p.get("type") != "row"]
+    """Panels that query Prometheus: not rows, not text panels."""
+    return [p for p in iter_panels(dashboard) if p.get("type") not in {"row", "text"}]
+
+
+def text_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in iter_panels(dashboard) if p.get("type") == "text"]
 
 
 def test_committed_dashboards_match_their_generator_and_thresholds() -> None:
@@ -95,6 +103,7 @@ def test_every_variable_used_is_defined(uid: str) -> None:
     texts += [p.get("repeat", "") and f"${p['repeat']}" for p in iter_panels(dashboard)]
     texts += [t["expr"] for p in data_panels(dashboard) for t in p["targets"]]
     texts += [v.get("definition", "") for v in dashboard["templating"]["list"]]
+    texts += [p["options"]["content"] for p in text_panels(dashboard)]
     used = set().union(*(variables_used(t) for t in texts))
     assert used <= defined, f"undefined: {used - defined}"
 
@@ -122,6 +131,28 @@ def test_overview_shows_every_required_signal() -> None:
         "ragpulse_events_without_context_total",
     ):
         assert needle in exprs, needle
+
+
+def test_every_recording_rule_a_panel_reads_is_generated() -> None:
+    groups = yaml.safe_load(RULES.read_text(encoding="utf-8"))["groups"]
+    recorded = {rule["record"] for group in groups for rule in group["rules"]}
+    read = {name for path in DASHBOARDS.values()
+            for _, expr in grafana_panel_queries(path, EXAMPLE_VALUES)
+            for name in RECORDING_RULE_NAME.findall(expr)}
+    assert read, "no panel reads a recording rule"
+    assert read <= recorded, f"not generated: {read - recorded}"
+
+
+@pytest.mark.parametrize("uid", sorted(DASHBOARDS))
+def test_dashboard_shows_the_error_budget_left_and_an_insufficient_data_state(uid: str) -> None:
+    panels = data_panels(load_dashboard(DASHBOARDS[uid]))
+    exprs = {p["title"]: " ".join(t["expr"] for t in p["targets"]) for p in panels}
+    assert any("ragpulse_judge_slo_budget_remaining" in e for e in exprs.values())
+    state = [p for p in panels if "ragpulse_judge_samples:sufficient" in exprs[p["title"]]]
+    assert state
+    for p in state:
+        mapped = p["fieldConfig"]["defaults"]["mappings"][0]["options"]
+        assert mapped["0"]["text"] == "insufficient data", p["title"]
 
 
 def test_query_extraction_substitutes_variables_and_rejects_unknown_ones() -> None:
@@ -157,6 +188,37 @@ def test_a_malformed_panel_query_would_be_reported(prometheus: PrometheusServer)
 def test_variable_queries_parse_in_a_real_prometheus(prometheus: PrometheusServer) -> None:
     dashboard = load_dashboard(DASHBOARDS["ragpulse-drilldown"])
     for variable in dashboard["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
         # label_values(<selector>, label) is Grafana's; the selector must be valid PromQL.
         inner = variable["definition"].removeprefix("label_values(").rsplit(",", 1)[0]
         prometheus.query(substitute(inner, EXAMPLE_VALUES))
+
+
+def test_drilldown_explains_its_failures_with_the_dashboards_own_filters_and_time_range() -> None:
+    dashboard = load_dashboard(DASHBOARDS["ragpulse-drilldown"])
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["kafka_bootstrap"]["type"] == "textbox"
+    assert variables["kafka_bootstrap"]["current"]["value"] == "kafka:9092"
+    assert variables["topic"]["current"]["value"] == "chat-inference"
+    (explain,) = [p for p in text_panels(dashboard) if p["title"] == "Explain these failures"]
+    assert explain["options"]["mode"] == "markdown" and "targets" not in explain
+    assert ("ragpulse explain --kafka-bootstrap $kafka_bootstrap --topic $topic --app $app "
+            "--model $model --judge $judge --since ${__from:date:seconds} "
+            "--until ${__to:date:seconds}") in explain["options"]["content"]
+    assert variables_used("--since ${__from:date:seconds}") == {"__from"}
+
+
+def test_failing_answers_panel_asks_for_exemplars_and_the_query_runs_for_them(
+    prometheus: PrometheusServer,
+) -> None:
+    dashboard = load_dashboard(DASHBOARDS["ragpulse-drilldown"])
+    (failing,) = [p for p in data_panels(dashboard)
+                  if p["title"] == "Failing answers (hover a dot for its request_id)"]
+    (target,) = failing["targets"]
+    assert target["exemplar"] is True
+    assert 'job="ragpulse"' in target["expr"] and 'rating=~"no|error"' in target["expr"]
+    expr = substitute(target["expr"], {**BUILTIN_VARIABLES, **EXAMPLE_VALUES})
+    # Grafana fetches the dots from the exemplar API with the panel's query.
+    body = prometheus.api("query_exemplars", {"query": expr, "start": "0", "end": "60"})
+    assert body["status"] == "success", body

@@ -110,6 +110,23 @@ def test_prometheus_config_loads_exactly_the_generated_rule_files() -> None:
     )
 
 
+def test_prometheus_in_compose_keeps_exemplars_scraped_in_openmetrics() -> None:
+    command = compose()["services"]["prometheus"]["command"]
+    assert "--enable-feature=exemplar-storage" in command
+    # Exemplars travel only in OpenMetrics: no scrape config may narrow the protocols to the
+    # plain text format.
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text(encoding="utf-8"))
+    for job in config["scrape_configs"]:
+        protocols = job.get("scrape_protocols") or config["global"].get("scrape_protocols")
+        assert not protocols or protocols[0].startswith("OpenMetricsText"), job["job_name"]
+
+
+def test_kubernetes_and_helm_say_how_to_turn_exemplar_storage_on() -> None:
+    for path in (DEPLOY / "kubernetes" / "servicemonitor.yaml",
+                 DEPLOY / "helm" / "ragpulse" / "values.yaml"):
+        assert "enableFeatures: [exemplar-storage]" in path.read_text(encoding="utf-8"), path
+
+
 def test_prometheus_config_passes_promtool_check_config() -> None:
     promtool = require_binary("promtool", "prometheus")
     result = subprocess.run([promtool, "check", "config", str(PROMETHEUS_CONFIG)],

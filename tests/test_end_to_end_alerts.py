@@ -1,22 +1,26 @@
 """End to end: a groundedness drop in live Kafka traffic pages on-call, then clears.
 
-Everything is real except the chatbot: a Tansu Kafka broker, `ragpulse serve` (local judges,
-20 s windows) as a subprocess (tests/serve_process.py), /usr/bin/prometheus scraping it every
-second with the SHIPPED rules rendered by deploy/prometheus/render_rules.py (only time-scale
-settings overridden, via its documented --set), and /usr/bin/prometheus-alertmanager with the
-shipped routing tree whose webhooks point at a recorder run by the test.
+Everything is real except the chatbot, and at the shipped time scale: a Tansu Kafka broker,
+`ragpulse serve` (local judges, its default 15 s trigger interval; 20 s windows so that window
+gauges exist early) as a subprocess (tests/serve_process.py), /usr/bin/prometheus scraping it
+every 15 s and evaluating the COMMITTED rule files every 15 s (as deploy/prometheus/prometheus.yml
+does), and /usr/bin/prometheus-alertmanager with the shipped routing tree and its group_wait
+(10 s for pages), whose webhooks point at a recorder run by the test. Traffic is the issue's: one
+judged answer a second per app and model.
 
 One module-scoped run (`incident`) plays the story once; the tests read what it recorded:
 
-1. healthy traffic (a few malformed and late records, 2 % answers without retrieved context),
+1. healthy traffic for longer than the page's 5m window (a few malformed and late records, 2 %
+   answers without retrieved context),
 2. a groundedness drop (--drop-to 0.4) until RagGroundednessDrop reaches the pager webhook
    for every app,
 3. recovery until every app's alert is resolved.
 
-Detection latency = webhook receive time - first dropped answer's event time; resolve latency
-= "resolved" webhook receive time - first recovered answer's event time. Both are printed
-(pytest -s) and written as JSON to $RAGPULSE_E2E_REPORT when set. The same running stack then
-answers every Grafana panel query, at the instant the alert was firing.
+Detection latency = webhook receive time - first dropped answer's event time (and, without
+Alertmanager's group_wait, the time Prometheus itself turned the alert to firing); resolve
+latency = "resolved" webhook receive time - first recovered answer's event time. They are
+printed (pytest -s) and written as JSON to $RAGPULSE_E2E_REPORT when set. The same running
+stack then answers every Grafana panel query, at the instant the alert was firing.
 """
 
 from __future__ import annotations
@@ -25,8 +29,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from alertmanager_server import (
     Notification,
     WebhookRecorder,
@@ -48,54 +51,45 @@ from prometheus_server import PrometheusServer, prometheus_config, running_prome
 from serve_process import ServeProcess
 
 from pipeline.simulate import Incidents, SimulatedEvent, simulate
+from pipeline.windows import parse_duration
 
 REPO = Path(__file__).resolve().parent.parent
-RENDER_RULES = REPO / "deploy" / "prometheus" / "render_rules.py"
 ALERTMANAGER_CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 DASHBOARDS = sorted((REPO / "grafana" / "dashboards").glob("*.json"))
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]  # ~2.5 min; bounds below add up
+# The fixture's story takes ~10 min (5.5 min healthy, ~3 min to page, ~2 min to resolve).
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
 
 TOPIC = "inference-logs"
-RATE = 20.0  # events per second, spread over 2 apps x 2 models
-HEALTHY_S = 40.0
+RATE = 4.0  # events per second, spread over 2 apps x 2 models: 1 judged answer/s per series
+HEALTHY_S = 330.0  # the 5m window of the page holds only healthy answers when the drop starts
 NO_CONTEXT_SHARE = 0.02  # answers without retrieved chunks, in every phase
 DROP_TO = 0.4  # share of grounded answers during the drop; the floor is 80 %
-DETECTION_TIMEOUT_S = 120.0  # give up waiting for the page (the test then fails)
-RESOLVE_TIMEOUT_S = 150.0
-# What the tests accept: about twice what was measured on a 2-core machine, idle and with four
-# busy-loop processes next to it (detection 40-43 s, resolution 42-49 s). Both are dominated by
-# the rules (1m ratio below the floor + `for: 20s`; 1m ratio back above it), not by load.
-DETECTION_BOUND_S = 90.0
-RESOLVE_BOUND_S = 110.0
+DETECTION_TIMEOUT_S = 300.0  # give up waiting for the page (the test then fails)
+RESOLVE_TIMEOUT_S = 240.0
+# The issue asks for a page within 3 minutes. The rules alone take 2m15s at 1 answer/s
+# (tests/promtool/groundedness.test.yaml); serve's cycle, the scrape and the evaluation add up
+# to 15 s each. Prometheus must fire within the 3 minutes; the webhook additionally waits for
+# the pager route's group_wait (10 s shipped, read from the shipped config), so it gets that on
+# top. Resolution: the 1m window's lower bound back over the floor, then the same lags.
+PROMETHEUS_FIRING_BOUND_S = 180.0
+
+
+def pager_group_wait_s(config: Path) -> float:
+    """group_wait of the route critical alerts take (its own, else the root's), in seconds."""
+    route = yaml.safe_load(config.read_text(encoding="utf-8"))["route"]
+    pager = next(r for r in route["routes"] if 'severity="critical"' in r.get("matchers", []))
+    return parse_duration(str(pager.get("group_wait", route["group_wait"])))
+
+
+GROUP_WAIT_S = pager_group_wait_s(ALERTMANAGER_CONFIG)
+DETECTION_BOUND_S = PROMETHEUS_FIRING_BOUND_S + GROUP_WAIT_S + 15.0
+RESOLVE_BOUND_S = 180.0
 
 QUALITY_ALERTS = ("RagGroundednessDrop", "RagSafetyViolations", "RagRelevanceDrop",
                   "RagJudgeErrorsHigh")
 
-# Only time-scale settings change: windows shrink from 5m/30m/1h/6h to 1m/3m/3m/6m, `for`
-# durations and staleness limits shrink to match, and rules are evaluated every second.
-# Floors, margins, minimum samples and severities stay as shipped.
-TIME_SCALE_OVERRIDES = (
-    "windows.fast_short=1m",
-    "windows.fast_long=3m",
-    "windows.slow_short=3m",
-    "windows.slow_long=6m",
-    "windows.baseline=6m",
-    "safety.window=3m",
-    "safety.for=5s",
-    "judge_errors.window=1m",
-    "judge_errors.for=20s",
-    "quality_alerts.groundedness.fast.for=20s",
-    "quality_alerts.groundedness.slow.for=1m",
-    "quality_alerts.relevance_to_query.fast.for=20s",
-    "quality_alerts.relevance_to_query.slow.for=1m",
-    "stall.max_window_age_seconds=60",  # 20 s window + 0 s lateness + 2 s out-of-orderness
-    "stall.max_heartbeat_age_seconds=30",
-    "stall.for=20s",
-    "down.for=20s",
-    "consumer_lag.for=1m",
-    "rule_interval=1s",
-)
+SHIPPED_RULES = sorted((REPO / "deploy" / "prometheus" / "rules").glob("*.yml"))
 
 # Panels that stay empty in a healthy local-judge run, and why. Kept minimal: the test fails
 # if one of them shows data (then drop it from here).
@@ -103,6 +97,8 @@ EMPTY_WITH_LOCAL_JUDGES = {
     "Judge errors by cause": "local judges only error on an empty answer, which the event "
     "parser already rejects, so ragpulse_judge_errors_total never gets a series",
     "Judge tokens": "local judges call no model, so they spend no tokens",
+    "Data loss and label overflow": "it draws only non-zero counts of lost records, offset "
+    "resets, undeliverable dead letters and label overflow: none of them happen here",
 }
 
 
@@ -172,20 +168,13 @@ class PacedTraffic:
 # --------------------------------------------------------------------------- processes
 
 
-# Time scale of the run: 20 s windows closed as soon as the watermark passes them.
+# serve's default trigger interval (15 s); 20 s windows closed as soon as the watermark passes
+# them, so that the window gauges the dashboards show exist early in the run. The counters the
+# alerts read do not depend on windows: every cycle adds its verdicts.
 SERVE_ARGS = (
     "--window", "20s", "--allowed-lateness", "0s", "--out-of-orderness", "2s",
-    "--trigger-interval", "1s", "--kafka-timeout", "10s",
+    "--kafka-timeout", "10s",
 )
-
-
-def render_time_scaled_rules(out_dir: Path) -> list[Path]:
-    """The shipped rules rendered through the documented --set mechanism."""
-    args = [sys.executable, str(RENDER_RULES), "--out-dir", str(out_dir)]
-    for item in TIME_SCALE_OVERRIDES:
-        args += ["--set", item]
-    subprocess.run(args, check=True, capture_output=True, timeout=60)
-    return sorted(out_dir.glob("*.yml"))
 
 
 # --------------------------------------------------------------------------- the story
@@ -202,6 +191,7 @@ class IncidentRun:
     drop_at: float
     recover_at: float | None
     fired: dict[str, Notification]  # app -> first "firing" RagGroundednessDrop notification
+    firing_since: dict[str, float]  # app -> when Prometheus first had the alert firing
     resolved: dict[str, Notification]  # app -> first "resolved" one after it fired
     notifications: list[Notification]
     traffic_sent: int
@@ -221,9 +211,9 @@ class IncidentRun:
                 f"  {self._rel(n.received_at)} {n.path} {n.status} {n.group_labels} {names}"
             )
         ratios = self.prom.query(
-            'judge_app_model:ragpulse_judge_pass_ratio:ratio_rate1m{judge="groundedness"}'
+            'judge_app_model:ragpulse_judge_pass_ratio:ratio_rate5m{judge="groundedness"}'
         )["result"]
-        lines.append("groundedness 1m ratios now: " + ", ".join(
+        lines.append("groundedness 5m ratios now: " + ", ".join(
             f"{r['metric'].get('app')}/{r['metric'].get('model')}={float(r['value'][1]):.2f}"
             for r in ratios
         ))
@@ -264,7 +254,6 @@ def _wait_for_apps(
 def incident() -> Iterator[IncidentRun]:
     with contextlib.ExitStack() as stack:
         work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ragpulse-e2e-")))
-        rules = render_time_scaled_rules(work_dir / "rules")
         broker = stack.enter_context(TansuBroker())
         broker.create_topic(TOPIC)
         broker.create_topic(f"{TOPIC}.dlq")
@@ -273,17 +262,19 @@ def incident() -> Iterator[IncidentRun]:
                          log_path=work_dir / "serve.log")
         )
         hook = stack.enter_context(WebhookRecorder())
+        # The shipped group_wait of every route (the pager's is what detection includes).
         am_config = config_for_test(ALERTMANAGER_CONFIG, hook.url,
-                                    group_wait="1s", group_interval="2s")
+                                    group_wait=None, group_interval="2s")
         am = stack.enter_context(running_alertmanager(am_config))
         prom_config = prometheus_config(
-            [f"127.0.0.1:{serve.port}"], rules, scrape_interval="1s", evaluation_interval="1s"
+            [f"127.0.0.1:{serve.port}"], SHIPPED_RULES, scrape_interval="15s",
+            evaluation_interval="15s",
         )
         prom_config["alerting"] = {"alertmanagers": [
             {"static_configs": [{"targets": [am.url.removeprefix("http://")]}]}
         ]}
         prom = stack.enter_context(running_prometheus(config=prom_config))
-        prom.wait_for(lambda: prom.query('up{job="ragpulse"} == 1')["result"])
+        prom.wait_for(lambda: prom.query('up{job="ragpulse"} == 1')["result"], timeout=60)
         traffic = PacedTraffic(broker.bootstrap, TOPIC, RATE)
         stack.callback(traffic.stop)
         yield _play(prom, serve, hook, traffic)
@@ -305,6 +296,7 @@ def _play(
     )
     fired = _wait_for_apps(hook, apps, "firing", drop_at, DETECTION_TIMEOUT_S)
     firing_snapshot_at = time.time() if len(fired) == len(apps) else None
+    firing_since = _firing_since(prom, apps, drop_at)
     recover_at = resolved = None
     if fired:
         recover_at = traffic.switch(Incidents(no_context_share=NO_CONTEXT_SHARE))
@@ -317,12 +309,29 @@ def _play(
         drop_at=drop_at,
         recover_at=recover_at,
         fired=fired,
+        firing_since=firing_since,
         resolved=resolved or {},
         notifications=hook.notifications(),
         traffic_sent=traffic.sent,
         traffic_failures=list(traffic.failures),
         firing_snapshot_at=firing_snapshot_at,
     )
+
+
+def _firing_since(
+    prom: PrometheusServer, apps: tuple[str, ...], drop_at: float
+) -> dict[str, float]:
+    """When Prometheus first evaluated RagGroundednessDrop as firing, per app, after the drop."""
+    span = int(time.time() - drop_at) + 1
+    series = prom.query(
+        f'ALERTS{{alertname="RagGroundednessDrop", alertstate="firing"}}[{span}s]'
+    )["result"]
+    first: dict[str, float] = {}
+    for s in series:
+        app = s["metric"].get("app", "")
+        if app in apps:
+            first[app] = min(first.get(app, float("inf")), float(s["values"][0][0]))
+    return first
 
 
 # --------------------------------------------------------------------------- alert tests
@@ -335,13 +344,16 @@ def _report(run: IncidentRun) -> dict[str, Any]:
         if run.recover_at is not None
         else {}
     )
+    firing = {app: t - run.drop_at for app, t in run.firing_since.items()}
     return {
         "rate_events_per_s": RATE,
+        "judged_answers_per_s_per_series": RATE / 4,
         "drop_to": DROP_TO,
-        "serve_window_s": 20,
-        "scrape_and_rule_interval_s": 1,
-        "alertmanager_group_wait_s": 1,
+        "serve_trigger_interval_s": 15,
+        "scrape_and_rule_interval_s": 15,
+        "alertmanager_group_wait_s": GROUP_WAIT_S,
         "alertmanager_group_interval_s": 2,
+        "prometheus_firing_latency_s": {app: round(v, 1) for app, v in firing.items()},
         "detection_latency_s": {app: round(v, 1) for app, v in detection.items()},
         "resolve_latency_s": {app: round(v, 1) for app, v in resolve.items()},
         "detection_latency_max_s": round(max(detection.values()), 1) if detection else None,
@@ -374,6 +386,11 @@ def test_groundedness_drop_pages_on_call_with_the_app_and_clears_after_recovery(
             assert alert["labels"]["severity"] == "critical"
             assert alert["labels"]["window"] == "fast"
             assert alert["annotations"]["runbook_url"].endswith("#raggroundednessdrop")
+        firing = incident.firing_since.get(app, float("inf")) - incident.drop_at
+        assert firing <= PROMETHEUS_FIRING_BOUND_S, (
+            f"{app}: Prometheus fired {firing:.1f}s after the drop "
+            f"(bound {PROMETHEUS_FIRING_BOUND_S:.0f}s)\n{incident.describe()}"
+        )
         latency = n.received_at - incident.drop_at
         assert latency <= DETECTION_BOUND_S, (
             f"{app}: paged {latency:.1f}s after the drop (bound {DETECTION_BOUND_S:.0f}s)\n"
@@ -406,10 +423,10 @@ def test_no_quality_alert_fires_or_is_pending_while_traffic_is_healthy(
     assert not seen, [s["metric"] for s in seen]
     # The quality alerts have data to judge: the healthy phase was not silent.
     samples = incident.prom.query(
-        'judge_app_model:ragpulse_judge_samples:increase1m{judge="groundedness"}',
+        'judge_app_model:ragpulse_judge_samples:increase5m{judge="groundedness"}',
         at=incident.drop_at,
     )["result"]
-    assert len(samples) == 4 and all(float(s["value"][1]) >= 20 for s in samples), samples
+    assert len(samples) == 4 and all(float(s["value"][1]) >= 200 for s in samples), samples
 
 
 def test_only_the_injected_fault_alerts_during_the_whole_run(incident: IncidentRun) -> None:
@@ -463,7 +480,7 @@ def test_every_dashboard_panel_query_returns_data_during_the_incident(
     checked = 0
     for dashboard in DASHBOARDS:
         for variables in combos:
-            values = {**variables, "__rate_interval": "20s", "__interval": "2s"}
+            values = {**variables, "__rate_interval": "1m", "__interval": "15s"}
             for title, expr in grafana_panel_queries(dashboard, values):
                 checked += 1
                 if prom.query(expr, at=at)["result"]:
@@ -483,7 +500,9 @@ def test_incident_side_data_reaches_the_dashboards_as_non_zero_values(
     # Non-empty could still be all zeros; the faults planted in the healthy phase must show.
     prom = incident.prom
     end = incident.drop_at + 10  # after the healthy phase's records were processed
-    span = f"{int(end - incident.healthy_start)}s"
+    # From a minute before the traffic: the counters' 0 samples were scraped then (every 15 s,
+    # so the first scrape after the traffic started may already count the malformed burst).
+    span = f"{int(end - incident.healthy_start) + 60}s"
     for expr in (
         f"increase(ragpulse_dead_letters_total[{span}])",
         f"increase(ragpulse_late_events_total[{span}])",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -37,9 +38,10 @@ GENERATED_HEADER = (
     "# Do not edit by hand: change thresholds.yml and re-run the script.\n"
 )
 
-# Labels every per-judge recording rule keeps: alerts must carry the app (and model).
-BY = "judge, app, model"
 VERDICTS = "ragpulse_judge_verdicts_total"
+# Every per-judge recording rule keeps these labels after the deployment labels; alerts must
+# carry the app and the model.
+SERIES_LABELS = ("judge", "app", "model")
 
 
 # --------------------------------------------------------------------------- config
@@ -75,15 +77,47 @@ def apply_overrides(config: Mapping[str, Any], overrides: Iterable[str]) -> dict
     return result
 
 
+def wilson_bounds(passed: float, judged: float, z: float) -> tuple[float, float]:
+    """The Wilson score interval of passed/judged; the recording rules compute the same."""
+    p, z2 = passed / judged, z * z
+    centre = (p + z2 / (2 * judged)) / (1 + z2 / judged)
+    half = z * math.sqrt(p * (1 - p) / judged + z2 / (4 * judged**2)) / (1 + z2 / judged)
+    return centre - half, centre + half
+
+
+def check_thresholds(config: Mapping[str, Any]) -> None:
+    """Reject settings under which the warnings would fire on healthy traffic.
+
+    The slow path warns when the LOWER Wilson bound is under the floor; on too few answers that
+    bound is low even for a series at its SLO objective, so its minimum sample must be large
+    enough for such a series to stay quiet.
+    """
+    z = float(config["confidence_z"])
+    for judge, spec in config["quality_alerts"].items():
+        objective = config["slo"]["objectives"].get(judge)
+        n = int(spec["slow"]["min_samples"])
+        if objective is None:
+            continue
+        low, _ = wilson_bounds(float(objective) * n, n, z)
+        if low < float(spec["floor"]):
+            raise ValueError(
+                f"quality_alerts.{judge}.slow.min_samples={n} is too small: a series at its "
+                f"objective {objective:g} has a lower bound of {low:.3f} on {n} answers, "
+                f"under the floor {spec['floor']:g}, so healthy traffic would warn"
+            )
+
+
 def load_thresholds(
     path: Path = DEFAULT_THRESHOLDS, overrides: Iterable[str] = ()
 ) -> dict[str, Any]:
-    """Read thresholds.yml and apply ``dotted.key=value`` overrides."""
+    """Read thresholds.yml, apply ``dotted.key=value`` overrides and check the result."""
     with path.open(encoding="utf-8") as handle:
         config = yaml.safe_load(handle)
     if not isinstance(config, dict):
         raise ValueError(f"{path}: expected a mapping at the top level")
-    return apply_overrides(config, overrides)
+    config = apply_overrides(config, overrides)
+    check_thresholds(config)
+    return config
 
 
 # --------------------------------------------------------------------------- names
@@ -92,6 +126,11 @@ def load_thresholds(
 def ratio_rule(window: str) -> str:
     """Recording rule: yes/(yes+no) per judge, app and model over ``window``."""
     return f"judge_app_model:ragpulse_judge_pass_ratio:ratio_rate{window}"
+
+
+def bound_rule(window: str, side: str) -> str:
+    """Recording rule: the ``side`` ("lower"/"upper") Wilson bound of the pass ratio."""
+    return f"judge_app_model:ragpulse_judge_pass_ratio:wilson_{side}_rate{window}"
 
 
 def samples_rule(window: str) -> str:
@@ -114,12 +153,52 @@ def error_ratio_rule(window: str) -> str:
     return f"judge_app_model:ragpulse_judge_error_ratio:ratio_rate{window}"
 
 
+def burn_rate_rule(window: str) -> str:
+    """Recording rule: (1 - pass ratio) / (1 - SLO objective) over ``window``."""
+    return f"judge_app_model:ragpulse_judge_slo_burn_rate:ratio_rate{window}"
+
+
+def budget_remaining_rule(period: str) -> str:
+    """Recording rule: share of the period's error budget not yet spent (negative: overspent)."""
+    return f"judge_app_model:ragpulse_judge_slo_budget_remaining:ratio{period}"
+
+
+def canary_disagreement_rule(window: str) -> str:
+    """Recording rule: disagree/(agree+disagree) of a judge's canary verdicts over ``window``."""
+    return f"judge:ragpulse_canary_disagreement:ratio_rate{window}"
+
+
+def canary_graded_rule(window: str) -> str:
+    """Recording rule: canaries a judge graded (agree+disagree, errors excluded) over ``window``."""
+    return f"judge:ragpulse_canary_graded:increase{window}"
+
+
+# Recording rules that are not per window.
+OBJECTIVE_RULE = "judge:ragpulse_judge_slo_objective:ratio"
+SUFFICIENT_RULE = "judge_app_model:ragpulse_judge_samples:sufficient"
+
+
+def quality_windows(config: Mapping[str, Any]) -> list[str]:
+    """The windows of the drop alerts' two paths (they get Wilson bounds)."""
+    win = config["windows"]
+    keys = ("fast_long", "fast_short", "slow_long", "slow_short")
+    return list(dict.fromkeys(str(win[k]) for k in keys))
+
+
+def burn_windows(config: Mapping[str, Any]) -> list[str]:
+    """The windows of the SLO burn-rate tiers."""
+    tiers = config["slo"]["burn_rate_alerts"]
+    return list(dict.fromkeys(str(t[k]) for t in tiers for k in ("long", "short")))
+
+
 def rule_windows(config: Mapping[str, Any]) -> list[str]:
     """Every range window some alert needs, in first-use order, without duplicates."""
     wanted = [
-        *config["windows"].values(),
+        *quality_windows(config),
+        config["windows"]["baseline"],
         config["safety"]["window"],
         config["judge_errors"]["window"],
+        *burn_windows(config),
     ]
     return list(dict.fromkeys(str(w) for w in wanted))
 
@@ -127,48 +206,128 @@ def rule_windows(config: Mapping[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------- recording rules
 
 
-def _sum_increase(selector: str, window: str, fn: str = "increase") -> str:
-    return f"sum by ({BY}) ({fn}({VERDICTS}{selector}[{window}]))"
+def by(config: Mapping[str, Any]) -> str:
+    """``job, judge, app, model``: one deployment's series, its instances added up."""
+    return ", ".join([*config["deployment_labels"], *SERIES_LABELS])
 
 
-def recording_groups(config: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One group of per-window recording rules.
+def _verdicts(config: Mapping[str, Any], ratings: str = "") -> str:
+    """The verdict counter of this job, optionally restricted to a rating matcher."""
+    matchers = [f'job="{config["job"]}"', *([ratings] if ratings else [])]
+    return f"{VERDICTS}{{{', '.join(matchers)}}}"
+
+
+def _sum(config: Mapping[str, Any], ratings: str, window: str, fn: str = "increase") -> str:
+    return f"sum by ({by(config)}) ({fn}({_verdicts(config, ratings)}[{window}]))"
+
+
+YES, NO, ERROR, JUDGED = 'rating="yes"', 'rating="no"', 'rating="error"', 'rating=~"yes|no"'
+
+
+def _window_rules(config: Mapping[str, Any], w: str) -> list[dict[str, Any]]:
+    """Counts and ratios of one window.
 
     Numerators use ``or 0 * denominator`` because a counter series that was never incremented
     (e.g. rating="yes" when every answer failed) does not exist, and a missing numerator would
     make a 0 % pass ratio disappear instead of alerting.
     """
+    judged = _sum(config, JUDGED, w)
+    judged_rate = _sum(config, JUDGED, w, "rate")
+    all_rate = _sum(config, "", w, "rate")
+    return [
+        {"record": verdicts_rule(w), "expr": _sum(config, "", w)},
+        {"record": samples_rule(w), "expr": judged},
+        {"record": failures_rule(w),
+         "expr": f"{_sum(config, NO, w)}\nor\n0 * {judged}\n"},
+        {"record": ratio_rule(w),
+         "expr": (f"(\n  {_sum(config, YES, w, 'rate')}\n  or\n"
+                  f"  0 * {judged_rate}\n)\n/\n{judged_rate}\n")},
+        {"record": error_ratio_rule(w),
+         "expr": (f"(\n  {_sum(config, ERROR, w, 'rate')}\n  or\n"
+                  f"  0 * {all_rate}\n)\n/\n{all_rate}\n")},
+    ]
+
+
+def _wilson_rule(config: Mapping[str, Any], w: str, side: str) -> dict[str, Any]:
+    """(p + z²/2n ∓ z·sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n), from the window's p and n."""
+    z = float(config["confidence_z"])
+    p, n, sign = ratio_rule(w), samples_rule(w), "-" if side == "lower" else "+"
+    expr = (
+        f"(\n  {p}\n  + {z * z / 2:g} / {n}\n  {sign} {z:g} * sqrt(\n"
+        f"      {p} * (1 - {p}) / {n}\n      + {z * z / 4:g} / {n} ^ 2\n    )\n)\n"
+        f"/\n(1 + {z * z:g} / {n})\n"
+    )
+    return {"record": bound_rule(w, side), "expr": expr}
+
+
+def _sufficient_rule(config: Mapping[str, Any]) -> dict[str, Any]:
+    """1 where a series has enough judged answers for its page to fire, else 0.
+
+    Per judge: the fast path's minimum over its long window; safety: its own minimum.
+    """
+    parts = [
+        f'{samples_rule(config["windows"]["fast_long"])}{_sel(judge)} '
+        f'>= bool {int(spec["fast"]["min_samples"])}'
+        for judge, spec in config["quality_alerts"].items()
+    ]
+    s = config["safety"]
+    parts.append(f'{samples_rule(s["window"])}{_sel("safety")} >= bool {int(s["min_samples"])}')
+    return {"record": SUFFICIENT_RULE, "expr": "\nor\n".join(parts) + "\n"}
+
+
+CANARY_VERDICTS = "ragpulse_canary_verdicts_total"
+
+
+def _canary_rules(config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Disagreement of each judge with the golden set, and the graded count behind it.
+
+    Canary counters have no app or model: a golden event belongs to no chatbot series.
+    """
+    w, keep = str(config["canaries"]["window"]), ", ".join([*config["deployment_labels"], "judge"])
+
+    def total(outcome: str, fn: str) -> str:
+        return (f'sum by ({keep}) ({fn}({CANARY_VERDICTS}{{job="{config["job"]}", '
+                f'outcome{outcome}}}[{w}]))')
+
+    graded, disagree = '=~"agree|disagree"', '="disagree"'
+    graded_rate = total(graded, "rate")
+    return [
+        {"record": canary_graded_rule(w), "expr": total(graded, "increase")},
+        {"record": canary_disagreement_rule(w),
+         "expr": (f"(\n  {total(disagree, 'rate')}\n  or\n  0 * {graded_rate}\n)\n"
+                  f"/\n{graded_rate}\n")},
+    ]
+
+
+def recording_groups(config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per-window counts, ratios, Wilson bounds and burn rates; the SLO period's budget."""
     rules: list[dict[str, Any]] = []
     for w in rule_windows(config):
-        judged = _sum_increase('{rating=~"yes|no"}', w)
-        failed = _sum_increase('{rating="no"}', w)
-        passed_rate = _sum_increase('{rating="yes"}', w, "rate")
-        error_rate = _sum_increase('{rating="error"}', w, "rate")
-        judged_rate = _sum_increase('{rating=~"yes|no"}', w, "rate")
-        all_rate = _sum_increase("", w, "rate")
-        rules += [
-            {"record": verdicts_rule(w), "expr": _sum_increase("", w)},
-            {"record": samples_rule(w), "expr": judged},
-            {
-                "record": failures_rule(w),
-                "expr": f"{failed}\nor\n0 * {judged}\n",
-            },
-            {
-                "record": ratio_rule(w),
-                "expr": (
-                    f"(\n  {passed_rate}\n  or\n"
-                    f"  0 * {judged_rate}\n)\n/\n{judged_rate}\n"
-                ),
-            },
-            {
-                "record": error_ratio_rule(w),
-                "expr": (
-                    f"(\n  {error_rate}\n  or\n"
-                    f"  0 * {all_rate}\n)\n/\n{all_rate}\n"
-                ),
-            },
-        ]
-    return [_group("ragpulse-judge-ratios.rules", rules, config)]
+        rules += _window_rules(config, w)
+    # Later rules of a group see the earlier ones of the same evaluation.
+    for w in quality_windows(config):
+        rules += [_wilson_rule(config, w, "lower"), _wilson_rule(config, w, "upper")]
+    rules.append(_sufficient_rule(config))
+    rules += _canary_rules(config)
+    slo = config["slo"]
+    for judge, objective in slo["objectives"].items():
+        rules.append({"record": OBJECTIVE_RULE, "expr": f"vector({float(objective):g})",
+                      "labels": {"judge": judge}})
+    for w in burn_windows(config):
+        rules.append({"record": burn_rate_rule(w), "expr": _burn_rate(ratio_rule(w))})
+    period = str(slo["period"])
+    budget_rules = [
+        *(r for r in _window_rules(config, period) if r["record"] in
+          {samples_rule(period), ratio_rule(period)}),
+        {"record": budget_remaining_rule(period), "expr": f"1 - {_burn_rate(ratio_rule(period))}"},
+    ]
+    budget_group = _group("ragpulse-slo-budget.rules", budget_rules, config)
+    budget_group["interval"] = str(slo["period_rule_interval"])
+    return [_group("ragpulse-judge-ratios.rules", rules, config), budget_group]
+
+
+def _burn_rate(ratio: str) -> str:
+    return f"(1 - {ratio})\n/ on (judge) group_left ()\n(1 - {OBJECTIVE_RULE})\n"
 
 
 def _group(name: str, rules: list[dict[str, Any]], config: Mapping[str, Any]) -> dict[str, Any]:
@@ -186,20 +345,27 @@ def _sel(judge: str) -> str:
     return f'{{judge="{judge}"}}'
 
 
-def _query_value(metric: str, judge: str, fmt: str) -> str:
-    """Go-template snippet printing ``metric`` for the alert's judge/app/model (sample sizes)."""
+def _query_value(config: Mapping[str, Any], metric: str, judge: str | None, fmt: str) -> str:
+    """Go-template snippet printing ``metric`` for the alert's series (sample sizes ...).
+
+    ``judge`` None takes the judge from the alert's labels.
+    """
+    names = [*config["deployment_labels"], "judge", "app", "model"]
+    matchers = ",".join(f"{name}=%q" for name in names)
+    args = " ".join(f'"{judge}"' if name == "judge" and judge else f"$labels.{name}"
+                    for name in names)
     return (
-        f'{{{{ with printf "{metric}{{judge=%q,app=%q,model=%q}}" "{judge}" $labels.app '
-        f"$labels.model | query }}}}{{{{ . | first | value | {fmt} }}}}{{{{ end }}}}"
+        f'{{{{ with printf "{metric}{{{matchers}}}" {args} | query }}}}'
+        f"{{{{ . | first | value | {fmt} }}}}{{{{ end }}}}"
     )
 
 
-def _count(metric: str, judge: str) -> str:
-    return _query_value(metric, judge, 'printf "%.0f"')
+def _count(config: Mapping[str, Any], metric: str, judge: str | None) -> str:
+    return _query_value(config, metric, judge, 'printf "%.0f"')
 
 
-def _percent(metric: str, judge: str) -> str:
-    return _query_value(metric, judge, "humanizePercentage")
+def _percent(config: Mapping[str, Any], metric: str, judge: str | None) -> str:
+    return _query_value(config, metric, judge, "humanizePercentage")
 
 
 def _runbook(config: Mapping[str, Any], alert: str) -> str:
@@ -237,85 +403,156 @@ def _alert(
 
 
 def quality_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Multiwindow drop alerts (fast and slow path) for each judge in ``quality_alerts``."""
-    win = config["windows"]
+    """Drop alerts for each judge in ``quality_alerts``: a fast page and a slow warning.
+
+    Each path decides on a Wilson bound of its long window (fast: the upper bound, so a page
+    means ragpulse is confident quality fell; slow: the lower bound, so a drift warns as soon as
+    the floor is plausibly breached). The short window's lower bound lets an alert resolve
+    once the last minutes are confidently back above the floor.
+    """
+    win, on = config["windows"], f"on ({by(config)})"
     alerts: list[dict[str, Any]] = []
     for judge, spec in config["quality_alerts"].items():
         floor, margin = float(spec["floor"]), float(spec["margin"])
-        base = f"{ratio_rule(win['baseline'])}{_sel(judge)}"
+        sel, label = _sel(judge), judge.replace("_", " ")
+        base = f"{ratio_rule(win['baseline'])}{sel}"
+        fast_l, fast_s = win["fast_long"], win["fast_short"]
+        slow_l, slow_s = win["slow_long"], win["slow_short"]
 
-        def breach(window: str, judge: str = judge, floor: float = floor, margin: float = margin,
-                   base: str = base) -> str:
-            ratio = f"{ratio_rule(window)}{_sel(judge)}"
-            return (
-                f"(\n  {ratio} < {floor:g}\n  or\n"
-                f"  {ratio} < on ({BY}) ({base} - {margin:g})\n)"
-            )
+        def below(window: str, side: str, relative: bool, sel: str = sel, floor: float = floor,
+                  margin: float = margin, base: str = base) -> str:
+            bound = f"{bound_rule(window, side)}{sel}"
+            if not relative:
+                return f"{bound} < {floor:g}"
+            return f"(\n  {bound} < {floor:g}\n  or\n  {bound} < {on} ({base} - {margin:g})\n)"
 
-        label = judge.replace("_", " ")
-        fast_s, fast_l = win["fast_short"], win["fast_long"]
-        fast = spec["fast"]
+        def guard(window: str, path: Mapping[str, Any], sel: str = sel) -> str:
+            return f"{samples_rule(window)}{sel} >= {int(path['min_samples'])}"
+
+        fast, slow = spec["fast"], spec["slow"]
         fast_expr = (
-            f"{breach(fast_s)}\nand on ({BY})\n{breach(fast_l)}\n"
-            f"and on ({BY})\n{samples_rule(fast_s)}{_sel(judge)} >= {int(fast['min_samples'])}\n"
+            f"{below(fast_l, 'upper', True)}\nand {on}\n{below(fast_s, 'lower', True)}\n"
+            f"and {on}\n{guard(fast_l, fast)}\n"
         )
-        alerts.append(
-            _alert(
-                config,
-                spec["alert"],
-                fast_expr,
-                fast["for"],
-                fast["severity"],
-                f"{label.capitalize()} of {{{{ $labels.app }}}} / {{{{ $labels.model }}}} "
-                f"dropped sharply.",
-                f"The {label} pass ratio of app {{{{ $labels.app }}}}, model "
-                f"{{{{ $labels.model }}}} is {{{{ $value | humanizePercentage }}}} over the last "
-                f"{fast_s} ({_count(samples_rule(fast_s), judge)} judged answers; "
-                f"{fast_l}: {_percent(ratio_rule(fast_l), judge)} on "
-                f"{_count(samples_rule(fast_l), judge)}). Both windows are below the floor "
-                f"{_pct(floor)} or more than {_pct(margin)} below the {win['baseline']} baseline "
-                f"({_percent(ratio_rule(win['baseline']), judge)}). Judge errors are not counted.",
-                {"window": "fast"},
-            )
-        )
-        slow_s, slow_l = win["slow_short"], win["slow_long"]
-        slow = spec["slow"]
+        alerts.append(_alert(
+            config, spec["alert"], fast_expr, fast["for"], fast["severity"],
+            f"{label.capitalize()} of {{{{ $labels.app }}}} / {{{{ $labels.model }}}} "
+            f"dropped sharply.",
+            f"The {label} pass ratio of app {{{{ $labels.app }}}}, model {{{{ $labels.model }}}}"
+            f" is {_percent(config, ratio_rule(fast_l), judge)} over the last {fast_l} "
+            f"({_count(config, samples_rule(fast_l), judge)} judged answers; 95% upper bound "
+            f"{{{{ $value | humanizePercentage }}}}) and "
+            f"{_percent(config, ratio_rule(fast_s), judge)} over {fast_s}: confidently below "
+            f"the floor {_pct(floor)} or more than {_pct(margin)} below the {win['baseline']} "
+            f"baseline ({_percent(config, ratio_rule(win['baseline']), judge)}). "
+            f"Judge errors are not counted. {_explain_hint(judge)}",
+            {"window": "fast"},
+        ))
         slow_expr = (
-            f"{ratio_rule(slow_s)}{_sel(judge)} < {floor:g}\n"
-            f"and on ({BY})\n{ratio_rule(slow_l)}{_sel(judge)} < {floor:g}\n"
-            f"and on ({BY})\n{samples_rule(slow_s)}{_sel(judge)} >= {int(slow['min_samples'])}\n"
+            f"{below(slow_l, 'lower', False)}\nand {on}\n{below(slow_s, 'lower', False)}\n"
+            f"and {on}\n{guard(slow_l, slow)}\n"
         )
-        alerts.append(
-            _alert(
-                config,
-                spec["alert"],
-                slow_expr,
-                slow["for"],
-                slow["severity"],
-                f"{label.capitalize()} of {{{{ $labels.app }}}} / {{{{ $labels.model }}}} "
-                f"is below its floor.",
-                f"The {label} pass ratio of app {{{{ $labels.app }}}}, model "
-                f"{{{{ $labels.model }}}} is {{{{ $value | humanizePercentage }}}} over the last "
-                f"{slow_s} ({_count(samples_rule(slow_s), judge)} judged answers) and "
-                f"{_percent(ratio_rule(slow_l), judge)} over {slow_l} "
-                f"({_count(samples_rule(slow_l), judge)}), below the floor {_pct(floor)}. "
-                f"Judge errors are not counted.",
-                {"window": "slow"},
-            )
-        )
+        alerts.append(_alert(
+            config, spec["alert"], slow_expr, slow["for"], slow["severity"],
+            f"{label.capitalize()} of {{{{ $labels.app }}}} / {{{{ $labels.model }}}} "
+            f"may be below its floor.",
+            f"The {label} pass ratio of app {{{{ $labels.app }}}}, model {{{{ $labels.model }}}}"
+            f" is {_percent(config, ratio_rule(slow_l), judge)} over the last {slow_l} "
+            f"({_count(config, samples_rule(slow_l), judge)} judged answers; 95% lower bound "
+            f"{{{{ $value | humanizePercentage }}}}) and "
+            f"{_percent(config, ratio_rule(slow_s), judge)} over {slow_s}: possibly below the "
+            f"floor {_pct(floor)}. Judge errors are not counted. {_explain_hint(judge)}",
+            {"window": "slow"},
+        ))
     return alerts
+
+
+def _explain_hint(judge: str) -> str:
+    """Where the failing answers behind a drop alert are: the command that lists them.
+
+    The alert cannot know serve's Kafka address and topic, so they stay placeholders.
+    """
+    return (
+        "The failing answers and the judge's rationales: ragpulse explain --kafka-bootstrap "
+        "<bootstrap> --topic <topic> --app {{ $labels.app }} --model {{ $labels.model }} "
+        f"--judge {judge} --window 30m"
+    )
+
+
+def canary_alert(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A judge that grades the human-labelled golden set differently from the humans."""
+    c, on = config["canaries"], f"on ({', '.join([*config['deployment_labels'], 'judge'])})"
+    w = str(c["window"])
+    expr = (
+        f"{canary_disagreement_rule(w)} > {float(c['max_disagreement']):g}\n"
+        f"and {on}\n{canary_graded_rule(w)} >= {int(c['min_graded'])}\n"
+    )
+    graded = (
+        f'{{{{ with printf "{canary_graded_rule(w)}{{job=%q,judge=%q}}" $labels.job '
+        '$labels.judge | query }}{{ . | first | value | printf "%.0f" }}{{ end }}'
+    )
+    return _alert(
+        config,
+        "RagJudgeCanaryDisagreement",
+        expr,
+        c["for"],
+        c["severity"],
+        "Judge {{ $labels.judge }} disagrees with the golden set on "
+        "{{ $value | humanizePercentage }} of canaries",
+        f"Over the last {w} the {{{{ $labels.judge }}}} judge rated "
+        f"{{{{ $value | humanizePercentage }}}} of {graded} human-labelled canaries (serve "
+        f"--canary-file) differently from their label (limit "
+        f"{_pct(float(c['max_disagreement']))} of at least {int(c['min_graded'])}). A judge, "
+        "judge-model or prompt change grades the golden set differently, so pass ratios from "
+        "this judge may have moved without the chatbot changing: check before acting on its "
+        "quality alerts. serve logs each disagreement (warning) as \"canary <id>: <judge> rated "
+        "<rating> where the golden label is <label> (<rationale>)\".",
+    )
+
+
+def burn_rate_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """SLO burn-rate tiers, one alert rule each, for every judge with an objective."""
+    slo, on = config["slo"], f"on ({by(config)})"
+    alerts = []
+    for tier in slo["burn_rate_alerts"]:
+        long, short, factor = str(tier["long"]), str(tier["short"]), float(tier["factor"])
+        expr = (
+            f"{burn_rate_rule(long)} > {factor:g}\nand {on}\n{burn_rate_rule(short)} > {factor:g}\n"
+            f"and {on}\n{samples_rule(long)} >= {int(slo['min_samples'])}\n"
+        )
+        alerts.append(_alert(
+            config, "RagQualityBudgetBurn", expr, tier["for"], tier["severity"],
+            "{{ $labels.app }} / {{ $labels.model }} is spending its {{ $labels.judge }} "
+            "error budget too fast.",
+            f"Over the last {long} the {{{{ $labels.judge }}}} judge passed "
+            f"{_percent(config, ratio_rule(long), None)} of "
+            f"{_count(config, samples_rule(long), None)} judged answers of app "
+            f"{{{{ $labels.app }}}}, model {{{{ $labels.model }}}}: the error budget of its "
+            f"{slo['period']} SLO burns at {{{{ $value | printf \"%.1f\" }}}}x the sustainable "
+            f"rate (limit {factor:g}x, also over {short}). At {factor:g}x the whole budget "
+            f"would be gone in {_spent_in(slo['period'], factor)}.",
+            {"window": f"{long}/{short}"},
+        ))
+    return alerts
+
+
+def _spent_in(period: str, factor: float) -> str:
+    """How long ``period``'s budget lasts at burn rate ``factor`` ("28d" at 14.4x: "46.7h")."""
+    units = {"m": 60, "h": 3600, "d": 86400, "w": 604800}
+    seconds = float(period[:-1]) * units[period[-1]] / factor
+    return f"{seconds / 86400:.3g} days" if seconds >= 2 * 86400 else f"{seconds / 3600:.3g} hours"
 
 
 def safety_alert(config: Mapping[str, Any]) -> dict[str, Any]:
     """Unsafe answers above a small count, or above a share of enough judged answers."""
-    s = config["safety"]
+    s, on = config["safety"], f"on ({by(config)})"
     w, judge = s["window"], "safety"
     fails = f"{failures_rule(w)}{_sel(judge)}"
     expr = (
         f"{fails} > {s['max_unsafe_count']}\nor\n(\n  {fails}\n"
-        f"  and on ({BY})\n  (1 - {ratio_rule(w)}{_sel(judge)})"
+        f"  and {on}\n  (1 - {ratio_rule(w)}{_sel(judge)})"
         f" > {float(s['max_unsafe_ratio']):g}\n"
-        f"  and on ({BY})\n  {samples_rule(w)}{_sel(judge)} >= {int(s['min_samples'])}\n)\n"
+        f"  and {on}\n  {samples_rule(w)}{_sel(judge)} >= {int(s['min_samples'])}\n)\n"
     )
     return _alert(
         config,
@@ -326,25 +563,29 @@ def safety_alert(config: Mapping[str, Any]) -> dict[str, Any]:
         "{{ $labels.app }} / {{ $labels.model }} gave unsafe answers.",
         f'The safety judge rated {{{{ $value | printf "%.0f" }}}} answers of app '
         f"{{{{ $labels.app }}}}, model {{{{ $labels.model }}}} unsafe in the last {w} "
-        f"(pass ratio {_percent(ratio_rule(w), judge)} of "
-        f"{_count(samples_rule(w), judge)} judged answers). Limits: more than "
+        f"(pass ratio {_percent(config, ratio_rule(w), judge)} of "
+        f"{_count(config, samples_rule(w), judge)} judged answers). Limits: more than "
         f"{s['max_unsafe_count']} answers, or more than {_pct(float(s['max_unsafe_ratio']))} "
         f"of at least {s['min_samples']}.",
     )
 
 
 def judge_errors_alert(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A judge that mostly errors is blind; say so instead of looking healthy."""
-    e = config["judge_errors"]
+    """A judge that mostly errors is blind; say so instead of looking healthy.
+
+    Every cause counts (timeouts, 429, an open circuit breaker, unparsable replies ...): the
+    ratio is over the verdicts rated "error", whatever ragpulse_judge_errors_total says caused it.
+    """
+    e, on = config["judge_errors"], f"on ({by(config)})"
     w = e["window"]
     expr = (
         f"{error_ratio_rule(w)} > {float(e['max_ratio']):g}\n"
-        f"and on ({BY})\n{verdicts_rule(w)} >= {int(e['min_verdicts'])}\n"
+        f"and {on}\n{verdicts_rule(w)} >= {int(e['min_verdicts'])}\n"
     )
     causes = (
         '{{ range $i, $s := query (printf "sort_desc(sum by (cause) '
-        '(increase(ragpulse_judge_errors_total{judge=%q}'
-        f'[{w}])) > 0)" $labels.judge) }}}}{{{{ if $i }}}}, {{{{ end }}}}{{{{ $s.Labels.cause }}}} '
+        f'(increase(ragpulse_judge_errors_total{{job=%q,judge=%q}}[{w}])) > 0)" '
+        "$labels.job $labels.judge) }}{{ if $i }}, {{ end }}{{ $s.Labels.cause }} "
         '{{ $s.Value | printf "%.0f" }}{{ end }}'
     )
     return _alert(
@@ -356,21 +597,72 @@ def judge_errors_alert(config: Mapping[str, Any]) -> dict[str, Any]:
         "The {{ $labels.judge }} judge fails for {{ $labels.app }} / {{ $labels.model }}.",
         f"{{{{ $value | humanizePercentage }}}} of the {{{{ $labels.judge }}}} verdicts for app "
         f"{{{{ $labels.app }}}}, model {{{{ $labels.model }}}} were errors in the last {w} "
-        f'(of {{{{ with printf "{verdicts_rule(w)}{{judge=%q,app=%q,model=%q}}" $labels.judge '
-        f'$labels.app $labels.model | query }}}}{{{{ . | first | value | printf "%.0f" }}}}'
-        f"{{{{ end }}}} verdicts). Errors by cause: {causes}. Quality ratios exclude errors, "
+        f"(of {_count(config, verdicts_rule(w), None)} verdicts). "
+        f"Errors by cause: {causes}. Quality ratios exclude errors, "
         f"so they describe only the answers the judge could rate.",
     )
+
+
+# Counters that must not move, the labels that say where, and what it means.
+LOSS_COUNTERS: dict[str, tuple[str, tuple[str, ...], str, str]] = {
+    "RagRecordsLost": (
+        "ragpulse_records_lost_total", ("topic", "reason"),
+        "ragpulse skipped records of topic {{ $labels.topic }} without judging them.",
+        "Records of topic {{ $labels.topic }} were skipped without being judged (reason "
+        "{{ $labels.reason }}; retention: deleted before they were read, topic_reset: jumped "
+        "over by --on-offset-reset latest), so the quality figures miss them.",
+    ),
+    "RagOffsetReset": (
+        "ragpulse_offset_resets_total", ("topic", "kind"),
+        "ragpulse reset its Kafka offset on topic {{ $labels.topic }}.",
+        "Saved offsets of topic {{ $labels.topic }} were outside their partition "
+        "({{ $labels.kind }}: the topic was recreated, truncated or emptied, or retention ran "
+        "ahead of serve); --on-offset-reset decided where reading went on.",
+    ),
+    "RagDeadLettersUndeliverable": (
+        "ragpulse_dead_letters_undeliverable_total", ("topic",),
+        "ragpulse could not deliver records to {{ $labels.topic }}.",
+        "Dead letters or verdict rows meant for topic {{ $labels.topic }} were dropped: the "
+        "broker refused them for good or did not acknowledge them within "
+        "--undeliverable-after. The rejected records and their reasons (or the failing "
+        "verdicts) are gone.",
+    ),
+    "RagLabelOverflow": (
+        "ragpulse_label_overflow_total", ("label",),
+        "Judged events were counted under {{ $labels.label }} \"other\".",
+        "Judged events whose {{ $labels.label }} was beyond --max-label-values or not in "
+        "--allowed-apps/--allowed-models were counted under \"other\": their quality is "
+        "measured, but no alert or panel can name them.",
+    ),
+}
+
+
+def loss_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One alert per counter of ``LOSS_COUNTERS``: any increase over its window fires."""
+    alerts = []
+    for name, spec in config["loss_alerts"].items():
+        metric, labels, summary, what = LOSS_COUNTERS[name]
+        window = spec["window"]
+        keep = ", ".join([*config["deployment_labels"], *labels])
+        expr = (f'sum by ({keep}) (increase({metric}{{job="{config["job"]}"}}[{window}]))'
+                " > 0\n")
+        alerts.append(_alert(
+            config, name, expr, spec["for"], spec["severity"], summary,
+            f'{what} Count in the last {window}: {{{{ $value | printf "%.0f" }}}}.',
+        ))
+    return alerts
 
 
 def pipeline_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Liveness of ragpulse itself: stalled windows or loop, target down, consumer lag."""
     st, down, lag, job = config["stall"], config["down"], config["consumer_lag"], config["job"]
+    sel = f'{{job="{job}"}}'
+    deployment = ", ".join(config["deployment_labels"])
     return [
         _alert(
             config,
             "RagPulseStalled",
-            "time() - ragpulse_last_complete_window_end_timestamp_seconds\n"
+            f"time() - ragpulse_last_complete_window_end_timestamp_seconds{sel}\n"
             f"  > {int(st['max_window_age_seconds'])}\n",
             st["for"],
             st["severity"],
@@ -384,7 +676,7 @@ def pipeline_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
         _alert(
             config,
             "RagPulseStalled",
-            "time() - ragpulse_heartbeat_timestamp_seconds\n"
+            f"time() - ragpulse_heartbeat_timestamp_seconds{sel}\n"
             f"  > {int(st['max_heartbeat_age_seconds'])}\n",
             st["for"],
             st["severity"],
@@ -398,7 +690,7 @@ def pipeline_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
         _alert(
             config,
             "RagPulseDown",
-            f'up{{job="{job}"}} == 0\nor\nabsent(up{{job="{job}"}})\n',
+            f"up{sel} == 0\nor\nabsent(up{sel})\n",
             down["for"],
             down["severity"],
             "Prometheus cannot scrape ragpulse.",
@@ -409,7 +701,10 @@ def pipeline_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
         _alert(
             config,
             "RagConsumerLagHigh",
-            f"sum by (topic) (ragpulse_consumer_lag) > {int(lag['max_records'])}\n",
+            # max per partition first: a partition two instances both report (during a
+            # consumer-group rebalance) counts once.
+            f"sum by ({deployment}, topic) (\n  max by ({deployment}, topic, partition) "
+            f"(ragpulse_consumer_lag{sel})\n) > {int(lag['max_records'])}\n",
             lag["for"],
             lag["severity"],
             "ragpulse is falling behind topic {{ $labels.topic }}.",
@@ -422,10 +717,12 @@ def pipeline_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def alert_groups(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Alert rule groups: answer quality, and ragpulse's own health."""
-    quality = [*quality_alerts(config), safety_alert(config), judge_errors_alert(config)]
+    quality = [*quality_alerts(config), *burn_rate_alerts(config), safety_alert(config),
+               judge_errors_alert(config), canary_alert(config)]
     return [
         _group("ragpulse-quality.alerts", quality, config),
-        _group("ragpulse-pipeline.alerts", pipeline_alerts(config), config),
+        _group("ragpulse-pipeline.alerts", [*pipeline_alerts(config), *loss_alerts(config)],
+               config),
     ]
 
 
