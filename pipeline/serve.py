@@ -248,7 +248,7 @@ class TopicWatcher:
             result = self._bound_labels(result)
             increments += self._publish(letters, verdicts)
             increments += _increments(result.counts)
-            examples = _exemplar_pointers(verdicts)
+            examples = _exemplar_pointers(verdicts, result.counts)
             batch_latest = {_partition_of(k): v for k, v in result.latest_event_time.items()}
             latest = merge_latest(latest, batch_latest)
             self.cycle_metrics.duration.observe(time.perf_counter() - started)
@@ -745,14 +745,22 @@ def canary_feed(settings: ServeSettings) -> CanaryFeed | None:
     return CanaryFeed(golden, settings.canary_rate_per_minute, time.time())
 
 
-def _exemplar_pointers(verdicts: Iterable[OutputRecord]) -> list[ExemplarPointer]:
-    """The latest failing answer per verdict series among the rows this cycle published."""
+def _exemplar_pointers(
+    verdicts: Iterable[OutputRecord], counts: Mapping[stats.CounterKey, float]
+) -> list[ExemplarPointer]:
+    """The latest failing answer per verdict series among the rows this cycle published.
+
+    Only for series the cycle's (label-bounded) `counts` hold: verdict rows keep the real app
+    and model, and a pointer for a value counted as `other` would be kept, and loaded at every
+    scrape, for a series that is never exported (30,000 such apps grew serve by 36 MiB).
+    """
     latest = latest_failing_examples(
         v for record in verdicts for v in failing_verdicts(orjson.loads(record.value))
     )
     return [
         ExemplarPointer(name, dict(labels), example.request_id, example.timestamp)
         for (name, labels), example in latest.items()
+        if (name, labels) in counts
     ]
 
 
