@@ -16,7 +16,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, get_args, runtime_checkable
 
 log = logging.getLogger(__name__)
 
@@ -50,20 +50,7 @@ ErrorCause = Literal[
     "internal",
     "input",
 ]
-ERROR_CAUSES: tuple[ErrorCause, ...] = (
-    "timeout",
-    "rate_limited",
-    "server_error",
-    "client_error",
-    "connection",
-    "malformed",
-    "unparsable",
-    "truncated",
-    "circuit_open",
-    "deadline",
-    "internal",
-    "input",
-)
+ERROR_CAUSES: tuple[ErrorCause, ...] = get_args(ErrorCause)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
