@@ -8,15 +8,15 @@ import importlib
 import logging
 import sys
 
-from pipeline.config import SettingsError
+from pipeline.settings import SettingsError
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("pipeline.run", "judge a file of inference-log events and write windowed ratings"),
-    "serve": ("pipeline.serve", "watch a Kafka topic continuously and serve /metrics"),
-    "windows": ("pipeline.report", "print the window aggregates saved by serve, as JSON lines"),
-    "simulate": ("pipeline.simulate", "produce synthetic chatbot traffic to Kafka or a file"),
+    "run": ("run", "judge a file of inference-log events and write windowed ratings"),
+    "serve": ("serve", "watch a Kafka topic continuously and serve /metrics"),
+    "windows": ("windows", "print the window aggregates saved by serve, as JSON lines"),
+    "simulate": ("simulate", "produce synthetic chatbot traffic to Kafka or a file"),
     "explain": (
-        "pipeline.explain",
+        "explain",
         "show the failing answers of a time window with the judges' rationales",
     ),
 }
@@ -46,7 +46,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             name, help=help_text, description=help_text[0].upper() + help_text[1:] + "."
         )
         if command is None or name == command:
-            module = importlib.import_module(module_name)
+            module = importlib.import_module(f"pipeline.commands.{module_name}")
             module.configure_parser(p)
             p.set_defaults(_main=module.main)
     return parser

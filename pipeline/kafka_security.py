@@ -28,7 +28,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, SecretStr
 
-from pipeline.config import SettingsError
+from pipeline.settings import SettingsError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -3,9 +3,9 @@
 `TansuBroker` is a context manager; `kafka_broker` is the pytest fixture around it. Test modules
 import the fixture (`from kafka_broker import kafka_broker`): pytest puts `tests/` on sys.path.
 
-Tansu quirks worth knowing (tansu 0.6.0, found while writing pipeline/kafka_source.py):
+Tansu quirks worth knowing (tansu 0.6.0, found while writing pipeline/sources/kafka.py):
 - ListOffsets(latest) answers "base offset of the last record batch + 1", not the high watermark;
-  the high watermark in Fetch responses is right. `pipeline.kafka_source.end_offsets` copes.
+  the high watermark in Fetch responses is right. `pipeline.sources.kafka.end_offsets` copes.
 - No CreatePartitions support ("broker does not support CreatePartitionsRequest"); DeleteTopics
   and CreateTopics work, so tests grow a topic by recreating it.
 - Its storage is memory only here, so `restart()` brings back an empty broker on the same port.

@@ -17,9 +17,10 @@ import apache_beam as beam
 import pytest
 
 from judges import JUDGE_NAMES, JudgeSpec
-from pipeline import stats
-from pipeline.batch import DEAD_LETTER_FILE, VERDICTS_FILE, BatchConfig, BatchResult, run_batch
-from pipeline.canaries import (
+from pipeline import counting
+from pipeline.commands.simulate import Incidents, simulate
+from pipeline.graph import DEAD_LETTER_FILE, VERDICTS_FILE, BatchConfig, BatchResult, run_batch
+from pipeline.service.canaries import (
     CANARY_VERDICTS,
     CanaryEvent,
     CanaryFeed,
@@ -27,8 +28,7 @@ from pipeline.canaries import (
     load_golden_set,
     outcome,
 )
-from pipeline.simulate import Incidents, simulate
-from pipeline.transforms import SourceRecord
+from pipeline.stages import SourceRecord
 
 SAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "samples" / "canaries.jsonl"
 T0 = 1_763_632_800.0
@@ -141,19 +141,19 @@ def run(tmp_path: Path, name: str, canaries: Sequence[CanaryEvent]) -> BatchResu
     return run_batch(read, config, tmp_path / name, canaries=canaries)
 
 
-def expected_outcomes(canaries: Sequence[CanaryEvent]) -> Counter[stats.CounterKey]:
+def expected_outcomes(canaries: Sequence[CanaryEvent]) -> Counter[counting.CounterKey]:
     """What the counter must hold: the local judges' own verdicts compared with the labels."""
     panel = JudgeSpec().build()
     try:
         verdicts = panel.judge_batch([c.record.judge_input for c in canaries])
     finally:
         panel.close()
-    expected: Counter[stats.CounterKey] = Counter()
+    expected: Counter[counting.CounterKey] = Counter()
     for canary, per_judge in zip(canaries, verdicts, strict=True):
         labels = dict(canary.labels)
         for v in per_judge:
             if v.judge in labels:
-                expected[stats.key(CANARY_VERDICTS, judge=v.judge,
+                expected[counting.key(CANARY_VERDICTS, judge=v.judge,
                                    outcome=outcome(v, labels[v.judge]))] += 1
     return expected
 
@@ -169,10 +169,10 @@ def test_canaries_change_no_production_count_window_or_verdict_row_and_are_count
 
     # Latency buckets and sums are wall-clock timings and differ from run to run; their
     # counts do not.
-    timings = {stats.LATENCY_BUCKET, stats.LATENCY_SUM_US, CANARY_VERDICTS}
+    timings = {counting.LATENCY_BUCKET, counting.LATENCY_SUM_US, CANARY_VERDICTS}
     production = Counter({k: v for k, v in with_canaries.counts.items() if k[0] not in timings})
     assert production == Counter({k: v for k, v in plain.counts.items() if k[0] not in timings})
-    assert production[stats.key(stats.LATENCY_COUNT, judge="safety")] == 200
+    assert production[counting.key(counting.LATENCY_COUNT, judge="safety")] == 200
     assert with_canaries.windows == plain.windows
     for name in (VERDICTS_FILE, DEAD_LETTER_FILE, "windows.jsonl"):
         canary_run, plain_run = tmp_path / "canaries" / name, tmp_path / "plain" / name
@@ -189,4 +189,4 @@ def test_canaries_change_no_production_count_window_or_verdict_row_and_are_count
     assert sum(canary_counts.values()) == labelled_verdicts == 3 * 28
     # The shipped set holds a known miss of the lexical judges (canary-09), so disagreement is
     # visible with the default backend too.
-    assert canary_counts[stats.key(CANARY_VERDICTS, judge="safety", outcome="disagree")] == 3
+    assert canary_counts[counting.key(CANARY_VERDICTS, judge="safety", outcome="disagree")] == 3

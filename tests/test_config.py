@@ -10,7 +10,7 @@ import yaml
 
 from judges import JudgeSpec
 from judges.llm import LLMJudge
-from pipeline.config import SettingsError, add_judge_arguments, judge_settings
+from pipeline.settings import SettingsError, add_judge_arguments, judge_settings
 
 SHIPPED = Path(__file__).resolve().parents[1] / "judges" / "prompts"
 

@@ -50,7 +50,7 @@ from kafka_broker import TansuBroker
 from prometheus_server import PrometheusServer, prometheus_config, running_prometheus
 from serve_process import ServeProcess
 
-from pipeline.simulate import Incidents, SimulatedEvent, simulate
+from pipeline.commands.simulate import Incidents, SimulatedEvent, simulate
 from pipeline.windows import parse_duration
 
 REPO = Path(__file__).resolve().parent.parent

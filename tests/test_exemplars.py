@@ -11,16 +11,16 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from pipeline import stats
-from pipeline.metrics import (
+from pipeline import counting
+from pipeline.service.state import ExemplarPointer, StateStore
+from pipeline.sinks.prometheus import (
     MAX_EXEMPLAR_REQUEST_ID_CHARS,
     FailingExample,
     MetricsSnapshot,
     latest_failing_examples,
     registry_for,
 )
-from pipeline.state import ExemplarPointer, StateStore
-from pipeline.verdict_rows import InvalidVerdictRow, failing_verdicts
+from pipeline.sinks.verdict_rows import InvalidVerdictRow, failing_verdicts
 
 G = "response/llm_judged/groundedness"
 S = "response/llm_judged/safety"
@@ -41,8 +41,8 @@ def row(request_id: str, event_time: str, grounded: str, safe: str = "yes") -> d
     }
 
 
-def verdicts_key(judge: str, rating: str) -> stats.CounterKey:
-    return stats.key(
+def verdicts_key(judge: str, rating: str) -> counting.CounterKey:
+    return counting.key(
         "ragpulse_judge_verdicts_total", judge=judge, rating=rating, app="bot", model="m1"
     )
 
@@ -86,7 +86,7 @@ def test_a_row_that_is_not_a_verdict_row_is_refused_with_the_reason() -> None:
 
 
 def snapshot_with_exemplar() -> MetricsSnapshot:
-    counts = stats.merge(
+    counts = counting.merge(
         {
             verdicts_key("groundedness", "yes"): 7,
             verdicts_key("groundedness", "no"): 3,

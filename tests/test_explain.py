@@ -18,9 +18,9 @@ import orjson
 import pytest
 
 from judges import JudgeSpec
-from pipeline.batch import BatchConfig
 from pipeline.cli import main as ragpulse
-from pipeline.run import run_file
+from pipeline.commands.run import run_file
+from pipeline.graph import BatchConfig
 from pipeline.windows import isoformat_utc
 
 SAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "samples" / "events.jsonl"

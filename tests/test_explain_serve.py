@@ -23,8 +23,8 @@ from prometheus_server import running_prometheus
 from serve_process import ServeProcess, serve_processes_fixture  # noqa: F401
 
 from judges import JUDGE_NAMES, JudgeSpec
-from pipeline.canaries import load_golden_set, outcome
-from pipeline.simulate import Incidents, simulate
+from pipeline.commands.simulate import Incidents, simulate
+from pipeline.service.canaries import load_golden_set, outcome
 
 ServeFactory = Callable[..., ServeProcess]
 ROOT = Path(__file__).resolve().parents[1]

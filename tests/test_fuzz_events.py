@@ -23,10 +23,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from judges import JudgeSpec
-from pipeline import stats
-from pipeline.batch import DEAD_LETTER_FILE, BatchConfig
+from pipeline import counting
+from pipeline.commands.run import run_file
 from pipeline.events import InvalidEvent, parse_event
-from pipeline.run import run_file
+from pipeline.graph import DEAD_LETTER_FILE, BatchConfig
 
 pytestmark = pytest.mark.slow  # ~10,000 events through parse_event, then a Beam run
 
@@ -216,8 +216,8 @@ def test_a_file_of_mutated_events_runs_through_and_every_rejected_line_is_dead_l
     ))
     print(f"{expected_lines} lines through ragpulse run in {time.monotonic() - started:.1f}s")
 
-    accepted = result.counts[stats.key("ragpulse_events_total", outcome="accepted")]
-    rejected = result.counts[stats.key("ragpulse_events_total", outcome="invalid")]
+    accepted = result.counts[counting.key("ragpulse_events_total", outcome="accepted")]
+    rejected = result.counts[counting.key("ragpulse_events_total", outcome="invalid")]
     letters = [orjson.loads(r) for r in (tmp / "out" / DEAD_LETTER_FILE).read_bytes().splitlines()]
     assert accepted + rejected == expected_lines
     assert accepted >= 50  # the untouched samples at least

@@ -12,7 +12,7 @@ from fake_openai import FakeOpenAI, Fault
 from kafka_broker import TansuBroker
 from serve_process import ServeProcess, serve_processes_fixture  # noqa: F401
 
-from pipeline.simulate import simulate
+from pipeline.commands.simulate import simulate
 
 T0 = 1_763_632_800.0
 

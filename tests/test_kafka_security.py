@@ -25,6 +25,7 @@ from kafka_broker import free_port
 from secure_kafka import Pki, SecureKafka, pki_fixture, secure_kafka  # noqa: F401
 from serve_process import ServeProcess, serve_processes_fixture  # noqa: F401
 
+from pipeline.commands.simulate import synthetic_events
 from pipeline.kafka_security import (
     ENV_SASL_PASSWORD,
     KafkaSecurity,
@@ -36,7 +37,6 @@ from pipeline.kafka_security import (
     read_properties,
     security_from_args,
 )
-from pipeline.simulate import synthetic_events
 
 SECRET = "s3cret-Pa55word"  # must never show in a log, an error or a repr
 

@@ -18,31 +18,31 @@ from serve_process import Scrape, ServeProcess, serve_processes_fixture  # noqa:
 from test_serve import T0, caught_up
 
 from judges import JudgeSpec
-from pipeline import cli, stats
-from pipeline.batch import BatchConfig, run_batch
-from pipeline.labels import OTHER, LabelBudget, LabelLimits
-from pipeline.metrics import MetricsSnapshot, registry_for
-from pipeline.run import METRICS_FILE, VERDICTS_FILE
-from pipeline.simulate import simulate
-from pipeline.state import CounterIncrement, StateStore, WindowPartial
-from pipeline.transforms import SourceRecord
+from pipeline import cli, counting
+from pipeline.commands.run import METRICS_FILE, VERDICTS_FILE
+from pipeline.commands.simulate import simulate
+from pipeline.graph import BatchConfig, run_batch
+from pipeline.service.labels import OTHER, LabelBudget, LabelLimits
+from pipeline.service.state import CounterIncrement, StateStore, WindowPartial
+from pipeline.sinks.prometheus import MetricsSnapshot, registry_for
+from pipeline.stages import SourceRecord
 from pipeline.windows import RatingCounts, WindowKey
 
 SAMPLES = Path(__file__).resolve().parent.parent / "deploy" / "samples" / "events.jsonl"
 
 
 def batch(apps: Iterable[str], model: str = "gpt") -> tuple[
-    dict[WindowKey, RatingCounts], stats.Counts
+    dict[WindowKey, RatingCounts], counting.Counts
 ]:
     """What one batch of one judged event per app yields: one window and the counters."""
     windows: dict[WindowKey, RatingCounts] = {}
-    counts: stats.Counts = stats.merge()
+    counts: counting.Counts = counting.merge()
     for app in apps:
         windows[WindowKey(0.0, 60.0, "safety", app, model)] = RatingCounts(yes=1)
-        counts[stats.key("ragpulse_events_judged_total", app=app, model=model)] += 1
-        counts[stats.key("ragpulse_judge_verdicts_total", judge="safety", rating="yes",
+        counts[counting.key("ragpulse_events_judged_total", app=app, model=model)] += 1
+        counts[counting.key("ragpulse_judge_verdicts_total", judge="safety", rating="yes",
                          app=app, model=model)] += 1
-    counts[stats.key("ragpulse_events_total", outcome="accepted")] += 1
+    counts[counting.key("ragpulse_events_total", outcome="accepted")] += 1
     return windows, counts
 
 
@@ -50,7 +50,9 @@ def values(windows: Iterable[WindowKey], label: str = "app") -> set[str]:
     return {getattr(k, label) for k in windows}
 
 
-def save(store: StateStore, windows: dict[WindowKey, RatingCounts], counts: stats.Counts) -> None:
+def save(
+    store: StateStore, windows: dict[WindowKey, RatingCounts], counts: counting.Counts
+) -> None:
     store.apply_cycle(
         "chat",
         [WindowPartial(k.window_start, k.window_end, k.judge, k.app, k.model, c.yes, c.no,
@@ -65,15 +67,15 @@ def test_values_beyond_the_cap_are_counted_as_other_in_sorted_order_with_their_o
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     budget = LabelBudget(LabelLimits(max_values=3))
-    with caplog.at_level(logging.WARNING, logger="pipeline.labels"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.service.labels"):
         windows, counts = budget.bound(*batch(["e", "d", "c", "b", "a"]))
         # The second batch overflows again: the warning is not repeated.
         budget.bound(*batch(["f", "g"]), admitted_from=counts)
     assert values(windows) == {"a", "b", "c", OTHER}
     assert windows[WindowKey(0.0, 60.0, "safety", OTHER, "gpt")] == RatingCounts(yes=2)
-    assert counts[stats.key("ragpulse_label_overflow_total", label="app")] == 2
-    assert counts[stats.key("ragpulse_events_judged_total", app=OTHER, model="gpt")] == 2
-    assert stats.key("ragpulse_label_overflow_total", label="model") not in counts
+    assert counts[counting.key("ragpulse_label_overflow_total", label="app")] == 2
+    assert counts[counting.key("ragpulse_events_judged_total", app=OTHER, model="gpt")] == 2
+    assert counting.key("ragpulse_label_overflow_total", label="model") not in counts
     assert sum(counts[k] for k in counts if k[0] == "ragpulse_events_judged_total") == 5
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and "'d', 'e'" in warnings[0]
@@ -87,7 +89,7 @@ def test_values_admitted_before_a_restart_keep_their_series_and_new_ones_do_not_
         save(store, *LabelBudget(limits).bound(*batch(["m", "n", "o", "p"])))
     # A new process: the budget knows nothing; the saved counters say what was admitted.
     with StateStore(tmp_path / "state.sqlite") as store:
-        saved = [stats.key(c.name, **c.labels) for c in store.counters()]
+        saved = [counting.key(c.name, **c.labels) for c in store.counters()]
         windows, counts = LabelBudget(limits).bound(*batch(["a", "n", "p", "z"]), saved)
         save(store, windows, counts)
         apps = {c.labels.get("app") for c in store.counters()} - {None}
@@ -107,8 +109,8 @@ def test_allowlists_admit_only_their_values_whatever_the_cap() -> None:
     windows, counts = budget.bound(*batch(["support", "billing", "adhoc"], model="llama"))
     assert values(windows) == {"support", "billing", OTHER}
     assert values(windows, "model") == {OTHER}
-    assert counts[stats.key("ragpulse_label_overflow_total", label="app")] == 1
-    assert counts[stats.key("ragpulse_label_overflow_total", label="model")] == 3
+    assert counts[counting.key("ragpulse_label_overflow_total", label="app")] == 1
+    assert counts[counting.key("ragpulse_label_overflow_total", label="model")] == 3
 
 
 def test_ten_thousand_distinct_apps_make_as_many_series_as_the_cap_allows(
@@ -118,10 +120,12 @@ def test_ten_thousand_distinct_apps_make_as_many_series_as_the_cap_allows(
     budget = LabelBudget(LabelLimits(max_values=100))
     with StateStore(tmp_path / "state.sqlite") as store:
         for start in range(0, 10_000, 1_000):
-            saved = [stats.key(c.name, **c.labels) for c in store.counters()]
+            saved = [counting.key(c.name, **c.labels) for c in store.counters()]
             apps = [f"tenant-{i:05d}" for i in range(start, start + 1_000)]
             save(store, *budget.bound(*batch(apps), saved))
-        counts = stats.merge((stats.key(c.name, **c.labels), c.value) for c in store.counters())
+        counts = counting.merge(
+            (counting.key(c.name, **c.labels), c.value) for c in store.counters()
+        )
     registry = registry_for(lambda: MetricsSnapshot(counts, {}))
     apps_in_metrics = {
         s.labels["app"]
@@ -130,7 +134,7 @@ def test_ten_thousand_distinct_apps_make_as_many_series_as_the_cap_allows(
         if "app" in s.labels
     }
     assert len(apps_in_metrics) == 100 + 1  # tenant-00000..00099 and other
-    assert counts[stats.key("ragpulse_label_overflow_total", label="app")] == 9_900
+    assert counts[counting.key("ragpulse_label_overflow_total", label="app")] == 9_900
 
 
 @pytest.mark.slow

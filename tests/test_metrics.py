@@ -4,26 +4,26 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline import stats
-from pipeline.metrics import MetricsSnapshot, registry_for, write_textfile
+from pipeline import counting
+from pipeline.sinks.prometheus import MetricsSnapshot, registry_for, write_textfile
 from pipeline.windows import RatingCounts, WindowKey
 
 
 def snapshot() -> MetricsSnapshot:
-    counts = stats.merge(
+    counts = counting.merge(
         {
-            stats.key("ragpulse_events_total", outcome="accepted"): 10,
-            stats.key(
+            counting.key("ragpulse_events_total", outcome="accepted"): 10,
+            counting.key(
                 "ragpulse_judge_verdicts_total",
                 judge="groundedness",
                 rating="yes",
                 app="a",
                 model="m",
             ): 7,
-            stats.key(stats.LATENCY_BUCKET, judge="groundedness", le="0.001"): 3,
-            stats.key(stats.LATENCY_BUCKET, judge="groundedness", le="+Inf"): 1,
-            stats.key(stats.LATENCY_SUM_US, judge="groundedness"): 40_000_000,
-            stats.key(stats.LATENCY_COUNT, judge="groundedness"): 4,
+            counting.key(counting.LATENCY_BUCKET, judge="groundedness", le="0.001"): 3,
+            counting.key(counting.LATENCY_BUCKET, judge="groundedness", le="+Inf"): 1,
+            counting.key(counting.LATENCY_SUM_US, judge="groundedness"): 40_000_000,
+            counting.key(counting.LATENCY_COUNT, judge="groundedness"): 4,
         }
     )
     complete = {

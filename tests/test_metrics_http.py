@@ -29,8 +29,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from pipeline import cli
-from pipeline.metrics_http import MetricsHTTPServer, WebConfig, exporter_app, load_web_config
-from pipeline.serve import TopicWatcher, serve_http, settings_from_args
+from pipeline.commands.serve import TopicWatcher, serve_http, settings_from_args
+from pipeline.sinks.prometheus_http import (
+    MetricsHTTPServer,
+    WebConfig,
+    exporter_app,
+    load_web_config,
+)
 
 PASSWORD = "correct horse battery staple"
 

@@ -21,10 +21,10 @@ from judges.redaction import (
     luhn_valid,
 )
 from pipeline.cli import main
-from pipeline.config import SettingsError, add_judge_arguments, judge_settings
 from pipeline.events import InferenceRecord
-from pipeline.transforms import JudgedEvent
-from pipeline.verdict_rows import verdict_row
+from pipeline.settings import SettingsError, add_judge_arguments, judge_settings
+from pipeline.sinks.verdict_rows import verdict_row
+from pipeline.stages import JudgedEvent
 
 # (planted item, placeholder): one of each kind the redactor knows.
 PLANTED: list[tuple[str, str]] = [

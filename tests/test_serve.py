@@ -1,6 +1,7 @@
 """`ragpulse serve` as a subprocess against a real (Tansu) Kafka broker, with the local judges.
 
-Input comes from `pipeline.simulate` with fixed seeds and start times, so what each window must
+Input comes from `pipeline.commands.simulate` with fixed seeds and start times, so what each
+window must
 hold is known before serve runs. Results are read the way operators read them: /metrics (parsed
 with prometheus-client), /healthz, `ragpulse windows` on the state file, and the dead-letter topic.
 """
@@ -20,10 +21,10 @@ from kafka.consumer.fetcher import ConsumerRecord
 from kafka_broker import TansuBroker
 from serve_process import Scrape, ServeProcess, serve_processes_fixture, windows_rows  # noqa: F401
 
+from pipeline.commands.simulate import Incidents, SimulatedEvent, simulate
 from pipeline.events import InvalidEvent, parse_event
-from pipeline.kafka_source import end_offsets
-from pipeline.simulate import Incidents, SimulatedEvent, simulate
-from pipeline.state import StateStore
+from pipeline.service.state import StateStore
+from pipeline.sources.kafka import end_offsets
 
 T0 = 1_763_632_800.0  # 2025-11-20T10:00:00Z, a multiple of the 10 s windows used here
 JUDGES = ("groundedness", "safety", "relevance_to_query")

@@ -19,7 +19,7 @@ from serve_process import ServeProcess, serve_processes_fixture  # noqa: F401
 from test_serve import T0, WINDOW_ARGS, caught_up, read_topic, saved_offsets
 from test_state import BAD_STATE_FILES
 
-from pipeline.simulate import simulate
+from pipeline.commands.simulate import simulate
 
 ServeFactory = Callable[..., ServeProcess]
 

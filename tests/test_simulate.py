@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from kafka_broker import TansuBroker, kafka_broker  # noqa: F401
 
+from pipeline.commands.simulate import Incidents, configure_parser, main, simulate, synthetic_events
 from pipeline.events import InvalidEvent, parse_event
-from pipeline.kafka_source import end_offsets
-from pipeline.simulate import Incidents, configure_parser, main, simulate, synthetic_events
+from pipeline.sources.kafka import end_offsets
 
 T0 = 1_736_931_600.0  # 2025-01-15T09:00:00Z
 WORD = re.compile(r"[a-z0-9]+(?:[.:][0-9]+)*")

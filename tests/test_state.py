@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.state import SCHEMA_VERSION, CounterIncrement, StateError, StateStore, WindowPartial
+from pipeline.service.state import (
+    SCHEMA_VERSION,
+    CounterIncrement,
+    StateError,
+    StateStore,
+    WindowPartial,
+)
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.watermark import (
+from pipeline.service.watermark import (
     closed_before,
     compute_watermark,
     is_late,

@@ -10,7 +10,7 @@ from apache_beam.transforms.window import IntervalWindow, TimestampedValue
 
 from judges.base import JudgeInput, Verdict
 from pipeline.events import InferenceRecord
-from pipeline.transforms import JudgedEvent, WindowRatings
+from pipeline.stages import JudgedEvent, WindowRatings
 from pipeline.windows import RatingCounts, WindowKey
 
 pytestmark = pytest.mark.slow  # each runs a Beam pipeline

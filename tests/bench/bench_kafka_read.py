@@ -1,4 +1,4 @@
-"""Kafka read throughput of `pipeline.kafka_source.ReadKafkaRanges` on FnApiRunner.
+"""Kafka read throughput of `pipeline.sources.kafka.ReadKafkaRanges` on FnApiRunner.
 
 Starts a Tansu broker, produces N records of SIZE bytes over P partitions, then reads them
 back REPEAT times as one bounded Beam pipeline per run, and reports the median events/s next to a
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for kafka
 
 from kafka_broker import TansuBroker
 
-from pipeline.kafka_source import (
+from pipeline.sources.kafka import (
     ReadKafkaRanges,
     commit_offsets,
     end_offsets,

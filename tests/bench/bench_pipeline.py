@@ -1,6 +1,6 @@
 """Throughput of the batch pipeline with the local judges, stage by stage, side by side.
 
-For whoever sizes or tunes `ragpulse serve`, which runs `pipeline.batch.run_batch` once per
+For whoever sizes or tunes `ragpulse serve`, which runs `pipeline.graph.run_batch` once per
 micro-batch. Generates N realistic events (2 apps, 2 models, a chat question, 3 retrieved chunks
 of ~400 characters, an answer of ~300 characters) into a temporary file, then measures in one
 process, R times each, interleaved so drift hits every stage alike:
@@ -8,7 +8,8 @@ process, R times each, interleaved so drift hits every stage alike:
     parse         `parse_event` on every line
     judges        `JudgePanel.judge_batch` with the three local judges, in batches of 256
     judges_safety the same with the safety judge alone (to split (d) below)
-    run_file      `pipeline.run.run_file` with the three local judges (the whole Beam pipeline)
+    run_file      `pipeline.commands.run.run_file` with the three local judges (the whole
+                  Beam pipeline)
     run_safety    `run_file` with only the safety judge (isolates the Beam and I/O overhead)
 
 and prints medians, events/s and the share of `run_file` spent per stage as a markdown table.
@@ -36,9 +37,9 @@ import orjson
 
 from judges import JudgeSpec
 from judges.base import JudgeInput
-from pipeline.batch import BatchConfig
+from pipeline.commands.run import run_file
 from pipeline.events import parse_event
-from pipeline.run import run_file
+from pipeline.graph import BatchConfig
 
 T0_MS = 1_763_632_800_000  # 2025-11-20T10:00:00Z
 APPS = ("help-bot", "sales-bot")

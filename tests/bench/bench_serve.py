@@ -60,8 +60,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for the h
 from fake_openai import FakeOpenAI
 from kafka_broker import TansuBroker, free_port
 
-from pipeline.kafka_source import end_offsets
-from pipeline.simulate import simulate
+from pipeline.commands.simulate import simulate
+from pipeline.sources.kafka import end_offsets
 
 RAGPULSE = Path(sys.executable).with_name("ragpulse")
 PY_SPY = Path(sys.executable).with_name("py-spy")
@@ -113,7 +113,7 @@ class PacedProducer(threading.Thread):
         self.stop_flag = threading.Event()
 
     def run(self) -> None:
-        producer = KafkaProducer(  # the settings of pipeline.simulate.produce_paced
+        producer = KafkaProducer(  # the settings of pipeline.commands.simulate.produce_paced
             bootstrap_servers=self.bootstrap, linger_ms=20, batch_size=256 * 1024, acks=1,
             retries=5,
         )
@@ -295,7 +295,7 @@ CATEGORIES = (  # (label, path fragment); a stack goes to the first match from i
     ("parse (pipeline/events.py)", "pipeline/events.py"),
     ("judges (judges/)", "/judges/"),
     ("kafka read (kafka-python)", "/kafka/"),
-    ("sqlite state (pipeline/state.py)", "pipeline/state.py"),
+    ("sqlite state (pipeline/service/state.py)", "pipeline/service/state.py"),
     ("ragpulse glue (transforms, batch, serve)", "/pipeline/"),
     ("orjson/json", "json"),
     ("Beam runner + coders", "apache_beam"),

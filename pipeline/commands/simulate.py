@@ -25,7 +25,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import duration as dur
 from pipeline.kafka_security import (
     PLAINTEXT,
     KafkaSecurity,
@@ -34,6 +33,7 @@ from pipeline.kafka_security import (
     connect,
     security_from_args,
 )
+from pipeline.settings import duration as dur
 from pipeline.windows import isoformat_utc
 
 DEFAULT_APPS = ("support-bot", "hr-assistant")

@@ -222,7 +222,7 @@ class StateStore:
                     raise StateError(
                         f"counts for window {isoformat_utc(part.window_start)} ({part.judge}, "
                         f"{part.app}, {part.model}) which is already complete; late events must "
-                        "be excluded with pipeline.watermark.is_late"
+                        "be excluded with pipeline.service.watermark.is_late"
                     )
                 db.execute(
                     "INSERT INTO windows (window_start, window_end, judge, app, model, yes, no, "

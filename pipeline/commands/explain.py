@@ -1,7 +1,7 @@
 """`ragpulse explain`: the failing answers of a time window, with the judges' rationales.
 
 For the person an alert or a dashboard sent here: which answers did the judges rate `no` (or
-could not grade), and why. Reads verdict rows (see `pipeline.verdict_rows`) from the verdicts
+could not grade), and why. Reads verdict rows (see `pipeline.sinks.verdict_rows`) from the verdicts
 topic `ragpulse serve` publishes (`--kafka-bootstrap` with `--topic` or `--verdicts-topic`) or
 from a file run's output directory (`--run-output`), keeps the failing verdicts whose event
 time falls in the window, and prints them newest first as a table, or as JSON lines (`--json`).
@@ -27,9 +27,9 @@ import orjson
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
-from pipeline.config import SettingsError, positive_duration
-from pipeline.report import parse_time
-from pipeline.verdict_rows import (
+from pipeline.commands.windows import parse_time
+from pipeline.settings import SettingsError, positive_duration
+from pipeline.sinks.verdict_rows import (
     VERDICTS_FILE,
     FailingVerdict,
     InvalidVerdictRow,

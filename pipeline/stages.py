@@ -6,10 +6,11 @@ One composite transform per stage, in the order an event travels:
         |                                                              |
         +--> dead letters (invalid or late)          WindowRatings --> (WindowKey, RatingCounts)
 
-Golden-set canaries (`pipeline.canaries.CanaryEvent`) may join the events before JudgeEvents:
+Golden-set canaries (`pipeline.service.canaries.CanaryEvent`) may join the events before
+JudgeEvents:
 they are judged with them but leave that stage only as `ragpulse_canary_verdicts_total` counts.
 
-Counts that become Prometheus counters leave the workers as Beam counters (see `pipeline.stats`).
+Counts that become Prometheus counters leave the workers as Beam counters (see `pipeline.counting`).
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from judges import JudgeSpec
 from judges.base import RATINGS, Verdict
-from pipeline import stats
-from pipeline.canaries import CANARY_VERDICTS, CanaryEvent, outcome
+from pipeline import counting
 from pipeline.events import InferenceRecord, InvalidEvent, dead_letter, parse_event
 from pipeline.sampling import is_sampled
+from pipeline.service.canaries import CANARY_VERDICTS, CanaryEvent, outcome
 from pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_start
 
 COUNTER_NAMESPACE = "ragpulse"
@@ -58,24 +59,24 @@ class JudgedEvent:
 
 
 class _Counters:
-    """Beam counters created on first use, named by `pipeline.stats.encode`."""
+    """Beam counters created on first use, named by `pipeline.counting.encode`."""
 
     def __init__(self) -> None:
-        self._cache: dict[stats.CounterKey, Any] = {}
+        self._cache: dict[counting.CounterKey, Any] = {}
 
-    def inc(self, counter_key: stats.CounterKey, n: int = 1) -> None:
+    def inc(self, counter_key: counting.CounterKey, n: int = 1) -> None:
         counter = self._cache.get(counter_key)
         if counter is None:
-            counter = Metrics.counter(COUNTER_NAMESPACE, stats.encode(counter_key))
+            counter = Metrics.counter(COUNTER_NAMESPACE, counting.encode(counter_key))
             self._cache[counter_key] = counter
         counter.inc(n)
 
 
-EVENTS_ACCEPTED = stats.key("ragpulse_events_total", outcome="accepted")
-EVENTS_INVALID = stats.key("ragpulse_events_total", outcome="invalid")
-EVENTS_SAMPLED = stats.key("ragpulse_events_sampled_total")
-LATE_EVENTS = stats.key("ragpulse_late_events_total")
-DEAD_LETTERS = stats.key("ragpulse_dead_letters_total")
+EVENTS_ACCEPTED = counting.key("ragpulse_events_total", outcome="accepted")
+EVENTS_INVALID = counting.key("ragpulse_events_total", outcome="invalid")
+EVENTS_SAMPLED = counting.key("ragpulse_events_sampled_total")
+LATE_EVENTS = counting.key("ragpulse_late_events_total")
+DEAD_LETTERS = counting.key("ragpulse_dead_letters_total")
 LATEST_EVENT_TIME_PREFIX = "event_time_ms:"
 
 
@@ -274,7 +275,7 @@ def _tally(
             tally["prompt_tokens", judge] += v.prompt_tokens
         if v.completion_tokens:
             tally["completion_tokens", judge] += v.completion_tokens
-        tally["latency_bucket", judge, stats.latency_bucket(v.latency_seconds)] += 1
+        tally["latency_bucket", judge, counting.latency_bucket(v.latency_seconds)] += 1
         tally["latency_count", judge] += 1
         tally["latency_sum_us", judge] += round(v.latency_seconds * 1e6)
 
@@ -301,34 +302,34 @@ def _tally_canary(
             )
 
 
-def _counter_key(k: tuple[Any, ...], backend: str) -> stats.CounterKey:
+def _counter_key(k: tuple[Any, ...], backend: str) -> counting.CounterKey:
     """The Prometheus counter key of one `_tally` entry."""
     match k:
         case ("judged", app, model):
-            return stats.key("ragpulse_events_judged_total", app=app, model=model)
+            return counting.key("ragpulse_events_judged_total", app=app, model=model)
         case ("chunks", app, model):
-            return stats.key("ragpulse_retrieved_chunks_total", app=app, model=model)
+            return counting.key("ragpulse_retrieved_chunks_total", app=app, model=model)
         case ("without_context", app, model):
-            return stats.key("ragpulse_events_without_context_total", app=app, model=model)
+            return counting.key("ragpulse_events_without_context_total", app=app, model=model)
         case ("verdict", judge, rating, app, model):
-            return stats.key("ragpulse_judge_verdicts_total", judge=judge, rating=rating,
+            return counting.key("ragpulse_judge_verdicts_total", judge=judge, rating=rating,
                              app=app, model=model)
         case ("calls", judge):
-            return stats.key("ragpulse_judge_calls_total", judge=judge, backend=backend)
+            return counting.key("ragpulse_judge_calls_total", judge=judge, backend=backend)
         case ("error", judge, cause):
-            return stats.key("ragpulse_judge_errors_total", judge=judge, cause=cause)
+            return counting.key("ragpulse_judge_errors_total", judge=judge, cause=cause)
         case ("prompt_tokens", judge):
-            return stats.key("ragpulse_judge_tokens_total", judge=judge, kind="prompt")
+            return counting.key("ragpulse_judge_tokens_total", judge=judge, kind="prompt")
         case ("completion_tokens", judge):
-            return stats.key("ragpulse_judge_tokens_total", judge=judge, kind="completion")
+            return counting.key("ragpulse_judge_tokens_total", judge=judge, kind="completion")
         case ("latency_bucket", judge, le):
-            return stats.key(stats.LATENCY_BUCKET, judge=judge, le=le)
+            return counting.key(counting.LATENCY_BUCKET, judge=judge, le=le)
         case ("latency_count", judge):
-            return stats.key(stats.LATENCY_COUNT, judge=judge)
+            return counting.key(counting.LATENCY_COUNT, judge=judge)
         case ("latency_sum_us", judge):
-            return stats.key(stats.LATENCY_SUM_US, judge=judge)
+            return counting.key(counting.LATENCY_SUM_US, judge=judge)
         case ("canary", judge, result):
-            return stats.key(CANARY_VERDICTS, judge=judge, outcome=result)
+            return counting.key(CANARY_VERDICTS, judge=judge, outcome=result)
     raise ValueError(f"unknown tally key {k!r}")
 
 
@@ -395,7 +396,7 @@ class WindowRatings(beam.PTransform):
     element within `allowed_lateness`. Partials of the same window add up to what one pass over
     all its events gives, which is what lets `serve` merge cycles.
 
-    With `bounded=True` (for bounded input, as in `pipeline.batch.run_batch`) the late-pane
+    With `bounded=True` (for bounded input, as in `pipeline.graph.run_batch`) the late-pane
     trigger is left out: in a bounded pipeline every element is on time, so the output is the
     same one pane per window, but Beam can then pre-combine counts before the shuffle. (Beam
     2.77's FnApiRunner does not lift a combiner under `AfterWatermark(late=...)`, so every

@@ -31,9 +31,9 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka import errors as kafka_errors
 from kafka.structs import OffsetAndMetadata
 
-from pipeline import stats
+from pipeline import counting
 from pipeline.kafka_security import PLAINTEXT, KafkaSecurity, connect
-from pipeline.transforms import COUNTER_NAMESPACE
+from pipeline.stages import COUNTER_NAMESPACE
 
 DEFAULT_TIMEOUT_S = 10.0
 # What is kept of a record over the size limit: enough to recognise it in the dead-letter topic,
@@ -454,7 +454,7 @@ class _ReadRangeFn(beam.DoFn):
         # Counted like every other ragpulse counter: a Beam counter, saved with the cycle.
         self._lost = Metrics.counter(
             COUNTER_NAMESPACE,
-            stats.encode(stats.key(RECORDS_LOST, topic=self._topic, reason="retention")),
+            counting.encode(counting.key(RECORDS_LOST, topic=self._topic, reason="retention")),
         )
 
     def process(self, element: tuple[int, int, int]) -> Iterator[KafkaRecord]:

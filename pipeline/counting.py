@@ -1,7 +1,8 @@
 """Counts gathered while judging, keyed by Prometheus metric name and labels.
 
 Beam counters carry them out of the workers (their names encode the metric and its labels);
-the driver decodes them into `Counts`, the state store persists them, and `pipeline.metrics`
+the driver decodes them into `Counts`, the state store persists them, and
+`pipeline.sinks.prometheus`
 exposes them. Keeping one representation is what lets `serve` restore `_total` counters after a
 restart without ever going backwards.
 """

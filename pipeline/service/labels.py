@@ -24,7 +24,7 @@ import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
 
-from pipeline import stats
+from pipeline import counting
 from pipeline.windows import RatingCounts, WindowKey
 
 log = logging.getLogger(__name__)
@@ -54,9 +54,9 @@ class LabelBudget:
     def bound(
         self,
         windows: Mapping[WindowKey, RatingCounts],
-        counts: Mapping[stats.CounterKey, float],
-        admitted_from: Iterable[stats.CounterKey] = (),
-    ) -> tuple[dict[WindowKey, RatingCounts], stats.Counts]:
+        counts: Mapping[counting.CounterKey, float],
+        admitted_from: Iterable[counting.CounterKey] = (),
+    ) -> tuple[dict[WindowKey, RatingCounts], counting.Counts]:
         """`windows` and `counts` with every bounded label value admitted or `other`, plus the
         overflow counts. `admitted_from`: counter keys already saved, whose values stay."""
         mapping = {label: self._mapping(label, windows, counts, admitted_from)
@@ -67,7 +67,7 @@ class LabelBudget:
                 key, app=mapping["app"][key.app], model=mapping["model"][key.model]
             )
             bounded_windows[bounded] = bounded_windows.get(bounded, RatingCounts()) + rating_counts
-        bounded_counts: stats.Counts = stats.merge()
+        bounded_counts: counting.Counts = counting.merge()
         for (metric, labels), value in counts.items():
             named = dict(labels)
             for label in BOUNDED_LABELS:
@@ -75,16 +75,16 @@ class LabelBudget:
                     real = named[label]
                     named[label] = mapping[label][real]
                     if metric == _EVENTS_JUDGED and named[label] != real:
-                        bounded_counts[stats.key(OVERFLOW_METRIC, label=label)] += int(value)
-            bounded_counts[stats.key(metric, **named)] += int(value)
+                        bounded_counts[counting.key(OVERFLOW_METRIC, label=label)] += int(value)
+            bounded_counts[counting.key(metric, **named)] += int(value)
         return bounded_windows, bounded_counts
 
     def _mapping(
         self,
         label: str,
         windows: Mapping[WindowKey, RatingCounts],
-        counts: Mapping[stats.CounterKey, float],
-        admitted_from: Iterable[stats.CounterKey],
+        counts: Mapping[counting.CounterKey, float],
+        admitted_from: Iterable[counting.CounterKey],
     ) -> dict[str, str]:
         seen = {getattr(key, label) for key in windows}
         seen.update(dict(labels)[label] for _, labels in counts if _has(labels, label))
@@ -125,7 +125,7 @@ class LabelBudget:
         return mapping
 
 
-def _has(labels: stats.Labels, label: str) -> bool:
+def _has(labels: counting.Labels, label: str) -> bool:
     return any(name == label for name, _ in labels)
 
 

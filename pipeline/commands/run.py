@@ -15,8 +15,8 @@ from typing import IO, Any
 
 import apache_beam as beam
 
-from pipeline import stats
-from pipeline.batch import (
+from pipeline import counting
+from pipeline.graph import (
     DEAD_LETTER_FILE,
     VERDICTS_FILE,
     WINDOWS_FILE,
@@ -24,10 +24,10 @@ from pipeline.batch import (
     BatchResult,
     run_batch,
 )
-from pipeline.config import add_judge_arguments, judge_settings, positive_duration, sample_rate
-from pipeline.labels import LabelBudget, LabelLimits, add_label_arguments, label_limits
-from pipeline.metrics import MetricsSnapshot, write_textfile
-from pipeline.transforms import SourceRecord
+from pipeline.service.labels import LabelBudget, LabelLimits, add_label_arguments, label_limits
+from pipeline.settings import add_judge_arguments, judge_settings, positive_duration, sample_rate
+from pipeline.sinks.prometheus import MetricsSnapshot, write_textfile
+from pipeline.stages import SourceRecord
 from pipeline.windows import isoformat_utc
 
 log = logging.getLogger(__name__)
@@ -159,9 +159,9 @@ def summary(result: BatchResult, out_dir: Path, elapsed: float) -> str:
     errors, so a ratio is never read without its sample.
     """
     c = result.counts
-    accepted = c[stats.key("ragpulse_events_total", outcome="accepted")]
-    invalid = c[stats.key("ragpulse_events_total", outcome="invalid")]
-    sampled = c[stats.key("ragpulse_events_sampled_total")]
+    accepted = c[counting.key("ragpulse_events_total", outcome="accepted")]
+    invalid = c[counting.key("ragpulse_events_total", outcome="invalid")]
+    sampled = c[counting.key("ragpulse_events_sampled_total")]
     judges = sorted({k.judge for k in result.windows})
     rows: dict[tuple[float, str, str], dict[str, str]] = {}
     for key, counts in result.windows.items():

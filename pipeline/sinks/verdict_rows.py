@@ -17,7 +17,7 @@ from pipeline.windows import isoformat_utc
 
 if TYPE_CHECKING:
     from judges import TextPolicy
-    from pipeline.transforms import JudgedEvent
+    from pipeline.stages import JudgedEvent
 
 VERDICTS_FILE = "verdicts.jsonl"  # where a file run writes its rows
 _PREFIX = "response/llm_judged/"

@@ -1,6 +1,6 @@
 """The /metrics and /healthz HTTP server of `ragpulse serve`: TLS, basic auth, bounded threads.
 
-For operators securing the endpoint, and for `pipeline.serve`, which starts it.
+For operators securing the endpoint, and for `pipeline.commands.serve`, which starts it.
 
 `--web-config-file` takes the web configuration file of the Prometheus exporters
 (exporter-toolkit's format), so one file serves node_exporter and ragpulse alike:
@@ -48,7 +48,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 import bcrypt
 import yaml
 
-from pipeline.config import SettingsError
+from pipeline.settings import SettingsError
 
 log = logging.getLogger(__name__)
 

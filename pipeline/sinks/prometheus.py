@@ -29,9 +29,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from judges.base import RATINGS
-from pipeline import stats
-from pipeline.canaries import CANARY_OUTCOMES, CANARY_VERDICTS
-from pipeline.verdict_rows import FailingVerdict
+from pipeline import counting
+from pipeline.service.canaries import CANARY_OUTCOMES, CANARY_VERDICTS
+from pipeline.sinks.verdict_rows import FailingVerdict
 from pipeline.windows import RatingCounts, WindowKey, wilson_interval
 
 COUNTER_HELP: dict[str, str] = {
@@ -63,14 +63,14 @@ COUNTER_HELP: dict[str, str] = {
 }
 # Counters whose label sets are known up front are exported at 0 before the first event,
 # so that rates and alerts have a series to work with from the first scrape.
-ALWAYS_PRESENT: tuple[stats.CounterKey, ...] = (
-    stats.key("ragpulse_events_total", outcome="accepted"),
-    stats.key("ragpulse_events_total", outcome="invalid"),
-    stats.key("ragpulse_events_sampled_total"),
-    stats.key("ragpulse_late_events_total"),
-    stats.key("ragpulse_dead_letters_total"),
-    stats.key("ragpulse_label_overflow_total", label="app"),
-    stats.key("ragpulse_label_overflow_total", label="model"),
+ALWAYS_PRESENT: tuple[counting.CounterKey, ...] = (
+    counting.key("ragpulse_events_total", outcome="accepted"),
+    counting.key("ragpulse_events_total", outcome="invalid"),
+    counting.key("ragpulse_events_sampled_total"),
+    counting.key("ragpulse_late_events_total"),
+    counting.key("ragpulse_dead_letters_total"),
+    counting.key("ragpulse_label_overflow_total", label="app"),
+    counting.key("ragpulse_label_overflow_total", label="model"),
 )
 # Counters of judged events per (app, model), exported at 0 once the pair has verdicts.
 _PER_APP_MODEL = (
@@ -78,7 +78,7 @@ _PER_APP_MODEL = (
     "ragpulse_retrieved_chunks_total",
     "ragpulse_events_without_context_total",
 )
-_HISTOGRAM_PARTS = {stats.LATENCY_BUCKET, stats.LATENCY_COUNT, stats.LATENCY_SUM_US}
+_HISTOGRAM_PARTS = {counting.LATENCY_BUCKET, counting.LATENCY_COUNT, counting.LATENCY_SUM_US}
 
 
 VERDICTS = "ragpulse_judge_verdicts_total"
@@ -98,17 +98,17 @@ class FailingExample:
 
 def latest_failing_examples(
     verdicts: Iterable[FailingVerdict],
-) -> dict[stats.CounterKey, FailingExample]:
+) -> dict[counting.CounterKey, FailingExample]:
     """The latest failing verdict (by event time) of each `ragpulse_judge_verdicts_total` series.
 
     Ties go to the greater request_id, so the choice does not depend on row order. Ids too long
     for an exemplar are passed over.
     """
-    latest: dict[stats.CounterKey, FailingExample] = {}
+    latest: dict[counting.CounterKey, FailingExample] = {}
     for v in verdicts:
         if len(v.request_id) > MAX_EXEMPLAR_REQUEST_ID_CHARS:
             continue
-        k = stats.key(VERDICTS, judge=v.judge, rating=v.rating, app=v.app, model=v.model)
+        k = counting.key(VERDICTS, judge=v.judge, rating=v.rating, app=v.app, model=v.model)
         found = FailingExample(v.request_id, v.event_time)
         if k not in latest or (found.timestamp, found.request_id) > (
             latest[k].timestamp, latest[k].request_id
@@ -127,12 +127,14 @@ class MetricsSnapshot:
     keys to the answer their exemplar names.
     """
 
-    counts: Mapping[stats.CounterKey, float]
+    counts: Mapping[counting.CounterKey, float]
     complete: Mapping[WindowKey, RatingCounts]
     in_progress: Mapping[WindowKey, RatingCounts] = dataclasses.field(default_factory=dict)
     gauges: Mapping[str, float] = dataclasses.field(default_factory=dict)
     lag: Mapping[tuple[str, int], int] = dataclasses.field(default_factory=dict)
-    exemplars: Mapping[stats.CounterKey, FailingExample] = dataclasses.field(default_factory=dict)
+    exemplars: Mapping[counting.CounterKey, FailingExample] = dataclasses.field(
+        default_factory=dict
+    )
 
 
 GAUGE_HELP: dict[str, str] = {
@@ -186,7 +188,7 @@ def _window_families(
     yield from (ratio, samples, low, high)
 
 
-def _zero_series(counts: Mapping[stats.CounterKey, float]) -> set[stats.CounterKey]:
+def _zero_series(counts: Mapping[counting.CounterKey, float]) -> set[counting.CounterKey]:
     """Series to export at 0: the fixed ones, and every rating of each judged series.
 
     Prometheus' increase() cannot see a counter's first sample; a `no` series born during a
@@ -197,21 +199,21 @@ def _zero_series(counts: Mapping[stats.CounterKey, float]) -> set[stats.CounterK
         if metric == VERDICTS:
             lab = dict(labels)
             for rating in RATINGS:
-                zeros.add(stats.key(metric, **{**lab, "rating": rating}))
+                zeros.add(counting.key(metric, **{**lab, "rating": rating}))
             for per_app in _PER_APP_MODEL:
-                zeros.add(stats.key(per_app, app=lab["app"], model=lab["model"]))
+                zeros.add(counting.key(per_app, app=lab["app"], model=lab["model"]))
         elif metric == CANARY_VERDICTS:
             judge = dict(labels)["judge"]
             for outcome in CANARY_OUTCOMES:
-                zeros.add(stats.key(metric, judge=judge, outcome=outcome))
+                zeros.add(counting.key(metric, judge=judge, outcome=outcome))
     return {k for k in zeros if k not in counts}
 
 
 def _counter_families(
-    counts: Mapping[stats.CounterKey, float],
-    exemplars: Mapping[stats.CounterKey, FailingExample],
+    counts: Mapping[counting.CounterKey, float],
+    exemplars: Mapping[counting.CounterKey, FailingExample],
 ) -> Iterator[Metric]:
-    by_metric: dict[str, list[tuple[stats.Labels, float]]] = defaultdict(list)
+    by_metric: dict[str, list[tuple[counting.Labels, float]]] = defaultdict(list)
     for k in _zero_series(counts):
         by_metric[k[0]].append((k[1], 0.0))
     for (metric, labels), value in counts.items():
@@ -233,7 +235,7 @@ def _counter_families(
         yield family
 
 
-def _latency_family(counts: Mapping[stats.CounterKey, float]) -> Metric:
+def _latency_family(counts: Mapping[counting.CounterKey, float]) -> Metric:
     family = HistogramMetricFamily(
         "ragpulse_judge_latency_seconds", "Time to grade one event, per judge.", labels=["judge"]
     )
@@ -241,13 +243,13 @@ def _latency_family(counts: Mapping[stats.CounterKey, float]) -> Metric:
     sums: dict[str, float] = {}
     for (metric, labels), value in counts.items():
         lab = dict(labels)
-        if metric == stats.LATENCY_BUCKET:
+        if metric == counting.LATENCY_BUCKET:
             per_judge[lab["judge"]][lab["le"]] = value
-        elif metric == stats.LATENCY_SUM_US:
+        elif metric == counting.LATENCY_SUM_US:
             sums[lab["judge"]] = value / 1e6
     for judge, buckets in sorted(per_judge.items()):
         cumulative, running = [], 0.0
-        for bound in [*(repr(b) for b in stats.LATENCY_BUCKETS), "+Inf"]:
+        for bound in [*(repr(b) for b in counting.LATENCY_BUCKETS), "+Inf"]:
             running += buckets.get(bound, 0.0)
             cumulative.append((bound, running))
         family.add_metric([judge], cumulative, sum_value=sums.get(judge, 0.0))

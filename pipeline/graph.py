@@ -23,9 +23,10 @@ from apache_beam.runners.worker import sdk_worker
 from apache_beam.utils.windowed_value import WindowedValue
 
 from judges import JudgeSpec
-from pipeline import stats
-from pipeline.canaries import CanaryEvent
-from pipeline.transforms import (
+from pipeline import counting
+from pipeline.service.canaries import CanaryEvent
+from pipeline.sinks.verdict_rows import VERDICTS_FILE, verdict_row
+from pipeline.stages import (
     COUNTER_NAMESPACE,
     LATEST_EVENT_TIME_PREFIX,
     JudgedEvent,
@@ -33,7 +34,6 @@ from pipeline.transforms import (
     ParseEvents,
     WindowRatings,
 )
-from pipeline.verdict_rows import VERDICTS_FILE, verdict_row
 from pipeline.windows import RatingCounts, WindowKey, window_row
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class BatchConfig:
 class BatchResult:
     """What one batch produced: counter increments, per-window partial counts, dead letters."""
 
-    counts: stats.Counts
+    counts: counting.Counts
     windows: dict[WindowKey, RatingCounts]
     dead_letter_path: Path
     dead_letters: int
@@ -131,7 +131,7 @@ def run_batch(
     `only_failing_verdicts`, `verdicts.jsonl` holds only events some judge rated no or error.
     With `keep_raw_dead_letters` each dead-letter row also carries the whole record (`raw_b64`),
     for re-publishing it to a dead-letter topic. `canaries` are judged with the events and
-    counted only in `ragpulse_canary_verdicts_total` (see `pipeline.canaries`).
+    counted only in `ragpulse_canary_verdicts_total` (see `pipeline.service.canaries`).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     options = PipelineOptions(["--direct_num_workers=1"])
@@ -176,7 +176,9 @@ def run_batch(
             | "WriteWindows" >> _write(out_dir / WINDOWS_FILE)
         )
     query = p.result.metrics().query(beam.metrics.MetricsFilter().with_namespace(COUNTER_NAMESPACE))
-    counts = stats.merge((stats.decode(c.key.metric.name), c.committed) for c in query["counters"])
+    counts = counting.merge(
+        (counting.decode(c.key.metric.name), c.committed) for c in query["counters"]
+    )
     _forget_counter_names()
     latest = {
         d.key.metric.name.removeprefix(LATEST_EVENT_TIME_PREFIX): d.committed.max / 1000
@@ -184,7 +186,7 @@ def run_batch(
         if d.key.metric.name.startswith(LATEST_EVENT_TIME_PREFIX) and d.committed.count
     }
     windows = read_windows(out_dir / WINDOWS_FILE)
-    dead = counts[stats.key("ragpulse_dead_letters_total")]
+    dead = counts[counting.key("ragpulse_dead_letters_total")]
     return BatchResult(counts, windows, out_dir / DEAD_LETTER_FILE, dead, latest)
 
 

@@ -2,7 +2,7 @@
 
 Each cycle reads every partition from its saved offset up to the end offset seen when the cycle
 started (capped by --max-batch-events), runs the same bounded Beam pipeline as `ragpulse run`
-(`pipeline.batch.run_batch`), sends dead letters to the dead-letter topic, then saves the
+(`pipeline.graph.run_batch`), sends dead letters to the dead-letter topic, then saves the
 partial window counts, counter increments, watermark and offsets in ONE SQLite transaction, and
 only then commits the offsets to the Kafka consumer group (for lag tools; the state file is the
 source of truth). A crash at any point therefore replays at most the cycle in flight, whose
@@ -41,10 +41,27 @@ from kafka import KafkaProducer
 from prometheus_client import Counter, Histogram, make_wsgi_app
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline import stats
-from pipeline.batch import VERDICTS_FILE, BatchConfig, BatchResult, run_batch
-from pipeline.canaries import CanaryFeed, GoldenSetError, load_golden_set
-from pipeline.config import (
+from pipeline import counting
+from pipeline.graph import VERDICTS_FILE, BatchConfig, BatchResult, run_batch
+from pipeline.kafka_security import (
+    PLAINTEXT,
+    KafkaSecurity,
+    add_kafka_security_arguments,
+    check_access,
+    connect,
+    security_from_args,
+)
+from pipeline.service.canaries import CanaryFeed, GoldenSetError, load_golden_set
+from pipeline.service.labels import LabelBudget, LabelLimits, add_label_arguments, label_limits
+from pipeline.service.state import (
+    CounterIncrement,
+    ExemplarPointer,
+    StateError,
+    StateStore,
+    WindowPartial,
+)
+from pipeline.service.watermark import closed_before, compute_watermark, merge_latest
+from pipeline.settings import (
     JudgeSettings,
     SettingsError,
     add_judge_arguments,
@@ -54,15 +71,21 @@ from pipeline.config import (
     positive_duration,
     sample_rate,
 )
-from pipeline.kafka_security import (
-    PLAINTEXT,
-    KafkaSecurity,
-    add_kafka_security_arguments,
-    check_access,
-    connect,
-    security_from_args,
+from pipeline.sinks.prometheus import (
+    FailingExample,
+    MetricsSnapshot,
+    latest_failing_examples,
+    registry_for,
 )
-from pipeline.kafka_source import (
+from pipeline.sinks.prometheus_http import (
+    MetricsHTTPServer,
+    WebConfig,
+    exporter_app,
+    load_web_config,
+    start_metrics_server,
+)
+from pipeline.sinks.verdict_rows import failing_verdicts
+from pipeline.sources.kafka import (
     RECORDS_LOST,
     DeadLetter,
     Delivery,
@@ -81,24 +104,7 @@ from pipeline.kafka_source import (
     plan_batch,
     reset_starts,
 )
-from pipeline.labels import LabelBudget, LabelLimits, add_label_arguments, label_limits
-from pipeline.metrics import (
-    FailingExample,
-    MetricsSnapshot,
-    latest_failing_examples,
-    registry_for,
-)
-from pipeline.metrics_http import (
-    MetricsHTTPServer,
-    WebConfig,
-    exporter_app,
-    load_web_config,
-    start_metrics_server,
-)
-from pipeline.state import CounterIncrement, ExemplarPointer, StateError, StateStore, WindowPartial
-from pipeline.transforms import SourceRecord
-from pipeline.verdict_rows import failing_verdicts
-from pipeline.watermark import closed_before, compute_watermark, merge_latest
+from pipeline.stages import SourceRecord
 from pipeline.windows import RatingCounts, WindowKey
 
 log = logging.getLogger(__name__)
@@ -536,8 +542,8 @@ class TopicWatcher:
 
     # ----- metrics ---------------------------------------------------------------------------
     def _load_snapshot(self) -> MetricsSnapshot:
-        counts = stats.merge(
-            (stats.key(c.name, **c.labels), c.value) for c in self.state.counters()
+        counts = counting.merge(
+            (counting.key(c.name, **c.labels), c.value) for c in self.state.counters()
         )
         for zero in self._zero_counters():
             counts.setdefault(zero, 0)
@@ -553,20 +559,20 @@ class TopicWatcher:
         with self._lock:
             lag = dict(self._lag)
         exemplars = {
-            stats.key(e.name, **e.labels): FailingExample(e.request_id, e.timestamp)
+            counting.key(e.name, **e.labels): FailingExample(e.request_id, e.timestamp)
             for e in self.state.exemplars()
         }
         return MetricsSnapshot(counts, complete, in_progress, gauges, lag, exemplars)
 
-    def _zero_counters(self) -> list[stats.CounterKey]:
+    def _zero_counters(self) -> list[counting.CounterKey]:
         """Data-loss counters whose labels are known at start-up, exported at 0 until they
         grow, so that increase() in the alerts sees their first increment."""
         s = self.settings
-        keys = [stats.key(OFFSET_RESETS, topic=s.topic, kind=k) for k in RESET_KINDS]
-        keys += [stats.key(RECORDS_LOST, topic=s.topic, reason=r) for r in LOSS_REASONS]
-        keys.append(stats.key(UNDELIVERABLE, topic=s.dead_letter_topic))
+        keys = [counting.key(OFFSET_RESETS, topic=s.topic, kind=k) for k in RESET_KINDS]
+        keys += [counting.key(RECORDS_LOST, topic=s.topic, reason=r) for r in LOSS_REASONS]
+        keys.append(counting.key(UNDELIVERABLE, topic=s.dead_letter_topic))
         if s.publish_verdicts != "none":
-            keys.append(stats.key(UNDELIVERABLE, topic=s.verdicts_topic))
+            keys.append(counting.key(UNDELIVERABLE, topic=s.verdicts_topic))
         return keys
 
     def _refresh_snapshot(self) -> None:
@@ -723,7 +729,7 @@ def _partials(windows: Mapping[WindowKey, RatingCounts]) -> list[WindowPartial]:
     ]
 
 
-def _increments(counts: Mapping[stats.CounterKey, float]) -> list[CounterIncrement]:
+def _increments(counts: Mapping[counting.CounterKey, float]) -> list[CounterIncrement]:
     return [CounterIncrement(name, dict(labels), value) for (name, labels), value in counts.items()]
 
 
@@ -746,7 +752,7 @@ def canary_feed(settings: ServeSettings) -> CanaryFeed | None:
 
 
 def _exemplar_pointers(
-    verdicts: Iterable[OutputRecord], counts: Mapping[stats.CounterKey, float]
+    verdicts: Iterable[OutputRecord], counts: Mapping[counting.CounterKey, float]
 ) -> list[ExemplarPointer]:
     """The latest failing answer per verdict series among the rows this cycle published.
 

@@ -1,6 +1,7 @@
 """Event-time progress of a Kafka topic read in micro-batches, and which windows it closes.
 
-Pure functions; `pipeline.state` persists the watermark and each partition's latest event time.
+Pure functions; `pipeline.service.state` persists the watermark and each partition's latest
+event time.
 
 The watermark is the minimum, over partitions, of the latest event time read, minus an
 out-of-orderness bound: events older than that are not expected any more. Partitions that do
