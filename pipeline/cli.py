@@ -8,7 +8,7 @@ import importlib
 import logging
 import sys
 
-from pipeline.settings import SettingsError
+from pipeline.errors import SettingsError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run", "judge a file of inference-log events and write windowed ratings"),

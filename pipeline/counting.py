@@ -9,6 +9,7 @@ restart without ever going backwards.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
@@ -35,6 +36,13 @@ LATENCY_BUCKETS: tuple[float, ...] = (
     30.0,
     60.0,
 )
+# The Beam metric namespace of counters that become Prometheus counters.
+COUNTER_NAMESPACE = "ragpulse"
+VERDICTS = "ragpulse_judge_verdicts_total"
+# OpenMetrics caps an exemplar's label names and values at 128 characters together; Prometheus
+# drops a longer one.
+EXEMPLAR_LABEL = "request_id"
+MAX_EXEMPLAR_REQUEST_ID_CHARS = 128 - len(EXEMPLAR_LABEL)
 LATENCY_BUCKET = "ragpulse_judge_latency_seconds_bucket"  # non-cumulative count per `le`
 LATENCY_SUM_US = "ragpulse_judge_latency_seconds_sum_us"
 LATENCY_COUNT = "ragpulse_judge_latency_seconds_count"
@@ -72,3 +80,11 @@ def merge(*parts: Mapping[CounterKey, float] | Iterable[tuple[CounterKey, float]
         for k, v in items:
             total[k] += int(v)
     return total
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FailingExample:
+    """The exemplar of one failing verdict series: which answer, and its event time."""
+
+    request_id: str
+    timestamp: float  # epoch seconds

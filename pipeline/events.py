@@ -104,6 +104,34 @@ class InvalidEvent(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class SourceRecord:
+    """One raw record as a reader found it, with where it came from.
+
+    `partition` is the Kafka partition (None for a file): the watermark is kept per partition.
+    """
+
+    raw: bytes
+    origin: str  # a file path, or the topic
+    partition: int | None  # Kafka partition; None for a file
+    position: int  # 1-based line number, or Kafka offset
+    record_time: float | None = None  # Kafka record time (epoch seconds), used without `timestamp`
+    oversize_bytes: int | None = None  # set when the reader refused to load an over-long record
+
+    @property
+    def source(self) -> str:
+        """Where the record came from, as dead-letter rows name it: a path, or topic/partition."""
+        return self.origin if self.partition is None else f"{self.origin}/{self.partition}"
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A record that is not judged (invalid, over the size limit, or late), with the reason."""
+
+    record: SourceRecord
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class InferenceRecord:
     """One accepted event: its identity, event time (epoch seconds, UTC), labels, judge input."""
 

@@ -28,7 +28,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, SecretStr
 
-from pipeline.settings import SettingsError
+from pipeline.errors import SettingsError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

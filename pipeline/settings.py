@@ -1,7 +1,10 @@
-"""Typed, validated settings for the commands, built in `main()` (never at import time).
+"""The settings model of `ragpulse run` and `ragpulse serve`: typed, validated once, in `main()`.
 
-Beam workers import these modules in other processes, so nothing here reads the environment or
-the command line until a command asks for it.
+`RunSettings` and `ServeSettings` share `BatchSettings` (judges, sampling, windows, labels, Beam
+options). Each field's default lives here, on the model; the command-line flags take theirs
+from it (`default_of`), so help texts and behaviour cannot disagree. Beam workers import these
+modules in other processes, so nothing here reads the environment or the command line until a
+command asks for it.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_core import PydanticUndefined
 
 from judges import JUDGE_NAMES, JudgeSpec, ReplyFormat
 from judges.redaction import (
@@ -25,13 +29,17 @@ from judges.redaction import (
     compile_user_patterns,
     is_loopback_url,
 )
+from pipeline.errors import SettingsError
+from pipeline.kafka_security import PLAINTEXT, KafkaSecurity
+from pipeline.service.labels import LabelLimits
 from pipeline.windows import parse_duration
+
+if TYPE_CHECKING:
+    from pipeline.graph import StageConfig
 
 log = logging.getLogger(__name__)
 
-
-class SettingsError(Exception):
-    """A setting is missing or invalid; the message says which and how to fix it."""
+SettingsModel = TypeVar("SettingsModel", bound=BaseModel)
 
 
 class JudgeSettings(BaseModel):
@@ -97,6 +105,10 @@ class JudgeSettings(BaseModel):
             raise ValueError(f"must start with http:// or https://, got {url!r}")
         return url
 
+    def text_policy(self) -> TextPolicy:
+        """What prompts and stored verdict text keep of the users' text."""
+        return TextPolicy(self.redact_pii, self.redact_patterns, self.store_text)
+
     def spec(self) -> JudgeSpec:
         """The picklable spec Beam workers build their panel from."""
         return JudgeSpec(
@@ -117,8 +129,161 @@ class JudgeSettings(BaseModel):
             batch_deadline_seconds=self.batch_deadline_seconds,
             rpm=self.rpm,
             tpm=self.tpm,
-            text_policy=TextPolicy(self.redact_pii, self.redact_patterns, self.store_text),
+            text_policy=self.text_policy(),
         )
+
+
+class BatchSettings(BaseModel):
+    """What `run` and `serve` share: the judges, sampling, windows, label limits, Beam options."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    judges: JudgeSettings
+    sample_rate: float = Field(1.0, ge=0, le=1)
+    window_seconds: float = Field(300.0, gt=0)
+    max_event_bytes: int = Field(1_048_576, ge=1024)
+    labels: LabelLimits = LabelLimits()
+    beam_args: tuple[str, ...] = ()
+
+    def stage_config(self, closed_before: float | None = None) -> StageConfig:
+        """The picklable configuration of the Beam stages."""
+        # Imported here: building settings (e.g. for --help) must not pay Beam's import.
+        from pipeline.graph import StageConfig
+
+        return StageConfig(
+            judges=self.judges.spec(),
+            sample_rate=self.sample_rate,
+            window_seconds=self.window_seconds,
+            max_event_bytes=self.max_event_bytes,
+            # Enough events in flight to keep every concurrent judge call busy.
+            judge_batch_size=max(256, self.judges.concurrency * 16),
+            closed_before=closed_before,
+        )
+
+
+class RunSettings(BatchSettings):
+    """Validated settings of `ragpulse run`."""
+
+    input: Path
+    output: Path = Path("out")
+
+    @field_validator("input")
+    @classmethod
+    def _input_is_a_file(cls, path: Path) -> Path:
+        if not path.is_file():
+            raise ValueError(f"input file not found: {path}")
+        return path
+
+
+class ServeSettings(BatchSettings):
+    """Validated settings of `ragpulse serve`."""
+
+    bootstrap: str = Field(min_length=3)
+    topic: str = Field(min_length=1)
+    dead_letter_topic: str = Field(min_length=1)
+    verdicts_topic: str = Field(min_length=1)
+    publish_verdicts: Literal["failing", "all", "none"] = "failing"
+    group_id: str = Field("ragpulse", min_length=1)
+    state: Path = Path("ragpulse-state.sqlite")
+    allowed_lateness_seconds: float = Field(600.0, ge=0)
+    out_of_orderness_seconds: float = Field(30.0, ge=0)
+    trigger_interval_seconds: float = Field(15.0, gt=0)
+    max_batch_events: int = Field(50_000, ge=1)
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(9464, ge=0, le=65535)
+    web_config_file: Path | None = None
+    unhealthy_after_seconds: float = Field(300.0, gt=0)
+    retention_seconds: float = Field(30 * 86400.0, gt=0)
+    kafka_timeout_seconds: float = Field(30.0, gt=0)
+    kafka_security: KafkaSecurity = PLAINTEXT
+    canary_file: Path | None = None
+    canary_rate_per_minute: float = Field(1.0, gt=0, le=10_000)
+    on_offset_reset: Literal["earliest", "latest", "fail"] = "earliest"
+    undeliverable_after_seconds: float = Field(600.0, gt=0)
+    state_reset: bool = False
+
+
+def default_of(model: type[BaseModel], field: str) -> Any:
+    """The default of `model.field`, for the flag that sets it."""
+    default = model.model_fields[field].default
+    if default is PydanticUndefined:
+        raise ValueError(f"{model.__name__}.{field} has no default")
+    return default
+
+
+def format_duration(seconds: float) -> str:
+    """`seconds` as the shortest duration text `parse_duration` reads back (300 -> 5m)."""
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def add_batch_arguments(p: argparse.ArgumentParser) -> None:
+    """Sampling, window and record-size flags, shared by `run` and `serve`."""
+    g = p.add_argument_group("events and windows")
+    g.add_argument(
+        "--sample-rate",
+        type=sample_rate,
+        default=default_of(BatchSettings, "sample_rate"),
+        help="share of events judged, chosen by a hash of request_id (default: %(default)s)",
+    )
+    window = default_of(BatchSettings, "window_seconds")
+    g.add_argument(
+        "--window",
+        type=positive_duration,
+        default=window,
+        metavar="DURATION",
+        help=f"event-time window size, e.g. 60s, 5m, 1h (default: {format_duration(window)})",
+    )
+    g.add_argument(
+        "--max-event-bytes",
+        type=int,
+        default=default_of(BatchSettings, "max_event_bytes"),
+        metavar="N",
+        help="largest accepted event; larger ones are dead-lettered (default: %(default)s)",
+    )
+
+
+def add_beam_arguments(p: argparse.ArgumentParser) -> None:
+    """`--beam-arg`: Beam pipeline options passed through to the runner."""
+    p.add_argument_group("beam").add_argument(
+        "--beam-arg",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="a Beam pipeline option for the runner (repeatable), e.g. "
+        "--beam-arg=--direct_num_workers=2 --beam-arg=--direct_running_mode=multi_processing, "
+        "or --beam-arg=--runner=PortableRunner --beam-arg=--job_endpoint=HOST:PORT "
+        "(default: Beam's FnApiRunner in this process, one worker)",
+    )
+
+
+def batch_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The `BatchSettings` fields the shared flags set."""
+    from pipeline.service.labels import label_limits
+
+    return {
+        "judges": judge_settings(args),
+        "sample_rate": args.sample_rate,
+        "window_seconds": args.window,
+        "max_event_bytes": args.max_event_bytes,
+        "labels": label_limits(args),
+        "beam_args": tuple(args.beam_arg),
+    }
+
+
+def run_settings(args: argparse.Namespace) -> RunSettings:
+    """`RunSettings` from the command line; SettingsError says what is wrong."""
+    return build(RunSettings, input=args.input, output=args.output, **batch_fields(args))
+
+
+def build(model: type[SettingsModel], **fields: Any) -> SettingsModel:
+    """`model(**fields)`, with a validation error turned into a SettingsError."""
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        raise SettingsError(describe_validation_error(exc)) from None
 
 
 def add_judge_arguments(parser: argparse.ArgumentParser) -> None:

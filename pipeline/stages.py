@@ -16,38 +16,27 @@ Counts that become Prometheus counters leave the workers as Beam counters (see `
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
+import orjson
 from apache_beam.metrics import Metrics
-from apache_beam.transforms import trigger, window
-from apache_beam.utils.timestamp import Duration
+from apache_beam.transforms import window
 from apache_beam.utils.windowed_value import WindowedValue
 
 from judges import JudgeSpec
 from judges.base import RATINGS, Verdict
 from pipeline import counting
-from pipeline.events import InferenceRecord, InvalidEvent, dead_letter, parse_event
-from pipeline.sampling import is_sampled
+from pipeline.counting import COUNTER_NAMESPACE
+from pipeline.events import InferenceRecord, InvalidEvent, Rejected, SourceRecord, parse_event
 from pipeline.service.canaries import CANARY_VERDICTS, CanaryEvent, outcome
 from pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_start
 
-COUNTER_NAMESPACE = "ragpulse"
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SourceRecord:
-    """One raw record as a reader found it, with where it came from for dead-letter rows."""
-
-    raw: bytes
-    source: str  # a file path, or "topic/partition"
-    position: int  # 1-based line number, or Kafka offset
-    record_time: float | None = None  # Kafka record time (epoch seconds), used without `timestamp`
-    oversize_bytes: int | None = None  # set when the reader refused to load an over-long record
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,6 +69,27 @@ DEAD_LETTERS = counting.key("ragpulse_dead_letters_total")
 LATEST_EVENT_TIME_PREFIX = "event_time_ms:"
 
 
+_SCALE = float(2**64)
+
+
+def sample_point(request_id: str) -> float:
+    """A stable number in [0, 1) derived from the request id (BLAKE2b, 64 bits)."""
+    digest = hashlib.blake2b(request_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / _SCALE
+
+
+def is_sampled(request_id: str, rate: float) -> bool:
+    """True when the event belongs to the sample at `rate` (0 keeps none, 1 keeps all).
+
+    The decision depends on the request id alone, so the same event gets the same decision on
+    every runner, in every order and after every restart: a replayed partition never samples
+    differently and counts stay exactly-once.
+    """
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"sample rate must be within [0, 1], got {rate}")
+    return sample_point(request_id) < rate
+
+
 class _ParseAndSample(beam.DoFn):
     def __init__(
         self,
@@ -95,23 +105,23 @@ class _ParseAndSample(beam.DoFn):
 
     def setup(self) -> None:
         self._counters = _Counters()
-        self._latest_by_source: dict[str, Any] = {}
+        self._latest_by_partition: dict[int, Any] = {}
 
-    def _latest(self, source: str) -> Any:
-        """Distribution of event times per source; its max feeds `serve`'s watermark."""
-        dist = self._latest_by_source.get(source)
+    def _note_event_time(self, partition: int | None, event_time: float) -> None:
+        """A distribution of event times per Kafka partition; its max feeds serve's watermark."""
+        if partition is None:
+            return
+        dist = self._latest_by_partition.get(partition)
         if dist is None:
-            dist = Metrics.distribution(COUNTER_NAMESPACE, LATEST_EVENT_TIME_PREFIX + source)
-            self._latest_by_source[source] = dist
-        return dist
+            name = f"{LATEST_EVENT_TIME_PREFIX}{partition}"
+            dist = Metrics.distribution(COUNTER_NAMESPACE, name)
+            self._latest_by_partition[partition] = dist
+        dist.update(round(event_time * 1000))
 
     def _reject(self, record: SourceRecord, reason: str, *, late: bool = False) -> Any:
         self._counters.inc(LATE_EVENTS if late else EVENTS_INVALID)
         self._counters.inc(DEAD_LETTERS)
-        row = dead_letter(record.raw, source=record.source, position=record.position, reason=reason)
-        if record.oversize_bytes is not None:  # `raw` is only the head the reader kept
-            row = {**row, "raw_bytes": record.oversize_bytes, "raw_truncated": True}
-        return beam.pvalue.TaggedOutput(ParseEvents.DEAD_LETTER, (row, record.raw))
+        return beam.pvalue.TaggedOutput(ParseEvents.DEAD_LETTER, Rejected(record, reason))
 
     def process(self, record: SourceRecord) -> Iterator[Any]:
         if record.oversize_bytes is not None:
@@ -128,7 +138,7 @@ class _ParseAndSample(beam.DoFn):
             yield self._reject(record, exc.reason)
             return
         self._counters.inc(EVENTS_ACCEPTED)
-        self._latest(record.source).update(round(event.event_time * 1000))
+        self._note_event_time(record.partition, event.event_time)
         if self._closed_before is not None:
             end = window_start(event.event_time, self._window_size) + self._window_size
             if end <= self._closed_before:
@@ -147,9 +157,9 @@ class _ParseAndSample(beam.DoFn):
 class ParseEvents(beam.PTransform):
     """Parses, validates and samples records.
 
-    The main output holds sampled `InferenceRecord`s; the `dead_letter` output holds
-    (row, raw bytes) with its reason for every record that was invalid, or late for a window
-    already closed (`closed_before`, set by `serve`; a file run has no closed windows).
+    The main output holds sampled `InferenceRecord`s; the `dead_letter` output holds a
+    `Rejected` for every record that was invalid, or late for a window already closed
+    (`closed_before`, set by `serve`; a file run has no closed windows).
     """
 
     DEAD_LETTER = "dead_letter"
@@ -171,18 +181,44 @@ class ParseEvents(beam.PTransform):
         )
 
 
-class _JudgeBatch(beam.DoFn):
-    """Judges a list of events (from `BatchElements`): the path for non-global windows."""
+_GLOBAL_WINDOWS = (window.GlobalWindow(),)
+_END_OF_GLOBAL_WINDOW = window.GlobalWindow().max_timestamp()
 
-    def __init__(self, spec: JudgeSpec) -> None:
+
+class _JudgeInBatches(beam.DoFn):
+    """Collects events into batches of `batch_size`, judges each batch, counts the verdicts.
+
+    Batching inside the DoFn, rather than `BatchElements` and a PCollection of lists: Beam's
+    size sampling pickles every event of a sampled list, and with few, large batches it samples
+    most of them. Events are judged before they are windowed, so they are in the global window.
+    """
+
+    def __init__(self, spec: JudgeSpec, batch_size: int) -> None:
         self._spec = spec
+        self._batch_size = batch_size
 
     def setup(self) -> None:
         self._panel = self._spec.build()
         self._counters = _Counters()
 
-    def process(self, batch: list[InferenceRecord | CanaryEvent]) -> Iterator[JudgedEvent]:
-        yield from self._judge(batch)
+    def start_bundle(self) -> None:
+        self._batch: list[InferenceRecord | CanaryEvent] = []
+
+    def process(self, event: InferenceRecord | CanaryEvent) -> Iterator[Any]:
+        self._batch.append(event)
+        if len(self._batch) >= self._batch_size:
+            yield from self._flush()
+
+    def finish_bundle(self) -> Iterator[Any]:
+        if self._batch:
+            yield from self._flush()
+
+    def _flush(self) -> Iterator[Any]:
+        batch, self._batch = self._batch, []
+        for judged in self._judge(batch):
+            # What `GlobalWindows.windowed_value_at_end_of_window` builds, with the window and
+            # timestamp made once (Beam re-reads them from a proto constant on every call).
+            yield WindowedValue(judged, _END_OF_GLOBAL_WINDOW, _GLOBAL_WINDOWS)
 
     def _judge(self, batch: list[InferenceRecord | CanaryEvent]) -> list[JudgedEvent]:
         """Judges events and canaries together; returns only the events' results.
@@ -214,44 +250,6 @@ class _JudgeBatch(beam.DoFn):
         panel = getattr(self, "_panel", None)
         if panel is not None:
             panel.close()
-
-
-_GLOBAL_WINDOWS = (window.GlobalWindow(),)
-_END_OF_GLOBAL_WINDOW = window.GlobalWindow().max_timestamp()
-
-
-class _JudgeInBatches(_JudgeBatch):
-    """Collects events of the global window into batches of `batch_size` and judges each.
-
-    Does what `BatchElements` + `_JudgeBatch` do, batches and output timestamps alike, without
-    a PCollection of lists in between: Beam's size sampling pickles every event of a sampled
-    list, and with few, large batches it samples most of them.
-    """
-
-    def __init__(self, spec: JudgeSpec, batch_size: int) -> None:
-        super().__init__(spec)
-        self._batch_size = batch_size
-
-    def start_bundle(self) -> None:
-        self._batch: list[InferenceRecord | CanaryEvent] = []
-
-    def process(  # type: ignore[override]
-        self, event: InferenceRecord | CanaryEvent
-    ) -> Iterator[Any]:
-        self._batch.append(event)
-        if len(self._batch) >= self._batch_size:
-            yield from self._flush()
-
-    def finish_bundle(self) -> Iterator[Any]:
-        if self._batch:
-            yield from self._flush()
-
-    def _flush(self) -> Iterator[Any]:
-        batch, self._batch = self._batch, []
-        for judged in self._judge(batch):
-            # What `GlobalWindows.windowed_value_at_end_of_window` builds, with the window and
-            # timestamp made once (Beam re-reads them from a proto constant on every call).
-            yield WindowedValue(judged, _END_OF_GLOBAL_WINDOW, _GLOBAL_WINDOWS)
 
 
 def _tally(
@@ -334,7 +332,11 @@ def _counter_key(k: tuple[Any, ...], backend: str) -> counting.CounterKey:
 
 
 class JudgeEvents(beam.PTransform):
-    """Runs the judge panel over sampled events, in batches so LLM calls overlap."""
+    """Runs the judge panel over sampled events (and canaries), in batches so LLM calls overlap.
+
+    The output holds one `JudgedEvent` per event; the verdict, call, token, error and latency
+    counts leave as Beam counters (`pipeline.counting`).
+    """
 
     def __init__(self, spec: JudgeSpec, *, batch_size: int) -> None:
         super().__init__()
@@ -342,14 +344,9 @@ class JudgeEvents(beam.PTransform):
         self._batch_size = batch_size
 
     def expand(self, events: Any) -> Any:
-        if events.windowing.is_default():
-            return events | "Judge" >> beam.ParDo(_JudgeInBatches(self._spec, self._batch_size))
-        return (
-            events
-            | "BatchForJudges"
-            >> beam.BatchElements(min_batch_size=self._batch_size, max_batch_size=self._batch_size)
-            | "Judge" >> beam.ParDo(_JudgeBatch(self._spec))
-        )
+        if not events.windowing.is_default():
+            raise ValueError("JudgeEvents judges events before they are windowed")
+        return events | "Judge" >> beam.ParDo(_JudgeInBatches(self._spec, self._batch_size))
 
 
 def ratings_by_judge(judged: JudgedEvent) -> Iterable[tuple[tuple[str, str, str], str]]:
@@ -390,41 +387,107 @@ class _KeyByWindow(beam.DoFn):
 
 
 class WindowRatings(beam.PTransform):
-    """Counts ratings per (event-time fixed window, judge, app, model).
+    """Counts ratings per (event-time fixed window, judge, app, model) of a bounded batch.
 
-    Every pane is a partial count (discarding mode): an on-time pane, then one pane per late
-    element within `allowed_lateness`. Partials of the same window add up to what one pass over
-    all its events gives, which is what lets `serve` merge cycles.
-
-    With `bounded=True` (for bounded input, as in `pipeline.graph.run_batch`) the late-pane
-    trigger is left out: in a bounded pipeline every element is on time, so the output is the
-    same one pane per window, but Beam can then pre-combine counts before the shuffle. (Beam
-    2.77's FnApiRunner does not lift a combiner under `AfterWatermark(late=...)`, so every
-    single rating would otherwise go through its general trigger driver.)
+    Every batch is bounded (a file, or one micro-batch of Kafka offset ranges), so each window
+    gets one pane holding the batch's counts; `serve` adds up the partial counts of the same
+    window across cycles (`RatingCounts.__add__`), and decides lateness itself, before judging
+    (`ParseEvents(closed_before=...)`), which is why no late-pane trigger is needed here.
     """
 
-    def __init__(
-        self, *, window_size: float, allowed_lateness: float = 0.0, bounded: bool = False
-    ) -> None:
+    def __init__(self, *, window_size: float) -> None:
         super().__init__()
         self._size = window_size
-        self._lateness = allowed_lateness
-        self._bounded = bounded
 
     def expand(self, judged: Any) -> Any:
-        windowing: dict[str, Any] = {}
-        if not self._bounded:
-            windowing = {
-                "trigger": trigger.AfterWatermark(late=trigger.AfterCount(1)),
-                "allowed_lateness": Duration(micros=round(self._lateness * 1e6)),
-                "accumulation_mode": trigger.AccumulationMode.DISCARDING,
-            }
         return (
             judged
             | "StampEventTime"
             >> beam.Map(lambda j: window.TimestampedValue(j, j.record.event_time))
-            | "FixedWindows" >> beam.WindowInto(window.FixedWindows(self._size), **windowing)
+            | "FixedWindows" >> beam.WindowInto(window.FixedWindows(self._size))
             | "RatingPerJudge" >> beam.FlatMap(ratings_by_judge)
             | "CountRatings" >> beam.CombinePerKey(CountRatings())
             | "KeyByWindow" >> beam.ParDo(_KeyByWindow())
+            # Back to the global window, so sinks and the result see plain (key, counts) rows.
+            | "Unwindow" >> beam.WindowInto(window.GlobalWindows())
+        )
+
+
+WINDOW_NAMESPACE = "ragpulse.windows"
+
+
+class _ReportWindow(beam.DoFn):
+    """Hands each window's counts to the caller as three Beam counters (yes, no, error).
+
+    Beam's metric results are how small aggregates get from the workers (in this process or
+    others) back to the program that ran the pipeline, without a file in between.
+    """
+
+    def process(self, element: tuple[WindowKey, RatingCounts]) -> None:
+        key, counts = element
+        for rating, n in zip(RATINGS, (counts.yes, counts.no, counts.error), strict=True):
+            if n:
+                Metrics.counter(WINDOW_NAMESPACE, encode_window(key, rating)).inc(n)
+
+
+def encode_window(key: WindowKey, rating: str) -> str:
+    """The Beam counter name of one window's count of `rating`."""
+    return orjson.dumps(
+        [key.window_start, key.window_end, key.judge, key.app, key.model, rating]
+    ).decode()
+
+
+def decode_window(name: str) -> tuple[WindowKey, str]:
+    """Inverse of `encode_window`."""
+    start, end, judge, app, model, rating = orjson.loads(name)
+    return WindowKey(float(start), float(end), judge, app, model), rating
+
+
+class ReportWindows(beam.PTransform):
+    """The sink of window counts: Beam counters the caller reads (`pipeline.graph`)."""
+
+    def expand(self, windows: Any) -> Any:
+        return windows | "CountersPerWindow" >> beam.ParDo(_ReportWindow())
+
+
+EXEMPLAR_NAMESPACE = "ragpulse.exemplars"
+
+
+def _failing_series(
+    judged: JudgedEvent,
+) -> Iterator[tuple[counting.CounterKey, tuple[float, str]]]:
+    """(verdict counter key, (event time, request_id)) for each `no` or `error` verdict."""
+    record = judged.record
+    if len(record.request_id) > counting.MAX_EXEMPLAR_REQUEST_ID_CHARS:
+        return
+    for v in judged.verdicts:
+        if v.rating != "yes":
+            k = counting.key(
+                counting.VERDICTS,
+                judge=v.judge,
+                rating=v.rating,
+                app=record.app,
+                model=record.model,
+            )
+            yield k, (record.event_time, record.request_id)
+
+
+def _report_exemplar(element: tuple[counting.CounterKey, tuple[float, str]]) -> None:
+    k, (event_time, request_id) = element
+    Metrics.string_set(EXEMPLAR_NAMESPACE, counting.encode(k)).add(
+        orjson.dumps([event_time, request_id]).decode()
+    )
+
+
+class ReportLatestFailing(beam.PTransform):
+    """The latest failing answer (by event time; ties to the greater request_id) of each
+    `ragpulse_judge_verdicts_total` series, for its exemplar; handed to the caller as one
+    Beam string-set entry per series."""
+
+    def expand(self, judged: Any) -> Any:
+        return (
+            judged
+            | "FailingSeries" >> beam.FlatMap(_failing_series)
+            | "LatestPerSeries" >> beam.CombinePerKey(max)
+            | "Report" >> beam.Map(_report_exemplar)
         )

@@ -1,6 +1,7 @@
 """Judge canaries: the golden-set file, the feed's rate, and canaries inside a real Beam run.
 
-The pipeline tests run `run_batch` on Beam's FnApiRunner with the local judges, once without
+The pipeline tests run the Beam graph (`pipeline.graph`) on Beam's FnApiRunner with the local
+judges, once without
 and once with canaries, and compare every output: canaries must change nothing but
 `ragpulse_canary_verdicts_total`, whose counts are checked against the judges' own verdicts on
 the golden events.
@@ -11,15 +12,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-import apache_beam as beam
 import pytest
+from graph_runs import run_to_files, stage_config
 
 from judges import JUDGE_NAMES, JudgeSpec
 from pipeline import counting
 from pipeline.commands.simulate import Incidents, simulate
-from pipeline.graph import DEAD_LETTER_FILE, VERDICTS_FILE, BatchConfig, BatchResult, run_batch
+from pipeline.events import SourceRecord
+from pipeline.graph import GraphResult
 from pipeline.service.canaries import (
     CANARY_VERDICTS,
     CanaryEvent,
@@ -28,7 +29,7 @@ from pipeline.service.canaries import (
     load_golden_set,
     outcome,
 )
-from pipeline.stages import SourceRecord
+from pipeline.sinks.files import DEAD_LETTER_FILE, VERDICTS_FILE
 
 SAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "samples" / "canaries.jsonl"
 T0 = 1_763_632_800.0
@@ -128,17 +129,13 @@ def test_a_rate_below_one_a_minute_still_brings_a_canary_now_and_then() -> None:
 # --- canaries inside a real bounded run --------------------------------------------------------
 
 
-def run(tmp_path: Path, name: str, canaries: Sequence[CanaryEvent]) -> BatchResult:
+def run(tmp_path: Path, name: str, canaries: Sequence[CanaryEvent]) -> GraphResult:
     events = list(
         simulate(5, 200, T0, rate=2, incidents=Incidents(groundedness_drop_at=0.0, drop_to=0.5))
     )
-    records = [SourceRecord(e.payload, "sim", i) for i, e in enumerate(events, start=1)]
-
-    def read(p: beam.Pipeline) -> Any:
-        return p | "Records" >> beam.Create(records)
-
-    config = BatchConfig(judges=JudgeSpec(), window_seconds=60.0, judge_batch_size=64)
-    return run_batch(read, config, tmp_path / name, canaries=canaries)
+    records = [SourceRecord(e.payload, "sim", None, i) for i, e in enumerate(events, start=1)]
+    config = stage_config(window_seconds=60.0, judge_batch_size=64)
+    return run_to_files(records, tmp_path / name, config, canaries)
 
 
 def expected_outcomes(canaries: Sequence[CanaryEvent]) -> Counter[counting.CounterKey]:

@@ -4,23 +4,25 @@ how the state file keeps them. (The serve-level and Prometheus tests are in test
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
+import apache_beam as beam
 import pytest
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
+from judges.base import JudgeInput, Verdict
 from pipeline import counting
-from pipeline.service.state import ExemplarPointer, StateStore
-from pipeline.sinks.prometheus import (
-    MAX_EXEMPLAR_REQUEST_ID_CHARS,
-    FailingExample,
-    MetricsSnapshot,
-    latest_failing_examples,
-    registry_for,
-)
+from pipeline.counting import FailingExample
+from pipeline.events import InferenceRecord
+from pipeline.graph import decode_metrics
+from pipeline.service.state import StateStore
+from pipeline.sinks.prometheus import MetricsSnapshot, registry_for
 from pipeline.sinks.verdict_rows import InvalidVerdictRow, failing_verdicts
+from pipeline.stages import JudgedEvent, ReportLatestFailing
 
 G = "response/llm_judged/groundedness"
 S = "response/llm_judged/safety"
@@ -47,35 +49,65 @@ def verdicts_key(judge: str, rating: str) -> counting.CounterKey:
     )
 
 
+def judged(request_id: str, event_time: str, grounded: str, safe: str = "yes") -> JudgedEvent:
+    record = InferenceRecord(
+        request_id=request_id,
+        event_time=datetime.fromisoformat(event_time).timestamp(),
+        app="bot",
+        model="m1",
+        judge_input=JudgeInput(question="q", answer="a"),
+    )
+    verdicts = tuple(
+        Verdict(
+            judge,
+            rating,  # type: ignore[arg-type]
+            error_message="timed out" if rating == "error" else None,
+        )
+        for judge, rating in (("groundedness", grounded), ("safety", safe))
+    )
+    return JudgedEvent(record, verdicts)
+
+
+def latest_failing(events: list[JudgedEvent]) -> dict[counting.CounterKey, FailingExample]:
+    """The exemplars the graph's ReportLatestFailing stage hands back, on Beam's FnApiRunner
+    with two events per bundle, so that several bundles report for one series."""
+    with beam.Pipeline(runner=FnApiRunner()) as p:
+        _ = p | beam.Create(events, reshuffle=False) | ReportLatestFailing()
+    return decode_metrics(p.result.metrics()).exemplars
+
+
+@pytest.mark.slow
 def test_each_failing_series_points_at_its_latest_answer_by_event_time() -> None:
-    rows = [
-        row("late-in-file-but-older", "2025-11-20T10:00:01Z", "no"),
-        row("newest-no", "2025-11-20T10:00:09Z", "no", safe="no"),
-        row("older-no", "2025-11-20T10:00:05Z", "no"),
-        row("an-error", "2025-11-20T10:00:02Z", "error"),
-        row("passing", "2025-11-20T10:00:30Z", "yes"),
+    events = [
+        judged("late-in-file-but-older", "2025-11-20T10:00:01Z", "no"),
+        judged("newest-no", "2025-11-20T10:00:09Z", "no", safe="no"),
+        judged("older-no", "2025-11-20T10:00:05Z", "no"),
+        judged("an-error", "2025-11-20T10:00:02Z", "error"),
+        judged("passing", "2025-11-20T10:00:30Z", "yes"),
     ]
-    latest = latest_failing_examples(v for r in rows for v in failing_verdicts(r))
-    assert latest == {
+    assert latest_failing(events) == {
         verdicts_key("groundedness", "no"): FailingExample("newest-no", 1763632809.0),
         verdicts_key("safety", "no"): FailingExample("newest-no", 1763632809.0),
         verdicts_key("groundedness", "error"): FailingExample("an-error", 1763632802.0),
     }
 
 
+@pytest.mark.slow
 def test_ties_in_event_time_are_broken_by_request_id_whatever_the_row_order() -> None:
-    rows = [row("b", "2025-11-20T10:00:00Z", "no"), row("a", "2025-11-20T10:00:00Z", "no")]
-    forward = latest_failing_examples(v for r in rows for v in failing_verdicts(r))
-    backward = latest_failing_examples(v for r in rows[::-1] for v in failing_verdicts(r))
-    assert forward == backward
+    events = [judged("b", "2025-11-20T10:00:00Z", "no"), judged("a", "2025-11-20T10:00:00Z", "no")]
+    forward = latest_failing(events)
+    assert forward == latest_failing(events[::-1])
     assert forward[verdicts_key("groundedness", "no")].request_id == "b"
 
 
+@pytest.mark.slow
 def test_a_request_id_too_long_for_an_exemplar_is_passed_over_for_the_next_latest() -> None:
-    long_id = "x" * (MAX_EXEMPLAR_REQUEST_ID_CHARS + 1)
-    rows = [row(long_id, "2025-11-20T10:00:09Z", "no"), row("short", "2025-11-20T10:00:01Z", "no")]
-    latest = latest_failing_examples(v for r in rows for v in failing_verdicts(r))
-    assert latest[verdicts_key("groundedness", "no")].request_id == "short"
+    long_id = "x" * (counting.MAX_EXEMPLAR_REQUEST_ID_CHARS + 1)
+    events = [
+        judged(long_id, "2025-11-20T10:00:09Z", "no"),
+        judged("short", "2025-11-20T10:00:01Z", "no"),
+    ]
+    assert latest_failing(events)[verdicts_key("groundedness", "no")].request_id == "short"
 
 
 def test_a_row_that_is_not_a_verdict_row_is_refused_with_the_reason() -> None:
@@ -127,13 +159,12 @@ def test_prometheus_text_format_leaves_exemplars_out() -> None:
 
 
 def test_state_file_keeps_the_latest_pointer_per_series_across_reopen(tmp_path: Path) -> None:
-    labels = {"judge": "groundedness", "rating": "no", "app": "bot", "model": "m1"}
-    name = "ragpulse_judge_verdicts_total"
+    k = verdicts_key("groundedness", "no")
     with StateStore(tmp_path / "state.sqlite") as state:
-        state.save_exemplars([ExemplarPointer(name, labels, "first", 100.0)])
-        state.save_exemplars([ExemplarPointer(name, labels, "older-replay", 50.0)])
-        state.save_exemplars([])
+        state.save_exemplars({k: FailingExample("first", 100.0)})
+        state.save_exemplars({k: FailingExample("older-replay", 50.0)})
+        state.save_exemplars({})
     with StateStore(tmp_path / "state.sqlite") as state:
-        assert state.exemplars() == [ExemplarPointer(name, labels, "first", 100.0)]
-        state.save_exemplars([ExemplarPointer(name, labels, "second", 150.0)])
-        assert [e.request_id for e in state.exemplars()] == ["second"]
+        assert state.exemplars() == {k: FailingExample("first", 100.0)}
+        state.save_exemplars({k: FailingExample("second", 150.0)})
+        assert state.exemplars() == {k: FailingExample("second", 150.0)}

@@ -17,10 +17,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from judges import JudgeSpec
 from pipeline.cli import main as ragpulse
 from pipeline.commands.run import run_file
-from pipeline.graph import BatchConfig
+from pipeline.settings import JudgeSettings, RunSettings
 from pipeline.windows import isoformat_utc
 
 SAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "samples" / "events.jsonl"
@@ -29,7 +28,7 @@ SAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "samples" / "events.js
 @pytest.fixture(scope="module")
 def run_output(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("sample-run")
-    run_file(SAMPLE, out, BatchConfig(judges=JudgeSpec(), window_seconds=300.0))
+    run_file(RunSettings(input=SAMPLE, output=out, judges=JudgeSettings(backend="local")))
     return out
 
 

@@ -22,11 +22,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from judges import JudgeSpec
 from pipeline import counting
 from pipeline.commands.run import run_file
 from pipeline.events import InvalidEvent, parse_event
-from pipeline.graph import DEAD_LETTER_FILE, BatchConfig
+from pipeline.settings import JudgeSettings, RunSettings
+from pipeline.sinks.files import DEAD_LETTER_FILE
 
 pytestmark = pytest.mark.slow  # ~10,000 events through parse_event, then a Beam run
 
@@ -211,8 +211,11 @@ def test_a_file_of_mutated_events_runs_through_and_every_rejected_line_is_dead_l
     expected_lines = content.count(b"\n")  # mutations may have added line breaks
 
     started = time.monotonic()
-    result = run_file(source, tmp / "out", BatchConfig(
-        judges=JudgeSpec(names=("groundedness", "safety")), max_event_bytes=MAX_BYTES,
+    result = run_file(RunSettings(
+        input=source,
+        output=tmp / "out",
+        judges=JudgeSettings(backend="local", names=("groundedness", "safety")),
+        max_event_bytes=MAX_BYTES,
     ))
     print(f"{expected_lines} lines through ragpulse run in {time.monotonic() - started:.1f}s")
 

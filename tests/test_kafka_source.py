@@ -15,9 +15,10 @@ from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import KafkaTimeoutError, OffsetOutOfRangeError
 from kafka_broker import TansuBroker, kafka_broker  # noqa: F401
 
+from pipeline.events import Rejected, SourceRecord
+from pipeline.sinks.kafka import dead_letter_record, deliver
 from pipeline.sources.kafka import (
     HEAD_BYTES,
-    DeadLetter,
     KafkaReadError,
     KafkaRecord,
     OffsetReset,
@@ -25,7 +26,6 @@ from pipeline.sources.kafka import (
     commit_offsets,
     committed_offsets,
     consumer_lag,
-    deliver,
     end_offsets,
     offset_resets,
     partitions,
@@ -150,7 +150,7 @@ def test_beam_source_reads_exactly_the_planned_ranges(kafka_broker: TansuBroker)
         got = (
             p
             | ReadKafkaRanges(kafka_broker.bootstrap, "events", ranges)
-            | beam.Map(lambda r: (r.partition, r.offset, r.value))
+            | beam.Map(lambda r: (r.partition, r.position, r.raw))
         )
         assert_that(got, equal_to(expected))
 
@@ -209,8 +209,8 @@ def test_broker_restart_loses_its_data_and_reads_fail_clearly(kafka_broker: Tans
 def test_dead_letters_keep_the_record_and_say_why(kafka_broker: TansuBroker) -> None:  # noqa: F811
     kafka_broker.create_topic("dlq")
     producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap)
-    letter = DeadLetter(b"{not json", "invalid JSON at line 1", 2, 41)
-    delivery = deliver(producer, "dlq", [letter.to_record()])
+    letter = Rejected(SourceRecord(b"{not json", "events", 2, 41), "invalid JSON at line 1")
+    delivery = deliver(producer, "dlq", [dead_letter_record(letter)])
     producer.close()
     assert (delivery.delivered, delivery.refused, delivery.unacknowledged) == (1, [], [])
     consumer = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, enable_auto_commit=False)
@@ -237,7 +237,7 @@ def test_dead_letters_a_broker_that_is_away_does_not_acknowledge_are_reported(
         retries=0,
     )
     kafka_broker.stop()
-    records = [DeadLetter(b"x", "bad", 0, i).to_record() for i in range(3)]
+    records = [dead_letter_record(Rejected(SourceRecord(b"x", "t", 0, i), "bad")) for i in range(3)]
     started = time.monotonic()
     delivery = deliver(producer, "dlq", records, timeout_s=1)
     assert delivery.delivered == 0 and delivery.refused == []
@@ -332,7 +332,7 @@ def test_a_record_over_the_limit_is_read_as_its_head_and_the_ones_behind_it_whol
             | ReadKafkaRanges(
                 kafka_broker.bootstrap, "events", {0: (0, 3)}, max_value_bytes=1 << 20
             )
-            | beam.Map(lambda r: (r.offset, r.value, r.oversize_bytes))
+            | beam.Map(lambda r: (r.position, r.raw, r.oversize_bytes))
         )
         expected = [(0, b"a", None), (1, big[:HEAD_BYTES], len(big)), (2, b"c", None)]
         assert_that(got, equal_to(expected))

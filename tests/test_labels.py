@@ -6,12 +6,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
-import apache_beam as beam
 import orjson
 import pytest
 from apache_beam.runners.worker import sdk_worker
+from graph_runs import run_to_files, stage_config
 from kafka_broker import TansuBroker, kafka_broker  # noqa: F401
 from prometheus_client.parser import text_string_to_metric_families
 from serve_process import Scrape, ServeProcess, serve_processes_fixture  # noqa: F401
@@ -21,11 +20,10 @@ from judges import JudgeSpec
 from pipeline import cli, counting
 from pipeline.commands.run import METRICS_FILE, VERDICTS_FILE
 from pipeline.commands.simulate import simulate
-from pipeline.graph import BatchConfig, run_batch
+from pipeline.events import SourceRecord
 from pipeline.service.labels import OTHER, LabelBudget, LabelLimits
-from pipeline.service.state import CounterIncrement, StateStore, WindowPartial
+from pipeline.service.state import StateStore
 from pipeline.sinks.prometheus import MetricsSnapshot, registry_for
-from pipeline.stages import SourceRecord
 from pipeline.windows import RatingCounts, WindowKey
 
 SAMPLES = Path(__file__).resolve().parent.parent / "deploy" / "samples" / "events.jsonl"
@@ -53,14 +51,7 @@ def values(windows: Iterable[WindowKey], label: str = "app") -> set[str]:
 def save(
     store: StateStore, windows: dict[WindowKey, RatingCounts], counts: counting.Counts
 ) -> None:
-    store.apply_cycle(
-        "chat",
-        [WindowPartial(k.window_start, k.window_end, k.judge, k.app, k.model, c.yes, c.no,
-                       c.error) for k, c in windows.items()],
-        {},
-        [CounterIncrement(name, dict(labels), v) for (name, labels), v in counts.items()],
-        None,
-    )
+    store.apply_cycle("chat", windows, {}, counts, None)
 
 
 def test_values_beyond_the_cap_are_counted_as_other_in_sorted_order_with_their_overflow(
@@ -89,12 +80,13 @@ def test_values_admitted_before_a_restart_keep_their_series_and_new_ones_do_not_
         save(store, *LabelBudget(limits).bound(*batch(["m", "n", "o", "p"])))
     # A new process: the budget knows nothing; the saved counters say what was admitted.
     with StateStore(tmp_path / "state.sqlite") as store:
-        saved = [counting.key(c.name, **c.labels) for c in store.counters()]
-        windows, counts = LabelBudget(limits).bound(*batch(["a", "n", "p", "z"]), saved)
+        windows, counts = LabelBudget(limits).bound(
+            *batch(["a", "n", "p", "z"]), store.counters()
+        )
         save(store, windows, counts)
-        apps = {c.labels.get("app") for c in store.counters()} - {None}
-        overflow = {c.labels["label"]: c.value for c in store.counters()
-                    if c.name == "ragpulse_label_overflow_total"}
+        apps = {dict(labels).get("app") for _, labels in store.counters()} - {None}
+        overflow = {dict(labels)["label"]: v for (name, labels), v in store.counters().items()
+                    if name == "ragpulse_label_overflow_total"}
     # "a" sorts first but the three slots are taken by m, n, o, saved before the restart.
     assert values(windows) == {"n", OTHER}
     assert apps == {"m", "n", "o", OTHER}
@@ -120,12 +112,9 @@ def test_ten_thousand_distinct_apps_make_as_many_series_as_the_cap_allows(
     budget = LabelBudget(LabelLimits(max_values=100))
     with StateStore(tmp_path / "state.sqlite") as store:
         for start in range(0, 10_000, 1_000):
-            saved = [counting.key(c.name, **c.labels) for c in store.counters()]
             apps = [f"tenant-{i:05d}" for i in range(start, start + 1_000)]
-            save(store, *budget.bound(*batch(apps), saved))
-        counts = counting.merge(
-            (counting.key(c.name, **c.labels), c.value) for c in store.counters()
-        )
+            save(store, *budget.bound(*batch(apps), store.counters()))
+        counts = store.counters()
     registry = registry_for(lambda: MetricsSnapshot(counts, {}))
     apps_in_metrics = {
         s.labels["app"]
@@ -174,7 +163,7 @@ def test_batches_with_new_label_values_leave_no_counter_names_behind_in_beams_pr
     # Beam caches every metric name in a process-wide dict that never shrinks; counter names
     # carry app and model, so serve grew ~12 MB per 1,000 new apps until this was cleared.
     samples = SAMPLES.read_bytes().splitlines()[:200]
-    config = BatchConfig(judges=JudgeSpec(names=("safety",)))
+    config = stage_config(judges=JudgeSpec(names=("safety",)))
     for batch_number in range(2):
         records = []
         for i, line in enumerate(samples):
@@ -184,11 +173,8 @@ def test_batches_with_new_label_values_leave_no_counter_names_behind_in_beams_pr
                 continue
             if isinstance(event, dict):
                 event["app"] = f"tenant-{batch_number}-{i}"
-            records.append(SourceRecord(orjson.dumps(event), "mem/0", i))
-        def read(p: beam.Pipeline, r: list[SourceRecord] = records) -> Any:
-            return p | beam.Create(r)
-
-        result = run_batch(read, config, tmp_path / str(batch_number))
+            records.append(SourceRecord(orjson.dumps(event), "mem", 0, i))
+        result = run_to_files(records, tmp_path / str(batch_number), config)
         assert sum(1 for k in result.counts if k[0] == "ragpulse_events_judged_total") > 100
         assert len(sdk_worker.SHORT_ID_CACHE._info_key_to_short_id) == 0
 

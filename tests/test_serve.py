@@ -21,6 +21,7 @@ from kafka.consumer.fetcher import ConsumerRecord
 from kafka_broker import TansuBroker
 from serve_process import Scrape, ServeProcess, serve_processes_fixture, windows_rows  # noqa: F401
 
+from pipeline import counting
 from pipeline.commands.simulate import Incidents, SimulatedEvent, simulate
 from pipeline.events import InvalidEvent, parse_event
 from pipeline.service.state import StateStore
@@ -448,7 +449,7 @@ def test_malformed_records_reach_the_dead_letter_topic_with_reason_and_source_an
 
 def saved_counter(state: Path, name: str, **labels: str) -> float:
     with StateStore(state) as store:
-        return sum(c.value for c in store.counters() if c.name == name and dict(c.labels) == labels)
+        return store.counters()[counting.key(name, **labels)]
 
 
 @pytest.mark.timeout(120)

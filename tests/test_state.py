@@ -5,32 +5,47 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from pipeline.service.state import (
-    SCHEMA_VERSION,
-    CounterIncrement,
-    StateError,
-    StateStore,
-    WindowPartial,
-)
+from pipeline import counting
+from pipeline.service.state import SCHEMA_VERSION, StateError, StateStore
+from pipeline.windows import RatingCounts, WindowKey
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
+Partial = tuple[WindowKey, RatingCounts]
 
 
-def partial(
-    start: float, yes: int, no: int, error: int = 0, judge: str = "safety"
-) -> WindowPartial:
-    return WindowPartial(start, start + 300, judge, "hr-bot", "m1", yes, no, error)
+def partial(start: float, yes: int, no: int, error: int = 0, judge: str = "safety") -> Partial:
+    return WindowKey(start, start + 300, judge, "hr-bot", "m1"), RatingCounts(yes, no, error)
+
+
+def windows(*parts: Partial) -> dict[WindowKey, RatingCounts]:
+    return dict(parts)
+
+
+def events_total(outcome: str, n: float) -> counting.Counts:
+    return counting.merge({counting.key("ragpulse_events_total", outcome=outcome): n})
+
+
+class _Exploding(dict[WindowKey, RatingCounts]):
+    """Window counts whose reading stops midway with an exception (or a dead process)."""
+
+    def __init__(self, first: Partial, explode: Callable[[], None]) -> None:
+        super().__init__([first])
+        self._explode = explode
+
+    def items(self) -> Iterator[Partial]:  # type: ignore[override]
+        yield from super().items()
+        self._explode()
 
 
 def test_first_open_creates_the_current_schema(tmp_path: Path) -> None:
     with StateStore(tmp_path / "state.db") as store:
         assert store.schema_version == SCHEMA_VERSION
-        assert store.windows() == [] and store.offsets("t") == {} and store.counters() == []
+        assert store.windows() == [] and store.offsets("t") == {} and store.counters() == {}
 
 
 def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
@@ -44,9 +59,10 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
 
 def test_partials_from_several_cycles_add_up_to_one_pass(tmp_path: Path) -> None:
     with StateStore(tmp_path / "a.db") as split, StateStore(tmp_path / "b.db") as whole:
-        split.apply_cycle("t", [partial(T0, 3, 1)], {0: 10}, [], None)
-        split.apply_cycle("t", [partial(T0, 2, 0, 1), partial(T0 + 300, 1, 1)], {0: 20}, [], None)
-        whole.apply_cycle("t", [partial(T0, 5, 1, 1), partial(T0 + 300, 1, 1)], {0: 20}, [], None)
+        split.apply_cycle("t", windows(partial(T0, 3, 1)), {0: 10}, {}, None)
+        later = partial(T0 + 300, 1, 1)
+        split.apply_cycle("t", windows(partial(T0, 2, 0, 1), later), {0: 20}, {}, None)
+        whole.apply_cycle("t", windows(partial(T0, 5, 1, 1), later), {0: 20}, {}, None)
         assert split.windows() == whole.windows()
         first = split.windows()[0]
         assert (first["yes"], first["no"], first["error"]) == (5, 1, 1)
@@ -58,53 +74,51 @@ def test_partials_from_several_cycles_add_up_to_one_pass(tmp_path: Path) -> None
 
 def test_windows_before_the_closing_time_become_complete_once(tmp_path: Path) -> None:
     with StateStore(tmp_path / "s.db") as store:
-        store.apply_cycle("t", [partial(T0, 1, 0), partial(T0 + 300, 1, 0)], {}, [], None)
-        done = store.apply_cycle("t", [], {}, [], closed_before=T0 + 300)
-        assert [w["window_start"] for w in done] == ["2023-11-14T22:13:20Z"]
-        assert store.apply_cycle("t", [], {}, [], closed_before=T0 + 300) == []
+        store.apply_cycle("t", windows(partial(T0, 1, 0), partial(T0 + 300, 1, 0)), {}, {}, None)
+        done = store.apply_cycle("t", {}, {}, {}, closed_before=T0 + 300)
+        assert done == windows(partial(T0, 1, 0))
+        assert store.apply_cycle("t", {}, {}, {}, closed_before=T0 + 300) == {}
         assert [w["complete"] for w in store.windows()] == [True, False]
 
 
 def test_counts_for_a_complete_window_are_refused(tmp_path: Path) -> None:
     with StateStore(tmp_path / "s.db") as store:
-        store.apply_cycle("t", [partial(T0, 1, 0)], {0: 1}, [], closed_before=T0 + 300)
+        store.apply_cycle("t", windows(partial(T0, 1, 0)), {0: 1}, {}, closed_before=T0 + 300)
         with pytest.raises(StateError, match="already complete"):
-            store.apply_cycle("t", [partial(T0, 1, 0)], {0: 2}, [], None)
+            store.apply_cycle("t", windows(partial(T0, 1, 0)), {0: 2}, {}, None)
         assert store.offsets("t") == {0: 1}
 
 
 def test_a_cycle_that_raises_midway_leaves_nothing_applied(tmp_path: Path) -> None:
-    def partials() -> Iterator[WindowPartial]:
-        yield partial(T0, 7, 7)
+    def crash() -> None:
         raise RuntimeError("judge panel crashed")
 
+    c = counting.key("c", a="x")
     with StateStore(tmp_path / "s.db") as store:
         store.apply_cycle(
-            "t", [partial(T0, 1, 0)], {0: 5}, [CounterIncrement("c", {"a": "x"}, 1)], None,
-            watermark=T0,
+            "t", windows(partial(T0, 1, 0)), {0: 5}, counting.merge({c: 1}), None, watermark=T0
         )
         before = (store.windows(), store.offsets("t"), store.counters(), store.watermark("t"))
         with pytest.raises(RuntimeError, match="crashed"):
             store.apply_cycle(
-                "t", partials(), {0: 9}, [CounterIncrement("c", {"a": "x"}, 5)], T0 + 900,
-                watermark=T0 + 999,
+                "t", _Exploding(partial(T0, 7, 7), crash), {0: 9}, counting.merge({c: 5}),
+                T0 + 900, watermark=T0 + 999,
             )
         after = (store.windows(), store.offsets("t"), store.counters(), store.watermark("t"))
         assert after == before
 
 
 def _crash_in_the_middle_of_a_cycle(path: str) -> None:
-    def partials() -> Iterator[WindowPartial]:
-        yield partial(T0, 7, 7)
+    def die() -> None:
         os._exit(3)  # the process dies with the transaction open
 
-    StateStore(path).apply_cycle("t", partials(), {0: 99}, [], None)
+    StateStore(path).apply_cycle("t", _Exploding(partial(T0, 7, 7), die), {0: 99}, {}, None)
 
 
 def test_a_process_killed_mid_transaction_leaves_the_last_cycle_intact(tmp_path: Path) -> None:
     path = str(tmp_path / "s.db")
     with StateStore(path) as store:
-        store.apply_cycle("t", [partial(T0, 1, 0)], {0: 5}, [], None)
+        store.apply_cycle("t", windows(partial(T0, 1, 0)), {0: 5}, {}, None)
     child = multiprocessing.get_context("fork").Process(
         target=_crash_in_the_middle_of_a_cycle, args=(path,)
     )
@@ -118,9 +132,9 @@ def test_a_process_killed_mid_transaction_leaves_the_last_cycle_intact(tmp_path:
 
 def test_offsets_may_not_move_backwards(tmp_path: Path) -> None:
     with StateStore(tmp_path / "s.db") as store:
-        store.apply_cycle("t", [], {0: 10, 1: 4}, [], None)
+        store.apply_cycle("t", {}, {0: 10, 1: 4}, {}, None)
         with pytest.raises(StateError, match="move back"):
-            store.apply_cycle("t", [partial(T0, 1, 0)], {1: 5, 0: 9}, [], None)
+            store.apply_cycle("t", windows(partial(T0, 1, 0)), {1: 5, 0: 9}, {}, None)
         assert store.offsets("t") == {0: 10, 1: 4}
         assert store.windows() == []
 
@@ -130,19 +144,16 @@ def test_reopening_restores_everything(tmp_path: Path) -> None:
     with StateStore(path) as store:
         store.apply_cycle(
             "events",
-            [partial(T0, 4, 1), partial(T0, 2, 2, judge="groundedness")],
+            windows(partial(T0, 4, 1), partial(T0, 2, 2, judge="groundedness")),
             {0: 40, 1: 12},
-            [
-                CounterIncrement("ragpulse_events_total", {"outcome": "accepted"}, 50),
-                CounterIncrement("ragpulse_events_total", {"outcome": "invalid"}, 2),
-            ],
+            events_total("accepted", 50) + events_total("invalid", 2),
             closed_before=T0 + 300,
             watermark=T0 + 400,
             latest_event_times={0: T0 + 420, 1: T0 + 400},
         )
         store.apply_cycle(
-            "events", [], {0: 41},
-            [CounterIncrement("ragpulse_events_total", {"outcome": "accepted"}, 1)],
+            "events", {}, {0: 41},
+            events_total("accepted", 1),
             None, watermark=T0 + 350,  # an older watermark does not replace a newer one
         )
         saved = store.windows()
@@ -152,9 +163,7 @@ def test_reopening_restores_everything(tmp_path: Path) -> None:
         assert store.windows(since=T0 + 1) == []
         assert store.offsets("events") == {0: 41, 1: 12}
         assert store.offsets("other") == {}
-        assert {(c.labels["outcome"], c.value) for c in store.counters()} == {
-            ("accepted", 51), ("invalid", 2)
-        }
+        assert store.counters() == events_total("accepted", 51) + events_total("invalid", 2)
         assert store.watermark("events") == T0 + 400
         assert store.latest_event_times("events") == {0: T0 + 420, 1: T0 + 400}
 
@@ -165,19 +174,20 @@ def test_current_windows_are_the_open_ones_and_the_latest_complete_one_per_serie
     with StateStore(tmp_path / "s.db") as store:
         store.apply_cycle(
             "t",
-            [partial(T0 + i * 300, 1, 0) for i in range(5)]
-            + [partial(T0, 0, 1, judge="groundedness")],
+            windows(
+                *(partial(T0 + i * 300, 1, 0) for i in range(5)),
+                partial(T0, 0, 1, judge="groundedness"),
+            ),
             {},
-            [],
+            {},
             closed_before=T0 + 900,  # windows 0, 1, 2 complete; 3, 4 open
         )
-        current = {(w["judge"], w["window_start"], w["complete"]) for w in store.current_windows()}
-    assert current == {
-        ("safety", "2023-11-14T22:23:20Z", True),  # the latest complete safety window
-        ("safety", "2023-11-14T22:28:20Z", False),
-        ("safety", "2023-11-14T22:33:20Z", False),
-        ("groundedness", "2023-11-14T22:13:20Z", True),
-    }
+        complete, in_progress = store.current_windows()
+    assert complete == windows(
+        partial(T0 + 600, 1, 0),  # the latest complete safety window
+        partial(T0, 0, 1, judge="groundedness"),
+    )
+    assert in_progress == windows(partial(T0 + 900, 1, 0), partial(T0 + 1200, 1, 0))
 
 
 def test_pruning_drops_old_complete_windows_but_keeps_each_series_latest_and_open_ones(
@@ -186,10 +196,12 @@ def test_pruning_drops_old_complete_windows_but_keeps_each_series_latest_and_ope
     with StateStore(tmp_path / "s.db") as store:
         store.apply_cycle(
             "t",
-            [partial(T0 + i * 300, 1, 0) for i in range(4)]
-            + [partial(T0, 0, 1, judge="groundedness")],
+            windows(
+                *(partial(T0 + i * 300, 1, 0) for i in range(4)),
+                partial(T0, 0, 1, judge="groundedness"),
+            ),
             {},
-            [CounterIncrement("ragpulse_events_total", {"outcome": "accepted"}, 5)],
+            events_total("accepted", 5),
             closed_before=T0 + 900,  # safety windows 0-2 and the groundedness one complete
         )
         assert store.prune_windows(ended_before=T0 + 10_000) == 2  # safety windows 0 and 1
@@ -200,7 +212,7 @@ def test_pruning_drops_old_complete_windows_but_keeps_each_series_latest_and_ope
         ("safety", "2023-11-14T22:28:20Z", False),  # open windows are never pruned
         ("groundedness", "2023-11-14T22:13:20Z", True),  # its series' only window
     }
-    assert [c.value for c in counters] == [5]
+    assert counters == events_total("accepted", 5)
 
 
 # --- state files that cannot be used ---
@@ -208,7 +220,7 @@ def test_pruning_drops_old_complete_windows_but_keeps_each_series_latest_and_ope
 
 def _good_state(path: Path) -> Path:
     with StateStore(path) as store:
-        store.apply_cycle("t", [partial(T0, 3, 1)], {0: 10}, [], None)
+        store.apply_cycle("t", windows(partial(T0, 3, 1)), {0: 10}, {}, None)
     return path
 
 

@@ -9,86 +9,57 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
-
-import apache_beam as beam
 
 from pipeline import counting
-from pipeline.graph import (
+from pipeline.graph import GraphResult, Sinks, pipeline_options, run_graph
+from pipeline.service.labels import LabelBudget, add_label_arguments
+from pipeline.settings import (
+    RunSettings,
+    add_batch_arguments,
+    add_beam_arguments,
+    add_judge_arguments,
+    default_of,
+    run_settings,
+)
+from pipeline.sinks.files import (
     DEAD_LETTER_FILE,
     VERDICTS_FILE,
     WINDOWS_FILE,
-    BatchConfig,
-    BatchResult,
-    run_batch,
+    WriteDeadLetters,
+    WriteVerdicts,
+    WriteWindows,
 )
-from pipeline.service.labels import LabelBudget, LabelLimits, add_label_arguments, label_limits
-from pipeline.settings import add_judge_arguments, judge_settings, positive_duration, sample_rate
 from pipeline.sinks.prometheus import MetricsSnapshot, write_textfile
-from pipeline.stages import SourceRecord
+from pipeline.sources.files import ReadLines
 from pipeline.windows import isoformat_utc
 
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.prom"
-_READ_CHUNK = 1 << 16
 
 
-def numbered_lines(f: IO[bytes], path: str, max_bytes: int) -> Iterator[SourceRecord]:
-    """`SourceRecord`s for each line of `f`, numbered from 1, without line terminators.
+def run_file(settings: RunSettings) -> GraphResult:
+    """Judge every line of the input file; write the four outputs into the output directory.
 
-    A line longer than `max_bytes` is never held whole in memory: its head is kept for the
-    dead-letter row and the rest is skipped up to the next newline.
+    The metrics textfile has its app and model labels bounded by the label limits; the verdict
+    and window rows keep the real values.
     """
-    number = 0
-    while True:
-        line = f.readline(max_bytes + 1)
-        if not line:
-            return
-        number += 1
-        if len(line) > max_bytes and not line.endswith(b"\n"):
-            size = len(line)
-            while True:
-                rest = f.readline(_READ_CHUNK)
-                size += len(rest)
-                if not rest or rest.endswith(b"\n"):
-                    break
-            yield SourceRecord(line[:4096], path, number, oversize_bytes=size)
-            continue
-        yield SourceRecord(line.rstrip(b"\r\n"), path, number)
-
-
-class ReadNumberedLines(beam.DoFn):
-    """Reads a file path into numbered `SourceRecord`s (see `numbered_lines`)."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self._max_bytes = max_bytes
-
-    def process(self, path: str) -> Iterator[SourceRecord]:
-        with open(path, "rb") as f:
-            yield from numbered_lines(f, path, self._max_bytes)
-
-
-def run_file(
-    input_path: Path, out_dir: Path, config: BatchConfig, labels: LabelLimits | None = None
-) -> BatchResult:
-    """Judge every line of `input_path`; write the four outputs into `out_dir`.
-
-    The metrics textfile has its app and model labels bounded by `labels`; the verdict and window
-    rows keep the real values.
-    """
-
-    def read(p: beam.Pipeline) -> Any:
-        return (
-            p
-            | "InputPath" >> beam.Create([str(input_path)])
-            | "ReadNumberedLines" >> beam.ParDo(ReadNumberedLines(config.max_event_bytes))
-        )
-
-    result = run_batch(read, config, out_dir)
-    windows, counts = LabelBudget(labels or LabelLimits()).bound(result.windows, result.counts)
+    out_dir = settings.output
+    out_dir.mkdir(parents=True, exist_ok=True)
+    policy = settings.judges.text_policy()
+    sinks = Sinks(
+        dead_letters=WriteDeadLetters(out_dir),
+        verdicts=WriteVerdicts(out_dir, policy),
+        windows=WriteWindows(out_dir),
+    )
+    result = run_graph(
+        ReadLines(settings.input, settings.max_event_bytes),
+        settings.stage_config(),
+        sinks,
+        options=pipeline_options(settings.beam_args),
+    )
+    windows, counts = LabelBudget(settings.labels).bound(result.windows, result.counts)
     # In a bounded file every window is complete once the whole file is read.
     write_textfile(out_dir / METRICS_FILE, MetricsSnapshot(counts, windows))
     return result
@@ -99,60 +70,34 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--output",
         type=Path,
-        default=Path("out"),
+        default=default_of(RunSettings, "output"),
         help=f"directory for {VERDICTS_FILE}, {WINDOWS_FILE}, {DEAD_LETTER_FILE} and "
         f"{METRICS_FILE} (default: out/)",
     )
-    p.add_argument(
-        "--sample-rate",
-        type=sample_rate,
-        default=1.0,
-        help="share of events to judge, chosen by a hash of request_id (default: 1.0)",
-    )
-    p.add_argument(
-        "--window",
-        type=positive_duration,
-        default=300.0,
-        metavar="DURATION",
-        help="event-time window size, e.g. 60s, 5m, 1h (default: 5m)",
-    )
-    p.add_argument(
-        "--max-event-bytes",
-        type=int,
-        default=1_048_576,
-        help="longest accepted line; longer ones are dead-lettered (default: 1 MiB)",
-    )
+    add_batch_arguments(p)
     add_label_arguments(p)
     add_judge_arguments(p)
+    add_beam_arguments(p)
 
 
 def main(args: argparse.Namespace) -> int:
-    if not args.input.is_file():
-        raise SystemExit(f"ragpulse run: input file not found: {args.input}")
-    judges = judge_settings(args)
-    config = BatchConfig(
-        judges=judges.spec(),
-        sample_rate=args.sample_rate,
-        window_seconds=args.window,
-        max_event_bytes=args.max_event_bytes,
-        judge_batch_size=max(256, judges.concurrency * 16),
-    )
+    settings = run_settings(args)
     log.info(
         "judging %s with %s (backend %s), sample rate %g, %gs windows",
-        args.input,
-        ",".join(judges.names),
-        judges.backend,
-        config.sample_rate,
-        config.window_seconds,
+        settings.input,
+        ",".join(settings.judges.names),
+        settings.judges.backend,
+        settings.sample_rate,
+        settings.window_seconds,
     )
     started = time.perf_counter()
-    result = run_file(args.input, args.output, config, label_limits(args))
+    result = run_file(settings)
     elapsed = time.perf_counter() - started
-    print(summary(result, args.output, elapsed))
+    print(summary(result, settings.output, elapsed))
     return 0
 
 
-def summary(result: BatchResult, out_dir: Path, elapsed: float) -> str:
+def summary(result: GraphResult, out_dir: Path, elapsed: float) -> str:
     """The table `ragpulse run` prints: events, then pass ratios per window, app and model.
 
     Each judge column shows yes / (yes + no) and, in brackets, the graded sample size and the

@@ -15,16 +15,17 @@ restart every count from zero.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pipeline import counting
 from pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_row
 
 SCHEMA_VERSION = 1
@@ -93,49 +94,7 @@ class StateError(RuntimeError):
     or a cycle contradicts it."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class WindowPartial:
-    """Verdict counts of one window seen in one cycle; added to what earlier cycles saved."""
-
-    window_start: float
-    window_end: float
-    judge: str
-    app: str
-    model: str
-    yes: int = 0
-    no: int = 0
-    error: int = 0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CounterIncrement:
-    """How much one Prometheus counter (metric name and labels, stored as given) grew."""
-
-    name: str
-    labels: Mapping[str, str]
-    amount: float
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CounterValue:
-    """A Prometheus counter's cumulative value, restored at start-up so `_total` never drops."""
-
-    name: str
-    labels: Mapping[str, str]
-    value: float
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ExemplarPointer:
-    """The failing answer (request_id, event time) a counter series' exemplar names."""
-
-    name: str
-    labels: Mapping[str, str]
-    request_id: str
-    timestamp: float
-
-
-def _labels_key(labels: Mapping[str, str]) -> str:
+def _labels_key(labels: counting.Labels) -> str:
     return json.dumps(dict(labels), sort_keys=True, separators=(",", ":"))
 
 
@@ -183,17 +142,18 @@ class StateStore:
     def apply_cycle(
         self,
         topic: str,
-        partial_windows: Iterable[WindowPartial],
+        windows: Mapping[WindowKey, RatingCounts],
         offsets: Mapping[int, int],
-        counter_increments: Iterable[CounterIncrement],
+        counts: Mapping[counting.CounterKey, float],
         closed_before: float | None,
         *,
         watermark: float | None = None,
         latest_event_times: Mapping[int, float] | None = None,
         reset_offsets: Mapping[int, int] | None = None,
-    ) -> list[dict[str, Any]]:
-        """Save one cycle atomically; returns the rows of windows completed by this cycle.
+    ) -> dict[WindowKey, RatingCounts]:
+        """Save one cycle atomically; returns the windows this cycle completed, with their counts.
 
+        `windows` holds the cycle's partial counts; `counts` its counter increments.
         Partial counts are added to the saved ones; windows with window_end <= `closed_before`
         (watermark - allowed lateness) are marked complete. Raises StateError, leaving the
         store unchanged, if an offset would move backwards or a partial lands in a window
@@ -210,9 +170,9 @@ class StateStore:
                     "ON CONFLICT (topic, partition) DO UPDATE SET next_offset=excluded.next_offset",
                     (topic, partition, next_offset),
                 )
-            for part in partial_windows:
-                if min(part.yes, part.no, part.error) < 0:
-                    raise StateError(f"negative count in {part}")
+            for part, c in windows.items():
+                if min(c.yes, c.no, c.error) < 0:
+                    raise StateError(f"negative count in {part}: {c}")
                 row = db.execute(
                     "SELECT complete FROM windows WHERE window_start=? AND window_end=? "
                     "AND judge=? AND app=? AND model=?",
@@ -222,7 +182,7 @@ class StateStore:
                     raise StateError(
                         f"counts for window {isoformat_utc(part.window_start)} ({part.judge}, "
                         f"{part.app}, {part.model}) which is already complete; late events must "
-                        "be excluded with pipeline.service.watermark.is_late"
+                        "be excluded before they are judged (ParseEvents(closed_before=...))"
                     )
                 db.execute(
                     "INSERT INTO windows (window_start, window_end, judge, app, model, yes, no, "
@@ -231,7 +191,7 @@ class StateStore:
                     "yes = yes + excluded.yes, no = no + excluded.no, "
                     "error = error + excluded.error",
                     (part.window_start, part.window_end, part.judge, part.app, part.model,
-                     part.yes, part.no, part.error),
+                     c.yes, c.no, c.error),
                 )
             for partition, next_offset in offsets.items():
                 saved = db.execute(
@@ -248,13 +208,13 @@ class StateStore:
                     "ON CONFLICT (topic, partition) DO UPDATE SET next_offset=excluded.next_offset",
                     (topic, partition, next_offset),
                 )
-            for inc in counter_increments:
-                if inc.amount < 0:
-                    raise StateError(f"counter {inc.name} cannot decrease (by {inc.amount})")
+            for (name, labels), amount in counts.items():
+                if amount < 0:
+                    raise StateError(f"counter {name} cannot decrease (by {amount})")
                 db.execute(
                     "INSERT INTO counters (name, labels, value) VALUES (?, ?, ?) "
                     "ON CONFLICT (name, labels) DO UPDATE SET value = value + excluded.value",
-                    (inc.name, _labels_key(inc.labels), inc.amount),
+                    (name, _labels_key(labels), amount),
                 )
             if watermark is not None:
                 db.execute(
@@ -270,7 +230,7 @@ class StateStore:
                     "latest_event_time = max(latest_event_time, excluded.latest_event_time)",
                     (topic, partition, event_time),
                 )
-            completed: list[dict[str, Any]] = []
+            completed: dict[WindowKey, RatingCounts] = {}
             if closed_before is not None:
                 rows = db.execute(
                     "SELECT * FROM windows WHERE complete = 0 AND window_end <= ? "
@@ -281,7 +241,7 @@ class StateStore:
                     "UPDATE windows SET complete = 1 WHERE complete = 0 AND window_end <= ?",
                     (closed_before,),
                 )
-                completed = [_row(r, complete=True) for r in rows]
+                completed = dict(_window(r) for r in rows)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -323,8 +283,10 @@ class StateStore:
             )
         return cursor.rowcount
 
-    def current_windows(self) -> list[dict[str, Any]]:
-        """What /metrics shows: every open window, and the latest complete one of each series.
+    def current_windows(
+        self,
+    ) -> tuple[dict[WindowKey, RatingCounts], dict[WindowKey, RatingCounts]]:
+        """What /metrics shows: the latest complete window of each series, and every open one.
 
         Reads O(series) rows however long the service has run, unlike `windows()`.
         """
@@ -335,7 +297,12 @@ class StateStore:
             "ON w.complete = 1 AND w.judge = m.judge AND w.app = m.app AND w.model = m.model "
             "AND w.window_end = m.e"
         )
-        return [_row(r, complete=bool(r["complete"])) for r in self._db.execute(sql)]
+        complete: dict[WindowKey, RatingCounts] = {}
+        in_progress: dict[WindowKey, RatingCounts] = {}
+        for r in self._db.execute(sql):
+            key, c = _window(r)
+            (complete if r["complete"] else in_progress)[key] = c
+        return complete, in_progress
 
     def offsets(self, topic: str) -> dict[int, int]:
         """Next offset to read per partition of `topic` (partitions never read are absent)."""
@@ -344,18 +311,25 @@ class StateStore:
         )
         return {int(r["partition"]): int(r["next_offset"]) for r in rows}
 
-    def counters(self) -> list[CounterValue]:
+    def counters(self) -> counting.Counts:
         """Cumulative counter values, to seed Prometheus counters at start-up."""
         rows = self._db.execute("SELECT name, labels, value FROM counters ORDER BY name, labels")
-        return [CounterValue(r["name"], json.loads(r["labels"]), r["value"]) for r in rows]
+        return Counter(
+            {counting.key(r["name"], **json.loads(r["labels"])): r["value"] for r in rows}
+        )
 
-    def save_exemplars(self, exemplars: Iterable[ExemplarPointer]) -> None:
+    def save_exemplars(
+        self, exemplars: Mapping[counting.CounterKey, counting.FailingExample]
+    ) -> None:
         """Keep, per counter series, the failing answer with the latest event time.
 
         Saved after the cycle's own transaction: they are pointers for people, not counts, and
         a crash in between loses only that cycle's pointers.
         """
-        rows = [(e.name, _labels_key(e.labels), e.request_id, e.timestamp) for e in exemplars]
+        rows = [
+            (name, _labels_key(labels), e.request_id, e.timestamp)
+            for (name, labels), e in exemplars.items()
+        ]
         if not rows:
             return
         self._db.execute("BEGIN IMMEDIATE")
@@ -372,13 +346,15 @@ class StateStore:
             self._db.execute("ROLLBACK")
             raise
 
-    def exemplars(self) -> list[ExemplarPointer]:
+    def exemplars(self) -> dict[counting.CounterKey, counting.FailingExample]:
         """The saved exemplar of every failing verdict series."""
         rows = self._db.execute("SELECT * FROM exemplars ORDER BY name, labels")
-        return [
-            ExemplarPointer(r["name"], json.loads(r["labels"]), r["request_id"], r["timestamp"])
+        return {
+            counting.key(r["name"], **json.loads(r["labels"])): counting.FailingExample(
+                r["request_id"], r["timestamp"]
+            )
             for r in rows
-        ]
+        }
 
     def watermark(self, topic: str) -> float | None:
         row = self._db.execute(
@@ -482,7 +458,10 @@ def _open_checked(path: Path) -> sqlite3.Connection:
     return db
 
 
-def _row(r: sqlite3.Row, *, complete: bool) -> dict[str, Any]:
+def _window(r: sqlite3.Row) -> tuple[WindowKey, RatingCounts]:
     key = WindowKey(r["window_start"], r["window_end"], r["judge"], r["app"], r["model"])
-    counts = RatingCounts(int(r["yes"]), int(r["no"]), int(r["error"]))
-    return {**window_row(key, counts), "complete": complete}
+    return key, RatingCounts(int(r["yes"]), int(r["no"]), int(r["error"]))
+
+
+def _row(r: sqlite3.Row, *, complete: bool) -> dict[str, Any]:
+    return {**window_row(*_window(r)), "complete": complete}

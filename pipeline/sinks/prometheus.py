@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, write_to_textfile
@@ -31,7 +31,6 @@ from prometheus_client.registry import Collector
 from judges.base import RATINGS
 from pipeline import counting
 from pipeline.service.canaries import CANARY_OUTCOMES, CANARY_VERDICTS
-from pipeline.sinks.verdict_rows import FailingVerdict
 from pipeline.windows import RatingCounts, WindowKey, wilson_interval
 
 COUNTER_HELP: dict[str, str] = {
@@ -81,40 +80,6 @@ _PER_APP_MODEL = (
 _HISTOGRAM_PARTS = {counting.LATENCY_BUCKET, counting.LATENCY_COUNT, counting.LATENCY_SUM_US}
 
 
-VERDICTS = "ragpulse_judge_verdicts_total"
-# OpenMetrics caps an exemplar's label names and values at 128 characters together; Prometheus
-# drops a longer one.
-_EXEMPLAR_LABEL = "request_id"
-MAX_EXEMPLAR_REQUEST_ID_CHARS = 128 - len(_EXEMPLAR_LABEL)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class FailingExample:
-    """The exemplar of one failing verdict series: which answer, and its event time."""
-
-    request_id: str
-    timestamp: float  # epoch seconds
-
-
-def latest_failing_examples(
-    verdicts: Iterable[FailingVerdict],
-) -> dict[counting.CounterKey, FailingExample]:
-    """The latest failing verdict (by event time) of each `ragpulse_judge_verdicts_total` series.
-
-    Ties go to the greater request_id, so the choice does not depend on row order. Ids too long
-    for an exemplar are passed over.
-    """
-    latest: dict[counting.CounterKey, FailingExample] = {}
-    for v in verdicts:
-        if len(v.request_id) > MAX_EXEMPLAR_REQUEST_ID_CHARS:
-            continue
-        k = counting.key(VERDICTS, judge=v.judge, rating=v.rating, app=v.app, model=v.model)
-        found = FailingExample(v.request_id, v.event_time)
-        if k not in latest or (found.timestamp, found.request_id) > (
-            latest[k].timestamp, latest[k].request_id
-        ):
-            latest[k] = found
-    return latest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,9 +97,58 @@ class MetricsSnapshot:
     in_progress: Mapping[WindowKey, RatingCounts] = dataclasses.field(default_factory=dict)
     gauges: Mapping[str, float] = dataclasses.field(default_factory=dict)
     lag: Mapping[tuple[str, int], int] = dataclasses.field(default_factory=dict)
-    exemplars: Mapping[counting.CounterKey, FailingExample] = dataclasses.field(
+    exemplars: Mapping[counting.CounterKey, counting.FailingExample] = dataclasses.field(
         default_factory=dict
     )
+    cycles: CycleStats | None = None  # serve only
+
+
+# Upper bounds of the cycle duration histogram, in seconds.
+CYCLE_BUCKETS: tuple[float, ...] = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
+
+
+@dataclasses.dataclass(frozen=True)
+class CycleStats:
+    """Serve's own cycles in this process (not persisted: they describe this process).
+
+    `durations` counts cycles that read events per CYCLE_BUCKETS bound (non-cumulative; the
+    last entry is +Inf).
+    """
+
+    ok: int = 0
+    failed: int = 0
+    durations: tuple[int, ...] = (0,) * (len(CYCLE_BUCKETS) + 1)
+    duration_sum: float = 0.0
+
+    def with_cycle(self, ok: bool, read_seconds: float | None = None) -> CycleStats:
+        """These stats after one more cycle; `read_seconds` is its time if it read events."""
+        durations, total = self.durations, self.duration_sum
+        if read_seconds is not None:
+            i = next(
+                (i for i, b in enumerate(CYCLE_BUCKETS) if read_seconds <= b), len(CYCLE_BUCKETS)
+            )
+            durations = (*durations[:i], durations[i] + 1, *durations[i + 1 :])
+            total += read_seconds
+        return CycleStats(self.ok + ok, self.failed + (not ok), durations, total)
+
+
+def _cycle_families(stats: CycleStats) -> Iterator[Metric]:
+    cycles = CounterMetricFamily(
+        "ragpulse_cycles", "Serve micro-batch cycles, by outcome.", labels=["outcome"]
+    )
+    cycles.add_metric(["ok"], stats.ok)
+    cycles.add_metric(["failed"], stats.failed)
+    yield cycles
+    duration = HistogramMetricFamily(
+        "ragpulse_cycle_duration_seconds", "Wall time of one serve cycle that read events."
+    )
+    cumulative, running = [], 0
+    for bound, n in zip([*(repr(float(b)) for b in CYCLE_BUCKETS), "+Inf"], stats.durations,
+                        strict=True):
+        running += n
+        cumulative.append((bound, float(running)))
+    duration.add_metric([], cumulative, sum_value=stats.duration_sum)
+    yield duration
 
 
 GAUGE_HELP: dict[str, str] = {
@@ -196,7 +210,7 @@ def _zero_series(counts: Mapping[counting.CounterKey, float]) -> set[counting.Co
     """
     zeros = set(ALWAYS_PRESENT)
     for metric, labels in counts:
-        if metric == VERDICTS:
+        if metric == counting.VERDICTS:
             lab = dict(labels)
             for rating in RATINGS:
                 zeros.add(counting.key(metric, **{**lab, "rating": rating}))
@@ -211,7 +225,7 @@ def _zero_series(counts: Mapping[counting.CounterKey, float]) -> set[counting.Co
 
 def _counter_families(
     counts: Mapping[counting.CounterKey, float],
-    exemplars: Mapping[counting.CounterKey, FailingExample],
+    exemplars: Mapping[counting.CounterKey, counting.FailingExample],
 ) -> Iterator[Metric]:
     by_metric: dict[str, list[tuple[counting.Labels, float]]] = defaultdict(list)
     for k in _zero_series(counts):
@@ -227,7 +241,7 @@ def _counter_families(
         for labels, value in sorted(series):
             example = exemplars.get((metric, labels))
             exemplar = (
-                Exemplar({_EXEMPLAR_LABEL: example.request_id}, 1.0, example.timestamp)
+                Exemplar({counting.EXEMPLAR_LABEL: example.request_id}, 1.0, example.timestamp)
                 if example is not None and value > 0
                 else None
             )
@@ -284,6 +298,8 @@ class RagpulseCollector(Collector):
             for (topic, partition), value in sorted(snap.lag.items()):
                 lag.add_metric([topic, str(partition)], value)
             yield lag
+        if snap.cycles is not None:
+            yield from _cycle_families(snap.cycles)
 
 
 def registry_for(current: Callable[[], MetricsSnapshot]) -> CollectorRegistry:

@@ -48,7 +48,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 import bcrypt
 import yaml
 
-from pipeline.settings import SettingsError
+from pipeline.errors import SettingsError
 
 log = logging.getLogger(__name__)
 

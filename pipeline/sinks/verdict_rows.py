@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from judges import TextPolicy
     from pipeline.stages import JudgedEvent
 
-VERDICTS_FILE = "verdicts.jsonl"  # where a file run writes its rows
 _PREFIX = "response/llm_judged/"
 _RATING_SUFFIX = "/rating"
 

@@ -18,7 +18,6 @@ not acknowledge (yet), so that the caller can bound its retries.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
@@ -27,22 +26,18 @@ from typing import Any, Literal
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, TopicPartition
 from kafka import errors as kafka_errors
 from kafka.structs import OffsetAndMetadata
 
 from pipeline import counting
+from pipeline.events import SourceRecord
 from pipeline.kafka_security import PLAINTEXT, KafkaSecurity, connect
-from pipeline.stages import COUNTER_NAMESPACE
 
 DEFAULT_TIMEOUT_S = 10.0
 # What is kept of a record over the size limit: enough to recognise it in the dead-letter topic,
 # never the whole value (a 10 MB record would also exceed the dead-letter producer's limit).
 HEAD_BYTES = 4096
-# Dead letters carry the whole record up to this size and only its head above it: Kafka's
-# default limits on one record (broker message.max.bytes, producer max.request.size) are 1 MiB,
-# and the headers and the batch framing need room too.
-DEAD_LETTER_MAX_VALUE_BYTES = 1_000_000
 RECORDS_LOST = "ragpulse_records_lost_total"
 OffsetResetPolicy = Literal["earliest", "latest", "fail"]
 
@@ -453,23 +448,27 @@ class _ReadRangeFn(beam.DoFn):
         )
         # Counted like every other ragpulse counter: a Beam counter, saved with the cycle.
         self._lost = Metrics.counter(
-            COUNTER_NAMESPACE,
+            counting.COUNTER_NAMESPACE,
             counting.encode(counting.key(RECORDS_LOST, topic=self._topic, reason="retention")),
         )
 
-    def process(self, element: tuple[int, int, int]) -> Iterator[KafkaRecord]:
+    def process(self, element: tuple[int, int, int]) -> Iterator[SourceRecord]:
         assert self._consumer is not None
         partition, start, stop = element
-        yield from read_range(
+        topic = self._topic
+        for r in read_range(
             self._consumer,
-            self._topic,
+            topic,
             partition,
             start,
             stop,
             stall_timeout_s=self._stall_timeout_s,
             max_value_bytes=self._max_value_bytes,
             on_lost=self._lost.inc,
-        )
+        ):
+            yield SourceRecord(
+                r.value, topic, r.partition, r.offset, r.timestamp_s, r.oversize_bytes
+            )
 
     def teardown(self) -> None:
         if self._consumer is not None:
@@ -478,9 +477,9 @@ class _ReadRangeFn(beam.DoFn):
 
 
 class ReadKafkaRanges(beam.PTransform):
-    """Bounded source: the records of `ranges` ({partition: (start, stop)}) as KafkaRecords.
+    """Bounded source: the records of `ranges` ({partition: (start, stop)}) as SourceRecords.
 
-    Values longer than `max_value_bytes` come as their head (`KafkaRecord.oversize_bytes`).
+    Values longer than `max_value_bytes` come as their head (`SourceRecord.oversize_bytes`).
     """
 
     def __init__(
@@ -565,126 +564,3 @@ def committed_offsets(
         return found
     finally:
         consumer.close(autocommit=False)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class OutputRecord:
-    """A record serve publishes: dead letters, verdicts."""
-
-    value: bytes
-    key: bytes | None = None
-    headers: tuple[tuple[str, bytes], ...] = ()
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """A record that could not be used, for the dead-letter topic with its reason.
-
-    `value` is the record, or only its head when the reader cut it (`original_size` then holds
-    the size of the whole record).
-    """
-
-    value: bytes
-    reason: str
-    source_partition: int
-    source_offset: int
-    key: bytes | None = None
-    original_size: int | None = None
-
-    def to_record(self) -> OutputRecord:
-        """The dead-letter record: the value (bounded, see DEAD_LETTER_MAX_VALUE_BYTES) with
-        headers reason, source-partition, source-offset, original-size and truncated."""
-        size = len(self.value) if self.original_size is None else self.original_size
-        value = self.value
-        if len(value) > DEAD_LETTER_MAX_VALUE_BYTES:
-            value = value[:HEAD_BYTES]
-        return OutputRecord(
-            value,
-            self.key,
-            (
-                ("reason", self.reason.encode("utf-8")),
-                ("source-partition", str(self.source_partition).encode()),
-                ("source-offset", str(self.source_offset).encode()),
-                ("original-size", str(size).encode()),
-                ("truncated", b"true" if len(value) < size else b"false"),
-            ),
-        )
-
-
-# Refusals that concern the record itself: sending the same bytes again can never succeed.
-# Every other error (broker away, timeouts, authorization, unknown server errors) may clear up.
-_REFUSED_RECORD = (
-    kafka_errors.MessageSizeTooLargeError,
-    kafka_errors.RecordListTooLargeError,
-    kafka_errors.InvalidRecordError,
-    kafka_errors.CorruptRecordError,
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class Delivery:
-    """What became of records sent to one topic.
-
-    `refused`: records the broker (or the producer, for its size limit) refused for good, with
-    the reason. `unacknowledged`: records not acknowledged for a reason that may clear up
-    (broker away, timeout, not authorised, server error), with the reason.
-    """
-
-    topic: str
-    delivered: int
-    refused: list[tuple[OutputRecord, str]]
-    unacknowledged: list[tuple[OutputRecord, str]]
-
-
-def describe_error(exc: BaseException) -> str:
-    """One line about a Kafka error, with the broker's own description of its code."""
-    text = str(exc).removesuffix(": None") or type(exc).__name__
-    description = getattr(exc, "description", None)
-    return f"{text} ({description})" if description else text
-
-
-def deliver(
-    producer: KafkaProducer,
-    topic: str,
-    records: Iterable[OutputRecord],
-    *,
-    timeout_s: float = 30.0,
-) -> Delivery:
-    """Send `records` to `topic` and wait up to `timeout_s` for every acknowledgement.
-
-    Never raises for a record: each one ends delivered, refused or unacknowledged (see
-    `Delivery`), and the caller decides whether to retry. Once a send fails for a reason that
-    may clear up (the producer could not even get the topic's metadata), the rest are left
-    unacknowledged without trying, since each would wait as long again.
-    """
-    pending = list(records)
-    sent: list[tuple[OutputRecord, Any]] = []
-    refused: list[tuple[OutputRecord, str]] = []
-    unacknowledged: list[tuple[OutputRecord, str]] = []
-    for i, record in enumerate(pending):
-        try:
-            future = producer.send(
-                topic, value=record.value, key=record.key, headers=list(record.headers)
-            )
-        except _REFUSED_RECORD as exc:
-            refused.append((record, describe_error(exc)))
-            continue
-        except Exception as exc:
-            why = describe_error(exc)
-            unacknowledged.extend((rest, why) for rest in pending[i:])
-            break
-        sent.append((record, future))
-    # On a timeout, the futures below tell which records are still unacknowledged.
-    with contextlib.suppress(kafka_errors.KafkaTimeoutError):
-        producer.flush(timeout=timeout_s)
-    delivered = 0
-    for record, future in sent:
-        try:
-            future.get(timeout=0.01)
-        except _REFUSED_RECORD as exc:
-            refused.append((record, describe_error(exc)))
-        except Exception as exc:
-            unacknowledged.append((record, describe_error(exc)))
-        else:
-            delivered += 1
-    return Delivery(topic, delivered, refused, unacknowledged)

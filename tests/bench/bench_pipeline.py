@@ -1,6 +1,6 @@
 """Throughput of the batch pipeline with the local judges, stage by stage, side by side.
 
-For whoever sizes or tunes `ragpulse serve`, which runs `pipeline.graph.run_batch` once per
+For whoever sizes or tunes `ragpulse serve`, which runs `pipeline.graph.run_graph` once per
 micro-batch. Generates N realistic events (2 apps, 2 models, a chat question, 3 retrieved chunks
 of ~400 characters, an answer of ~300 characters) into a temporary file, then measures in one
 process, R times each, interleaved so drift hits every stage alike:
@@ -39,7 +39,7 @@ from judges import JudgeSpec
 from judges.base import JudgeInput
 from pipeline.commands.run import run_file
 from pipeline.events import parse_event
-from pipeline.graph import BatchConfig
+from pipeline.settings import JudgeSettings, RunSettings
 
 T0_MS = 1_763_632_800_000  # 2025-11-20T10:00:00Z
 APPS = ("help-bot", "sales-bot")
@@ -192,7 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _judge_all(all_judges, items)  # warm the judges' caches (steady state of `serve`)
 
         def run(spec: JudgeSpec) -> Callable[[], object]:
-            return lambda: run_file(src, Path(tmp) / "out", BatchConfig(judges=spec))
+            judges = JudgeSettings(backend="local", names=spec.names)
+            settings = RunSettings(input=src, output=Path(tmp) / "out", judges=judges)
+            return lambda: run_file(settings)
 
         stages: dict[str, Callable[[], object]] = {
             "parse": lambda: [parse_event(raw) for raw in lines],

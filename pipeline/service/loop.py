@@ -1,0 +1,524 @@
+"""The serve loop: one micro-batch cycle after another over a live Kafka topic, exactly once.
+
+A cycle (`TopicWatcher.run_cycle`) asks the broker for each partition's bounds, plans
+[start, stop) offset ranges from the offsets in the state store, runs the Beam graph over them
+(`pipeline.graph.run_graph`: read, parse, judge, window, and publish dead letters and verdict
+rows, each acknowledged before the run ends), then saves the window counts, counter increments,
+watermark and offsets in ONE SQLite transaction, and only then commits the offsets to the Kafka
+consumer group (for lag tools; the state file is the source of truth). A crash at any point
+replays at most the cycle in flight, whose counts were not saved: nothing is lost and nothing is
+counted twice. Dead-letter records of a replayed cycle may be published twice (at least once);
+their headers carry the source partition and offset to deduplicate on.
+
+What can still go wrong is counted and logged, never silent (see README, "Reliability"): a saved
+offset outside the partition (topic recreated or truncated, retention ahead of serve) is
+handled by --on-offset-reset and counted in `ragpulse_offset_resets_total` and
+`ragpulse_records_lost_total`; output records the broker refuses for good, or still does not
+acknowledge after --undeliverable-after, are counted in
+`ragpulse_dead_letters_undeliverable_total` and the cycle moves on; a state file that cannot be
+used stops serve with one line saying what to do (--state-reset).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+
+from pipeline import counting
+from pipeline.errors import SettingsError
+from pipeline.graph import GraphResult, Sinks, pipeline_options, run_graph
+from pipeline.service.canaries import CanaryFeed
+from pipeline.service.labels import LabelBudget
+from pipeline.service.state import StateError, StateStore
+from pipeline.service.watermark import closed_before, compute_watermark, merge_latest
+from pipeline.settings import ServeSettings
+from pipeline.sinks.kafka import UNDELIVERABLE, KafkaTopic, PublishDeadLetters, PublishVerdicts
+from pipeline.sinks.prometheus import CycleStats, MetricsSnapshot
+from pipeline.sources.kafka import (
+    RECORDS_LOST,
+    LogBounds,
+    OffsetReset,
+    ReadKafkaRanges,
+    commit_offsets,
+    committed_offsets,
+    consumer_lag,
+    end_offsets,
+    log_bounds,
+    offset_resets,
+    plan_batch,
+    reset_starts,
+)
+from pipeline.windows import RatingCounts, WindowKey, isoformat_utc
+
+log = logging.getLogger(__name__)
+
+OFFSET_RESETS = "ragpulse_offset_resets_total"
+# A delivery failure that may clear up is given up on only after --undeliverable-after AND this
+# many failed attempts, so that a broker just back from an outage gets a few tries.
+MIN_DELIVERY_ATTEMPTS = 3
+RESET_KINDS = ("beyond_end", "below_start")
+LOSS_REASONS = ("retention", "topic_reset")
+
+
+class OffsetResetRefused(RuntimeError):
+    """A saved offset is outside its partition and --on-offset-reset is `fail`."""
+
+
+class PublishError(RuntimeError):
+    """Output records were not acknowledged and --undeliverable-after has not passed yet."""
+
+
+class TopicWatcher:
+    """The serve loop: cycles over the topic, keeps the state, feeds /metrics and /healthz."""
+
+    def __init__(
+        self,
+        settings: ServeSettings,
+        state: StateStore | None = None,
+        *,
+        was_reset: bool = False,
+        canaries: CanaryFeed | None = None,
+    ) -> None:
+        """`state`: the store, when the caller opened it (`open_state`); `was_reset`: it is
+        fresh because --state-reset moved an unusable file aside; `canaries`: the golden-set
+        feed, checked by the caller before anything was opened."""
+        self.settings = settings
+        self._canaries = canaries
+        if state is None:
+            state, was_reset = open_state(settings.state, reset=settings.state_reset)
+        self.state = state
+        # After a reset, the consumer group's committed offsets say where the lost file had got.
+        self._group_offsets: dict[int, int] | None = None if was_reset else {}
+        self._delivery_failing_since: float | None = None
+        self._delivery_failures = 0
+        self._lock = threading.Lock()
+        self._lag: dict[tuple[str, int], int] = {}
+        self._cycles = CycleStats()
+        self._heartbeat = time.time()  # start-up counts as alive until the first cycle fails
+        self._first_failure: float | None = None
+        self._cycle_started: float | None = None
+        self._snapshot = self._load_snapshot()
+        self.labels = LabelBudget(settings.labels)
+
+    # ----- one cycle -------------------------------------------------------------------------
+    def run_cycle(self) -> tuple[int, float | None]:
+        """Read, judge and save one micro-batch; returns how many records it covered and, if
+        it read any, how long it took."""
+        s = self.settings
+        topic = s.topic
+        bounds = log_bounds(
+            s.bootstrap, topic, timeout_s=s.kafka_timeout_seconds, security=s.kafka_security
+        )
+        ends = bounds.ends
+        saved = self.state.offsets(topic)
+        starts = {**self._fresh_starts(saved, bounds), **saved}
+        reset_to, increments = self._apply_reset_policy(
+            offset_resets(starts, bounds.beginnings, ends, bounds.unconfirmed_ends)
+        )
+        starts.update(reset_to)
+        ranges = plan_batch(starts, ends, s.max_batch_events, bounds.beginnings)
+        previous_wm = self.state.watermark(topic)
+        latest = self.state.latest_event_times(topic)
+        result: GraphResult | None = None
+        took: float | None = None
+        if ranges:
+            started = time.perf_counter()
+            result = self._judge(ranges, closed_before(previous_wm, s.allowed_lateness_seconds))
+            increments.update(self._undeliverable(result))
+            result = self._bound_labels(result)
+            increments.update(result.counts)
+            latest = merge_latest(latest, result.latest_event_time)
+            took = time.perf_counter() - started
+        watermark = compute_watermark(
+            latest, list(ranges), s.out_of_orderness_seconds, previous=previous_wm
+        )
+        new_offsets = {p: stop for p, (_, stop) in ranges.items()}
+        completed = self.state.apply_cycle(
+            topic,
+            result.windows if result else {},
+            new_offsets,
+            increments,
+            closed_before(watermark, s.allowed_lateness_seconds),
+            watermark=watermark,
+            latest_event_times=latest,
+            reset_offsets=reset_to,
+        )
+        self._delivery_failing_since, self._delivery_failures = None, 0
+        _log_completed(completed)
+        if result is not None:
+            self.state.save_exemplars(result.exemplars)
+        if watermark is not None:
+            self.state.prune_windows(ended_before=watermark - s.retention_seconds)
+        if new_offsets or reset_to:
+            self._commit_group_offsets()
+        # The lag is measured against the ends as they are NOW: measured against the ends seen
+        # at the start of the cycle it would read 0 after every cycle that caught up with them,
+        # however much arrived while the cycle ran (a 16 s cycle at 3,000 events/s hid 48,000).
+        self._update_lag(self._ends_after_cycle(ends) if ranges else ends, starts)
+        self._refresh_snapshot()
+        covered = sum(stop - start for start, stop in ranges.values())
+        if result is not None:
+            log.info(
+                "cycle covered %d records in %d partitions; %d dead letters; watermark %s",
+                covered,
+                len(ranges),
+                result.dead_letters,
+                watermark,
+            )
+        return covered, took
+
+    def _judge(
+        self, ranges: Mapping[int, tuple[int, int]], cutoff: float | None
+    ) -> GraphResult:
+        """Run the graph over `ranges`: Kafka in, the dead-letter and verdicts topics out."""
+        s = self.settings
+
+        def topic(name: str) -> KafkaTopic:
+            return KafkaTopic(s.bootstrap, s.kafka_security, name, s.kafka_timeout_seconds)
+
+        verdicts = s.publish_verdicts != "none"
+        sinks = Sinks(
+            dead_letters=PublishDeadLetters(topic(s.dead_letter_topic)),
+            verdicts=(
+                PublishVerdicts(topic(s.verdicts_topic), s.judges.text_policy())
+                if verdicts
+                else None
+            ),
+            only_failing_verdicts=s.publish_verdicts == "failing",
+            # An exemplar names a verdict row in the verdicts topic: none without them.
+            exemplars=verdicts,
+        )
+        source = ReadKafkaRanges(
+            s.bootstrap,
+            s.topic,
+            ranges,
+            stall_timeout_s=s.kafka_timeout_seconds,
+            security=s.kafka_security,
+            max_value_bytes=s.max_event_bytes,
+        )
+        return run_graph(
+            source,
+            s.stage_config(closed_before=cutoff),
+            sinks,
+            canaries=self._canaries.take(time.time()) if self._canaries else (),
+            options=pipeline_options(s.beam_args),
+        )
+
+    def _undeliverable(self, result: GraphResult) -> counting.Counts:
+        """Decide on records an output topic did not acknowledge (refused ones are counted by
+        the sink itself): fail the cycle, which is retried as after any failure, until delivery
+        has failed for --undeliverable-after (and at least MIN_DELIVERY_ATTEMPTS times); then
+        count them as undeliverable and move on. Returns those counter increments."""
+        s = self.settings
+        if not result.unacknowledged:
+            return Counter()
+        now = time.monotonic()
+        if self._delivery_failing_since is None:
+            self._delivery_failing_since = now
+        self._delivery_failures += 1
+        failing_for = now - self._delivery_failing_since
+        if (
+            failing_for < s.undeliverable_after_seconds
+            or self._delivery_failures < MIN_DELIVERY_ATTEMPTS
+        ):
+            topic, (n, why) = next(iter(result.unacknowledged.items()))
+            raise PublishError(
+                f"{n} records not acknowledged by {topic} ({why}); delivery has failed for "
+                f"{failing_for:.0f}s, given up after {s.undeliverable_after_seconds:.0f}s "
+                "(--undeliverable-after)"
+            )
+        lost: counting.Counts = Counter()
+        for topic, (n, why) in result.unacknowledged.items():
+            log.error(
+                "%d records for %s are undeliverable and were dropped (not acknowledged for "
+                "%.0fs: %s)",
+                n,
+                topic,
+                failing_for,
+                why,
+            )
+            lost[counting.key(UNDELIVERABLE, topic=topic)] += n
+        return lost
+
+    def _fresh_starts(self, saved: Mapping[int, int], bounds: LogBounds) -> dict[int, int]:
+        """Start offsets of partitions with no saved offset: the log start, except after
+        --state-reset moved an unusable file aside, when the consumer group's committed
+        offsets (where that file had got to) are used where there are any.
+
+        Only then: a missing file is a fresh start from the log start, so that a second
+        deployment sharing the group (or a deliberate recount) is not silently skipped ahead.
+        """
+        s = self.settings
+        missing = [p for p in bounds.ends if p not in saved]
+        if not missing:
+            return {}
+        if self._group_offsets is None:
+            self._group_offsets = committed_offsets(
+                s.bootstrap,
+                s.group_id,
+                s.topic,
+                timeout_s=s.kafka_timeout_seconds,
+                security=s.kafka_security,
+            )
+            if self._group_offsets:
+                log.warning(
+                    "fresh state after --state-reset: going on from consumer group %s's committed "
+                    "offsets %s for %s (other partitions from their log start)",
+                    s.group_id,
+                    self._group_offsets,
+                    s.topic,
+                )
+        group = self._group_offsets or {}
+        return {p: group.get(p, bounds.beginnings.get(p, 0)) for p in missing}
+
+    def _apply_reset_policy(
+        self, resets: list[OffsetReset]
+    ) -> tuple[dict[int, int], counting.Counts]:
+        """Log each reset as an error and apply --on-offset-reset: the offsets to go on from
+        and the counter increments (resets by kind, records skipped by reason)."""
+        s = self.settings
+        if not resets:
+            return {}, Counter()
+        for r in resets:
+            log.error(
+                "%s/%d: saved offset %d is %s the partition (log start %d, end %d): %s",
+                s.topic,
+                r.partition,
+                r.saved,
+                "beyond the end of" if r.kind == "beyond_end" else "below the log start of",
+                r.log_start,
+                r.log_end,
+                "the topic was recreated, truncated or emptied"
+                if r.kind == "beyond_end"
+                else "retention deleted records before ragpulse read them",
+            )
+        if s.on_offset_reset == "fail":
+            raise OffsetResetRefused(
+                f"offsets saved in {s.state} are outside topic {s.topic!r} (partitions "
+                f"{', '.join(str(r.partition) for r in resets)}) and --on-offset-reset is fail: "
+                "check the topic, then restart with --on-offset-reset earliest (read what the "
+                "partition holds) or latest (skip to its end)"
+            )
+        starts, lost = reset_starts(resets, s.on_offset_reset)
+        log.error(
+            "going on from offsets %s (--on-offset-reset %s); records skipped: %s",
+            starts,
+            s.on_offset_reset,
+            lost or "none",
+        )
+        increments: counting.Counts = Counter()
+        for r in resets:
+            increments[counting.key(OFFSET_RESETS, topic=s.topic, kind=r.kind)] += 1
+        for why, n in lost.items():
+            increments[counting.key(RECORDS_LOST, topic=s.topic, reason=why)] += n
+        return starts, increments
+
+    def _bound_labels(self, result: GraphResult) -> GraphResult:
+        """The run with app and model labels bounded; the saved counters (the snapshot's)
+        hold the values admitted so far, so the choice survives restarts.
+
+        Exemplars are kept only for series the bounded counts hold: a pointer for a value
+        counted as `other` would be kept, and loaded at every scrape, for a series that is
+        never exported (30,000 such apps grew serve by 36 MiB).
+        """
+        windows, counts = self.labels.bound(result.windows, result.counts, self.snapshot().counts)
+        exemplars = {k: v for k, v in result.exemplars.items() if k in counts}
+        return dataclasses.replace(result, windows=windows, counts=counts, exemplars=exemplars)
+
+    def _update_lag(self, ends: Mapping[int, int], starts: Mapping[int, int]) -> None:
+        topic = self.settings.topic
+        offsets = {**starts, **self.state.offsets(topic)}
+        with self._lock:
+            self._lag = {(topic, p): n for p, n in consumer_lag(offsets, ends).items()}
+
+    def _ends_after_cycle(self, ends: Mapping[int, int]) -> dict[int, int]:
+        """End offsets after a cycle, for the lag gauge; the ones from its start if that fails."""
+        s = self.settings
+        try:
+            return {
+                **ends,
+                **end_offsets(
+                    s.bootstrap,
+                    s.topic,
+                    timeout_s=s.kafka_timeout_seconds,
+                    security=s.kafka_security,
+                ),
+            }
+        except Exception as exc:  # visibility only: the next cycle asks again
+            log.warning("could not read end offsets for the lag gauge: %s", exc)
+            return dict(ends)
+
+    def _commit_group_offsets(self) -> None:
+        s = self.settings
+        try:
+            commit_offsets(
+                s.bootstrap,
+                s.group_id,
+                s.topic,
+                self.state.offsets(s.topic),
+                timeout_s=s.kafka_timeout_seconds,
+                security=s.kafka_security,
+            )
+        except Exception as exc:  # visibility only: the state file already holds the offsets
+            log.warning("could not commit offsets to consumer group %s: %s", s.group_id, exc)
+
+    # ----- metrics ---------------------------------------------------------------------------
+    def _load_snapshot(self) -> MetricsSnapshot:
+        counts = self.state.counters()
+        for zero in self._zero_counters():
+            counts.setdefault(zero, 0)
+        complete, in_progress = self.state.current_windows()
+        wm = self.state.watermark(self.settings.topic)
+        gauges = {"ragpulse_heartbeat_timestamp_seconds": self._heartbeat}
+        if wm is not None:
+            gauges["ragpulse_watermark_timestamp_seconds"] = wm
+        if complete:
+            gauges["ragpulse_last_complete_window_end_timestamp_seconds"] = max(
+                k.window_end for k in complete
+            )
+        with self._lock:
+            lag = dict(self._lag)
+            cycles = self._cycles
+        return MetricsSnapshot(
+            counts, complete, in_progress, gauges, lag, self.state.exemplars(), cycles
+        )
+
+    def _zero_counters(self) -> list[counting.CounterKey]:
+        """Data-loss counters whose labels are known at start-up, exported at 0 until they
+        grow, so that increase() in the alerts sees their first increment."""
+        s = self.settings
+        keys = [counting.key(OFFSET_RESETS, topic=s.topic, kind=k) for k in RESET_KINDS]
+        keys += [counting.key(RECORDS_LOST, topic=s.topic, reason=r) for r in LOSS_REASONS]
+        keys.append(counting.key(UNDELIVERABLE, topic=s.dead_letter_topic))
+        if s.publish_verdicts != "none":
+            keys.append(counting.key(UNDELIVERABLE, topic=s.verdicts_topic))
+        return keys
+
+    def _refresh_snapshot(self) -> None:
+        snap = self._load_snapshot()
+        with self._lock:
+            self._snapshot = snap
+
+    def _record_cycle(self, ok: bool, took: float | None = None) -> None:
+        """Count a finished cycle and, after a good one, move the heartbeat; the snapshot is
+        updated in place (run_cycle has just rebuilt it; only these are new)."""
+        with self._lock:
+            self._cycles = self._cycles.with_cycle(ok, took)
+            gauges = dict(self._snapshot.gauges)
+            if ok:
+                gauges["ragpulse_heartbeat_timestamp_seconds"] = self._heartbeat
+            self._snapshot = dataclasses.replace(
+                self._snapshot, gauges=gauges, cycles=self._cycles
+            )
+
+    def snapshot(self) -> MetricsSnapshot:
+        with self._lock:
+            return self._snapshot
+
+    def healthy(self) -> tuple[bool, str]:
+        """Healthy while cycles complete; unhealthy once they have failed, or one cycle has
+        run, for longer than --unhealthy-after (a hung cycle never fails)."""
+        now = time.time()
+        started = self._cycle_started
+        if started is not None and now - started > self.settings.unhealthy_after_seconds:
+            return False, f"the cycle in flight has run for {now - started:.0f}s"
+        if self._first_failure is None:
+            return True, "ok"
+        failing_for = now - self._first_failure
+        if failing_for > self.settings.unhealthy_after_seconds:
+            return False, f"cycles have failed for {failing_for:.0f}s"
+        return True, f"cycles failing for {failing_for:.0f}s"
+
+    # ----- the loop --------------------------------------------------------------------------
+    def serve_forever(self, stop: StopRequest) -> None:
+        """Cycle until a stop is requested; the cycle in flight always finishes and is saved."""
+        backoff = 1.0
+        while not stop.requested:
+            started = time.monotonic()
+            self._cycle_started = time.time()
+            try:
+                covered, took = self.run_cycle()
+            except OffsetResetRefused:
+                raise
+            except Exception as exc:
+                self._cycle_started = None
+                self._record_cycle(ok=False)
+                if self._first_failure is None:
+                    self._first_failure = time.time()
+                log.error("cycle failed (retrying in %.0fs): %s", backoff, exc)
+                stop.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+                continue
+            backoff = 1.0
+            self._cycle_started = None
+            self._first_failure = None
+            self._heartbeat = time.time()
+            self._record_cycle(ok=True, took=took)
+            if covered >= self.settings.max_batch_events:
+                continue  # a backlog remains: go on at once
+            stop.sleep(self.settings.trigger_interval_seconds - (time.monotonic() - started))
+        log.info("stop requested (%s): the cycle in flight has finished and is saved", stop.why)
+
+    def close(self) -> None:
+        self.state.close()
+
+
+class StopRequest:
+    """A stop request set from a signal handler, polled by the serve loop.
+
+    A plain attribute on purpose: `threading.Event.set()` takes the event's lock, and a signal
+    that lands while the main thread holds that lock inside `Event.wait()` deadlocks the
+    process (seen as a serve that ignored SIGTERM once it had gone idle).
+    """
+
+    POLL_SECONDS = 0.1
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.why = ""
+
+    def request(self, why: str) -> None:
+        self.why = why
+        self.requested = True
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep up to `seconds`, returning within POLL_SECONDS of a stop request."""
+        deadline = time.monotonic() + seconds
+        while not self.requested:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, self.POLL_SECONDS))
+
+
+def open_state(path: Path, *, reset: bool) -> tuple[StateStore, bool]:
+    """The state store at `path`, and whether it was reset: with `reset`, an unusable file is
+    moved aside (to FILE.corrupt-<time>) and a fresh one started. Without it, SettingsError
+    says what to do."""
+    try:
+        return StateStore(path), False
+    except StateError as exc:
+        if not reset:
+            raise SettingsError(str(exc)) from None
+        moved = StateStore.move_aside(path)
+        log.warning("%s; --state-reset: moved it to %s and starting a fresh state", exc, moved)
+    return StateStore(path), True
+
+
+def _log_completed(windows: Mapping[WindowKey, RatingCounts]) -> None:
+    for key, c in windows.items():
+        log.info(
+            "window %s..%s complete: %s %s/%s pass %s (n=%d)",
+            isoformat_utc(key.window_start),
+            isoformat_utc(key.window_end),
+            key.judge,
+            key.app,
+            key.model,
+            f"{c.yes / c.graded:.1%}" if c.graded else "-",
+            c.graded,
+        )

@@ -1,0 +1,126 @@
+"""File sinks of the graph: the outputs `ragpulse run` writes into its output directory.
+
+    verdicts.jsonl     one verdict row per judged event (`pipeline.sinks.verdict_rows`)
+    windows.jsonl      counts, pass ratio and its Wilson interval per window, judge, app, model
+    dead_letter.jsonl  every line that was not judged, with where it was and why
+
+(metrics.prom, the fourth output, is written from the run's result by `pipeline.sinks.prometheus`.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import apache_beam as beam
+import orjson
+from apache_beam.utils.windowed_value import WindowedValue
+
+from judges import TextPolicy
+from pipeline.events import Rejected, dead_letter
+from pipeline.sinks.verdict_rows import verdict_row
+from pipeline.windows import window_row
+
+VERDICTS_FILE = "verdicts.jsonl"
+WINDOWS_FILE = "windows.jsonl"
+DEAD_LETTER_FILE = "dead_letter.jsonl"
+
+
+def _json_line(row: dict[str, Any]) -> str:
+    return orjson.dumps(row).decode()
+
+
+def dead_letter_line(rejected: Rejected) -> str:
+    """The dead_letter.jsonl row of a rejected record."""
+    record = rejected.record
+    row = dead_letter(
+        record.raw, source=record.source, position=record.position, reason=rejected.reason
+    )
+    if record.oversize_bytes is not None:  # `raw` is only the head the reader kept
+        row = {**row, "raw_bytes": record.oversize_bytes, "raw_truncated": True}
+    return _json_line(row)
+
+
+class _JoinLines(beam.DoFn):
+    """Joins text lines of the global window into newline-separated blocks of `max_lines`.
+
+    `WriteToText` writes a block as the same lines, but its per-element cost (a shard key, a
+    re-windowing and a shuffle write and read for each element) is paid once per block
+    instead of once per verdict (see tests/bench/bench_pipeline.py).
+    """
+
+    def __init__(self, max_lines: int = 1000) -> None:
+        self._max_lines = max_lines
+
+    def start_bundle(self) -> None:
+        self._lines: list[str] = []
+
+    def process(self, line: str) -> Iterator[str]:
+        self._lines.append(line)
+        if len(self._lines) >= self._max_lines:
+            yield "\n".join(self._lines)
+            self._lines = []
+
+    def finish_bundle(self) -> Iterator[WindowedValue]:
+        if self._lines:
+            yield beam.transforms.window.GlobalWindows.windowed_value("\n".join(self._lines))
+            self._lines = []
+
+
+class WriteLines(beam.PTransform):
+    """Writes text lines to one file (`path`, no shard suffix)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self._path = path
+
+    def expand(self, lines: Any) -> Any:
+        return (
+            lines
+            | "JoinLines" >> beam.ParDo(_JoinLines())
+            | "Write" >> beam.io.WriteToText(str(self._path), shard_name_template="", num_shards=1)
+        )
+
+
+class WriteDeadLetters(beam.PTransform):
+    """Sink: `Rejected` records as dead_letter.jsonl rows."""
+
+    def __init__(self, out_dir: Path) -> None:
+        super().__init__()
+        self._path = out_dir / DEAD_LETTER_FILE
+
+    def expand(self, rejected: Any) -> Any:
+        return rejected | "Format" >> beam.Map(dead_letter_line) | WriteLines(self._path)
+
+
+class WriteVerdicts(beam.PTransform):
+    """Sink: `JudgedEvent`s as verdicts.jsonl rows, text kept as `policy` says."""
+
+    def __init__(self, out_dir: Path, policy: TextPolicy) -> None:
+        super().__init__()
+        self._path = out_dir / VERDICTS_FILE
+        self._policy = policy
+
+    def expand(self, judged: Any) -> Any:
+        policy = self._policy
+        return (
+            judged
+            | "Format" >> beam.Map(lambda j: _json_line(verdict_row(j, policy)))
+            | WriteLines(self._path)
+        )
+
+
+class WriteWindows(beam.PTransform):
+    """Sink: (WindowKey, RatingCounts) rows as windows.jsonl."""
+
+    def __init__(self, out_dir: Path) -> None:
+        super().__init__()
+        self._path = out_dir / WINDOWS_FILE
+
+    def expand(self, windows: Any) -> Any:
+        return (
+            windows
+            | "Format" >> beam.MapTuple(lambda k, c: _json_line(window_row(k, c)))
+            | WriteLines(self._path)
+        )

@@ -1,0 +1,285 @@
+"""Kafka sinks of the graph: dead letters and verdict rows, published and acknowledged.
+
+`PublishDeadLetters` and `PublishVerdicts` are the last steps of serve's Beam graph
+(`pipeline.graph`). Each bundle's records are sent and their acknowledgements awaited before the
+bundle ends (`deliver`), so when the run returns every record is delivered, refused for good, or
+reported as unacknowledged; serve saves the cycle's offsets only after that. `deliver` tells
+records the broker refused for good (counted at once in
+`ragpulse_dead_letters_undeliverable_total`) from records it did not acknowledge (yet): those are
+handed to the caller (a Beam counter in UNACKNOWLEDGED_NAMESPACE, named by topic and reason),
+which fails the cycle, or gives up on them after --undeliverable-after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import apache_beam as beam
+import orjson
+from apache_beam.metrics import Metrics
+from kafka import KafkaProducer
+from kafka import errors as kafka_errors
+
+from judges import TextPolicy
+from pipeline import counting
+from pipeline.events import Rejected
+from pipeline.kafka_security import KafkaSecurity, connect
+from pipeline.sinks.verdict_rows import verdict_row
+from pipeline.sources.kafka import HEAD_BYTES
+
+log = logging.getLogger(__name__)
+
+UNDELIVERABLE = "ragpulse_dead_letters_undeliverable_total"
+UNACKNOWLEDGED_NAMESPACE = "ragpulse.unacknowledged"
+# Dead letters carry the whole record up to this size and only its head above it: Kafka's
+# default limits on one record (broker message.max.bytes, producer max.request.size) are 1 MiB,
+# and the headers and the batch framing need room too.
+DEAD_LETTER_MAX_VALUE_BYTES = 1_000_000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutputRecord:
+    """A record serve publishes: dead letters, verdicts."""
+
+    value: bytes
+    key: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+def dead_letter_record(rejected: Rejected) -> OutputRecord:
+    """The dead-letter record: the value (bounded, see DEAD_LETTER_MAX_VALUE_BYTES) with headers
+    reason, source-partition, source-offset, original-size and truncated."""
+    record = rejected.record
+    size = len(record.raw) if record.oversize_bytes is None else record.oversize_bytes
+    value = record.raw
+    if len(value) > DEAD_LETTER_MAX_VALUE_BYTES:
+        value = value[:HEAD_BYTES]
+    return OutputRecord(
+        value,
+        None,
+        (
+            ("reason", rejected.reason.encode("utf-8")),
+            ("source-partition", str(record.partition).encode()),
+            ("source-offset", str(record.position).encode()),
+            ("original-size", str(size).encode()),
+            ("truncated", b"true" if len(value) < size else b"false"),
+        ),
+    )
+
+
+# Refusals that concern the record itself: sending the same bytes again can never succeed.
+# Every other error (broker away, timeouts, authorization, unknown server errors) may clear up.
+_REFUSED_RECORD = (
+    kafka_errors.MessageSizeTooLargeError,
+    kafka_errors.RecordListTooLargeError,
+    kafka_errors.InvalidRecordError,
+    kafka_errors.CorruptRecordError,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Delivery:
+    """What became of records sent to one topic.
+
+    `refused`: records the broker (or the producer, for its size limit) refused for good, with
+    the reason. `unacknowledged`: records not acknowledged for a reason that may clear up
+    (broker away, timeout, not authorised, server error), with the reason.
+    """
+
+    topic: str
+    delivered: int
+    refused: list[tuple[OutputRecord, str]]
+    unacknowledged: list[tuple[OutputRecord, str]]
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line about a Kafka error, with the broker's own description of its code."""
+    text = str(exc).removesuffix(": None") or type(exc).__name__
+    description = getattr(exc, "description", None)
+    return f"{text} ({description})" if description else text
+
+
+def deliver(
+    producer: KafkaProducer,
+    topic: str,
+    records: Iterable[OutputRecord],
+    *,
+    timeout_s: float = 30.0,
+) -> Delivery:
+    """Send `records` to `topic` and wait up to `timeout_s` for every acknowledgement.
+
+    Never raises for a record: each one ends delivered, refused or unacknowledged (see
+    `Delivery`), and the caller decides whether to retry. Once a send fails for a reason that
+    may clear up (the producer could not even get the topic's metadata), the rest are left
+    unacknowledged without trying, since each would wait as long again.
+    """
+    pending = list(records)
+    sent: list[tuple[OutputRecord, Any]] = []
+    refused: list[tuple[OutputRecord, str]] = []
+    unacknowledged: list[tuple[OutputRecord, str]] = []
+    for i, record in enumerate(pending):
+        try:
+            future = producer.send(
+                topic, value=record.value, key=record.key, headers=list(record.headers)
+            )
+        except _REFUSED_RECORD as exc:
+            refused.append((record, describe_error(exc)))
+            continue
+        except Exception as exc:
+            why = describe_error(exc)
+            unacknowledged.extend((rest, why) for rest in pending[i:])
+            break
+        sent.append((record, future))
+    # On a timeout, the futures below tell which records are still unacknowledged.
+    with contextlib.suppress(kafka_errors.KafkaTimeoutError):
+        producer.flush(timeout=timeout_s)
+    delivered = 0
+    for record, future in sent:
+        try:
+            future.get(timeout=0.01)
+        except _REFUSED_RECORD as exc:
+            refused.append((record, describe_error(exc)))
+        except Exception as exc:
+            unacknowledged.append((record, describe_error(exc)))
+        else:
+            delivered += 1
+    return Delivery(topic, delivered, refused, unacknowledged)
+
+
+@dataclasses.dataclass(frozen=True)
+class KafkaTopic:
+    """Where and how to publish: the broker, its security settings, the topic, the timeout."""
+
+    bootstrap: str
+    security: KafkaSecurity
+    topic: str
+    timeout_s: float
+
+
+def new_producer(target: KafkaTopic) -> KafkaProducer:
+    timeout_ms = int(target.timeout_s * 1000)
+    return connect(
+        KafkaProducer,
+        target.bootstrap,
+        target.security,
+        acks="all",
+        linger_ms=5,
+        request_timeout_ms=timeout_ms,
+        # Connecting and waiting for metadata take 30 s and 60 s by default: bound them by
+        # --kafka-timeout too, so a broker outage fails the cycle in that time.
+        bootstrap_timeout_ms=timeout_ms,
+        max_block_ms=timeout_ms,
+    )
+
+
+class _Publish(beam.DoFn):
+    """Sends a bundle's records when the bundle ends and waits for their acknowledgements."""
+
+    def __init__(self, target: KafkaTopic) -> None:
+        self._target = target
+
+    def setup(self) -> None:
+        self._producer: KafkaProducer | None = None
+
+    def start_bundle(self) -> None:
+        self._records: list[OutputRecord] = []
+
+    def process(self, record: OutputRecord) -> None:
+        self._records.append(record)
+
+    def finish_bundle(self) -> None:
+        records, self._records = self._records, []
+        if not records:
+            return
+        target = self._target
+        if self._producer is None:
+            self._producer = new_producer(target)
+        d = deliver(self._producer, target.topic, records, timeout_s=target.timeout_s)
+        if d.refused or d.unacknowledged:
+            # After some broker errors kafka-python's (idempotent) producer aborts every later
+            # batch too ("fatal error"): the next bundle gets a new producer.
+            self._close(timeout=0)
+        if d.delivered:
+            log.info("published %d records to %s", d.delivered, d.topic)
+        if d.refused:
+            _log_refused(d)
+            Metrics.counter(
+                counting.COUNTER_NAMESPACE,
+                counting.encode(counting.key(UNDELIVERABLE, topic=target.topic)),
+            ).inc(len(d.refused))
+        for why, n in Counter(why for _, why in d.unacknowledged).items():
+            Metrics.counter(UNACKNOWLEDGED_NAMESPACE, orjson.dumps([d.topic, why]).decode()).inc(n)
+
+    def _close(self, timeout: float) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                producer.close(timeout=timeout)
+            except Exception as exc:  # its unsent batches are given up on either way
+                log.debug("closing the producer: %s", exc)
+
+    def teardown(self) -> None:
+        self._close(timeout=5)
+
+
+def _log_refused(d: Delivery) -> None:
+    reasons = Counter(why for _, why in d.refused)
+    log.error(
+        "%d records for %s are undeliverable and were dropped (%s); first: %s",
+        len(d.refused),
+        d.topic,
+        "; ".join(f"{n} x {why}" for why, n in reasons.most_common()),
+        ", ".join(identify(record) for record, _ in d.refused[:5]),
+    )
+
+
+def identify(record: OutputRecord) -> str:
+    """Where a dead letter came from (partition/offset), or a verdict row's request_id."""
+    headers = dict(record.headers)
+    if "source-offset" in headers:
+        return f"{headers['source-partition'].decode()}/{headers['source-offset'].decode()}"
+    return (record.key or b"?").decode(errors="replace")
+
+
+class PublishDeadLetters(beam.PTransform):
+    """Sink: `Rejected` records to the dead-letter topic, with reason and source headers."""
+
+    def __init__(self, target: KafkaTopic) -> None:
+        super().__init__()
+        self._target = target
+
+    def expand(self, rejected: Any) -> Any:
+        return (
+            rejected
+            | "ToRecord" >> beam.Map(dead_letter_record)
+            | "Publish" >> beam.ParDo(_Publish(self._target))
+        )
+
+
+def _verdict_record(policy: TextPolicy) -> Any:
+    def to_record(judged: Any) -> OutputRecord:
+        row = verdict_row(judged, policy)
+        return OutputRecord(orjson.dumps(row), row["request_id"].encode())
+
+    return to_record
+
+
+class PublishVerdicts(beam.PTransform):
+    """Sink: verdict rows (the verdicts.jsonl format of `ragpulse run`), keyed by request_id."""
+
+    def __init__(self, target: KafkaTopic, policy: TextPolicy) -> None:
+        super().__init__()
+        self._target = target
+        self._policy = policy
+
+    def expand(self, judged: Any) -> Any:
+        return (
+            judged
+            | "ToRecord" >> beam.Map(_verdict_record(self._policy))
+            | "Publish" >> beam.ParDo(_Publish(self._target))
+        )
