@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Literal
 
 from judges.base import (
     ERROR_CAUSES,
@@ -19,10 +18,16 @@ from judges.base import (
     Verdict,
 )
 from judges.redaction import TextPolicy
+from judges.registry import (
+    DEFAULT_JUDGES,
+    JUDGE_NAMES,
+    JUDGES,
+    Backend,
+    JudgeEntry,
+    check_judge_names,
+    judge_entry,
+)
 from judges.retry import ReplyFormat
-
-JUDGE_NAMES: tuple[str, ...] = ("groundedness", "safety", "relevance_to_query")
-Backend = Literal["local", "openai"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +37,7 @@ class JudgeSpec:
     `api_key` is kept out of `repr` so that it never reaches a log line.
     """
 
-    names: tuple[str, ...] = JUDGE_NAMES
+    names: tuple[str, ...] = DEFAULT_JUDGES
     backend: Backend = "local"
     base_url: str | None = None
     model: str = "gpt-4o-mini"
@@ -53,14 +58,7 @@ class JudgeSpec:
     text_policy: TextPolicy = dataclasses.field(default_factory=TextPolicy)
 
     def __post_init__(self) -> None:
-        unknown = [n for n in self.names if n not in JUDGE_NAMES]
-        if unknown or not self.names:
-            raise ValueError(
-                f"unknown judge(s) {', '.join(unknown) or '(none given)'}; "
-                f"known judges: {', '.join(JUDGE_NAMES)}"
-            )
-        if len(set(self.names)) != len(self.names):
-            raise ValueError(f"judge names repeat: {', '.join(self.names)}")
+        check_judge_names(self.names, self.backend)
 
     def build(self) -> JudgePanel:
         """A panel of the named judges on this backend."""
@@ -95,13 +93,16 @@ class JudgeSpec:
 
 
 __all__ = [
+    "DEFAULT_JUDGES",
     "ERROR_CAUSES",
+    "JUDGES",
     "JUDGE_NAMES",
     "RATINGS",
     "Backend",
     "Chunk",
     "ErrorCause",
     "Judge",
+    "JudgeEntry",
     "JudgeInput",
     "JudgePanel",
     "JudgeSpec",
@@ -110,4 +111,6 @@ __all__ = [
     "TextPolicy",
     "Turn",
     "Verdict",
+    "check_judge_names",
+    "judge_entry",
 ]

@@ -13,9 +13,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
-from judges import JUDGE_NAMES, JudgeSpec, ReplyFormat
+from judges import DEFAULT_JUDGES, JudgeSpec, ReplyFormat, check_judge_names
 from judges.redaction import (
     REDACT_MODES,
     STORE_TEXT_MODES,
@@ -25,6 +33,7 @@ from judges.redaction import (
     compile_user_patterns,
     is_loopback_url,
 )
+from judges.registry import judges_help
 from pipeline.windows import parse_duration
 
 log = logging.getLogger(__name__)
@@ -39,8 +48,8 @@ class JudgeSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    names: tuple[str, ...] = JUDGE_NAMES
-    backend: Literal["local", "openai"]
+    backend: Literal["local", "openai"]  # before `names`, whose check reads it
+    names: tuple[str, ...] = DEFAULT_JUDGES
     base_url: str | None = None
     model: str = "gpt-4o-mini"
     api_key: SecretStr | None = None
@@ -68,13 +77,8 @@ class JudgeSettings(BaseModel):
 
     @field_validator("names")
     @classmethod
-    def _known_judges(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        unknown = [n for n in names if n not in JUDGE_NAMES]
-        if unknown or not names:
-            raise ValueError(
-                f"unknown judge(s) {', '.join(unknown) or '(none)'}; "
-                f"known: {', '.join(JUDGE_NAMES)}"
-            )
+    def _known_judges(cls, names: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        check_judge_names(names, info.data.get("backend"))  # ValueError: one line
         return names
 
     @field_validator("prompts_dir")
@@ -126,8 +130,9 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("judges")
     g.add_argument(
         "--judges",
-        default=",".join(JUDGE_NAMES),
-        help=f"comma-separated judges to run (default: {','.join(JUDGE_NAMES)})",
+        default=",".join(DEFAULT_JUDGES),
+        help=f"comma-separated judges to run, each once, from: {judges_help()} "
+        f"(default: {','.join(DEFAULT_JUDGES)})",
     )
     g.add_argument(
         "--judge-backend",
