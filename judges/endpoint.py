@@ -353,8 +353,9 @@ class OpenAIJudgeEndpoint:
         if not key:
             if self.base_url is None:
                 raise ValueError(
-                    "no API key for the judge endpoint: set OPENAI_API_KEY (or pass api_key), "
-                    "or set a base_url for a local OpenAI-compatible server that needs no key"
+                    "no API key for the judge endpoint: set OPENAI_API_KEY, or the base URL "
+                    "(--judge-base-url, OPENAI_BASE_URL) of a local OpenAI-compatible server "
+                    "that needs no key"
                 )
             key = PLACEHOLDER_API_KEY
         self._api_key = key

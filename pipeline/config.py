@@ -44,30 +44,34 @@ class SettingsError(Exception):
 
 
 class JudgeSettings(BaseModel):
-    """The judge panel: which judges, on which backend, against which endpoint."""
+    """The judge panel: which judges, on which backend, against which endpoint.
+
+    Each field's title is the flag (or environment variable) that sets it: errors name that,
+    since the operator never sees the field names.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    backend: Literal["local", "openai"]  # before `names`, whose check reads it
-    names: tuple[str, ...] = DEFAULT_JUDGES
-    base_url: str | None = None
-    model: str = "gpt-4o-mini"
-    api_key: SecretStr | None = None
-    concurrency: int = Field(16, ge=1, le=1024)
-    timeout_seconds: float = Field(30.0, gt=0, le=600)
-    max_retries: int = Field(4, ge=0, le=20)
-    temperature: float = Field(0.1, ge=0, le=2)
-    prompts_dir: Path | None = None
-    reply_format: ReplyFormat = "json_schema"
-    max_tokens: int = Field(256, ge=1, le=65536)
-    breaker_failures: int = Field(5, ge=0, le=10_000)
-    breaker_cooldown_seconds: float = Field(30.0, gt=0, le=86400)
-    batch_deadline_seconds: float = Field(120.0, gt=0, le=86400)
-    rpm: int | None = Field(None, ge=1)
-    tpm: int | None = Field(None, ge=1)
-    redact_pii: RedactMode = "auto"
-    redact_patterns: tuple[str, ...] = ()
-    store_text: StoreText = "redacted"
+    backend: Literal["local", "openai"] = Field(title="--judge-backend")  # `names` reads it
+    names: tuple[str, ...] = Field(DEFAULT_JUDGES, title="--judges")
+    base_url: str | None = Field(None, title="--judge-base-url / OPENAI_BASE_URL")
+    model: str = Field("gpt-4o-mini", title="--judge-model")
+    api_key: SecretStr | None = Field(None, title="OPENAI_API_KEY")
+    concurrency: int = Field(16, ge=1, le=1024, title="--judge-concurrency")
+    timeout_seconds: float = Field(30.0, gt=0, le=600, title="--judge-timeout")
+    max_retries: int = Field(4, ge=0, le=20, title="--judge-max-retries")
+    temperature: float = Field(0.1, ge=0, le=2, title="--judge-temperature")
+    prompts_dir: Path | None = Field(None, title="--judge-prompts")
+    reply_format: ReplyFormat = Field("json_schema", title="--judge-reply-format")
+    max_tokens: int = Field(256, ge=1, le=65536, title="--judge-max-tokens")
+    breaker_failures: int = Field(5, ge=0, le=10_000, title="--judge-breaker-failures")
+    breaker_cooldown_seconds: float = Field(30.0, gt=0, le=86400, title="--judge-breaker-cooldown")
+    batch_deadline_seconds: float = Field(120.0, gt=0, le=86400, title="--judge-batch-deadline")
+    rpm: int | None = Field(None, ge=1, title="--judge-rpm")
+    tpm: int | None = Field(None, ge=1, title="--judge-tpm")
+    redact_pii: RedactMode = Field("auto", title="--redact-pii")
+    redact_patterns: tuple[str, ...] = Field((), title="--redact-pattern")
+    store_text: StoreText = Field("redacted", title="--store-text")
 
     @field_validator("redact_patterns")
     @classmethod
@@ -319,7 +323,7 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
             store_text=args.store_text,
         )
     except ValidationError as exc:
-        raise SettingsError(describe_validation_error(exc)) from None
+        raise SettingsError(describe_validation_error(exc, JudgeSettings)) from None
     if backend == "openai":
         redacted = settings.spec().text_policy.redacts_prompts_to(base_url)
         log.info(
@@ -331,13 +335,21 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
     return settings
 
 
-def describe_validation_error(exc: ValidationError) -> str:
-    """One line per invalid setting, without echoing values that may be secret."""
+def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> str:
+    """One line per invalid setting of `model`, named by the flag that sets it (see
+    `setting_flag`), without echoing values that may be secret."""
     parts = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "settings"
-        parts.append(f"{where}: {err['msg']}")
+        where = setting_flag(model, str(err["loc"][0])) if err["loc"] else "settings"
+        # pydantic prefixes the message of a ValueError raised by a validator.
+        parts.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")
     return "invalid settings: " + "; ".join(parts)
+
+
+def setting_flag(model: type[BaseModel], field: str) -> str:
+    """The flag that sets `field` of `model`: the field's title, else the field's name as a flag."""
+    info = model.model_fields.get(field)
+    return info.title if info is not None and info.title else "--" + field.replace("_", "-")
 
 
 def sample_rate(text: str) -> float:

@@ -122,11 +122,12 @@ class PublishError(RuntimeError):
 
 
 class ServeSettings(BaseModel):
-    """Validated settings of `ragpulse serve`."""
+    """Validated settings of `ragpulse serve`; a field's title is its flag, when the field's
+    name is not (errors name the flag)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    bootstrap: str = Field(min_length=3)
+    bootstrap: str = Field(min_length=3, title="--kafka-bootstrap")
     topic: str = Field(min_length=1)
     dead_letter_topic: str = Field(min_length=1)
     verdicts_topic: str = Field(min_length=1)
@@ -135,23 +136,23 @@ class ServeSettings(BaseModel):
     state: Path
     judges: JudgeSettings
     sample_rate: float = Field(ge=0, le=1)
-    window_seconds: float = Field(gt=0)
-    allowed_lateness_seconds: float = Field(ge=0)
-    out_of_orderness_seconds: float = Field(ge=0)
-    trigger_interval_seconds: float = Field(gt=0)
+    window_seconds: float = Field(gt=0, title="--window")
+    allowed_lateness_seconds: float = Field(ge=0, title="--allowed-lateness")
+    out_of_orderness_seconds: float = Field(ge=0, title="--out-of-orderness")
+    trigger_interval_seconds: float = Field(gt=0, title="--trigger-interval")
     max_batch_events: int = Field(ge=1)
     metrics_host: str
     metrics_port: int = Field(ge=0, le=65535)
     web_config_file: Path | None = None
-    unhealthy_after_seconds: float = Field(gt=0)
-    retention_seconds: float = Field(gt=0)
-    kafka_timeout_seconds: float = Field(gt=0)
+    unhealthy_after_seconds: float = Field(gt=0, title="--unhealthy-after")
+    retention_seconds: float = Field(gt=0, title="--retention")
+    kafka_timeout_seconds: float = Field(gt=0, title="--kafka-timeout")
     max_event_bytes: int = Field(ge=1024)
     kafka_security: KafkaSecurity = PLAINTEXT
     canary_file: Path | None = None
-    canary_rate_per_minute: float = Field(1.0, gt=0, le=10_000)
+    canary_rate_per_minute: float = Field(1.0, gt=0, le=10_000, title="--canary-rate")
     on_offset_reset: Literal["earliest", "latest", "fail"]
-    undeliverable_after_seconds: float = Field(gt=0)
+    undeliverable_after_seconds: float = Field(gt=0, title="--undeliverable-after")
     state_reset: bool
     labels: LabelLimits = LabelLimits()
 
@@ -1030,7 +1031,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
             labels=label_limits(args),
         )
     except ValidationError as exc:
-        raise SettingsError(describe_validation_error(exc)) from None
+        raise SettingsError(describe_validation_error(exc, ServeSettings)) from None
 
 
 def main(args: argparse.Namespace) -> int:
