@@ -78,6 +78,17 @@ class JudgePrompt(BaseModel):
     rubric: str = Field(min_length=1)
     examples: tuple[FewShotExample, ...]
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_requires(cls, data: object) -> object:
+        # Prompt files before the judge registry said what their judge requires.
+        if isinstance(data, dict) and "requires" in data:
+            raise ValueError(
+                "'requires' is no longer read from prompt files: the judge registry "
+                "(judges/registry.py) says what each judge requires; delete the line"
+            )
+        return data
+
     @model_validator(mode="after")
     def _closed_ratings_with_one_example_each(self) -> JudgePrompt:
         if sorted(self.ratings) != ["no", "yes"]:

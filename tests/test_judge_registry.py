@@ -118,3 +118,13 @@ def test_a_judge_added_to_the_registry_is_accepted_and_refused_on_a_backend_it_l
         check_judge_names(("safety", "tone"), "local")
     with pytest.raises(SettingsError, match="tone have no local implementation"):
         judge_settings(parse("--judges", "tone", "--judge-backend", "local"), env={})
+
+
+def test_a_prompt_file_still_saying_what_its_judge_requires_is_refused_saying_why(
+    tmp_path: Path,
+) -> None:
+    data = yaml.safe_load((PROMPTS / "groundedness.yaml").read_text())
+    data["requires"] = ["chunks"]
+    (tmp_path / "groundedness.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match="'requires' is no longer read from prompt files"):
+        load_prompt("groundedness", tmp_path)
