@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import judges
-from judges import JUDGES, Backend, JudgeEntry, JudgeInput, JudgeSpec, check_judge_names
+from judges import JUDGES, Backend, Chunk, JudgeEntry, JudgeInput, JudgeSpec, check_judge_names
 from judges.llm import available_prompts, load_prompt
 from judges.local import build_local_judges
 from pipeline.config import SettingsError, add_judge_arguments, judge_settings
@@ -83,14 +83,15 @@ def test_every_registered_local_judge_builds_under_its_own_name() -> None:
 
 
 @pytest.mark.parametrize("backend", ["local", "openai"])
-def test_an_event_without_retrieved_chunks_is_ungrounded_on_either_backend(
-    backend: Backend,
+@pytest.mark.parametrize("chunks", [(), (Chunk(" \n"), Chunk(""))], ids=["none", "blank"])
+def test_an_event_without_retrieved_text_is_ungrounded_on_either_backend(
+    backend: Backend, chunks: tuple[Chunk, ...]
 ) -> None:
     # The LLM judge decides this before calling the endpoint, so no server is needed.
     spec = JudgeSpec(names=("groundedness",), backend=backend, base_url="http://127.0.0.1:9/v1")
     panel = spec.build()
     try:
-        ((verdict,),) = panel.judge_batch([JudgeInput("How tall is it?", "It is 330 m tall.")])
+        ((verdict,),) = panel.judge_batch([JudgeInput("How tall is it?", "It is 330 m.", chunks)])
     finally:
         panel.close()
     assert (verdict.rating, verdict.rationale) == (
