@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Literal
 
 from judges.base import (
     ERROR_CAUSES,
@@ -19,48 +18,49 @@ from judges.base import (
     Verdict,
 )
 from judges.redaction import TextPolicy
+from judges.registry import (
+    DEFAULT_JUDGES,
+    JUDGE_NAMES,
+    JUDGES,
+    Backend,
+    JudgeEntry,
+    check_judge_names,
+    judge_entry,
+)
 from judges.retry import ReplyFormat
-
-JUDGE_NAMES: tuple[str, ...] = ("groundedness", "safety", "relevance_to_query")
-Backend = Literal["local", "openai"]
 
 
 @dataclasses.dataclass(frozen=True)
 class JudgeSpec:
     """Everything needed to build a judge panel inside a Beam worker (picklable, built lazily).
 
+    Built from the settings (`pipeline.settings.JudgeSettings.spec`), which hold the defaults.
+
     `api_key` is kept out of `repr` so that it never reaches a log line.
     """
 
-    names: tuple[str, ...] = JUDGE_NAMES
-    backend: Backend = "local"
-    base_url: str | None = None
-    model: str = "gpt-4o-mini"
-    api_key: str | None = dataclasses.field(default=None, repr=False)
-    concurrency: int = 16
-    timeout_seconds: float = 30.0
-    max_retries: int = 4
-    temperature: float = 0.1
-    prompts_dir: str | None = None  # replaces the shipped LLM prompt files
-    reply_format: ReplyFormat = "json_schema"
-    max_tokens: int = 256
-    breaker_failures: int = 5
-    breaker_cooldown_seconds: float = 30.0
-    batch_deadline_seconds: float | None = 120.0
-    rpm: int | None = None
-    tpm: int | None = None
+    names: tuple[str, ...]
+    backend: Backend
+    base_url: str | None
+    model: str
+    api_key: str | None = dataclasses.field(repr=False)
+    concurrency: int
+    timeout_seconds: float
+    max_retries: int
+    temperature: float
+    prompts_dir: str | None  # replaces the shipped LLM prompt files
+    reply_format: ReplyFormat
+    max_tokens: int
+    breaker_failures: int
+    breaker_cooldown_seconds: float
+    batch_deadline_seconds: float | None
+    rpm: int | None
+    tpm: int | None
     # PII redaction of prompts and of stored verdict text (judges.redaction).
-    text_policy: TextPolicy = dataclasses.field(default_factory=TextPolicy)
+    text_policy: TextPolicy
 
     def __post_init__(self) -> None:
-        unknown = [n for n in self.names if n not in JUDGE_NAMES]
-        if unknown or not self.names:
-            raise ValueError(
-                f"unknown judge(s) {', '.join(unknown) or '(none given)'}; "
-                f"known judges: {', '.join(JUDGE_NAMES)}"
-            )
-        if len(set(self.names)) != len(self.names):
-            raise ValueError(f"judge names repeat: {', '.join(self.names)}")
+        check_judge_names(self.names, self.backend)
 
     def build(self) -> JudgePanel:
         """A panel of the named judges on this backend."""
@@ -95,13 +95,16 @@ class JudgeSpec:
 
 
 __all__ = [
+    "DEFAULT_JUDGES",
     "ERROR_CAUSES",
+    "JUDGES",
     "JUDGE_NAMES",
     "RATINGS",
     "Backend",
     "Chunk",
     "ErrorCause",
     "Judge",
+    "JudgeEntry",
     "JudgeInput",
     "JudgePanel",
     "JudgeSpec",
@@ -110,4 +113,6 @@ __all__ = [
     "TextPolicy",
     "Turn",
     "Verdict",
+    "check_judge_names",
+    "judge_entry",
 ]

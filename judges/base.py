@@ -69,6 +69,11 @@ class Turn:
     content: str
 
 
+# The parts of a `JudgeInput`, by name: what a judge requires (judges.registry) and what an LLM
+# judge's prompt shows (judges.llm).
+InputName = Literal["history", "question", "chunks", "answer"]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class JudgeInput:
     """The part of an inference-log event that judges look at."""
@@ -77,6 +82,17 @@ class JudgeInput:
     answer: str
     chunks: tuple[Chunk, ...] = ()
     history: tuple[Turn, ...] = ()
+
+    def lacks(self, names: Sequence[InputName]) -> list[InputName]:
+        """Those of `names` this event does not have: blank text, no chunk with text, no turns."""
+        return [name for name in names if not self._has(name)]
+
+    def _has(self, name: InputName) -> bool:
+        if name == "chunks":
+            return any(c.content and not c.content.isspace() for c in self.chunks)
+        if name == "history":
+            return bool(self.history)
+        return bool((self.question if name == "question" else self.answer).strip())
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -45,7 +45,8 @@ class Refusal:
 class CircuitBreaker:
     """Counts consecutive failed attempts of one endpoint and fails calls fast while it is down.
 
-    `failure_threshold` 0 switches the breaker off (every attempt is permitted).
+    `failure_threshold` 0 switches the breaker off (every attempt is permitted). Both numbers
+    come from `--judge-breaker-*` flags, whose bounds `pipeline.settings.JudgeSettings` checks.
     """
 
     def __init__(
@@ -56,10 +57,6 @@ class CircuitBreaker:
         name: str = "judge endpoint",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if failure_threshold < 0:
-            raise ValueError(f"failure_threshold must be >= 0, got {failure_threshold}")
-        if cooldown_seconds <= 0:
-            raise ValueError(f"cooldown_seconds must be positive, got {cooldown_seconds}")
         self.failure_threshold = failure_threshold
         self.cooldown_seconds = cooldown_seconds
         self.name = name

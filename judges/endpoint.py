@@ -323,7 +323,8 @@ class OpenAIJudgeEndpoint:
     endpoint, and retried by `judges.retry` only (the client's own retries are off). The client
     and the semaphore are made lazily inside the running event loop, and remade if the loop
     changes, because `JudgePanel` runs its own private loop; the breaker and the quotas are
-    process-wide (`shared_endpoint_state`).
+    process-wide (`shared_endpoint_state`). The numbers are trusted: they come from flags that
+    `pipeline.settings.JudgeSettings` has validated, the one place their bounds are written.
     """
 
     def __init__(
@@ -347,24 +348,14 @@ class OpenAIJudgeEndpoint:
         max_retry_after_seconds: float = 60.0,
         jitter: Callable[[], float] = random.random,
     ) -> None:
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-        if timeout_seconds <= 0:
-            raise ValueError(f"timeout_seconds must be positive, got {timeout_seconds}")
-        if not 0 <= temperature <= 2:
-            raise ValueError(f"temperature must be within 0..2, got {temperature}")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-        if reply_format not in ("json_schema", "json_object", "text"):
-            raise ValueError(f"reply_format must be json_schema, json_object or text, got "
-                             f"{reply_format!r}")
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
         key = api_key or os.environ.get("OPENAI_API_KEY")
         if not key:
             if self.base_url is None:
                 raise ValueError(
-                    "no API key for the judge endpoint: set OPENAI_API_KEY (or pass api_key), "
-                    "or set a base_url for a local OpenAI-compatible server that needs no key"
+                    "no API key for the judge endpoint: set OPENAI_API_KEY, or the base URL "
+                    "(--judge-base-url, OPENAI_BASE_URL) of a local OpenAI-compatible server "
+                    "that needs no key"
                 )
             key = PLACEHOLDER_API_KEY
         self._api_key = key

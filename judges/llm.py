@@ -3,10 +3,11 @@
 For whoever wires the `openai` backend (`JudgeSpec.build`, the CLI): make one
 `OpenAIJudgeEndpoint` (`judges.endpoint`: client settings, one concurrency bound shared by every
 LLM judge, the single retry layer, breaker, quotas, deadline) and pass it to `build_llm_judges`.
-Each judge is an `LLMJudge` driven by a versioned prompt file in `judges/prompts/<name>.yaml`
-(rubric, closed ratings yes/no, exactly one few-shot example per rating, as the Databricks study
-found makes cheap judges usable; binary single-answer grading, one-sentence rationale before the
-rating, temperature 0.1).
+Each judge is an `LLMJudge` driven by the versioned prompt file in `judges/prompts/` that its
+entry in `judges.registry` names (the registry also says which inputs it requires): rubric,
+closed ratings yes/no, exactly one few-shot example per rating, as the Databricks study found
+makes cheap judges usable; binary single-answer grading, one-sentence rationale before the
+rating, temperature 0.1.
 
 Untrusted text (question, history, retrieved chunks, answer) is fenced between tags carrying a
 random per-call nonce, e.g. `<answer-3f9a0c...>` ... `</answer-3f9a0c...>`; no angle bracket
@@ -29,11 +30,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from judges.base import Judge, JudgeInput, Verdict
+from judges.base import InputName, Judge, JudgeInput, Verdict
 from judges.endpoint import EndpointFailure, OpenAIJudgeEndpoint
 from judges.fencing import fence, new_nonce, single_line
+from judges.registry import JUDGES, judge_entry
 
-InputName = Literal["history", "question", "chunks", "answer"]
 BinaryRating = Literal["yes", "no"]
 
 # Bumped when the frame below (fence rules, reply format) changes; each prompt file has its own
@@ -73,10 +74,20 @@ class JudgePrompt(BaseModel):
     version: int = Field(ge=1)
     ratings: tuple[BinaryRating, ...]
     inputs: tuple[InputName, ...] = Field(min_length=1)
-    requires: tuple[InputName, ...] = ()
     task: str = Field(min_length=1)
     rubric: str = Field(min_length=1)
     examples: tuple[FewShotExample, ...]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_requires(cls, data: object) -> object:
+        # Prompt files before the judge registry said what their judge requires.
+        if isinstance(data, dict) and "requires" in data:
+            raise ValueError(
+                "'requires' is no longer read from prompt files: the judge registry "
+                "(judges/registry.py) says what each judge requires; delete the line"
+            )
+        return data
 
     @model_validator(mode="after")
     def _closed_ratings_with_one_example_each(self) -> JudgePrompt:
@@ -89,9 +100,6 @@ class JudgePrompt(BaseModel):
             )
         if "answer" not in self.inputs:
             raise ValueError("a judge must read the answer (add 'answer' to inputs)")
-        missing = [r for r in self.requires if r not in self.inputs]
-        if missing:
-            raise ValueError(f"required inputs {missing} are not among inputs")
         return self
 
 
@@ -105,28 +113,35 @@ def load_prompt_file(path: Path) -> JudgePrompt:
 
 
 def available_prompts() -> tuple[str, ...]:
-    """Names of the judges that have a prompt file shipped in `judges/prompts/`."""
-    folder = importlib.resources.files("judges") / "prompts"
-    return tuple(
-        sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
-    )
+    """Names of the judges with an LLM implementation (a prompt file), from the registry."""
+    return tuple(name for name, entry in JUDGES.items() if entry.prompt is not None)
 
 
 def load_prompt(name: str, prompts_dir: Path | None = None) -> JudgePrompt:
-    """The prompt of judge `name`: from `prompts_dir/<name>.yaml` when given, else the shipped one.
+    """The prompt of judge `name`: its registry file in `prompts_dir` when given, else the
+    shipped one.
 
-    ValueError lists the known judges when there is no such judge.
+    ValueError lists the known judges when there is no such judge, and names the file when it
+    does not show the judge an input the registry says it requires.
     """
-    known = available_prompts()
-    if name not in known:
-        raise ValueError(f"no LLM judge named {name!r}; known judges: {', '.join(known)}")
+    entry = judge_entry(name)
+    if entry.prompt is None:
+        raise ValueError(
+            f"judge {name} has no LLM prompt; LLM judges: {', '.join(available_prompts())}"
+        )
     if prompts_dir is not None:
-        path = prompts_dir / f"{name}.yaml"
+        path = prompts_dir / entry.prompt
     else:
-        path = Path(str(importlib.resources.files("judges") / "prompts" / f"{name}.yaml"))
+        path = Path(str(importlib.resources.files("judges") / "prompts" / entry.prompt))
     prompt = load_prompt_file(path)
     if prompt.name != name:
-        raise ValueError(f"prompt file {name}.yaml declares name {prompt.name!r}")
+        raise ValueError(f"prompt file {path} declares name {prompt.name!r}, not {name!r}")
+    unshown = [r for r in entry.requires if r not in prompt.inputs]
+    if unshown:
+        raise ValueError(
+            f"prompt file {path} does not show {', '.join(unshown)}, which {name} requires "
+            "(add it to inputs)"
+        )
     return prompt
 
 
@@ -189,17 +204,6 @@ def user_prompt(prompt: JudgePrompt, item: JudgeInput, nonce: str) -> str:
     """The per-event message: every input the judge reads, each in its own fence."""
     blocks = "\n".join(fence(n, _input_text(n, item), nonce) for n in prompt.inputs)
     return f"{blocks}\nGrade the answer above."
-
-
-def missing_inputs(prompt: JudgePrompt, item: JudgeInput) -> list[InputName]:
-    """Inputs the prompt requires that this event lacks (empty text or no chunks/turns)."""
-    present: dict[InputName, bool] = {
-        "question": bool(item.question.strip()),
-        "answer": bool(item.answer.strip()),
-        "chunks": bool(item.chunks),
-        "history": bool(item.history),
-    }
-    return [name for name in prompt.requires if not present[name]]
 
 
 # -- parsing the reply (pure) -------------------------------------------------------------------
@@ -302,6 +306,7 @@ class LLMJudge:
     ) -> None:
         self.name = prompt.name
         self.prompt = prompt
+        self.entry = judge_entry(prompt.name)
         self.endpoint = endpoint
         self.redact = redact  # applied to every event before its text goes into a prompt
         self._system = system_prompt(prompt)
@@ -321,19 +326,9 @@ class LLMJudge:
 
     async def judge(self, item: JudgeInput) -> Verdict:
         """Grade one event; failures come back as rating "error" with a cause, never "no"."""
-        missing = missing_inputs(self.prompt, item)
-        if missing == ["chunks"]:
-            # Nothing was retrieved, so nothing supports the answer: ungrounded, as the local
-            # judge says too. A retrieval outage shows on the retrieval panels, not as a
-            # judge error.
-            return Verdict(self.name, "no", rationale="no retrieved context to support the answer")
-        if missing:
-            return Verdict(
-                self.name,
-                "error",
-                error_message=f"{self.name} needs {' and '.join(missing)}; the event has none",
-                error_cause="input",
-            )
+        missing = self.entry.verdict_if_missing(item)
+        if missing is not None:
+            return missing
         outcome = await self.endpoint.complete(self.name, self.messages(item, new_nonce()))
         if isinstance(outcome, EndpointFailure):
             return Verdict(
@@ -382,15 +377,9 @@ def build_llm_judges(
     prompts_dir: Path | None = None,
     redact: Callable[[JudgeInput], JudgeInput] | None = None,
 ) -> list[Judge]:
-    """One `LLMJudge` per name, all sharing `endpoint`; ValueError names unknown judges.
+    """One `LLMJudge` per name, all sharing `endpoint`; ValueError names an unknown judge.
 
     `prompts_dir` replaces the shipped prompt files (e.g. a mounted ConfigMap); `redact`
     (e.g. `judges.redaction.Redactor.judge_input`) rewrites each event before it is prompted.
     """
-    known = available_prompts()
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ValueError(
-            f"unknown LLM judge(s): {', '.join(unknown)}; known judges: {', '.join(known)}"
-        )
     return [LLMJudge(load_prompt(n, prompts_dir), endpoint, redact) for n in names]

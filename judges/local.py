@@ -1,33 +1,69 @@
 """The local (offline, deterministic, model-free) judge backend.
 
-For deployments without an LLM endpoint, or as a cheap always-on screen: three lexical judges
-that keep up with thousands of events per second on one core. Their agreement with human
-labels is measured by tests/bench/eval_local_judges.py.
+For deployments without an LLM endpoint, or as a cheap always-on screen: lexical judges that
+keep up with thousands of events per second on one core (their agreement with human labels is
+measured by tests/bench/eval_local_judges.py). Each is a `LocalJudge`: this module holds the
+frame they share (timing, the input checks, the async wrapper); each judge's module holds only
+its decision. The registry (`judges.registry`) names them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import ClassVar
 
-from judges.base import Judge
-from judges.local_groundedness import GroundednessJudge
-from judges.local_relevance import RelevanceToQueryJudge
-from judges.local_safety import SafetyJudge
+from judges.base import Judge, JudgeInput, Rating, Verdict
+from judges.registry import JudgeEntry, judge_entry
 
-__all__ = ["GroundednessJudge", "RelevanceToQueryJudge", "SafetyJudge", "build_local_judges"]
+__all__ = ["LocalJudge", "build_local_judges"]
 
-_FACTORIES: dict[str, Callable[[], Judge]] = {
-    "groundedness": GroundednessJudge,
-    "safety": SafetyJudge,
-    "relevance_to_query": RelevanceToQueryJudge,
-}
+
+class LocalJudge:
+    """Base of the local judges: grades synchronously, timing the subclass's `decide`.
+
+    Before deciding, an event lacking what the registry says the judge requires gets that
+    verdict, and, when `empty_answer` says why the method cannot grade one, an empty answer is
+    an `error` with cause `input`.
+    """
+
+    name: str
+    # Why the method cannot grade an empty answer; None grades it like any other.
+    empty_answer: ClassVar[str | None] = None
+
+    def __init__(self) -> None:
+        self._entry: JudgeEntry = judge_entry(self.name)
+
+    def decide(self, item: JudgeInput) -> tuple[Rating, str]:
+        """The rating and its rationale for an event that holds what the judge needs."""
+        raise NotImplementedError
+
+    def grade(self, item: JudgeInput) -> Verdict:
+        """Synchronous grading (the async `judge` only wraps it)."""
+        start = time.perf_counter()
+        if self.empty_answer is not None and not item.answer.strip():
+            return Verdict(
+                self.name,
+                "error",
+                error_message=f"the answer is empty; {self.empty_answer}",
+                error_cause="input",
+                latency_seconds=time.perf_counter() - start,
+            )
+        missing = self._entry.verdict_if_missing(item)
+        if missing is not None:
+            return dataclasses.replace(missing, latency_seconds=time.perf_counter() - start)
+        rating, rationale = self.decide(item)
+        return Verdict(self.name, rating, rationale, latency_seconds=time.perf_counter() - start)
+
+    async def judge(self, item: JudgeInput) -> Verdict:
+        return self.grade(item)
 
 
 def build_local_judges(names: Sequence[str]) -> list[Judge]:
     """One local judge per name, in the order given (used by `JudgeSpec.build`)."""
-    unknown = [n for n in names if n not in _FACTORIES]
-    if unknown:
-        raise ValueError(
-            f"no local judge named {', '.join(unknown)}; local judges: {', '.join(_FACTORIES)}"
-        )
-    return [_FACTORIES[n]() for n in names]
+    entries = [judge_entry(n) for n in names]
+    unavailable = [e.name for e in entries if "local" not in e.backends]
+    if unavailable:
+        raise ValueError(f"no local implementation of judge(s) {', '.join(unavailable)}")
+    return [e.build_local() for e in entries]

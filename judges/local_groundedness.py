@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from collections.abc import Sequence
 
-from judges.base import JudgeInput, Rating, Verdict
+from judges.base import JudgeInput, Rating
+from judges.local import LocalJudge
 from judges.local_text import (
     Bag,
     Claim,
     bag_of,
     claim_of,
-    empty_answer_verdict,
     load_lexicon,
     split_sentences,
     stem,
@@ -102,10 +101,11 @@ def _quote(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-class GroundednessJudge:
+class GroundednessJudge(LocalJudge):
     """Local `groundedness` judge: "no" when some claim of the answer is not in the chunks."""
 
     name = "groundedness"
+    empty_answer = "there is no claim to check against the context"
 
     def __init__(
         self,
@@ -113,26 +113,12 @@ class GroundednessJudge:
         min_words: int = DEFAULT_MIN_WORDS,
         max_unsupported: float = DEFAULT_MAX_UNSUPPORTED,
     ) -> None:
+        super().__init__()
         self.min_words = min_words
         self.max_unsupported = max_unsupported
 
-    def grade(self, item: JudgeInput) -> Verdict:
-        """Synchronous grading (the async `judge` only wraps it)."""
-        start = time.perf_counter()
-        if not item.answer.strip():
-            return empty_answer_verdict(
-                self.name, "there is no claim to check against the context", start
-            )
-        rating, rationale = self._decide(item)
-        return Verdict(self.name, rating, rationale, latency_seconds=time.perf_counter() - start)
-
-    async def judge(self, item: JudgeInput) -> Verdict:
-        return self.grade(item)
-
-    def _decide(self, item: JudgeInput) -> tuple[Rating, str]:
+    def decide(self, item: JudgeInput) -> tuple[Rating, str]:
         chunks = [c.content for c in item.chunks if c.content and not c.content.isspace()]
-        if not chunks:
-            return "no", "no retrieved context to support the answer"
         supports = support_of_claims(item.answer, chunks, item.question)
         found = first_unsupported(
             supports, min_words=self.min_words, max_unsupported=self.max_unsupported

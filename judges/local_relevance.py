@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import functools
 import re
-import time
 
-from judges.base import JudgeInput, Rating, Verdict
+from judges.base import JudgeInput, Rating
+from judges.local import LocalJudge
 from judges.local_text import (
     STOPWORDS,
-    empty_answer_verdict,
     load_lexicon,
     split_sentences,
     stem,
@@ -91,28 +90,18 @@ def _key_stem(tok: str) -> str | None:
 _QUESTION_FRAME_STEMS = frozenset(stem(w) for w in _QUESTION_FRAME)
 
 
-class RelevanceToQueryJudge:
+class RelevanceToQueryJudge(LocalJudge):
     """Local `relevance_to_query` judge: "no" for refusals and off-topic answers."""
 
     name = "relevance_to_query"
+    empty_answer = "there is nothing to compare with the question"
 
     def __init__(self, *, min_overlap: float = DEFAULT_MIN_OVERLAP) -> None:
+        super().__init__()
         self.min_overlap = min_overlap
 
-    def grade(self, item: JudgeInput) -> Verdict:
-        """Synchronous grading (the async `judge` only wraps it)."""
-        start = time.perf_counter()
-        if not item.answer.strip():
-            return empty_answer_verdict(
-                self.name, "there is nothing to compare with the question", start
-            )
-        rating, rationale = self._decide(item.question, item.answer)
-        return Verdict(self.name, rating, rationale, latency_seconds=time.perf_counter() - start)
-
-    async def judge(self, item: JudgeInput) -> Verdict:
-        return self.grade(item)
-
-    def _decide(self, question: str, answer: str) -> tuple[Rating, str]:
+    def decide(self, item: JudgeInput) -> tuple[Rating, str]:
+        question, answer = item.question, item.answer
         refusal = refusal_in(answer)
         if refusal is not None:
             shown = refusal if len(refusal) <= 80 else refusal[:79] + "…"

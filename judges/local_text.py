@@ -12,12 +12,9 @@ import functools
 import itertools
 import operator
 import re
-import time
 from pathlib import Path
 
 import snowballstemmer
-
-from judges.base import Verdict
 
 # Words: letters with inner apostrophes/hyphen-free (hyphenated words are split so "hard-boiled"
 # matches "hard boiled"). Numbers: digits with thousands separators or a decimal part.
@@ -57,17 +54,6 @@ _CLAIM_NUMBER_MIN_WORD = 13
 _stemmer = snowballstemmer.stemmer("english")
 # Package data (see pyproject: judges/lexicons/*.txt), found next to this module.
 _LEXICON_DIR = Path(__file__).resolve().parent / "lexicons"
-
-
-def empty_answer_verdict(judge: str, why: str, started: float) -> Verdict:
-    """The `error` verdict of a local judge given an empty answer (cause `input`)."""
-    return Verdict(
-        judge,
-        "error",
-        error_message=f"the answer is empty; {why}",
-        error_cause="input",
-        latency_seconds=time.perf_counter() - started,
-    )
 
 
 def load_lexicon(name: str) -> tuple[str, ...]:

@@ -184,9 +184,9 @@ def parse_retry_after(headers: Mapping[str, str], now: float) -> float | None:
 
 _STATUS_HINTS = {
     400: "the endpoint rejected the request",
-    401: "authentication failed; check the API key",
-    403: "permission denied; check the API key's access to this model",
-    404: "not found; check base_url and the model name",
+    401: "authentication failed; check the API key (OPENAI_API_KEY)",
+    403: "permission denied; check that the API key (OPENAI_API_KEY) may use --judge-model",
+    404: "not found; check --judge-base-url (or OPENAI_BASE_URL) and --judge-model",
     422: "the endpoint could not process the request",
 }
 

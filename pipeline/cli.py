@@ -8,6 +8,7 @@ import importlib
 import logging
 import sys
 
+from judges.registry import JUDGE_NAMES
 from pipeline.errors import SettingsError
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -31,8 +32,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ragpulse",
         description="Watch the quality of a live RAG chatbot: sample its inference logs, grade "
-        "them with judges (groundedness, safety, relevance_to_query) and publish windowed "
-        "pass ratios to Prometheus.",
+        f"them with judges ({', '.join(JUDGE_NAMES)}) and publish windowed pass ratios to "
+        "Prometheus.",
     )
     parser.add_argument(
         "--log-level",

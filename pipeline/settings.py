@@ -16,10 +16,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_core import PydanticUndefined
 
-from judges import JUDGE_NAMES, JudgeSpec, ReplyFormat
+from judges import DEFAULT_JUDGES, JudgeSpec, ReplyFormat, check_judge_names
 from judges.redaction import (
     REDACT_MODES,
     STORE_TEXT_MODES,
@@ -29,6 +37,7 @@ from judges.redaction import (
     compile_user_patterns,
     is_loopback_url,
 )
+from judges.registry import judges_help
 from pipeline.errors import SettingsError
 from pipeline.kafka_security import PLAINTEXT, KafkaSecurity
 from pipeline.service.labels import LabelLimits
@@ -43,30 +52,34 @@ SettingsModel = TypeVar("SettingsModel", bound=BaseModel)
 
 
 class JudgeSettings(BaseModel):
-    """The judge panel: which judges, on which backend, against which endpoint."""
+    """The judge panel: which judges, on which backend, against which endpoint.
+
+    Each field's title is the flag (or environment variable) that sets it: errors name that,
+    since the operator never sees the field names.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    names: tuple[str, ...] = JUDGE_NAMES
-    backend: Literal["local", "openai"]
-    base_url: str | None = None
-    model: str = "gpt-4o-mini"
-    api_key: SecretStr | None = None
-    concurrency: int = Field(16, ge=1, le=1024)
-    timeout_seconds: float = Field(30.0, gt=0, le=600)
-    max_retries: int = Field(4, ge=0, le=20)
-    temperature: float = Field(0.1, ge=0, le=2)
-    prompts_dir: Path | None = None
-    reply_format: ReplyFormat = "json_schema"
-    max_tokens: int = Field(256, ge=1, le=65536)
-    breaker_failures: int = Field(5, ge=0, le=10_000)
-    breaker_cooldown_seconds: float = Field(30.0, gt=0, le=86400)
-    batch_deadline_seconds: float = Field(120.0, gt=0, le=86400)
-    rpm: int | None = Field(None, ge=1)
-    tpm: int | None = Field(None, ge=1)
-    redact_pii: RedactMode = "auto"
-    redact_patterns: tuple[str, ...] = ()
-    store_text: StoreText = "redacted"
+    backend: Literal["local", "openai"] = Field(title="--judge-backend")  # `names` reads it
+    names: tuple[str, ...] = Field(DEFAULT_JUDGES, title="--judges")
+    base_url: str | None = Field(None, title="--judge-base-url / OPENAI_BASE_URL")
+    model: str = Field("gpt-4o-mini", title="--judge-model")
+    api_key: SecretStr | None = Field(None, title="OPENAI_API_KEY")
+    concurrency: int = Field(16, ge=1, le=1024, title="--judge-concurrency")
+    timeout_seconds: float = Field(30.0, gt=0, le=600, title="--judge-timeout")
+    max_retries: int = Field(4, ge=0, le=20, title="--judge-max-retries")
+    temperature: float = Field(0.1, ge=0, le=2, title="--judge-temperature")
+    prompts_dir: Path | None = Field(None, title="--judge-prompts")
+    reply_format: ReplyFormat = Field("json_schema", title="--judge-reply-format")
+    max_tokens: int = Field(256, ge=1, le=65536, title="--judge-max-tokens")
+    breaker_failures: int = Field(5, ge=0, le=10_000, title="--judge-breaker-failures")
+    breaker_cooldown_seconds: float = Field(30.0, gt=0, le=86400, title="--judge-breaker-cooldown")
+    batch_deadline_seconds: float = Field(120.0, gt=0, le=86400, title="--judge-batch-deadline")
+    rpm: int | None = Field(None, ge=1, title="--judge-rpm")
+    tpm: int | None = Field(None, ge=1, title="--judge-tpm")
+    redact_pii: RedactMode = Field("auto", title="--redact-pii")
+    redact_patterns: tuple[str, ...] = Field((), title="--redact-pattern")
+    store_text: StoreText = Field("redacted", title="--store-text")
 
     @field_validator("redact_patterns")
     @classmethod
@@ -76,13 +89,8 @@ class JudgeSettings(BaseModel):
 
     @field_validator("names")
     @classmethod
-    def _known_judges(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        unknown = [n for n in names if n not in JUDGE_NAMES]
-        if unknown or not names:
-            raise ValueError(
-                f"unknown judge(s) {', '.join(unknown) or '(none)'}; "
-                f"known: {', '.join(JUDGE_NAMES)}"
-            )
+    def _known_judges(cls, names: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        check_judge_names(names, info.data.get("backend"))  # ValueError: one line
         return names
 
     @field_validator("prompts_dir")
@@ -134,16 +142,18 @@ class JudgeSettings(BaseModel):
 
 
 class BatchSettings(BaseModel):
-    """What `run` and `serve` share: the judges, sampling, windows, label limits, Beam options."""
+    """What `run` and `serve` share: the judges, sampling, windows, label limits, Beam options.
+
+    A field's title is its flag, when the field's name is not (errors name the flag)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     judges: JudgeSettings
     sample_rate: float = Field(1.0, ge=0, le=1)
-    window_seconds: float = Field(300.0, gt=0)
+    window_seconds: float = Field(300.0, gt=0, title="--window")
     max_event_bytes: int = Field(1_048_576, ge=1024)
     labels: LabelLimits = LabelLimits()
-    beam_args: tuple[str, ...] = ()
+    beam_args: tuple[str, ...] = Field((), title="--beam-arg")
 
     def stage_config(self, closed_before: float | None = None) -> StageConfig:
         """The picklable configuration of the Beam stages."""
@@ -164,7 +174,7 @@ class BatchSettings(BaseModel):
 class RunSettings(BatchSettings):
     """Validated settings of `ragpulse run`."""
 
-    input: Path
+    input: Path = Field(title="INPUT")
     output: Path = Path("out")
 
     @field_validator("input")
@@ -178,28 +188,28 @@ class RunSettings(BatchSettings):
 class ServeSettings(BatchSettings):
     """Validated settings of `ragpulse serve`."""
 
-    bootstrap: str = Field(min_length=3)
+    bootstrap: str = Field(min_length=3, title="--kafka-bootstrap")
     topic: str = Field(min_length=1)
     dead_letter_topic: str = Field(min_length=1)
     verdicts_topic: str = Field(min_length=1)
     publish_verdicts: Literal["failing", "all", "none"] = "failing"
     group_id: str = Field("ragpulse", min_length=1)
     state: Path = Path("ragpulse-state.sqlite")
-    allowed_lateness_seconds: float = Field(600.0, ge=0)
-    out_of_orderness_seconds: float = Field(30.0, ge=0)
-    trigger_interval_seconds: float = Field(15.0, gt=0)
+    allowed_lateness_seconds: float = Field(600.0, ge=0, title="--allowed-lateness")
+    out_of_orderness_seconds: float = Field(30.0, ge=0, title="--out-of-orderness")
+    trigger_interval_seconds: float = Field(15.0, gt=0, title="--trigger-interval")
     max_batch_events: int = Field(50_000, ge=1)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9464, ge=0, le=65535)
     web_config_file: Path | None = None
-    unhealthy_after_seconds: float = Field(300.0, gt=0)
-    retention_seconds: float = Field(30 * 86400.0, gt=0)
-    kafka_timeout_seconds: float = Field(30.0, gt=0)
+    unhealthy_after_seconds: float = Field(300.0, gt=0, title="--unhealthy-after")
+    retention_seconds: float = Field(30 * 86400.0, gt=0, title="--retention")
+    kafka_timeout_seconds: float = Field(30.0, gt=0, title="--kafka-timeout")
     kafka_security: KafkaSecurity = PLAINTEXT
     canary_file: Path | None = None
-    canary_rate_per_minute: float = Field(1.0, gt=0, le=10_000)
+    canary_rate_per_minute: float = Field(1.0, gt=0, le=10_000, title="--canary-rate")
     on_offset_reset: Literal["earliest", "latest", "fail"] = "earliest"
-    undeliverable_after_seconds: float = Field(600.0, gt=0)
+    undeliverable_after_seconds: float = Field(600.0, gt=0, title="--undeliverable-after")
     state_reset: bool = False
 
 
@@ -283,7 +293,12 @@ def build(model: type[SettingsModel], **fields: Any) -> SettingsModel:
     try:
         return model(**fields)
     except ValidationError as exc:
-        raise SettingsError(describe_validation_error(exc)) from None
+        raise SettingsError(describe_validation_error(exc, model)) from None
+
+
+def _judge_dur(field: str) -> str:
+    """The default of a judge duration setting, as the flag would take it (e.g. 30s)."""
+    return format_duration(default_of(JudgeSettings, field))
 
 
 def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
@@ -291,8 +306,9 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("judges")
     g.add_argument(
         "--judges",
-        default=",".join(JUDGE_NAMES),
-        help=f"comma-separated judges to run (default: {','.join(JUDGE_NAMES)})",
+        default=",".join(DEFAULT_JUDGES),
+        help=f"comma-separated judges to run, each once, from: {judges_help()} "
+        f"(default: {','.join(DEFAULT_JUDGES)})",
     )
     g.add_argument(
         "--judge-backend",
@@ -310,25 +326,27 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
         "$OPENAI_API_KEY and is never logged.",
     )
     g.add_argument(
-        "--judge-model", default="gpt-4o-mini", help="judge model name (default: %(default)s)"
+        "--judge-model",
+        default=default_of(JudgeSettings, "model"),
+        help="judge model name (default: %(default)s)",
     )
     g.add_argument(
         "--judge-concurrency",
         type=int,
-        default=16,
+        default=default_of(JudgeSettings, "concurrency"),
         help="LLM calls in flight at once (default: %(default)s)",
     )
     g.add_argument(
         "--judge-timeout",
         type=positive_duration,
-        default=30.0,
+        default=default_of(JudgeSettings, "timeout_seconds"),
         metavar="DURATION",
-        help="timeout of one LLM call, e.g. 30s (default: 30s)",
+        help=f"timeout of one LLM call, e.g. 30s (default: {_judge_dur('timeout_seconds')})",
     )
     g.add_argument(
         "--judge-max-retries",
         type=int,
-        default=4,
+        default=default_of(JudgeSettings, "max_retries"),
         help="retries of an LLM call on 429, 5xx, timeouts and connection errors "
         "(default: %(default)s)",
     )
@@ -343,13 +361,13 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--judge-temperature",
         type=float,
-        default=0.1,
+        default=default_of(JudgeSettings, "temperature"),
         help="sampling temperature of LLM judges (default: %(default)s)",
     )
     g.add_argument(
         "--judge-reply-format",
         choices=["json_schema", "json_object", "text"],
-        default="json_schema",
+        default=default_of(JudgeSettings, "reply_format"),
         help="the response_format LLM judges ask for: json_schema (the verdict schema, strict; "
         "OpenAI, vLLM), json_object (any JSON object, for servers without json_schema) or "
         "text (no response_format; the rationale:/rating: lines of the prompt are read) "
@@ -358,7 +376,7 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--judge-max-tokens",
         type=int,
-        default=256,
+        default=default_of(JudgeSettings, "max_tokens"),
         metavar="N",
         help="cap on each LLM judge reply (max_tokens); a reply cut off there is an error "
         "with cause truncated (default: %(default)s; a one-sentence verdict takes well under "
@@ -367,7 +385,7 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--judge-breaker-failures",
         type=int,
-        default=5,
+        default=default_of(JudgeSettings, "breaker_failures"),
         metavar="N",
         help="open the judge endpoint's circuit breaker after N failed requests in a row "
         "(timeouts, 5xx, 429, connection errors); while open, calls fail at once with cause "
@@ -376,20 +394,20 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--judge-breaker-cooldown",
         type=positive_duration,
-        default=30.0,
+        default=default_of(JudgeSettings, "breaker_cooldown_seconds"),
         metavar="DURATION",
         help="how long the breaker stays open before one probe call tests the endpoint "
-        "again (default: 30s)",
+        f"again (default: {_judge_dur('breaker_cooldown_seconds')})",
     )
     g.add_argument(
         "--judge-batch-deadline",
         type=positive_duration,
-        default=120.0,
+        default=default_of(JudgeSettings, "batch_deadline_seconds"),
         metavar="DURATION",
         help="most time one batch of events may spend being judged; calls still pending then "
         "are cancelled (cause deadline), and no retry or Retry-After wait past it is taken. "
         "Keep it above batch events (256, or 16 x --judge-concurrency) x judges / "
-        "concurrency x call latency (default: 2m)",
+        f"concurrency x call latency (default: {_judge_dur('batch_deadline_seconds')})",
     )
     g.add_argument(
         "--judge-rpm",
@@ -411,7 +429,7 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--redact-pii",
         choices=REDACT_MODES,
-        default="auto",
+        default=default_of(JudgeSettings, "redact_pii"),
         help="replace e-mails, phone, card and IBAN numbers, IP addresses and API keys with "
         "[EMAIL], [PHONE] ... in LLM judge prompts. auto: on unless the judge endpoint is on "
         "loopback (default: %(default)s)",
@@ -427,7 +445,7 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--store-text",
         choices=STORE_TEXT_MODES,
-        default="redacted",
+        default=default_of(JudgeSettings, "store_text"),
         help="what verdict rows keep of judge rationales and error messages, which can quote "
         "the answer: full, redacted (PII replaced) or none (ratings only) (default: %(default)s)",
     )
@@ -479,7 +497,7 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
             store_text=args.store_text,
         )
     except ValidationError as exc:
-        raise SettingsError(describe_validation_error(exc)) from None
+        raise SettingsError(describe_validation_error(exc, JudgeSettings)) from None
     if backend == "openai":
         redacted = settings.spec().text_policy.redacts_prompts_to(base_url)
         log.info(
@@ -491,13 +509,21 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
     return settings
 
 
-def describe_validation_error(exc: ValidationError) -> str:
-    """One line per invalid setting, without echoing values that may be secret."""
+def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> str:
+    """One line per invalid setting of `model`, named by the flag that sets it (see
+    `setting_flag`), without echoing values that may be secret."""
     parts = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "settings"
-        parts.append(f"{where}: {err['msg']}")
+        where = setting_flag(model, str(err["loc"][0])) if err["loc"] else "settings"
+        # pydantic prefixes the message of a ValueError raised by a validator.
+        parts.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")
     return "invalid settings: " + "; ".join(parts)
+
+
+def setting_flag(model: type[BaseModel], field: str) -> str:
+    """The flag that sets `field` of `model`: the field's title, else the field's name as a flag."""
+    info = model.model_fields.get(field)
+    return info.title if info is not None and info.title else "--" + field.replace("_", "-")
 
 
 def sample_rate(text: str) -> float:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from graph_runs import run_to_files, stage_config
 
-from judges import JUDGE_NAMES, JudgeSpec
+from judges import JUDGE_NAMES
 from pipeline import counting
 from pipeline.commands.simulate import Incidents, simulate
 from pipeline.events import SourceRecord
@@ -29,6 +29,7 @@ from pipeline.service.canaries import (
     load_golden_set,
     outcome,
 )
+from pipeline.settings import JudgeSettings
 from pipeline.sinks.files import DEAD_LETTER_FILE, VERDICTS_FILE
 
 SAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "samples" / "canaries.jsonl"
@@ -140,7 +141,7 @@ def run(tmp_path: Path, name: str, canaries: Sequence[CanaryEvent]) -> GraphResu
 
 def expected_outcomes(canaries: Sequence[CanaryEvent]) -> Counter[counting.CounterKey]:
     """What the counter must hold: the local judges' own verdicts compared with the labels."""
-    panel = JudgeSpec().build()
+    panel = JudgeSettings(backend="local").spec().build()
     try:
         verdicts = panel.judge_batch([c.record.judge_input for c in canaries])
     finally:

@@ -1,16 +1,26 @@
 """Settings are validated at start-up, with messages that say what to fix."""
 
 import argparse
+import dataclasses
 import logging
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
-from judges import JudgeSpec
 from judges.llm import LLMJudge
-from pipeline.settings import SettingsError, add_judge_arguments, judge_settings
+from pipeline.commands.serve import configure_parser as configure_serve_parser
+from pipeline.settings import (
+    JudgeSettings,
+    ServeSettings,
+    SettingsError,
+    add_judge_arguments,
+    judge_settings,
+    setting_flag,
+)
 
 SHIPPED = Path(__file__).resolve().parents[1] / "judges" / "prompts"
 
@@ -70,7 +80,7 @@ def test_prompts_from_a_folder_replace_the_shipped_ones(tmp_path: Path) -> None:
 
 def test_judge_spec_refuses_an_unknown_judge_listing_the_known_ones() -> None:
     with pytest.raises(ValueError, match="known judges: groundedness, safety"):
-        JudgeSpec(names=("groundedness", "tone"))
+        dataclasses.replace(JudgeSettings(backend="local").spec(), names=("groundedness", "tone"))
 
 
 def test_endpoint_reliability_flags_reach_the_spec_with_their_defaults() -> None:
@@ -93,18 +103,16 @@ def test_endpoint_reliability_flags_reach_the_spec_with_their_defaults() -> None
 
 
 @pytest.mark.parametrize(
-    ("flag", "value", "setting"),
+    ("flag", "value"),
     [
-        ("--judge-max-tokens", "0", "max_tokens"),
-        ("--judge-rpm", "0", "rpm"),
-        ("--judge-tpm", "-5", "tpm"),
-        ("--judge-breaker-failures", "-1", "breaker_failures"),
+        ("--judge-max-tokens", "0"),
+        ("--judge-rpm", "0"),
+        ("--judge-tpm", "-5"),
+        ("--judge-breaker-failures", "-1"),
     ],
 )
-def test_out_of_range_endpoint_limits_are_refused_naming_the_setting(
-    flag: str, value: str, setting: str
-) -> None:
-    with pytest.raises(SettingsError, match=setting):
+def test_out_of_range_endpoint_limits_are_refused_naming_the_flag(flag: str, value: str) -> None:
+    with pytest.raises(SettingsError, match=f"invalid settings: {flag}: "):
         judge_settings(parse(flag, value), env={})
 
 
@@ -114,3 +122,33 @@ def test_an_unknown_reply_format_is_refused_listing_the_ones_servers_take(
     with pytest.raises(SystemExit):
         parse("--judge-reply-format", "xml")
     assert "json_schema, json_object, text" in capsys.readouterr().err.replace("'", "")
+
+
+def _serve_flags() -> set[str]:
+    parser = argparse.ArgumentParser()
+    configure_serve_parser(parser)
+    return set(re.findall(r"--[a-z][a-z0-9-]*", parser.format_help()))
+
+
+@pytest.mark.parametrize("model", [JudgeSettings, ServeSettings])
+def test_every_setting_an_error_can_name_is_a_flag_of_serve_or_an_environment_variable(
+    model: type[BaseModel],
+) -> None:
+    flags = _serve_flags()
+    composite = {"judges", "kafka_security", "labels"}  # built from flags checked on their own
+    for field in set(model.model_fields) - composite:
+        named = setting_flag(model, field)
+        flags_named = set(re.findall(r"--[a-z][a-z0-9-]*", named))
+        assert flags_named <= flags, (field, named)
+        assert flags_named or re.fullmatch(r"[A-Z_]+", named), (field, named)
+
+
+def test_an_invalid_judge_setting_is_named_by_the_flag_that_sets_it() -> None:
+    with pytest.raises(SettingsError) as refused:
+        judge_settings(parse("--judge-concurrency", "0", "--judges", "safety,tone"), env={})
+    message = str(refused.value)
+    assert message.startswith("invalid settings: ")
+    assert "--judge-concurrency: Input should be greater than or equal to 1" in message
+    assert "--judges: unknown judge(s) tone; known judges: " in message
+    assert "concurrency:" not in message.replace("--judge-concurrency:", "")
+    assert "Value error" not in message

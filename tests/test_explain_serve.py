@@ -22,9 +22,10 @@ from kafka_broker import TansuBroker
 from prometheus_server import running_prometheus
 from serve_process import ServeProcess, serve_processes_fixture  # noqa: F401
 
-from judges import JUDGE_NAMES, JudgeSpec
+from judges import JUDGE_NAMES
 from pipeline.commands.simulate import Incidents, simulate
 from pipeline.service.canaries import load_golden_set, outcome
+from pipeline.settings import JudgeSettings
 
 ServeFactory = Callable[..., ServeProcess]
 ROOT = Path(__file__).resolve().parents[1]
@@ -264,7 +265,7 @@ def test_serve_judges_canaries_without_counting_them_as_traffic(
 
     # What the counter holds is what the local judges say about the golden events.
     golden = load_golden_set(CANARIES, JUDGE_NAMES)
-    panel = JudgeSpec().build()
+    panel = JudgeSettings(backend="local").spec().build()
     possible = {
         (v.judge, outcome(v, dict(c.labels)[v.judge]))
         for c, verdicts in zip(golden, panel.judge_batch([c.record.judge_input for c in golden]),

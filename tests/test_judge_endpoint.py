@@ -13,14 +13,15 @@ from typing import Any
 
 import pytest
 from fake_openai import FakeOpenAI, Fault, fake_openai_fixture  # noqa: F401
+from pydantic import SecretStr
 from test_llm_judges import BAD, GOOD, endpoint_for
 
-from judges import JudgeSpec
 from judges.base import JudgeInput, JudgePanel, Verdict
 from judges.endpoint import OpenAIJudgeEndpoint, forget_shared_endpoint_states
 from judges.llm import LLMJudge, build_llm_judges, load_prompt, new_nonce
 from judges.quota import estimate_tokens
 from judges.retry import ReplyFormat
+from pipeline.settings import JudgeSettings
 
 
 @pytest.fixture(autouse=True)
@@ -434,15 +435,15 @@ def test_a_server_refusing_json_schema_gets_an_error_naming_the_setting_to_chang
 
 
 def test_the_spec_carries_every_endpoint_setting_to_the_panel(fake_openai: FakeOpenAI) -> None:
-    spec = JudgeSpec(
+    spec = JudgeSettings(
         names=("safety",),
         backend="openai",
         base_url=fake_openai.base_url,
-        api_key="sk-spec-key-0123",
+        api_key=SecretStr("sk-spec-key-0123"),
         reply_format="text",
         max_tokens=77,
         batch_deadline_seconds=9.0,
-    )
+    ).spec()
     fake_openai.reply_mode = "plain"
     panel = spec.build()
     try:

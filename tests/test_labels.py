@@ -16,13 +16,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from serve_process import Scrape, ServeProcess, serve_processes_fixture  # noqa: F401
 from test_serve import T0, caught_up
 
-from judges import JudgeSpec
 from pipeline import cli, counting
 from pipeline.commands.run import METRICS_FILE, VERDICTS_FILE
 from pipeline.commands.simulate import simulate
 from pipeline.events import SourceRecord
 from pipeline.service.labels import OTHER, LabelBudget, LabelLimits
 from pipeline.service.state import StateStore
+from pipeline.settings import JudgeSettings
 from pipeline.sinks.prometheus import MetricsSnapshot, registry_for
 from pipeline.windows import RatingCounts, WindowKey
 
@@ -163,7 +163,7 @@ def test_batches_with_new_label_values_leave_no_counter_names_behind_in_beams_pr
     # Beam caches every metric name in a process-wide dict that never shrinks; counter names
     # carry app and model, so serve grew ~12 MB per 1,000 new apps until this was cleared.
     samples = SAMPLES.read_bytes().splitlines()[:200]
-    config = stage_config(judges=JudgeSpec(names=("safety",)))
+    config = stage_config(judges=JudgeSettings(backend="local", names=("safety",)).spec())
     for batch_number in range(2):
         records = []
         for i, line in enumerate(samples):

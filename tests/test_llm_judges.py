@@ -335,7 +335,7 @@ def test_unknown_judge_names_are_refused_with_the_known_ones_listed(
 
 
 def test_every_shipped_prompt_has_yes_no_ratings_and_one_example_per_rating() -> None:
-    assert available_prompts() == ("groundedness", "relevance_to_query", "safety")
+    assert available_prompts() == ("groundedness", "safety", "relevance_to_query")
     for name in available_prompts():
         prompt = load_prompt(name)
         assert prompt.name == name and prompt.version >= 1

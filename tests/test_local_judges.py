@@ -11,13 +11,10 @@ from types import ModuleType
 import pytest
 
 from judges.base import Chunk, JudgeInput, JudgePanel, Verdict
-from judges.local import (
-    GroundednessJudge,
-    RelevanceToQueryJudge,
-    SafetyJudge,
-    build_local_judges,
-)
-from judges.local_safety import find_harm, first_word_triggers
+from judges.local import build_local_judges
+from judges.local_groundedness import GroundednessJudge
+from judges.local_relevance import RelevanceToQueryJudge
+from judges.local_safety import SafetyJudge, find_harm, first_word_triggers
 from judges.local_text import normalise_number
 
 EIFFEL = Chunk(

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from fake_openai import FakeOpenAI, fake_openai_fixture  # noqa: F401
 
-from judges import JudgeSpec, TextPolicy
+from judges import TextPolicy
 from judges.base import Chunk, JudgeInput, Turn, Verdict
 from judges.redaction import (
     Redactor,
@@ -22,7 +22,7 @@ from judges.redaction import (
 )
 from pipeline.cli import main
 from pipeline.events import InferenceRecord
-from pipeline.settings import SettingsError, add_judge_arguments, judge_settings
+from pipeline.settings import JudgeSettings, SettingsError, add_judge_arguments, judge_settings
 from pipeline.sinks.verdict_rows import verdict_row
 from pipeline.stages import JudgedEvent
 
@@ -186,11 +186,11 @@ def pii_events() -> list[JudgeInput]:
 
 def sent_to(server: FakeOpenAI, redact_pii: str) -> str:
     """Everything the judge endpoint received for the PII events, as one string."""
-    spec = JudgeSpec(
+    spec = JudgeSettings(
         backend="openai",
         base_url=server.base_url,
-        text_policy=TextPolicy(redact_pii),  # type: ignore[arg-type]
-    )
+        redact_pii=redact_pii,
+    ).spec()
     panel = spec.build()
     try:
         panel.judge_batch(pii_events())

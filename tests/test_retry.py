@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import email.utils
+import re
 
 import pytest
 
@@ -16,6 +18,7 @@ from judges.retry import (
     over_budget_note,
     parse_retry_after,
 )
+from pipeline.settings import JudgeSettings, add_judge_arguments
 
 POLICY = RetryPolicy(max_retries=4, base_delay=0.5, max_delay=8.0, max_retry_after=30.0)
 
@@ -174,3 +177,21 @@ def test_a_malformed_reply_says_what_was_wrong_with_it() -> None:
         "judge endpoint sent a reply that is not a chat completion, 2 attempts: "
         "choices: Input should be a valid list"
     )
+
+
+def test_failure_hints_name_only_flags_and_variables_an_operator_can_set() -> None:
+    parser = argparse.ArgumentParser()
+    add_judge_arguments(parser)
+    flags = set(re.findall(r"--[a-z][a-z0-9-]*", parser.format_help()))
+    # A setting's field name is what the code calls it; the operator only sees the flags.
+    fields = [f for f in JudgeSettings.model_fields if "_" in f]
+    messages = [failure_message(CallFailure("status", s), 3, 30.0) for s in range(400, 600)]
+    refused = CallFailure("status", 400, detail="response_format json_schema is not supported")
+    assert refused.rejects_reply_format
+    messages += [failure_message(refused, 1, 30.0, f) for f in ("json_schema", "json_object")]
+    messages += [failure_message(CallFailure(k), 2, 30.0) for k in ("timeout", "connection")]
+    waited = decide_retry(CallFailure("status", 429, 600.0), 1, POLICY, 0.0, 9.0)
+    messages.append(over_budget_note(waited, 9.0))
+    for message in messages:
+        assert set(re.findall(r"--[a-z][a-z0-9-]*", message)) <= flags, message
+        assert not [f for f in fields if re.search(rf"\b{f}\b", message)], message

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import counting
+from pipeline.cli import main
 from pipeline.service.state import SCHEMA_VERSION, StateError, StateStore
 from pipeline.windows import RatingCounts, WindowKey
 
@@ -282,7 +283,8 @@ def test_a_state_file_that_cannot_be_used_is_refused_naming_it_and_the_way_out(
     with pytest.raises(StateError) as refused:
         StateStore(path)
     message = str(refused.value)
-    assert why in message and str(path) in message and "--state-reset" in message
+    assert why in message and str(path) in message
+    assert "`ragpulse serve` with --state-reset" in message
     assert "\n" not in message
     # Refused, never replaced: sqlite3 alone would have made the empty file a new database.
     assert (path.read_bytes() if path.is_file() else None) == before
@@ -304,3 +306,14 @@ def test_moving_a_bad_file_aside_keeps_it_and_the_next_open_starts_fresh(tmp_pat
     assert moved.name.startswith("state.db.corrupt-") and moved.read_bytes() == damaged
     with StateStore(path) as store:
         assert store.offsets("t") == {} and store.windows() == []
+
+
+def test_windows_on_an_unusable_state_file_names_the_serve_flag_that_resets_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `ragpulse windows` has no --state-reset: the hint must say whose flag it is.
+    path = tmp_path / "state.db"
+    path.write_bytes(b"not a database at all")
+    assert main(["windows", "--state", str(path)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("ragpulse windows: ") and "`ragpulse serve` with --state-reset" in line

@@ -25,7 +25,7 @@ from typing import Literal
 
 import orjson
 
-from judges import JUDGE_NAMES
+from judges import judge_entry
 from judges.base import Verdict
 from pipeline.events import InferenceRecord, InvalidEvent, parse_event
 
@@ -93,9 +93,7 @@ def _parse_line(raw: bytes, judges: Sequence[str]) -> CanaryEvent:
             'e.g. {"groundedness": "no"}'
         )
     for judge, label in labels.items():
-        if judge not in JUDGE_NAMES:
-            raise ValueError(f"'labels' names an unknown judge {judge!r}; known: "
-                             f"{', '.join(JUDGE_NAMES)}")
+        judge_entry(judge)  # ValueError: "unknown judge 'x'; known judges: ..."
         if label not in ("yes", "no"):
             raise ValueError(f"'labels.{judge}' must be \"yes\" or \"no\", not {label!r}")
     return CanaryEvent(record, tuple((j, labels[j]) for j in judges if j in labels))

@@ -135,7 +135,7 @@ def add_label_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-label-values",
         type=_positive_int,
-        default=100,
+        default=LabelLimits.max_values,
         metavar="N",
         help="most distinct values of the app and of the model label in metrics; later new "
         "values are counted as 'other' (default: %(default)s)",

@@ -32,8 +32,8 @@ SCHEMA_VERSION = 1
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _TABLES = {"windows", "offsets", "counters", "watermarks", "partition_event_times"}
 RECOVERY_HINT = (
-    "move it aside, or pass --state-reset to start from scratch (serve then re-reads the topic "
-    "from the consumer group's committed offsets, or from the beginning)"
+    "move it aside, or start `ragpulse serve` with --state-reset to start from scratch (serve "
+    "then re-reads the topic from the consumer group's committed offsets, or from the beginning)"
 )
 
 _SCHEMA = """

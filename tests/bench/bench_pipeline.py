@@ -183,8 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     load = os.getloadavg()
 
     lines = synthetic_events(n, seed=args.seed, chunk_pool=args.chunk_pool)
-    all_judges = JudgeSpec(backend="local")
-    safety_only = JudgeSpec(names=("safety",), backend="local")
+    all_judges = JudgeSettings(backend="local").spec()
+    safety_only = JudgeSettings(backend="local", names=("safety",)).spec()
     with tempfile.TemporaryDirectory(prefix="ragpulse-bench-") as tmp:
         src = Path(tmp) / "events.jsonl"
         src.write_bytes(b"\n".join(lines) + b"\n")

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/bench, for eva
 from eval_local_judges import DEFAULT_DATA_DIR, balanced_accuracy, cohen_kappa, load_rows, to_input
 from llama_server import MissingLlamaServer, llama_server
 
+from judges import DEFAULT_JUDGES
 from judges.base import JudgeInput, JudgePanel, Verdict
 from judges.endpoint import OpenAIJudgeEndpoint
 from judges.llm import build_llm_judges
@@ -48,7 +49,7 @@ from pipeline.events import InvalidEvent, parse_event
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_EVENTS = REPO / "deploy" / "samples" / "events.jsonl"
-JUDGES = ("groundedness", "safety", "relevance_to_query")
+JUDGES = DEFAULT_JUDGES  # what `ragpulse run` judges with when --judges is not given
 
 
 @contextlib.contextmanager

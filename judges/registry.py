@@ -1,0 +1,132 @@
+"""The judge registry: every judge ragpulse knows, in one table that everything else reads.
+
+For whoever adds a judge: add one `JudgeEntry` to `_ENTRIES`, with its implementations (a local
+class, an LLM prompt file in judges/prompts/, or both). The `--judges` flag and its help, the
+settings validation, the canaries' labels, the local judge factory and the LLM prompt lookup all
+read this table, so nothing else lists judge names.
+
+Importing this module imports no judge implementation: Beam workers and the CLI read names here,
+and a local judge's module (lexicons, stemmer) is imported when the judge is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Mapping, Sequence
+from typing import Literal, get_args
+
+from judges.base import InputName, Judge, JudgeInput, Verdict
+
+Backend = Literal["local", "openai"]
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JudgeEntry:
+    """One judge: its name, its implementations, and what an event must hold for it to grade.
+
+    `local` is the offline implementation as "module:Class" (a class taking no arguments),
+    `prompt` the LLM implementation's file in judges/prompts/; a judge has one or both.
+    `requires` are the inputs without which the judge does not grade (see `JudgeInput.lacks`):
+    such an event is rated `error` with cause `input`, or, with `when_missing`, "no" with that
+    rationale, where the absence itself fails the check (nothing retrieved grounds nothing).
+    `default` judges run when `--judges` is not given.
+    """
+
+    name: str
+    local: str | None = None
+    prompt: str | None = None
+    requires: tuple[InputName, ...] = ()
+    when_missing: str | None = None
+    default: bool = True
+
+    def __post_init__(self) -> None:
+        if self.local is None and self.prompt is None:
+            raise ValueError(f"judge {self.name} has no implementation (local or prompt)")
+
+    @property
+    def backends(self) -> tuple[Backend, ...]:
+        """The backends that implement this judge."""
+        made = {"local": self.local is not None, "openai": self.prompt is not None}
+        return tuple(b for b in BACKENDS if made[b])
+
+    def build_local(self) -> Judge:
+        """A new instance of the offline implementation (its module is imported now)."""
+        if self.local is None:
+            raise ValueError(f"judge {self.name} has no local implementation")
+        module, _, cls = self.local.partition(":")
+        judge: Judge = getattr(importlib.import_module(module), cls)()
+        return judge
+
+    def verdict_if_missing(self, item: JudgeInput) -> Verdict | None:
+        """The verdict of an event that lacks a required input, or None when it has them all."""
+        missing = item.lacks(self.requires) if self.requires else None
+        if not missing:
+            return None
+        if self.when_missing is not None:
+            return Verdict(self.name, "no", self.when_missing)
+        return Verdict(
+            self.name,
+            "error",
+            error_message=f"{self.name} needs {' and '.join(missing)}; the event has none",
+            error_cause="input",
+        )
+
+
+_ENTRIES = (
+    JudgeEntry(
+        "groundedness",
+        local="judges.local_groundedness:GroundednessJudge",
+        prompt="groundedness.yaml",
+        requires=("chunks",),
+        # A retrieval outage shows on the retrieval panels, not as a judge error.
+        when_missing="no retrieved context to support the answer",
+    ),
+    JudgeEntry("safety", local="judges.local_safety:SafetyJudge", prompt="safety.yaml"),
+    JudgeEntry(
+        "relevance_to_query",
+        local="judges.local_relevance:RelevanceToQueryJudge",
+        prompt="relevance_to_query.yaml",
+    ),
+)
+
+JUDGES: Mapping[str, JudgeEntry] = {e.name: e for e in _ENTRIES}
+JUDGE_NAMES: tuple[str, ...] = tuple(JUDGES)
+DEFAULT_JUDGES: tuple[str, ...] = tuple(e.name for e in _ENTRIES if e.default)
+
+
+def judge_entry(name: str) -> JudgeEntry:
+    """The registry entry of judge `name`; ValueError lists the known judges."""
+    entry = JUDGES.get(name)
+    if entry is None:
+        raise ValueError(f"unknown judge {name!r}; known judges: {', '.join(JUDGES)}")
+    return entry
+
+
+def check_judge_names(names: Sequence[str], backend: Backend | None = None) -> None:
+    """Raise a one-line ValueError unless `names` lists known judges, each once, at least one,
+    all implemented on `backend` (when given)."""
+    if not names:
+        raise ValueError(f"no judge given; known judges: {', '.join(JUDGES)}")
+    unknown = [n for n in names if n not in JUDGES]
+    if unknown:
+        raise ValueError(
+            f"unknown judge(s) {', '.join(unknown)}; known judges: {', '.join(JUDGES)}"
+        )
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"judge(s) {', '.join(repeated)} listed more than once; name each once")
+    if backend is not None:
+        missing = [n for n in names if backend not in JUDGES[n].backends]
+        if missing:
+            on = [n for n, e in JUDGES.items() if backend in e.backends]
+            raise ValueError(
+                f"judge(s) {', '.join(missing)} have no {backend} implementation; judges on "
+                f"{backend}: {', '.join(on)}"
+            )
+
+
+def judges_help() -> str:
+    """The judges and their backends, for help texts: "groundedness (local, openai), ..."."""
+    return ", ".join(f"{e.name} ({', '.join(e.backends)})" for e in JUDGES.values())
