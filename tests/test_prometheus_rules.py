@@ -169,7 +169,7 @@ def deployment_mixing(expr: str, job: str, deployment: set[str]) -> list[str]:
 
     A selector without the ``job="<job>"`` matcher (recorded series included: the other
     deployment records the same names), an aggregation that drops a deployment label or keeps
-    ``instance``, and a vector matching that ignores a deployment label.
+    ``instance``, and a vector matching not on the job or ignoring a deployment label.
     """
     faults: list[str] = []
     for node in walk(promql_parser.parse(expr)):
@@ -192,7 +192,8 @@ def deployment_mixing(expr: str, job: str, deployment: set[str]) -> list[str]:
                 continue
             labels = set(matching.labels)
             if matching.type == promql_parser.LabelModifierType.Include:
-                mixes = not deployment <= labels
+                # on (job, judge) is enough: the SLO objective series are per job.
+                mixes = "job" not in labels
             else:
                 mixes = bool(deployment & labels)
             if mixes:
@@ -227,6 +228,45 @@ def test_every_rule_selects_its_job_and_keeps_the_deployment_labels() -> None:
         if not any(isinstance(node, promql_parser.VectorSelector) for node in nodes):
             # No selector at all (the SLO objectives' vector(0.9)): the rule labels the job.
             assert rule.get("labels", {}).get("job") == job, f"{name} carries no job label"
+
+
+def test_two_deployments_in_one_prometheus_keep_their_own_series_and_objectives(
+    tmp_path: Path,
+) -> None:
+    # Two ragpulse deployments, one Prometheus: each rule file reads only its own job's series
+    # and joins its own SLO objective (99 % and 95 % for safety), so equal pass ratios (90 %)
+    # give each its own burn rate instead of one deployment's rules overwriting the other's.
+    for job, objective in (("ragpulse", "0.99"), ("ragpulse-b", "0.95")):
+        rendered = run(sys.executable, RENDER, "--set", f"job={job}", "--set",
+                       f"slo.objectives.safety={objective}", "--out-dir", tmp_path / job)
+        assert rendered.returncode == 0, rendered.stderr
+    series = "ragpulse_judge_verdicts_total{{job={job!r}, instance={job!r}, judge='safety', " \
+             "app='shop', model='m1', rating={rating!r}}}"
+    labels = "{{job={job!r}, judge='safety', app='shop', model='m1'}}"
+    unit_test = {
+        "rule_files": [str(tmp_path / job / "ragpulse.rules.yml")
+                       for job in ("ragpulse", "ragpulse-b")],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                {"series": series.format(job=job, rating=rating), "values": f"0+{n}x90"}
+                for job in ("ragpulse", "ragpulse-b") for rating, n in (("yes", 9), ("no", 1))
+            ],
+            "promql_expr_test": [
+                {"expr": "round(judge_app_model:ragpulse_judge_slo_burn_rate:ratio_rate1h, 0.001)",
+                 "eval_time": "60m",
+                 "exp_samples": [{"labels": labels.format(job="ragpulse"), "value": 10},
+                                 {"labels": labels.format(job="ragpulse-b"), "value": 2}]},
+                {"expr": "count(judge_app_model:ragpulse_judge_pass_ratio:wilson_lower_rate5m)",
+                 "eval_time": "60m", "exp_samples": [{"labels": "{}", "value": 2}]},
+            ],
+        }],
+    }
+    test_file = tmp_path / "two_deployments.test.yaml"
+    test_file.write_text(yaml.safe_dump(unit_test), encoding="utf-8")
+    result = run(promtool(), "test", "rules", test_file)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_quality_alerts_keep_app_and_model_labels() -> None:
