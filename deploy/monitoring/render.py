@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_thresholds(args.thresholds, args.overrides)
     except (KeyError, ValueError) as err:
-        print(f"render: {err}", file=sys.stderr)
+        print(f"render: {err.args[0] if err.args else err}", file=sys.stderr)  # KeyError quotes
         return 2
     if args.out_dir is not None:
         args.out_dir.mkdir(parents=True, exist_ok=True)

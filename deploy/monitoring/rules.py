@@ -2,10 +2,11 @@
 
 For operators and rule authors: each expression below is written as the PromQL it renders to;
 ``$name`` placeholders (``string.Template``) take the values of thresholds.yml, so PromQL's own
-braces stay as written. ``$job`` is the job matcher (``job="ragpulse"``) that EVERY selector
-carries and ``$by`` the labels every aggregation keeps (``job, judge, app, model``): two
-deployments scraped by one Prometheus are never added up, and one deployment's rules never
-read the other's recorded series (tests/test_prometheus_rules.py parses every rule to hold this).
+braces stay as written. Every series a template reads comes from ``selector()``, which always
+adds the job matcher (``job="ragpulse"``), and ``$by`` is the labels every aggregation keeps
+(``job, judge, app, model``): two deployments scraped by one Prometheus are never added up, and
+one deployment's rules never read the series the other records under the same names
+(tests/test_prometheus_rules.py parses every rule to hold this).
 """
 
 from __future__ import annotations
