@@ -59,7 +59,7 @@ def text_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_committed_dashboards_match_their_generator_and_thresholds() -> None:
     result = subprocess.run(
-        [sys.executable, str(GRAFANA / "render_dashboards.py"), "--check"],
+        [sys.executable, str(REPO / "deploy" / "monitoring" / "render.py"), "--check"],
         capture_output=True, text=True, check=False,
     )
     assert result.returncode == 0, result.stderr
@@ -102,7 +102,7 @@ def test_every_variable_used_is_defined(uid: str) -> None:
     texts = [p.get("title", "") for p in iter_panels(dashboard)]
     texts += [p.get("repeat", "") and f"${p['repeat']}" for p in iter_panels(dashboard)]
     texts += [t["expr"] for p in data_panels(dashboard) for t in p["targets"]]
-    texts += [v.get("definition", "") for v in dashboard["templating"]["list"]]
+    texts += [v.get("query", "") for v in dashboard["templating"]["list"]]
     texts += [p["options"]["content"] for p in text_panels(dashboard)]
     used = set().union(*(variables_used(t) for t in texts))
     assert used <= defined, f"undefined: {used - defined}"
@@ -112,8 +112,8 @@ def test_drilldown_is_filtered_by_app_and_model_variables() -> None:
     dashboard = load_dashboard(DASHBOARDS["ragpulse-drilldown"])
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     assert {"app", "model"} <= set(variables)
-    assert "label_values(" in variables["app"]["definition"]
-    assert "$app" in variables["model"]["definition"]
+    assert "label_values(" in variables["app"]["query"]
+    assert "$app" in variables["model"]["query"]
     for panel in data_panels(dashboard):
         for target in panel["targets"]:
             assert '"$app"' in target["expr"], panel["title"]
@@ -191,7 +191,7 @@ def test_variable_queries_parse_in_a_real_prometheus(prometheus: PrometheusServe
         if variable["type"] != "query":
             continue
         # label_values(<selector>, label) is Grafana's; the selector must be valid PromQL.
-        inner = variable["definition"].removeprefix("label_values(").rsplit(",", 1)[0]
+        inner = variable["query"].removeprefix("label_values(").rsplit(",", 1)[0]
         prometheus.query(substitute(inner, EXAMPLE_VALUES))
 
 

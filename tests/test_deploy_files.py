@@ -200,7 +200,7 @@ def test_judge_prompts_configmap_holds_the_current_prompt_files() -> None:
     prompts = {p.name: p.read_text(encoding="utf-8")
                for p in sorted((REPO / "judges" / "prompts").glob("*.yaml"))}
     assert configmap["data"] == prompts, (
-        "judges/prompts changed: run deploy/prometheus/render_rules.py"
+        "judges/prompts changed: run deploy/monitoring/render.py"
     )
     mounted = {v["configMap"]["name"] for v in
                k8s_documents()["Deployment"]["spec"]["template"]["spec"]["volumes"]
@@ -210,7 +210,7 @@ def test_judge_prompts_configmap_holds_the_current_prompt_files() -> None:
 
 def test_generated_kubernetes_files_are_up_to_date() -> None:
     result = subprocess.run(
-        [sys.executable, str(DEPLOY / "prometheus" / "render_rules.py"), "--check"],
+        [sys.executable, str(DEPLOY / "monitoring" / "render.py"), "--check"],
         capture_output=True, text=True, check=False, timeout=60,
     )
     assert result.returncode == 0, result.stderr

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import promql_parser
 import pytest
 import yaml
 from processes import require_binary
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.slow  # promtool and a real Prometheus
 
 REPO = Path(__file__).resolve().parent.parent
 PROM_DIR = REPO / "deploy" / "prometheus"
-RENDER = PROM_DIR / "render_rules.py"
+RENDER = REPO / "deploy" / "monitoring" / "render.py"
 RULE_FILES = [PROM_DIR / "rules" / "ragpulse.rules.yml", PROM_DIR / "rules" / "ragpulse.alerts.yml"]
 PROMTOOL_TESTS = sorted((REPO / "tests" / "promtool").glob("*.yaml"))
 # Every promtool file replays hours of series through ~60 recording rules: several seconds each.
@@ -153,16 +154,119 @@ def test_recording_rules_are_named_level_metric_operation() -> None:
             assert f"judge_app_model:ragpulse_judge_pass_ratio:wilson_{side}_rate{window}" in names
 
 
-def test_every_rule_selects_the_ragpulse_job_and_adds_up_its_instances() -> None:
+def walk(node: Any) -> Iterator[Any]:
+    """Every node of a parsed PromQL expression, ``node`` first."""
+    yield node
+    for attr in ("lhs", "rhs", "expr", "args", "vector_selector", "param"):
+        child = getattr(node, attr, None)
+        for item in child if isinstance(child, list) else [child]:
+            if item is not None:
+                yield from walk(item)
+
+
+def deployment_mixing(expr: str, job: str, deployment: set[str]) -> list[str]:
+    """What in ``expr`` could add up or join two deployments scraped by one Prometheus.
+
+    A selector without the ``job="<job>"`` matcher (recorded series included: the other
+    deployment records the same names), an aggregation that drops a deployment label or keeps
+    ``instance``, and a vector matching not on the job or ignoring a deployment label.
+    """
+    faults: list[str] = []
+    for node in walk(promql_parser.parse(expr)):
+        if isinstance(node, promql_parser.VectorSelector):
+            if not any(m.name == "job" and m.op == promql_parser.MatchOp.Equal
+                       and m.value == job for m in node.matchers.matchers):
+                faults.append(f"{node} lacks job=\"{job}\"")
+        elif isinstance(node, promql_parser.AggregateExpr):
+            grouping = node.modifier  # None: sum(...) keeps no label at all
+            labels = set(grouping.labels) if grouping else set()
+            if grouping is None or grouping.type == promql_parser.AggModifierType.By:
+                mixes = not deployment <= labels or "instance" in labels
+            else:
+                mixes = bool(deployment & labels)
+            if mixes:
+                faults.append(f"{node} adds up deployments or instances")
+        elif isinstance(node, promql_parser.BinaryExpr) and node.modifier:
+            # No matching clause: one-to-one on all labels, the job included.
+            if (matching := node.modifier.matching) is None:
+                continue
+            labels = set(matching.labels)
+            if matching.type == promql_parser.LabelModifierType.Include:
+                # on (job, judge) is enough: the SLO objective series are per job.
+                mixes = "job" not in labels
+            else:
+                mixes = bool(deployment & labels)
+            if mixes:
+                faults.append(f"{node.modifier} joins across deployments")
+    return faults
+
+
+def test_the_deployment_check_catches_selectors_and_aggregations_that_mix_deployments() -> None:
+    job = {"job"}
+    kept = 'sum by (job, judge) (rate(x{job="ragpulse"}[5m]))'
+    assert deployment_mixing(kept, "ragpulse", job) == []
+    for mixing in (
+        'judge_app_model:r:ratio_rate5m{judge="groundedness"} < 0.8',  # another job's series
+        'sum by (judge) (rate(x{job="ragpulse"}[5m]))',  # sums two deployments
+        'sum(x{job="ragpulse"})',
+        'sum without (job) (x{job="ragpulse"})',
+        'sum by (job, instance) (x{job="ragpulse"})',
+        '(1 - a{job="ragpulse"}) / on (judge) group_left () (1 - b{job="ragpulse"})',
+        'a{job="ragpulse"} / ignoring (job) b{job="ragpulse"}',
+        'absent(up{job=~"ragpulse|other"})',
+    ):
+        assert deployment_mixing(mixing, "ragpulse", job), mixing
+
+
+def test_every_rule_selects_its_job_and_keeps_the_deployment_labels() -> None:
+    thresholds = yaml.safe_load((PROM_DIR / "thresholds.yml").read_text(encoding="utf-8"))
+    job, deployment = thresholds["job"], set(thresholds["deployment_labels"])
     for rule in rules(RULE_FILES[0]) + alerts():
         name = rule.get("record") or rule["alert"]
-        for metric, matchers in RAW_METRIC.findall(rule["expr"]):
-            assert 'job="ragpulse"' in matchers, f"{name}: {metric} without the job selector"
-        for grouping in re.findall(r"\bby \(([^)]*)\)", rule["expr"]):
-            labels = {label.strip() for label in grouping.split(",")}
-            assert "instance" not in labels, name
-            if "judge" in labels or "topic" in labels:
-                assert "job" in labels, f"{name}: sums two deployments together"
+        assert deployment_mixing(rule["expr"], job, deployment) == [], name
+        nodes = walk(promql_parser.parse(rule["expr"]))
+        if not any(isinstance(node, promql_parser.VectorSelector) for node in nodes):
+            # No selector at all (the SLO objectives' vector(0.9)): the rule labels the job.
+            assert rule.get("labels", {}).get("job") == job, f"{name} carries no job label"
+
+
+def test_two_deployments_in_one_prometheus_keep_their_own_series_and_objectives(
+    tmp_path: Path,
+) -> None:
+    # Two ragpulse deployments, one Prometheus: each rule file reads only its own job's series
+    # and joins its own SLO objective (99 % and 95 % for safety), so equal pass ratios (90 %)
+    # give each its own burn rate instead of one deployment's rules overwriting the other's.
+    for job, objective in (("ragpulse", "0.99"), ("ragpulse-b", "0.95")):
+        rendered = run(sys.executable, RENDER, "--set", f"job={job}", "--set",
+                       f"slo.objectives.safety={objective}", "--out-dir", tmp_path / job)
+        assert rendered.returncode == 0, rendered.stderr
+    series = "ragpulse_judge_verdicts_total{{job={job!r}, instance={job!r}, judge='safety', " \
+             "app='shop', model='m1', rating={rating!r}}}"
+    labels = "{{job={job!r}, judge='safety', app='shop', model='m1'}}"
+    unit_test = {
+        "rule_files": [str(tmp_path / job / "ragpulse.rules.yml")
+                       for job in ("ragpulse", "ragpulse-b")],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                {"series": series.format(job=job, rating=rating), "values": f"0+{n}x90"}
+                for job in ("ragpulse", "ragpulse-b") for rating, n in (("yes", 9), ("no", 1))
+            ],
+            "promql_expr_test": [
+                {"expr": "round(judge_app_model:ragpulse_judge_slo_burn_rate:ratio_rate1h, 0.001)",
+                 "eval_time": "60m",
+                 "exp_samples": [{"labels": labels.format(job="ragpulse"), "value": 10},
+                                 {"labels": labels.format(job="ragpulse-b"), "value": 2}]},
+                {"expr": "count(judge_app_model:ragpulse_judge_pass_ratio:wilson_lower_rate5m)",
+                 "eval_time": "60m", "exp_samples": [{"labels": "{}", "value": 2}]},
+            ],
+        }],
+    }
+    test_file = tmp_path / "two_deployments.test.yaml"
+    test_file.write_text(yaml.safe_dump(unit_test), encoding="utf-8")
+    result = run(promtool(), "test", "rules", test_file)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_quality_alerts_keep_app_and_model_labels() -> None:
