@@ -155,6 +155,7 @@ class Serve:
     topic: str
     workdir: Path
     extra: Sequence[str] = ()
+    code: Path | None = None  # a checkout of ragpulse to run instead of this one
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     log_path: Path = field(init=False)
@@ -171,8 +172,9 @@ class Serve:
             "--metrics-host", "127.0.0.1", "--metrics-port", str(self.port),
             "--group-id", f"bench-{self.port}", *self.extra,
         ]
+        env = None if self.code is None else {**os.environ, "PYTHONPATH": str(self.code)}
         with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -336,12 +338,12 @@ def top_functions(raw: Path, k: int = 12) -> list[tuple[str, int]]:
 
 def drain_once(
     broker: TansuBroker, topic: str, n: int, workdir: Path, max_batch: int,
-    profile_s: float, extra: Sequence[str],
+    profile_s: float, extra: Sequence[str], code: Path | None = None,
 ) -> dict[str, float]:
     serve = Serve(broker.bootstrap, topic, workdir, [
         "--judge-backend", "local", "--sample-rate", "1", "--max-batch-events", str(max_batch),
         "--trigger-interval", "1s", *extra,
-    ])
+    ], code)
     ready = serve.start()
     cpu0 = cpu_seconds(serve.pid)
     spy: subprocess.Popen[bytes] | None = None
@@ -403,27 +405,30 @@ def cmd_drain(args: argparse.Namespace) -> None:
                        event_rate=5000, start=time.time() - args.events / 5000)
         print(f"pre-loaded {args.events:,} events in {args.partitions} partitions "
               f"({rate:,.0f} events/s produced); serve --judge-backend local --sample-rate 1")
-        results: dict[int, list[dict[str, float]]] = collections.defaultdict(list)
+        codes: list[Path | None] = [Path(c).resolve() for c in args.code] or [None]
+        results: dict[tuple[str, int], list[dict[str, float]]] = collections.defaultdict(list)
         for r in range(args.repeats):
-            for mb in batches:  # interleaved, so drift hits every setting alike
-                prof = args.profile if (r == 0 and mb == batches[-1]) else 0.0
-                res = drain_once(broker, "backlog", args.events, tmp, mb, prof, [])
-                results[mb].append(res)
-                print(f"  repeat {r + 1} max-batch {mb}: {res['overall']:,.0f} events/s overall, "
-                      f"{res['steady']:,.0f} after the first cycle, {res['per_cpu_s']:,.0f} per "
-                      f"serve CPU-second; {busy_elsewhere()}", flush=True)
+            for code in codes:  # interleaved, so drift hits every checkout and setting alike
+                for mb in batches:
+                    prof = args.profile if (r == 0 and mb == batches[-1]) else 0.0
+                    res = drain_once(broker, "backlog", args.events, tmp, mb, prof, [], code)
+                    name = "this checkout" if code is None else str(code)
+                    results[name, mb].append(res)
+                    print(f"  repeat {r + 1} {name} max-batch {mb}: {res['overall']:,.0f} "
+                          f"events/s overall, {res['steady']:,.0f} after the first cycle, "
+                          f"{res['per_cpu_s']:,.0f} per serve CPU-second; {busy_elsewhere()}",
+                          flush=True)
         rows = []
-        for mb in batches:
-            rs = results[mb]
+        for (name, mb), rs in results.items():
 
             def med(key: str, rs: list[dict[str, float]] = rs) -> float:
                 return statistics.median(x[key] for x in rs)
 
-            rows.append((mb, med("overall"), med("steady"), med("per_cpu_s"),
+            rows.append((name, mb, med("overall"), med("steady"), med("per_cpu_s"),
                          f"{med('cpu_share'):.0%}", int(med("cycles")), med("cycle_s"),
                          med("rss_mib"), int(med("judged"))))
         print(f"\n### Drain of a {args.events:,}-event backlog, medians of {args.repeats} runs\n")
-        print(table(["--max-batch-events", "events/s (from /metrics up)",
+        print(table(["code", "--max-batch-events", "events/s (from /metrics up)",
                      "events/s (after 1st cycle)", "events per serve CPU-s", "serve CPU use",
                      "cycles", "s/cycle", "peak RSS MiB",
                      "events judged"], rows))
@@ -703,6 +708,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--partitions", type=int, default=4)
     d.add_argument("--max-batch", default="5000,20000,50000")
     d.add_argument("--repeats", type=int, default=3)
+    d.add_argument("--code", action="append", default=[], metavar="DIR",
+                   help="a checkout of ragpulse whose serve to run (repeatable: checkouts are "
+                   "measured side by side, interleaved); default: this one")
     d.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
                    help="py-spy the first run of the last --max-batch for this long")
     d.set_defaults(run=cmd_drain)
