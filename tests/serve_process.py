@@ -23,7 +23,6 @@ import dataclasses
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -34,6 +33,7 @@ from typing import IO, Any
 
 import orjson
 import pytest
+from cli import ragpulse, ragpulse_command
 from kafka_broker import free_port
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as openmetrics_families,
@@ -117,11 +117,8 @@ class ServeProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        # The installed console script when there is one (it is what users run), else the module.
-        script = Path(sys.executable).with_name("ragpulse")
-        prog = [str(script)] if script.is_file() else [sys.executable, "-m", "pipeline.cli"]
         return [
-            *prog,
+            *ragpulse_command(),
             "serve",
             "--kafka-bootstrap", self.bootstrap,
             "--topic", self.topic,
@@ -304,17 +301,9 @@ class ServeProcess:
 
 def windows_rows(state: Path, *args: str) -> list[dict[str, Any]]:
     """`ragpulse windows --state STATE [ARGS]` run as a subprocess, parsed from JSON lines."""
-    script = Path(sys.executable).with_name("ragpulse")
-    prog = [str(script)] if script.is_file() else [sys.executable, "-m", "pipeline.cli"]
-    done = subprocess.run(
-        [*prog, "windows", "--state", str(state), *args],
-        capture_output=True,
-        timeout=60,
-        check=False,
-    )
+    done = ragpulse("windows", "--state", str(state), *args, timeout=60)
     if done.returncode != 0:
-        stderr = done.stderr.decode(errors="replace")
-        raise AssertionError(f"ragpulse windows exited with {done.returncode}: {stderr}")
+        raise AssertionError(f"ragpulse windows exited with {done.returncode}: {done.stderr}")
     return [orjson.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -17,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli import one_line_error, ragpulse
 from kafka import KafkaConsumer, TopicPartition
 from kafka_broker import TansuBroker
 from prometheus_server import running_prometheus
@@ -38,14 +37,6 @@ DROP = Incidents(groundedness_drop_at=0.0, drop_to=0.5)
 def broker() -> Iterator[TansuBroker]:
     with TansuBroker() as shared:
         yield shared
-
-
-def ragpulse(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).with_name("ragpulse")
-    prog = [str(script)] if script.is_file() else [sys.executable, "-m", "pipeline.cli"]
-    return subprocess.run(
-        [*prog, *args], capture_output=True, text=True, timeout=timeout, check=False
-    )
 
 
 def topic_rows(bootstrap: str, topic: str, timeout: float = 20.0) -> list[dict[str, Any]]:
@@ -224,9 +215,8 @@ def test_explain_names_a_missing_topic_and_an_unreachable_broker(broker: TansuBr
         "explain", "--kafka-bootstrap", "127.0.0.1:1", "--verdicts-topic", "v",
         "--kafka-timeout", "2s",
     )
-    assert down.returncode == 1
-    assert down.stderr.startswith("ragpulse explain: cannot reach Kafka at 127.0.0.1:1")
-    assert len(down.stderr.strip().splitlines()) == 1
+    line = one_line_error(down.returncode, down.stderr, exit_code=1)
+    assert line.startswith("ragpulse explain: cannot reach Kafka at 127.0.0.1:1")
 
 
 # --- 3. canaries in serve ------------------------------------------------------------------------
@@ -291,8 +281,7 @@ def test_serve_refuses_a_bad_canary_file_naming_the_file_and_line(tmp_path: Path
         "serve", "--kafka-bootstrap", "127.0.0.1:1", "--topic", "t", "--state",
         str(tmp_path / "s.sqlite"), "--judge-backend", "local", "--canary-file", str(bad),
     )
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1] == (
+    assert one_line_error(done.returncode, done.stderr, allow_info=True) == (
         f"ragpulse serve: canary file {bad}, line 2: the event has neither 'response' nor "
         "'trace'; one of them is required"
     )

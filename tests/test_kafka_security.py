@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import pickle
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli import ragpulse
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaTimeoutError
@@ -47,18 +45,9 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def ragpulse(*argv: str, env: dict[str, str] | None = None, timeout: float = 120) -> tuple[
-    int, str
-]:
+def ragpulse_output(*argv: str) -> tuple[int, str]:
     """Run the ragpulse CLI; returns (exit code, stdout + stderr)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
+    result = ragpulse(*argv)
     return result.returncode, result.stdout + result.stderr
 
 
@@ -284,7 +273,7 @@ def test_serve_reads_dead_letters_and_commits_through_mutual_tls(
 
 @pytest.mark.slow
 def test_simulate_produces_through_tls_and_creates_its_topic(tls_kafka: SecureKafka) -> None:
-    code, output = ragpulse(
+    code, output = ragpulse_output(
         "simulate", "--kafka-bootstrap", tls_kafka.bootstrap, "--topic", "sim",
         "--partitions", "1", "--rate", "200", "--duration", "0.25s", *tls_kafka.tls_args(),
     )
@@ -300,7 +289,7 @@ def test_an_untrusted_broker_certificate_stops_the_command_naming_the_ca_setting
     for kafka in secure_kafka(tmp_path, pki,
                               server_cert=(pki.untrusted_cert, pki.untrusted_key)):
         started = time.monotonic()
-        code, output = ragpulse(*_command(command, kafka, tmp_path), *kafka.tls_args())
+        code, output = ragpulse_output(*_command(command, kafka, tmp_path), *kafka.tls_args())
         assert code == 2, output
         assert (
             "Kafka TLS handshake with 127.0.0.1:" in output
@@ -354,7 +343,7 @@ def test_a_wrong_sasl_password_stops_the_command_naming_the_settings_without_sho
     password_file.write_text(SECRET)
     for kafka in secure_kafka(tmp_path, pki, authentication=True,
                               require_client_certificate=False):
-        code, output = ragpulse(
+        code, output = ragpulse_output(
             "--log-level", "DEBUG",
             *_command(command, kafka, tmp_path),
             "--kafka-security-protocol", "SASL_SSL", "--kafka-ssl-cafile", str(pki.ca),

@@ -8,12 +8,11 @@ what an operator sees (exit code, log, /metrics) and that every record is accoun
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from cli import one_line_error, ragpulse
 from kafka_broker import TansuBroker
 from serve_process import ServeProcess, serve_processes_fixture  # noqa: F401
 from test_serve import T0, WINDOW_ARGS, caught_up, read_topic, saved_offsets
@@ -41,14 +40,6 @@ def events(seed: int, count: int, start: float = T0) -> list[bytes]:
     return [e.payload for e in simulate(seed, count, start, rate=10)]
 
 
-def ragpulse(*args: str) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).with_name("ragpulse")
-    prog = [str(script)] if script.is_file() else [sys.executable, "-m", "pipeline.cli"]
-    return subprocess.run(
-        [*prog, *args], capture_output=True, text=True, timeout=120, check=False
-    )
-
-
 # --- state files that cannot be used ---------------------------------------------------------
 
 
@@ -68,12 +59,9 @@ def test_serve_and_windows_stop_with_one_line_and_exit_code_2_on_a_bad_state_fil
         done = ragpulse(*command, "--state", str(state))
         # Settings are checked first and log at INFO (e.g. the judge backend chosen); the state
         # file's error must be the only other line.
-        lines = [line for line in done.stderr.splitlines() if " INFO " not in line]
-        assert done.returncode == 2, done.stderr
-        assert len(lines) == 1, done.stderr
-        assert "Traceback" not in done.stderr
-        assert lines[0].startswith(f"ragpulse {command[0]}: state file {state}")
-        assert why in lines[0] and "--state-reset" in lines[0]
+        line = one_line_error(done.returncode, done.stderr, allow_info=True)
+        assert line.startswith(f"ragpulse {command[0]}: state file {state}")
+        assert why in line and "--state-reset" in line
 
 
 @pytest.mark.slow
