@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 from certs import make_ca, make_leaf
-from kafka_broker import free_port, tansu_binary
-from processes import require_binary, stop_process
+from kafka_broker import tansu_binary
+from processes import free_port, require_binary, stop_process
 
 from pipeline.kafka_security import KafkaSecurity
 

@@ -34,7 +34,7 @@ from typing import IO, Any
 import orjson
 import pytest
 from cli import ragpulse, ragpulse_command
-from kafka_broker import free_port
+from processes import free_port
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as openmetrics_families,
 )

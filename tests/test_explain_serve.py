@@ -18,7 +18,7 @@ import pytest
 from cli import one_line_error, ragpulse
 from kafka import KafkaConsumer, TopicPartition
 from kafka_broker import TansuBroker
-from prometheus_server import running_prometheus
+from prometheus_server import prometheus_config, running_prometheus
 from serve_process import ServeProcess, serve_processes_fixture  # noqa: F401
 
 from judges import JUDGE_NAMES, JudgeSpec
@@ -123,8 +123,7 @@ def test_failing_verdict_counters_carry_the_latest_failing_request_id_kept_acros
 
     # Prometheus with exemplar storage keeps them, and its query API returns them.
     with running_prometheus(
-        scrape_targets=[f"127.0.0.1:{serve.port}"],
-        scrape_interval="1s",
+        prometheus_config([f"127.0.0.1:{serve.port}"], scrape_interval="1s"),
         extra_args=["--enable-feature=exemplar-storage"],
     ) as prom:
         query = 'ragpulse_judge_verdicts_total{judge="groundedness", rating="no"}'

@@ -19,7 +19,7 @@ from cli import ragpulse
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaTimeoutError
-from kafka_broker import free_port
+from processes import free_port
 from secure_kafka import Pki, SecureKafka, pki_fixture, secure_kafka  # noqa: F401
 from serve_process import ServeProcess, serve_processes_fixture  # noqa: F401
 

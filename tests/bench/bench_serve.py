@@ -58,7 +58,8 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for the helpers
 
 from fake_openai import FakeOpenAI
-from kafka_broker import TansuBroker, free_port
+from kafka_broker import TansuBroker
+from processes import free_port
 
 from pipeline.kafka_source import end_offsets
 from pipeline.simulate import simulate
