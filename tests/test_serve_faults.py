@@ -16,7 +16,7 @@ from cli import one_line_error, ragpulse
 from kafka_broker import TansuBroker
 from serve_process import ServeProcess, serve_processes_fixture  # noqa: F401
 from test_serve import T0, WINDOW_ARGS, caught_up, read_topic, saved_offsets
-from test_state import BAD_STATE_FILES
+from test_state import bad_state_file_fixture  # noqa: F401
 
 from pipeline.simulate import simulate
 
@@ -44,13 +44,10 @@ def events(seed: int, count: int, start: float = T0) -> list[bytes]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", sorted(BAD_STATE_FILES))
 def test_serve_and_windows_stop_with_one_line_and_exit_code_2_on_a_bad_state_file(
-    tmp_path: Path, kind: str
+    bad_state_file: tuple[Path, str],
 ) -> None:
-    make, why = BAD_STATE_FILES[kind]
-    state = tmp_path / "state.sqlite"
-    make(state)
+    state, why = bad_state_file
     for command in (
         # Nothing listens on port 1: the state file must be refused before Kafka is asked.
         ["serve", "--kafka-bootstrap", "127.0.0.1:1", "--topic", "t", "--metrics-port", "0"],
