@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -47,124 +48,19 @@ def reason_for(raw: bytes, **kwargs: Any) -> str:
     return caught.value.reason
 
 
-def span_attrs(span_type: str, inputs: Any, outputs: Any) -> dict[str, str]:
-    """Span attributes as MLflow 2.x serializes them: every value is a JSON-encoded string."""
-    return {
-        "mlflow.traceRequestId": orjson.dumps("tr-5f1c0e2a").decode(),
-        "mlflow.spanType": orjson.dumps(span_type).decode(),
-        "mlflow.spanInputs": orjson.dumps(inputs).decode(),
-        "mlflow.spanOutputs": orjson.dumps(outputs).decode(),
-    }
-
-
+MLFLOW2_TRACE = Path(__file__).parent / "samples" / "mlflow2_trace.json"
 QUESTION = "How long are QP-1457 quality records kept?"
 TRACE_ANSWER = "Per QP-1457, quality records are kept for 10 years after product release."
 
 
 def mlflow2_trace() -> dict[str, Any]:
-    """A RAG chain traced by MLflow 2.x (`Trace.to_dict()`): a root chain, a first retrieval on
-    the raw question, a second retrieval on a rewritten query, and the chat model call. The
-    spans are listed out of chronological order, as exporters may write them."""
-    trace_id = "0x7d3e9d1bb0a7c3f54f3e1c9a2b6d8e01"
-
-    def span(
-        name: str, span_id: str, parent: str | None, start: int, attrs: dict[str, str]
-    ) -> dict[str, Any]:
-        return {
-            "name": name,
-            "context": {"span_id": span_id, "trace_id": trace_id},
-            "parent_id": parent,
-            "start_time": start,
-            "end_time": start + 40_000_000,
-            "status_code": "OK",
-            "status_message": "",
-            "attributes": attrs,
-            "events": [],
-        }
-
-    base = 1_714_564_800_000_000_000
-    root = span(
-        "rag_chain",
-        "0x01a1",
-        None,
-        base,
-        span_attrs(
-            "CHAIN",
-            {"messages": [{"role": "user", "content": QUESTION}]},
-            {
-                "id": "chatcmpl-9",
-                "object": "chat.completion",
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": TRACE_ANSWER},
-                        "finish_reason": "stop",
-                    }
-                ],
-            },
-        ),
-    )
-    first_retrieval = span(
-        "retrieve_docs",
-        "0x02b2",
-        "0x01a1",
-        base + 1_000_000,
-        span_attrs(
-            "RETRIEVER",
-            {"query": QUESTION},
-            [
-                {
-                    "page_content": "QP-1200 covers supplier audits.",
-                    "metadata": {"doc_uri": "https://docs.example/qp-1200"},
-                    "id": "d9",
-                }
-            ],
-        ),
-    )
-    second_retrieval = span(
-        "retrieve_docs_rewritten",
-        "0x03c3",
-        "0x01a1",
-        base + 9_000_000,
-        span_attrs(
-            "RETRIEVER",
-            {"query": "QP-1457 retention period quality records"},
-            [
-                {
-                    "page_content": "QP-1457: quality records are retained 10 years.",
-                    "metadata": {
-                        "doc_uri": "https://docs.example/qp-1457#retention",
-                        "score": 0.91,
-                    },
-                },
-                {"page_content": "Retention starts at product release.", "metadata": {}},
-            ],
-        ),
-    )
-    llm = span(
-        "chat_model",
-        "0x04d4",
-        "0x01a1",
-        base + 20_000_000,
-        span_attrs("CHAT_MODEL", {"messages": []}, {"choices": []}),
-    )
-    return {
-        "info": {
-            "request_id": "tr-5f1c0e2a",
-            "experiment_id": "0",
-            "timestamp_ms": 1_714_564_800_000,
-            "execution_time_ms": 60,
-            "status": "OK",
-            "request_metadata": {"mlflow.trace_schema.version": "2"},
-            "tags": {"mlflow.traceName": "rag_chain"},
-        },
-        "data": {
-            # Listed: llm, second retrieval, root, first retrieval.
-            "spans": [llm, second_retrieval, root, first_retrieval],
-            "request": orjson.dumps({"messages": [{"role": "user", "content": QUESTION}]}).decode(),
-            "response": orjson.dumps(TRACE_ANSWER).decode(),
-        },
-    }
+    """A RAG chain traced by MLflow 2.x (`Trace.to_dict()`, span attributes JSON-encoded as
+    strings): a root chain answering QUESTION with TRACE_ANSWER, a first retrieval on the raw
+    question, a second retrieval on a rewritten query, and the chat model call. The spans are
+    listed out of chronological order (llm, second retrieval, root, first retrieval), as
+    exporters may write them."""
+    trace: dict[str, Any] = orjson.loads(MLFLOW2_TRACE.read_bytes())
+    return trace
 
 
 EXPECTED_TRACE_CHUNKS = (
