@@ -79,75 +79,80 @@ def simple_trace(*spans: dict[str, Any]) -> dict[str, Any]:
 # --- request ---------------------------------------------------------------------------------
 
 
-def test_plain_string_request_is_the_question_with_no_history() -> None:
-    item = parse_event(line(request="What is RAG?")).judge_input
-    assert item.question == "What is RAG?"
-    assert item.history == ()
-
-
-def test_chat_request_question_is_last_user_message_and_earlier_messages_are_history() -> None:
-    request = {
-        "messages": [
-            {"role": "system", "content": "Answer from the quality manual only."},
-            {"role": "user", "content": "Which procedure covers records?"},
-            {"role": "assistant", "content": "QP-1457."},
-            {"role": "user", "content": "How long does it keep them?"},
-            {"role": "tool", "content": "lookup result that comes after the question"},
-        ]
-    }
-    item = parse_event(line(request=request)).judge_input
-    assert item.question == "How long does it keep them?"
-    assert item.history == (
-        Turn("system", "Answer from the quality manual only."),
-        Turn("user", "Which procedure covers records?"),
-        Turn("assistant", "QP-1457."),
-    )
-
-
-def test_chat_message_content_parts_have_their_text_parts_joined() -> None:
-    request = {
-        "messages": [
+@pytest.mark.parametrize(
+    ("request_obj", "question", "history"),
+    [
+        pytest.param("What is RAG?", "What is RAG?", (), id="a plain string, no history"),
+        pytest.param(
             {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": "Look at this label."},
-                    {"type": "image_url", "image_url": {"url": "https://img.example/1.png"}},
-                    {"type": "text", "text": "Which procedure applies?"},
+                "messages": [
+                    {"role": "system", "content": "Answer from the quality manual only."},
+                    {"role": "user", "content": "Which procedure covers records?"},
+                    {"role": "assistant", "content": "QP-1457."},
+                    {"role": "user", "content": "How long does it keep them?"},
+                    {"role": "tool", "content": "lookup result that comes after the question"},
+                ]
+            },
+            "How long does it keep them?",
+            (
+                Turn("system", "Answer from the quality manual only."),
+                Turn("user", "Which procedure covers records?"),
+                Turn("assistant", "QP-1457."),
+            ),
+            id="chat: the last user message, earlier messages the history",
+        ),
+        pytest.param(
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "Look at this label."},
+                            {"type": "image_url", "image_url": {"url": "https://img.example/1.png"}},
+                            {"type": "text", "text": "Which procedure applies?"},
+                        ],
+                    }
+                ]
+            },
+            "Look at this label.\nWhich procedure applies?",
+            (),
+            id="chat: text content parts joined",
+        ),
+        pytest.param(
+            {
+                "messages": [
+                    {"role": "user", "content": "Find QP-1457."},
+                    {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
+                    {"role": "user", "content": "And its retention?"},
+                ]
+            },
+            "And its retention?",
+            (Turn("user", "Find QP-1457."),),
+            id="chat: an assistant tool call without text left out of the history",
+        ),
+        pytest.param(
+            {
+                "query": "Explain broadcast variables in Spark.",
+                "history": [
+                    {"role": "user", "content": "What are broadcast variables?"},
+                    {"role": "assistant", "content": "Read-only variables cached on each machine."},
                 ],
-            }
-        ]
-    }
-    item = parse_event(line(request=request)).judge_input
-    assert item.question == "Look at this label.\nWhich procedure applies?"
-
-
-def test_assistant_tool_call_without_text_is_left_out_of_history() -> None:
-    request = {
-        "messages": [
-            {"role": "user", "content": "Find QP-1457."},
-            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
-            {"role": "user", "content": "And its retention?"},
-        ]
-    }
-    item = parse_event(line(request=request)).judge_input
-    assert item.history == (Turn("user", "Find QP-1457."),)
-    assert item.question == "And its retention?"
-
-
-def test_query_and_history_request_uses_query_as_question_and_history_in_order() -> None:
-    request = {
-        "query": "Explain broadcast variables in Spark.",
-        "history": [
-            {"role": "user", "content": "What are broadcast variables?"},
-            {"role": "assistant", "content": "Read-only variables cached on each machine."},
-        ],
-    }
-    item = parse_event(line(request=request)).judge_input
-    assert item.question == "Explain broadcast variables in Spark."
-    assert item.history == (
-        Turn("user", "What are broadcast variables?"),
-        Turn("assistant", "Read-only variables cached on each machine."),
-    )
+            },
+            "Explain broadcast variables in Spark.",
+            (
+                Turn("user", "What are broadcast variables?"),
+                Turn("assistant", "Read-only variables cached on each machine."),
+            ),
+            id="query and history: the query, the history in order",
+        ),
+    ],
+)
+def test_each_request_shape_gives_its_question_and_the_history_before_it(
+    request_obj: Any, question: str, history: tuple[Turn, ...]
+) -> None:
+    item = parse_event(line(request=request_obj)).judge_input
+    assert item.question == question
+    assert item.history == history
 
 
 @pytest.mark.parametrize(
