@@ -324,6 +324,20 @@ def test_a_missing_client_certificate_is_reported_as_such(tls_kafka: SecureKafka
 # --- against a broker that requires SASL ---------------------------------------------------------
 
 
+@pytest.fixture
+def sasl_kafka(tmp_path: Path, pki: Pki) -> Iterator[SecureKafka]:
+    """A broker that requires SASL over TLS (and no client certificate)."""
+    yield from secure_kafka(tmp_path, pki, authentication=True, require_client_certificate=False)
+
+
+@pytest.fixture
+def secret_file(tmp_path: Path) -> Path:
+    """A file holding SECRET, as a password or token file."""
+    path = tmp_path / "secret"
+    path.write_text(SECRET)
+    return path
+
+
 def _command(command: str, kafka: SecureKafka, tmp_path: Path) -> list[str]:
     if command == "serve":
         return ["serve", "--kafka-bootstrap", kafka.bootstrap, "--topic", "chat",
@@ -337,24 +351,21 @@ def _command(command: str, kafka: SecureKafka, tmp_path: Path) -> list[str]:
 @pytest.mark.parametrize("command", ["serve", "simulate"])
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
 def test_a_wrong_sasl_password_stops_the_command_naming_the_settings_without_showing_it(
-    tmp_path: Path, pki: Pki, mechanism: str, command: str
+    tmp_path: Path, pki: Pki, sasl_kafka: SecureKafka, secret_file: Path, mechanism: str,
+    command: str,
 ) -> None:
-    password_file = tmp_path / "password"
-    password_file.write_text(SECRET)
-    for kafka in secure_kafka(tmp_path, pki, authentication=True,
-                              require_client_certificate=False):
-        code, output = ragpulse_output(
-            "--log-level", "DEBUG",
-            *_command(command, kafka, tmp_path),
-            "--kafka-security-protocol", "SASL_SSL", "--kafka-ssl-cafile", str(pki.ca),
-            "--kafka-sasl-mechanism", mechanism, "--kafka-sasl-username", "ragpulse",
-            "--kafka-sasl-password-file", str(password_file),
-        )
-        assert code == 2, output
-        assert f"Kafka SASL {mechanism} authentication with 127.0.0.1:" in output, output
-        assert "check --kafka-sasl-username (ragpulse) and the password" in output
-        assert SECRET not in output  # not even at DEBUG, where kafka-python logs too
-        assert kafka.connections() <= 2, kafka.logs()
+    code, output = ragpulse_output(
+        "--log-level", "DEBUG",
+        *_command(command, sasl_kafka, tmp_path),
+        "--kafka-security-protocol", "SASL_SSL", "--kafka-ssl-cafile", str(pki.ca),
+        "--kafka-sasl-mechanism", mechanism, "--kafka-sasl-username", "ragpulse",
+        "--kafka-sasl-password-file", str(secret_file),
+    )
+    assert code == 2, output
+    assert f"Kafka SASL {mechanism} authentication with 127.0.0.1:" in output, output
+    assert "check --kafka-sasl-username (ragpulse) and the password" in output
+    assert SECRET not in output  # not even at DEBUG, where kafka-python logs too
+    assert sasl_kafka.connections() <= 2, sasl_kafka.logs()
 
 
 @pytest.mark.slow
@@ -363,18 +374,15 @@ def test_a_wrong_sasl_password_stops_the_command_naming_the_settings_without_sho
     [("PLAIN", "check --kafka-sasl-username"), ("OAUTHBEARER", "--kafka-sasl-oauth-token-file")],
 )
 def test_a_sasl_mechanism_the_broker_refuses_is_named_with_what_to_check(
-    tmp_path: Path, pki: Pki, mechanism: str, named: str
+    pki: Pki, sasl_kafka: SecureKafka, secret_file: Path, mechanism: str, named: str
 ) -> None:
     """Tansu offers SCRAM only: PLAIN and OAUTHBEARER exchanges end in a refusal."""
-    token = tmp_path / "token"
-    token.write_text(SECRET)
-    for kafka in secure_kafka(tmp_path, pki, authentication=True,
-                              require_client_certificate=False):
-        security = KafkaSecurity.model_validate({
-            "protocol": "SASL_SSL", "ssl_cafile": pki.ca, "sasl_mechanism": mechanism,
-            "sasl_username": "ragpulse", "sasl_password": SECRET, "sasl_oauth_token_file": token,
-        })
-        with pytest.raises(KafkaSecurityError, match=f"SASL {mechanism}") as caught:
-            check_access(kafka.bootstrap, security, timeout_s=10)
-        assert named in str(caught.value) and SECRET not in str(caught.value)
-        assert kafka.connections() == 1, kafka.logs()
+    security = KafkaSecurity.model_validate({
+        "protocol": "SASL_SSL", "ssl_cafile": pki.ca, "sasl_mechanism": mechanism,
+        "sasl_username": "ragpulse", "sasl_password": SECRET,
+        "sasl_oauth_token_file": secret_file,
+    })
+    with pytest.raises(KafkaSecurityError, match=f"SASL {mechanism}") as caught:
+        check_access(sasl_kafka.bootstrap, security, timeout_s=10)
+    assert named in str(caught.value) and SECRET not in str(caught.value)
+    assert sasl_kafka.connections() == 1, sasl_kafka.logs()
