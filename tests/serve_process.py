@@ -10,7 +10,14 @@ parser; `wait_for` polls /metrics until a predicate holds and, when it does not 
 with the last scrape and the end of serve's log. The process runs in its own session, so `kill()`
 (SIGKILL) takes down anything it started too. The `serve_processes` fixture hands out a factory
 and stops every process it started at teardown, printing each log (pytest shows it on failure);
-import it as `from serve_process import serve_processes_fixture  # noqa: F401`.
+tests/conftest.py makes it available to every test module.
+
+The `served_topic` fixture creates a topic on the test module's `broker` fixture, fills it, and
+starts serve processes on it with 10 s windows:
+
+    topic = served_topic("late", partitions=2, records=simulate(4, 400, T0, rate=10))
+    m = topic.serve("--allowed-lateness", "5s").wait_for(caught_up(400), 60, "all events")
+    letters = topic.read("dlq", 20)
 
 Defaults suit tests: local judges, /metrics on a free port of 127.0.0.1, a 0.5 s trigger
 interval and a 5 s Kafka timeout; `extra_args` come last, so they override these.
@@ -320,7 +327,7 @@ def serve_processes_fixture() -> Iterator[Callable[..., ServeProcess]]:
     """Fixture `serve_processes`: a factory of (not yet started) ServeProcess objects, all
     stopped at teardown, their logs printed (pytest shows them when the test failed).
 
-    Import it as `from serve_process import serve_processes_fixture  # noqa: F401`.
+    tests/conftest.py makes it available to every test module.
     """
     made: list[ServeProcess] = []
 
@@ -429,11 +436,15 @@ class ServedTopic:
         """Every record of the topic NAME.SUFFIX (e.g. "dlq"), once `expected` have come."""
         return read_topic(self.broker.bootstrap, f"{self.name}.{suffix}", expected)
 
-    def serve(self, *args: str) -> ServeProcess:
-        """A started serve on the topic, with 10 s windows (WINDOW_ARGS) and then ARGS."""
+    def serve(self, *args: str, state: Path | None = None) -> ServeProcess:
+        """A started serve on the topic, with 10 s windows (WINDOW_ARGS) and then ARGS; its
+        state file is the topic's unless `state` names another (a second, independent run)."""
         return self.serve_processes(
-            self.broker.bootstrap, self.name, self.state, [*WINDOW_ARGS, *args]
+            self.broker.bootstrap, self.name, state or self.state, [*WINDOW_ARGS, *args]
         ).start()
+
+
+TopicFactory = Callable[..., ServedTopic]
 
 
 @pytest.fixture(name="served_topic")
@@ -444,7 +455,7 @@ def served_topic_fixture(
     module's `broker`, produces the records, and returns it as a ServedTopic whose state file
     is tmp_path/state.sqlite.
 
-    Import it as `from serve_process import served_topic_fixture  # noqa: F401`.
+    tests/conftest.py makes it available to every test module.
     """
 
     def make(

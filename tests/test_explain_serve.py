@@ -9,7 +9,7 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,20 +19,15 @@ from cli import one_line_error, ragpulse
 from kafka import KafkaConsumer, TopicPartition
 from kafka_broker import TansuBroker
 from prometheus_server import prometheus_config, running_prometheus
-from serve_process import (  # noqa: F401
-    T0,
-    WINDOW_ARGS,
-    ServedTopic,
-    caught_up,
-    serve_processes_fixture,
-    served_topic_fixture,
-)
+from serve_process import T0, TopicFactory, caught_up
 
 from judges import JUDGE_NAMES, JudgeSpec
 from pipeline.canaries import load_golden_set, outcome
 from pipeline.simulate import Incidents, simulate
 
-TopicFactory = Callable[..., ServedTopic]
+# Each test waits for serve to judge all events, and some for Prometheus too.
+pytestmark = pytest.mark.timeout(180)
+
 ROOT = Path(__file__).resolve().parents[1]
 CANARIES = ROOT / "deploy" / "samples" / "canaries.jsonl"
 DROP = Incidents(groundedness_drop_at=0.0, drop_to=0.5)
@@ -83,7 +78,6 @@ def epoch(iso: str) -> float:
 # --- 1. exemplars --------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(180)
 def test_failing_verdict_counters_carry_the_latest_failing_request_id_kept_across_restarts(
     served_topic: TopicFactory,
 ) -> None:
@@ -148,7 +142,6 @@ def test_failing_verdict_counters_carry_the_latest_failing_request_id_kept_acros
 # --- 2. ragpulse explain on the verdicts topic --------------------------------------------------
 
 
-@pytest.mark.timeout(180)
 def test_explain_lists_each_windows_failing_answers_from_the_topic_serve_published(
     served_topic: TopicFactory,
 ) -> None:
@@ -214,7 +207,6 @@ def test_explain_names_a_missing_topic_and_an_unreachable_broker(broker: TansuBr
 # --- 3. canaries in serve ------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(180)
 def test_serve_judges_canaries_without_counting_them_as_traffic(
     served_topic: TopicFactory,
 ) -> None:

@@ -45,6 +45,14 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def sasl_security(protocol: str, mechanism: str, **more: object) -> KafkaSecurity:
+    """SASL settings for the user `ragpulse`, whose password is SECRET."""
+    return KafkaSecurity.model_validate({
+        "protocol": protocol, "sasl_mechanism": mechanism, "sasl_username": "ragpulse",
+        "sasl_password": SECRET, **more,
+    })
+
+
 def ragpulse_output(*argv: str) -> tuple[int, str]:
     """Run the ragpulse CLI; returns (exit code, stdout + stderr)."""
     result = ragpulse(*argv)
@@ -176,10 +184,7 @@ def test_oauth_token_file_is_read_again_when_it_changes(tmp_path: Path) -> None:
 def test_kafka_python_debug_log_of_a_client_configuration_hides_the_password(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    security = KafkaSecurity.model_validate({
-        "protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_username": "ragpulse",
-        "sasl_password": SECRET,
-    })
+    security = sasl_security("SASL_PLAINTEXT", "PLAIN")
     caplog.set_level(logging.DEBUG)
     # `ragpulse` commands run earlier in the session quiet the "kafka" logger below DEBUG.
     caplog.set_level(logging.DEBUG, logger="kafka")
@@ -194,10 +199,7 @@ def test_an_unreachable_broker_is_not_mistaken_for_a_refused_password(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """serve must keep retrying a broker that is down, not stop as if the password were wrong."""
-    security = KafkaSecurity.model_validate({
-        "protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_username": "ragpulse",
-        "sasl_password": SECRET,
-    })
+    security = sasl_security("SASL_SSL", "SCRAM-SHA-512")
     for bootstrap in (f"127.0.0.1:{free_port()}", "kafka.example.invalid:9093"):
         check_access(bootstrap, security, timeout_s=5)  # no KafkaSecurityError
     assert caplog.text.count("not reachable") == 2
@@ -377,11 +379,9 @@ def test_a_sasl_mechanism_the_broker_refuses_is_named_with_what_to_check(
     pki: Pki, sasl_kafka: SecureKafka, secret_file: Path, mechanism: str, named: str
 ) -> None:
     """Tansu offers SCRAM only: PLAIN and OAUTHBEARER exchanges end in a refusal."""
-    security = KafkaSecurity.model_validate({
-        "protocol": "SASL_SSL", "ssl_cafile": pki.ca, "sasl_mechanism": mechanism,
-        "sasl_username": "ragpulse", "sasl_password": SECRET,
-        "sasl_oauth_token_file": secret_file,
-    })
+    security = sasl_security(
+        "SASL_SSL", mechanism, ssl_cafile=pki.ca, sasl_oauth_token_file=secret_file
+    )
     with pytest.raises(KafkaSecurityError, match=f"SASL {mechanism}") as caught:
         check_access(sasl_kafka.bootstrap, security, timeout_s=10)
     assert named in str(caught.value) and SECRET not in str(caught.value)

@@ -16,17 +16,15 @@ from typing import Any
 
 import pytest
 from kafka_broker import TansuBroker
-from serve_process import (  # noqa: F401
+from serve_process import (
     T0,
     WINDOW_ARGS,
     Scrape,
-    ServedTopic,
     ServeProcess,
+    TopicFactory,
     caught_up,
     produce_round_robin,
     saved_offsets,
-    serve_processes_fixture,
-    served_topic_fixture,
     windows_rows,
 )
 
@@ -38,7 +36,8 @@ from pipeline.state import StateStore
 JUDGES = ("groundedness", "safety", "relevance_to_query")
 
 ServeFactory = Callable[..., ServeProcess]
-TopicFactory = Callable[..., ServedTopic]
+# A serve test waits up to a minute or two for what it checks; the slower ones say so.
+pytestmark = pytest.mark.timeout(120)
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -92,7 +91,6 @@ def durable_counters(scrape: Scrape) -> dict[tuple[str, tuple[tuple[str, str], .
 # --- 1. the happy path -------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(90)
 def test_events_produced_while_serving_are_judged_into_metrics_and_saved_windows(
     served_topic: TopicFactory,
 ) -> None:
@@ -145,7 +143,6 @@ def test_events_produced_while_serving_are_judged_into_metrics_and_saved_windows
 
 BACKLOG_EVENTS = 20_000
 BACKLOG_ARGS = [
-    *WINDOW_ARGS,
     "--max-batch-events",
     "2000",  # ten cycles for the backlog
     "--allowed-lateness",
@@ -157,33 +154,31 @@ BACKLOG_ARGS = [
 
 @pytest.mark.timeout(240)
 def test_sigkill_at_several_points_of_a_backlog_then_restart_counts_what_an_uncrashed_run_counts(
-    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+    served_topic: TopicFactory, tmp_path: Path
 ) -> None:
-    topic = "backlog"
-    broker.create_topic(topic, 2)
     events = list(simulate(2, BACKLOG_EVENTS, T0, rate=50))  # 400 s of event time, 40 windows
-    produce_round_robin(broker, topic, events, 2)
+    backlog = served_topic("backlog", 2, events)
     last = max(e.event_time for e in events)
     # The reference reads the same backlog with the same settings, side by side, never killed.
     reference_state = tmp_path / "reference.sqlite"
-    reference = serve_processes(broker.bootstrap, topic, reference_state, BACKLOG_ARGS).start()
+    reference = backlog.serve(*BACKLOG_ARGS, state=reference_state)
 
-    state = tmp_path / "crashed.sqlite"
+    state = backlog.state  # the crashed run's
     saved_at_kill: list[int] = []
     # Kill 1 lands in the first cycle (nothing saved yet); kills 2 and 3 land 1.5 s and 3 s
     # after a cycle of theirs was saved, i.e. mid-way through a later one whatever the speed.
     for after_a_saved_cycle, kill_after in ((False, 0.5), (True, 1.5), (True, 3.0)):
-        crashing = serve_processes(broker.bootstrap, topic, state, BACKLOG_ARGS).start()
+        crashing = backlog.serve(*BACKLOG_ARGS)
         if after_a_saved_cycle:
             restored = crashing.metrics().total("ragpulse_events_total")
             crashing.wait_for(caught_up(int(restored) + 1), 60, "a saved cycle")
         time.sleep(kill_after)
         assert crashing.kill() != 0
-        saved_at_kill.append(sum(saved_offsets(state, topic).values()))
+        saved_at_kill.append(sum(saved_offsets(state, backlog.name).values()))
     print(f"records saved at each kill: {saved_at_kill}")
     # Each restart went on from the saved offsets, and the last kill still hit the backlog.
     assert saved_at_kill == sorted(saved_at_kill) and saved_at_kill[-1] < BACKLOG_EVENTS
-    restarted = serve_processes(broker.bootstrap, topic, state, BACKLOG_ARGS).start()
+    restarted = backlog.serve(*BACKLOG_ARGS)
 
     reference_scrape = reference.wait_for(caught_up(BACKLOG_EVENTS, last), 180, "reference")
     assert reference.terminate() == 0
@@ -285,7 +280,6 @@ def test_broker_outage_freezes_heartbeat_fails_health_then_recovers_without_loss
 # --- 4. late events ------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(90)
 def test_events_beyond_allowed_lateness_are_dead_lettered_and_kept_out_of_closed_windows(
     served_topic: TopicFactory,
 ) -> None:
@@ -332,7 +326,6 @@ def test_events_beyond_allowed_lateness_are_dead_lettered_and_kept_out_of_closed
 # --- 5. malformed records ------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(90)
 def test_malformed_records_reach_the_dead_letter_topic_with_reason_and_source_and_none_is_lost(
     served_topic: TopicFactory,
 ) -> None:
@@ -376,7 +369,6 @@ def saved_counter(state: Path, name: str, **labels: str) -> float:
         return sum(c.value for c in store.counters() if c.name == name and dict(c.labels) == labels)
 
 
-@pytest.mark.timeout(120)
 def test_sigterm_mid_backlog_saves_the_cycle_in_flight_exits_0_and_a_restart_does_not_recount(
     served_topic: TopicFactory,
 ) -> None:
@@ -413,7 +405,6 @@ def test_sigterm_mid_backlog_saves_the_cycle_in_flight_exits_0_and_a_restart_doe
 # --- 7. a topic grown by recreation --------------------------------------------------------------
 
 
-@pytest.mark.timeout(90)
 def test_a_topic_recreated_with_more_partitions_is_read_on_every_partition(
     broker: TansuBroker, served_topic: TopicFactory
 ) -> None:
@@ -451,7 +442,6 @@ def test_a_topic_recreated_with_more_partitions_is_read_on_every_partition(
 # --- 8. counters across restarts -----------------------------------------------------------------
 
 
-@pytest.mark.timeout(90)
 def test_verdict_counters_restart_at_their_saved_values_and_never_go_backwards(
     served_topic: TopicFactory,
 ) -> None:
@@ -480,7 +470,6 @@ def test_verdict_counters_restart_at_their_saved_values_and_never_go_backwards(
 # --- 9. a hung cycle is unhealthy ----------------------------------------------------------------
 
 
-@pytest.mark.timeout(120)
 def test_a_cycle_stuck_on_a_slow_judge_endpoint_turns_healthz_503_until_it_completes(
     served_topic: TopicFactory,
 ) -> None:
@@ -522,7 +511,6 @@ def _wait_for_health(serve: ServeProcess, want: int, timeout: float) -> tuple[in
 # --- 10. failing verdicts are published ----------------------------------------------------------
 
 
-@pytest.mark.timeout(90)
 def test_failing_verdicts_are_published_with_their_rationale_and_passing_ones_are_not(
     served_topic: TopicFactory,
 ) -> None:

@@ -8,26 +8,19 @@ what an operator sees (exit code, log, /metrics) and that every record is accoun
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cli import one_line_error, ragpulse
 from kafka_broker import TansuBroker
-from serve_process import (  # noqa: F401
-    T0,
-    ServedTopic,
-    ServeProcess,
-    caught_up,
-    saved_offsets,
-    serve_processes_fixture,
-    served_topic_fixture,
-)
+from serve_process import T0, ServedTopic, ServeProcess, TopicFactory, caught_up, saved_offsets
 from test_state import bad_state_file_fixture  # noqa: F401
 
 from pipeline.simulate import simulate
 
-TopicFactory = Callable[..., ServedTopic]
+# Each test waits up to a minute or two for serve to read, fail or recover.
+pytestmark = pytest.mark.timeout(150)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +61,6 @@ def test_serve_and_windows_stop_with_one_line_and_exit_code_2_on_a_bad_state_fil
         assert why in line and "--state-reset" in line
 
 
-@pytest.mark.timeout(120)
 def test_state_reset_moves_a_bad_file_aside_and_goes_on_from_the_group_offsets(
     served_topic: TopicFactory,
 ) -> None:
@@ -96,25 +88,25 @@ def test_state_reset_moves_a_bad_file_aside_and_goes_on_from_the_group_offsets(
 # --- a topic recreated behind the saved offsets ------------------------------------------------
 
 
-def _recreated_behind_serve(topic: ServedTopic, seed: int, *args: str) -> ServeProcess:
-    """Serve (started with ARGS) has read 100 records of the topic; then the topic is recreated
-    holding 30 new ones. Returns that serve."""
-    topic.produce(events(seed, 100))
-    serve = topic.serve(*args)
+def _recreated_behind_serve(
+    served_topic: TopicFactory, name: str, seed: int, on_offset_reset: str | None = None
+) -> tuple[ServedTopic, ServeProcess]:
+    """Serve (with --on-offset-reset ON_OFFSET_RESET if given) has read the topic's 100
+    records; then the topic is recreated holding 30 new ones. Returns the topic and serve."""
+    topic = served_topic(name, records=events(seed, 100))
+    serve = topic.serve(*(["--on-offset-reset", on_offset_reset] if on_offset_reset else []))
     serve.wait_for(caught_up(100), 60, "the first 100 records")
     with serve.paused():
         topic.broker.delete_topic(topic.name)
         topic.broker.create_topic(topic.name, 1)
         topic.produce(events(32, 30, T0 + 10))
-    return serve
+    return topic, serve
 
 
-@pytest.mark.timeout(150)
 def test_a_topic_recreated_behind_the_saved_offset_is_read_again_from_its_start(
     served_topic: TopicFactory,
 ) -> None:
-    topic = served_topic("recreated")
-    serve = _recreated_behind_serve(topic, 31)
+    topic, serve = _recreated_behind_serve(served_topic, "recreated", 31)
 
     m = serve.wait_for(caught_up(130), 60, "the 30 records of the recreated topic")
     resets = m.by_labels("ragpulse_offset_resets_total")
@@ -139,12 +131,10 @@ def test_a_topic_recreated_behind_the_saved_offset_is_read_again_from_its_start(
     assert serve.terminate() == 0
 
 
-@pytest.mark.timeout(150)
 def test_on_offset_reset_latest_skips_what_the_recreated_topic_holds_and_counts_it_lost(
     served_topic: TopicFactory,
 ) -> None:
-    topic = served_topic("recreated-latest")
-    serve = _recreated_behind_serve(topic, 41, "--on-offset-reset", "latest")
+    topic, serve = _recreated_behind_serve(served_topic, "recreated-latest", 41, "latest")
 
     m = serve.wait_for(
         lambda s: s.value("ragpulse_offset_resets_total", topic=topic.name, kind="beyond_end")
@@ -161,12 +151,10 @@ def test_on_offset_reset_latest_skips_what_the_recreated_topic_holds_and_counts_
     assert serve.terminate() == 0
 
 
-@pytest.mark.timeout(150)
 def test_on_offset_reset_fail_stops_serve_with_a_clear_error_and_keeps_the_saved_offsets(
     served_topic: TopicFactory,
 ) -> None:
-    topic = served_topic("recreated-fail")
-    serve = _recreated_behind_serve(topic, 51, "--on-offset-reset", "fail")
+    topic, serve = _recreated_behind_serve(served_topic, "recreated-fail", 51, "fail")
 
     assert serve.process is not None
     assert serve.process.wait(timeout=60) == 3
@@ -179,7 +167,6 @@ def test_on_offset_reset_fail_stops_serve_with_a_clear_error_and_keeps_the_saved
 # --- records over the size limit ---------------------------------------------------------------
 
 
-@pytest.mark.timeout(150)
 def test_records_of_2_and_10_mb_are_dead_lettered_as_their_head_and_the_rest_is_judged(
     served_topic: TopicFactory,
 ) -> None:
@@ -231,7 +218,6 @@ def _with_bad_records(
     return topic, [offset for _, offset in placed[50:]]
 
 
-@pytest.mark.timeout(120)
 def test_dead_letters_the_topic_refuses_are_counted_undeliverable_at_once_and_the_cycle_moves_on(
     served_topic: TopicFactory, schema_dir: Path
 ) -> None:
@@ -258,7 +244,6 @@ def test_dead_letters_the_topic_refuses_are_counted_undeliverable_at_once_and_th
     assert serve.terminate() == 0
 
 
-@pytest.mark.timeout(120)
 def test_dead_letters_a_broken_topic_never_acknowledges_are_given_up_after_the_budget(
     served_topic: TopicFactory, schema_dir: Path
 ) -> None:
@@ -275,7 +260,6 @@ def test_dead_letters_a_broken_topic_never_acknowledges_are_given_up_after_the_b
     assert serve.terminate() == 0
 
 
-@pytest.mark.timeout(120)
 def test_a_dead_letter_topic_failing_for_less_than_the_budget_loses_nothing(
     served_topic: TopicFactory, schema_dir: Path
 ) -> None:
