@@ -34,17 +34,23 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/ragpulse run deploy/samples/events.jsonl --output out/ --judge-backend local
 
+# $(call apt_install,BINARIES,PACKAGES,PURPOSE,TARGET): when one of BINARIES is missing, install
+# the Debian PACKAGES as root (apt-get update, then install); otherwise name them and stop.
+define apt_install
+@missing=""; for b in $(1); do command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \
+if [ -n "$$missing" ]; then \
+  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+    echo "installing the packages $(3): $(2)"; \
+    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(2) || exit 1; \
+  else \
+    echo "missing:$$missing. Install the Debian packages $(2) (as root: apt-get install -y $(2)) and run make $(4) again." >&2; \
+    exit 1; \
+  fi; \
+fi
+endef
+
 system-deps:
-	@missing=""; for b in $(SYSTEM_BINARIES); do command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing system packages for the tests: $(SYSTEM_PACKAGES)"; \
-	    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(SYSTEM_PACKAGES) || exit 1; \
-	  else \
-	    echo "missing:$$missing. Install the Debian packages $(SYSTEM_PACKAGES) (as root: apt-get install -y $(SYSTEM_PACKAGES)) and run make test again." >&2; \
-	    exit 1; \
-	  fi; \
-	fi
+	$(call apt_install,$(SYSTEM_BINARIES),$(SYSTEM_PACKAGES),the tests need,test)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -63,16 +69,7 @@ pytest-fast: $(STAMP) system-deps
 test-fast: lint typecheck pytest-fast
 
 llm-build-deps:
-	@missing=""; for b in $(LLM_BUILD_BINARIES); do command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing the packages that build llama.cpp: $(LLM_BUILD_PACKAGES)"; \
-	    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(LLM_BUILD_PACKAGES) || exit 1; \
-	  else \
-	    echo "missing:$$missing. Install the Debian packages $(LLM_BUILD_PACKAGES) and run make test-llm again." >&2; \
-	    exit 1; \
-	  fi; \
-	fi
+	$(call apt_install,$(LLM_BUILD_BINARIES),$(LLM_BUILD_PACKAGES),that build llama.cpp,test-llm)
 
 $(LLM_STAMP): $(STAMP) | llm-build-deps
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=$(LLAMA_CPP_BUILD_JOBS) \

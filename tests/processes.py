@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 
 def require_binary(binary: str, package: str) -> str:
@@ -23,6 +27,13 @@ def require_binary(binary: str, package: str) -> str:
             pytrace=False,
         )
     return found
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def stop_process(process: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
@@ -63,3 +74,38 @@ def ready_server(
         yield process
     finally:
         stop_process(process)
+
+
+@contextmanager
+def configured_server(
+    name: str,
+    binary: str,
+    config: Mapping[str, Any],
+    storage_flag: str,
+    extra_args: Sequence[str] = (),
+    ready_timeout: float = 30.0,
+) -> Iterator[tuple[str, Path, subprocess.Popen[bytes]]]:
+    """Run a Prometheus-family server (Prometheus, Alertmanager) until the block ends, once
+    its /-/ready answers: `config` as NAME.yml and its data (`--STORAGE_FLAG`) in a temporary
+    directory, removed afterwards, and its web listener on a free loopback port.
+
+    Yields (base URL, the directory, which also holds NAME.log, the process).
+    """
+    directory = Path(tempfile.mkdtemp(prefix=f"ragpulse-{name}-"))
+    config_path = directory / f"{name}.yml"
+    config_path.write_text(yaml.safe_dump(dict(config), sort_keys=False), encoding="utf-8")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [
+        binary,
+        f"--config.file={config_path}",
+        f"--{storage_flag}={directory / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        *extra_args,
+    ]
+    try:
+        log_path = directory / f"{name}.log"
+        with ready_server(name, argv, log_path, f"{url}/-/ready", ready_timeout) as process:
+            yield url, directory, process
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -3,10 +3,10 @@
 For test authors who need PromQL checked by the real engine (rules, dashboard queries) or a
 Prometheus that scrapes a running ``ragpulse serve``::
 
-    from prometheus_server import running_prometheus
+    from prometheus_server import prometheus_config, running_prometheus
 
-    with running_prometheus(scrape_targets=["127.0.0.1:9464"], rule_files=[...],
-                            scrape_interval="1s", evaluation_interval="1s") as prom:
+    with running_prometheus(prometheus_config(["127.0.0.1:9464"], [...], scrape_interval="1s",
+                                              evaluation_interval="1s")) as prom:
         prom.wait_for(lambda: prom.query('up{job="ragpulse"}')["result"])
         data = prom.query("ragpulse_judge_pass_ratio")
 
@@ -17,10 +17,7 @@ empty server (no targets, no rules) for parse checks.
 from __future__ import annotations
 
 import json
-import shutil
-import socket
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -32,8 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from processes import ready_server, require_binary
+from processes import configured_server, require_binary
 
 PROMETHEUS_BINARY = "/usr/bin/prometheus"
 
@@ -94,14 +90,6 @@ class PrometheusServer:
         return "\n".join(lines[-tail:])
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def prometheus_config(
     scrape_targets: Sequence[str] = (),
     rule_files: Sequence[Path] = (),
@@ -133,58 +121,21 @@ def require_prometheus(binary: str = PROMETHEUS_BINARY) -> str:
 
 @contextmanager
 def running_prometheus(
-    scrape_targets: Sequence[str] = (),
-    rule_files: Sequence[Path] = (),
-    *,
-    job: str = "ragpulse",
-    scrape_interval: str = "15s",
-    evaluation_interval: str = "15s",
     config: dict[str, Any] | None = None,
-    work_dir: Path | None = None,
-    ready_timeout: float = 30.0,
+    *,
     extra_args: Sequence[str] = (),
+    ready_timeout: float = 30.0,
 ) -> Iterator[PrometheusServer]:
-    """Start Prometheus with a temporary TSDB, wait until /-/ready, stop it afterwards.
+    """Start Prometheus with `config` (by default `prometheus_config()`: no targets, no rules)
+    and a temporary TSDB, wait until /-/ready, stop it afterwards.
 
-    ``config`` replaces the generated prometheus.yml entirely when given; ``extra_args`` are
-    added flags (e.g. ``--enable-feature=exemplar-storage``).
+    ``extra_args`` are added flags (e.g. ``--enable-feature=exemplar-storage``).
     """
-    binary = require_prometheus()
-    owned_dir = work_dir is None
-    directory = Path(tempfile.mkdtemp(prefix="ragpulse-prom-")) if work_dir is None else work_dir
-    config_path = directory / "prometheus.yml"
-    config_path.write_text(
-        yaml.safe_dump(
-            config
-            or prometheus_config(
-                scrape_targets,
-                rule_files,
-                job=job,
-                scrape_interval=scrape_interval,
-                evaluation_interval=evaluation_interval,
-            )
-        ),
-        encoding="utf-8",
-    )
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = [
-        str(binary),
-        f"--config.file={config_path}",
-        f"--storage.tsdb.path={directory / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--web.enable-lifecycle",
-        *extra_args,
-    ]
-    try:
-        log_path = directory / "prometheus.log"
-        with ready_server("prometheus", argv, log_path, f"{url}/-/ready", ready_timeout) as process:
-            yield PrometheusServer(url, directory, process)
-    finally:
-        if owned_dir:
-            shutil.rmtree(directory, ignore_errors=True)
-
-
+    with configured_server(
+        "prometheus", require_prometheus(), config or prometheus_config(), "storage.tsdb.path",
+        ["--web.enable-lifecycle", *extra_args], ready_timeout,
+    ) as (url, directory, process):
+        yield PrometheusServer(url, directory, process)
 
 
 @pytest.fixture(scope="session")

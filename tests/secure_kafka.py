@@ -13,13 +13,11 @@ sqlite engines are not built into this binary). So SASL is tested for rejection:
 is wrong there, and the broker answers the SCRAM exchange with `e=unknown-user`.
 
 `Pki` makes a CA, a broker certificate for localhost/127.0.0.1, a client certificate, a second
-CA nobody trusts, and a broker certificate for another host name (cryptography package).
+CA nobody trusts, and a broker certificate for another host name (tests/certs.py).
 """
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import re
 import socket
 import subprocess
@@ -28,12 +26,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from kafka_broker import free_port, tansu_binary
-from processes import require_binary, stop_process
+from certs import make_ca, make_leaf
+from kafka_broker import tansu_binary
+from processes import free_port, require_binary, stop_process
 
 from pipeline.kafka_security import KafkaSecurity
 
@@ -44,102 +39,20 @@ class Pki:
     """Certificates and keys as PEM files under `folder`."""
 
     def __init__(self, folder: Path) -> None:
-        self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
-        ca_key, ca_cert = self._ca("ragpulse test CA")
-        self.ca = self._write("ca.pem", ca_cert)
-        self.broker_cert, self.broker_key = self._leaf(
-            "broker", ca_key, ca_cert, ["localhost"], ["127.0.0.1"], server=True
+        ca = make_ca(folder, "ca", "ragpulse test CA")
+        self.ca = ca.cert
+        self.broker_cert, self.broker_key = make_leaf(
+            folder, "broker", ca, dns=["localhost"], ips=["127.0.0.1"], server=True
         )
-        self.client_cert, self.client_key = self._leaf(
-            "client", ca_key, ca_cert, [], [], server=False
+        self.client_cert, self.client_key = make_leaf(folder, "client", ca, server=False)
+        self.wrong_host_cert, self.wrong_host_key = make_leaf(
+            folder, "wrong-host", ca, dns=["kafka.example.invalid"], server=True
         )
-        self.wrong_host_cert, self.wrong_host_key = self._leaf(
-            "wrong-host", ca_key, ca_cert, ["kafka.example.invalid"], [], server=True
+        other = make_ca(folder, "untrusted-ca", "some other CA")
+        self.untrusted_cert, self.untrusted_key = make_leaf(
+            folder, "untrusted-broker", other, dns=["localhost"], ips=["127.0.0.1"], server=True
         )
-        other_key, other_cert = self._ca("some other CA")
-        self.untrusted_ca = self._write("untrusted-ca.pem", other_cert)
-        self.untrusted_cert, self.untrusted_key = self._leaf(
-            "untrusted-broker", other_key, other_cert, ["localhost"], ["127.0.0.1"], server=True
-        )
-
-    @staticmethod
-    def _name(common: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
-
-    def _ca(self, common: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(self._name(common))
-            .issuer_name(self._name(common))
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(False, False, False, False, False, True, True, False, False),
-                critical=True,
-            )
-            .add_extension(
-                x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
-            )
-            .sign(key, hashes.SHA256())
-        )
-        return key, cert
-
-    def _leaf(
-        self,
-        stem: str,
-        ca_key: ec.EllipticCurvePrivateKey,
-        ca_cert: x509.Certificate,
-        dns: list[str],
-        ips: list[str],
-        *,
-        server: bool,
-    ) -> tuple[Path, Path]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
-        names: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
-        names += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(self._name(stem))
-            .issuer_name(ca_cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(
-                x509.ExtendedKeyUsage(
-                    [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
-                ),
-                critical=False,
-            )
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-                critical=False,
-            )
-        )
-        if names:
-            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-        cert = builder.sign(ca_key, hashes.SHA256())
-        key_path = self.folder / f"{stem}.key"
-        key_path.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-        return self._write(f"{stem}.pem", cert), key_path
-
-    def _write(self, name: str, cert: x509.Certificate) -> Path:
-        path = self.folder / name
-        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        return path
 
 
 def _wait_for_port(port: int, process: subprocess.Popen[bytes], what: str, log: Path) -> None:

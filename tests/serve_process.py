@@ -10,7 +10,14 @@ parser; `wait_for` polls /metrics until a predicate holds and, when it does not 
 with the last scrape and the end of serve's log. The process runs in its own session, so `kill()`
 (SIGKILL) takes down anything it started too. The `serve_processes` fixture hands out a factory
 and stops every process it started at teardown, printing each log (pytest shows it on failure);
-import it as `from serve_process import serve_processes_fixture  # noqa: F401`.
+tests/conftest.py makes it available to every test module.
+
+The `served_topic` fixture creates a topic on the test module's `broker` fixture, fills it, and
+starts serve processes on it with 10 s windows:
+
+    topic = served_topic("late", partitions=2, records=simulate(4, 400, T0, rate=10))
+    m = topic.serve("--allowed-lateness", "5s").wait_for(caught_up(400), 60, "all events")
+    letters = topic.read("dlq", 20)
 
 Defaults suit tests: local judges, /metrics on a free port of 127.0.0.1, a 0.5 s trigger
 interval and a 5 s Kafka timeout; `extra_args` come last, so they override these.
@@ -23,25 +30,33 @@ import dataclasses
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import orjson
 import pytest
-from kafka_broker import free_port
+from cli import ragpulse, ragpulse_command
+from kafka import KafkaConsumer, TopicPartition
+from kafka.consumer.fetcher import ConsumerRecord
+from kafka_broker import TansuBroker
+from processes import free_port
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as openmetrics_families,
 )
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Exemplar
 
+from pipeline.commands.simulate import SimulatedEvent
+from pipeline.service.state import StateStore
+
 START_TIMEOUT_S = 60.0
+T0 = 1_763_632_800.0  # 2025-11-20T10:00:00Z, a multiple of the 10 s windows used here
+WINDOW_ARGS = ["--window", "10s"]
 OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
 Labels = tuple[tuple[str, str], ...]
 
@@ -117,11 +132,8 @@ class ServeProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        # The installed console script when there is one (it is what users run), else the module.
-        script = Path(sys.executable).with_name("ragpulse")
-        prog = [str(script)] if script.is_file() else [sys.executable, "-m", "pipeline.cli"]
         return [
-            *prog,
+            *ragpulse_command(),
             "serve",
             "--kafka-bootstrap", self.bootstrap,
             "--topic", self.topic,
@@ -304,17 +316,9 @@ class ServeProcess:
 
 def windows_rows(state: Path, *args: str) -> list[dict[str, Any]]:
     """`ragpulse windows --state STATE [ARGS]` run as a subprocess, parsed from JSON lines."""
-    script = Path(sys.executable).with_name("ragpulse")
-    prog = [str(script)] if script.is_file() else [sys.executable, "-m", "pipeline.cli"]
-    done = subprocess.run(
-        [*prog, "windows", "--state", str(state), *args],
-        capture_output=True,
-        timeout=60,
-        check=False,
-    )
+    done = ragpulse("windows", "--state", str(state), *args, timeout=60)
     if done.returncode != 0:
-        stderr = done.stderr.decode(errors="replace")
-        raise AssertionError(f"ragpulse windows exited with {done.returncode}: {stderr}")
+        raise AssertionError(f"ragpulse windows exited with {done.returncode}: {done.stderr}")
     return [orjson.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
 
@@ -323,7 +327,7 @@ def serve_processes_fixture() -> Iterator[Callable[..., ServeProcess]]:
     """Fixture `serve_processes`: a factory of (not yet started) ServeProcess objects, all
     stopped at teardown, their logs printed (pytest shows them when the test failed).
 
-    Import it as `from serve_process import serve_processes_fixture  # noqa: F401`.
+    tests/conftest.py makes it available to every test module.
     """
     made: list[ServeProcess] = []
 
@@ -342,3 +346,125 @@ def serve_processes_fixture() -> Iterator[Callable[..., ServeProcess]]:
             print(f"--- ragpulse serve log ({serve.log_path}) ---\n{serve.log_text()}")
             with contextlib.suppress(OSError):
                 serve.log_path.unlink()
+
+
+def read_topic(bootstrap: str, topic: str, expected: int, timeout: float = 20.0) -> list[Any]:
+    """Every record of `topic` (all partitions, manual assignment), once `expected` have come.
+
+    Reads on for half a second after that, so that extra records would be seen too.
+    """
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        parts: set[int] = set()
+        while not parts and time.monotonic() < deadline:
+            parts = consumer.partitions_for_topic(topic) or set()
+            time.sleep(0.1)
+        assert parts, f"topic {topic} never appeared"
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        records: list[ConsumerRecord] = []
+        settle_until: float | None = None
+        while time.monotonic() < deadline:
+            for batch in consumer.poll(timeout_ms=200).values():
+                records.extend(batch)
+            if len(records) >= expected:
+                settle_until = settle_until or time.monotonic() + 0.5
+                if time.monotonic() >= settle_until:
+                    break
+        return records
+    finally:
+        consumer.close(autocommit=False)
+
+
+def caught_up(total: int, watermark: float | None = None) -> Callable[[Scrape], bool]:
+    """All `total` records read (accepted or not) and, if given, the watermark reached."""
+
+    def check(m: Scrape) -> bool:
+        if m.total("ragpulse_events_total") < total:
+            return False
+        if watermark is None:
+            return True
+        wm = m.value("ragpulse_watermark_timestamp_seconds")
+        return wm is not None and wm >= watermark - 0.001
+
+    return check
+
+
+def saved_offsets(state: Path, topic: str) -> dict[int, int]:
+    with StateStore(state) as store:
+        return store.offsets(topic)
+
+
+def produce_round_robin(
+    broker: TansuBroker, topic: str, records: Iterable[SimulatedEvent | bytes], partitions: int
+) -> list[tuple[int, int]]:
+    """Record i goes to partition i % partitions (each partition stays in event-time order);
+    a simulated event as its payload.
+
+    Returns (partition, offset) per record, in record order.
+    """
+    payloads = [r if isinstance(r, bytes) else r.payload for r in records]
+    where: list[tuple[int, int]] = [(-1, -1)] * len(payloads)
+    for p in range(partitions):
+        indexes = list(range(p, len(payloads), partitions))
+        placed = broker.produce(topic, [payloads[i] for i in indexes], partition=p)
+        for i, spot in zip(indexes, placed, strict=True):
+            where[i] = spot
+    return where
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedTopic:
+    """A topic of a test broker and the `ragpulse serve` processes that read it, all with one
+    state file; made by the `served_topic` fixture."""
+
+    broker: TansuBroker
+    name: str
+    state: Path
+    serve_processes: Callable[..., ServeProcess]
+    partitions: int
+
+    def produce(self, records: Iterable[SimulatedEvent | bytes]) -> list[tuple[int, int]]:
+        """Round robin over the topic's partitions; (partition, offset) per record."""
+        return produce_round_robin(self.broker, self.name, records, self.partitions)
+
+    def read(self, suffix: str, expected: int) -> list[Any]:
+        """Every record of the topic NAME.SUFFIX (e.g. "dlq"), once `expected` have come."""
+        return read_topic(self.broker.bootstrap, f"{self.name}.{suffix}", expected)
+
+    def serve(self, *args: str, state: Path | None = None) -> ServeProcess:
+        """A started serve on the topic, with 10 s windows (WINDOW_ARGS) and then ARGS; its
+        state file is the topic's unless `state` names another (a second, independent run)."""
+        return self.serve_processes(
+            self.broker.bootstrap, self.name, state or self.state, [*WINDOW_ARGS, *args]
+        ).start()
+
+
+TopicFactory = Callable[..., ServedTopic]
+
+
+@pytest.fixture(name="served_topic")
+def served_topic_fixture(
+    broker: TansuBroker, serve_processes: Callable[..., ServeProcess], tmp_path: Path
+) -> Callable[..., ServedTopic]:
+    """Fixture `served_topic(name, partitions=1, records=())`: creates the topic on the test
+    module's `broker`, produces the records, and returns it as a ServedTopic whose state file
+    is tmp_path/state.sqlite.
+
+    tests/conftest.py makes it available to every test module.
+    """
+
+    def make(
+        name: str, partitions: int = 1, records: Iterable[SimulatedEvent | bytes] = ()
+    ) -> ServedTopic:
+        broker.create_topic(name, partitions)
+        topic = ServedTopic(broker, name, tmp_path / "state.sqlite", serve_processes, partitions)
+        if records:
+            topic.produce(records)
+        return topic
+
+    return make

@@ -276,7 +276,7 @@ def incident() -> Iterator[IncidentRun]:
         prom_config["alerting"] = {"alertmanagers": [
             {"static_configs": [{"targets": [am.url.removeprefix("http://")]}]}
         ]}
-        prom = stack.enter_context(running_prometheus(config=prom_config))
+        prom = stack.enter_context(running_prometheus(prom_config))
         prom.wait_for(lambda: prom.query('up{job="ragpulse"} == 1')["result"], timeout=60)
         traffic = PacedTraffic(broker.bootstrap, TOPIC, RATE)
         stack.callback(traffic.stop)

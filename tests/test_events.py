@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -47,124 +48,19 @@ def reason_for(raw: bytes, **kwargs: Any) -> str:
     return caught.value.reason
 
 
-def span_attrs(span_type: str, inputs: Any, outputs: Any) -> dict[str, str]:
-    """Span attributes as MLflow 2.x serializes them: every value is a JSON-encoded string."""
-    return {
-        "mlflow.traceRequestId": orjson.dumps("tr-5f1c0e2a").decode(),
-        "mlflow.spanType": orjson.dumps(span_type).decode(),
-        "mlflow.spanInputs": orjson.dumps(inputs).decode(),
-        "mlflow.spanOutputs": orjson.dumps(outputs).decode(),
-    }
-
-
+MLFLOW2_TRACE = Path(__file__).parent / "samples" / "mlflow2_trace.json"
 QUESTION = "How long are QP-1457 quality records kept?"
 TRACE_ANSWER = "Per QP-1457, quality records are kept for 10 years after product release."
 
 
 def mlflow2_trace() -> dict[str, Any]:
-    """A RAG chain traced by MLflow 2.x (`Trace.to_dict()`): a root chain, a first retrieval on
-    the raw question, a second retrieval on a rewritten query, and the chat model call. The
-    spans are listed out of chronological order, as exporters may write them."""
-    trace_id = "0x7d3e9d1bb0a7c3f54f3e1c9a2b6d8e01"
-
-    def span(
-        name: str, span_id: str, parent: str | None, start: int, attrs: dict[str, str]
-    ) -> dict[str, Any]:
-        return {
-            "name": name,
-            "context": {"span_id": span_id, "trace_id": trace_id},
-            "parent_id": parent,
-            "start_time": start,
-            "end_time": start + 40_000_000,
-            "status_code": "OK",
-            "status_message": "",
-            "attributes": attrs,
-            "events": [],
-        }
-
-    base = 1_714_564_800_000_000_000
-    root = span(
-        "rag_chain",
-        "0x01a1",
-        None,
-        base,
-        span_attrs(
-            "CHAIN",
-            {"messages": [{"role": "user", "content": QUESTION}]},
-            {
-                "id": "chatcmpl-9",
-                "object": "chat.completion",
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": TRACE_ANSWER},
-                        "finish_reason": "stop",
-                    }
-                ],
-            },
-        ),
-    )
-    first_retrieval = span(
-        "retrieve_docs",
-        "0x02b2",
-        "0x01a1",
-        base + 1_000_000,
-        span_attrs(
-            "RETRIEVER",
-            {"query": QUESTION},
-            [
-                {
-                    "page_content": "QP-1200 covers supplier audits.",
-                    "metadata": {"doc_uri": "https://docs.example/qp-1200"},
-                    "id": "d9",
-                }
-            ],
-        ),
-    )
-    second_retrieval = span(
-        "retrieve_docs_rewritten",
-        "0x03c3",
-        "0x01a1",
-        base + 9_000_000,
-        span_attrs(
-            "RETRIEVER",
-            {"query": "QP-1457 retention period quality records"},
-            [
-                {
-                    "page_content": "QP-1457: quality records are retained 10 years.",
-                    "metadata": {
-                        "doc_uri": "https://docs.example/qp-1457#retention",
-                        "score": 0.91,
-                    },
-                },
-                {"page_content": "Retention starts at product release.", "metadata": {}},
-            ],
-        ),
-    )
-    llm = span(
-        "chat_model",
-        "0x04d4",
-        "0x01a1",
-        base + 20_000_000,
-        span_attrs("CHAT_MODEL", {"messages": []}, {"choices": []}),
-    )
-    return {
-        "info": {
-            "request_id": "tr-5f1c0e2a",
-            "experiment_id": "0",
-            "timestamp_ms": 1_714_564_800_000,
-            "execution_time_ms": 60,
-            "status": "OK",
-            "request_metadata": {"mlflow.trace_schema.version": "2"},
-            "tags": {"mlflow.traceName": "rag_chain"},
-        },
-        "data": {
-            # Listed: llm, second retrieval, root, first retrieval.
-            "spans": [llm, second_retrieval, root, first_retrieval],
-            "request": orjson.dumps({"messages": [{"role": "user", "content": QUESTION}]}).decode(),
-            "response": orjson.dumps(TRACE_ANSWER).decode(),
-        },
-    }
+    """A RAG chain traced by MLflow 2.x (`Trace.to_dict()`, span attributes JSON-encoded as
+    strings): a root chain answering QUESTION with TRACE_ANSWER, a first retrieval on the raw
+    question, a second retrieval on a rewritten query, and the chat model call. The spans are
+    listed out of chronological order (llm, second retrieval, root, first retrieval), as
+    exporters may write them."""
+    trace: dict[str, Any] = orjson.loads(MLFLOW2_TRACE.read_bytes())
+    return trace
 
 
 EXPECTED_TRACE_CHUNKS = (
@@ -183,75 +79,80 @@ def simple_trace(*spans: dict[str, Any]) -> dict[str, Any]:
 # --- request ---------------------------------------------------------------------------------
 
 
-def test_plain_string_request_is_the_question_with_no_history() -> None:
-    item = parse_event(line(request="What is RAG?")).judge_input
-    assert item.question == "What is RAG?"
-    assert item.history == ()
-
-
-def test_chat_request_question_is_last_user_message_and_earlier_messages_are_history() -> None:
-    request = {
-        "messages": [
-            {"role": "system", "content": "Answer from the quality manual only."},
-            {"role": "user", "content": "Which procedure covers records?"},
-            {"role": "assistant", "content": "QP-1457."},
-            {"role": "user", "content": "How long does it keep them?"},
-            {"role": "tool", "content": "lookup result that comes after the question"},
-        ]
-    }
-    item = parse_event(line(request=request)).judge_input
-    assert item.question == "How long does it keep them?"
-    assert item.history == (
-        Turn("system", "Answer from the quality manual only."),
-        Turn("user", "Which procedure covers records?"),
-        Turn("assistant", "QP-1457."),
-    )
-
-
-def test_chat_message_content_parts_have_their_text_parts_joined() -> None:
-    request = {
-        "messages": [
+@pytest.mark.parametrize(
+    ("request_obj", "question", "history"),
+    [
+        pytest.param("What is RAG?", "What is RAG?", (), id="a plain string, no history"),
+        pytest.param(
             {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": "Look at this label."},
-                    {"type": "image_url", "image_url": {"url": "https://img.example/1.png"}},
-                    {"type": "text", "text": "Which procedure applies?"},
+                "messages": [
+                    {"role": "system", "content": "Answer from the quality manual only."},
+                    {"role": "user", "content": "Which procedure covers records?"},
+                    {"role": "assistant", "content": "QP-1457."},
+                    {"role": "user", "content": "How long does it keep them?"},
+                    {"role": "tool", "content": "lookup result that comes after the question"},
+                ]
+            },
+            "How long does it keep them?",
+            (
+                Turn("system", "Answer from the quality manual only."),
+                Turn("user", "Which procedure covers records?"),
+                Turn("assistant", "QP-1457."),
+            ),
+            id="chat: the last user message, earlier messages the history",
+        ),
+        pytest.param(
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "Look at this label."},
+                            {"type": "image_url", "image_url": {"url": "https://img.example/1.png"}},
+                            {"type": "text", "text": "Which procedure applies?"},
+                        ],
+                    }
+                ]
+            },
+            "Look at this label.\nWhich procedure applies?",
+            (),
+            id="chat: text content parts joined",
+        ),
+        pytest.param(
+            {
+                "messages": [
+                    {"role": "user", "content": "Find QP-1457."},
+                    {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
+                    {"role": "user", "content": "And its retention?"},
+                ]
+            },
+            "And its retention?",
+            (Turn("user", "Find QP-1457."),),
+            id="chat: an assistant tool call without text left out of the history",
+        ),
+        pytest.param(
+            {
+                "query": "Explain broadcast variables in Spark.",
+                "history": [
+                    {"role": "user", "content": "What are broadcast variables?"},
+                    {"role": "assistant", "content": "Read-only variables cached on each machine."},
                 ],
-            }
-        ]
-    }
-    item = parse_event(line(request=request)).judge_input
-    assert item.question == "Look at this label.\nWhich procedure applies?"
-
-
-def test_assistant_tool_call_without_text_is_left_out_of_history() -> None:
-    request = {
-        "messages": [
-            {"role": "user", "content": "Find QP-1457."},
-            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
-            {"role": "user", "content": "And its retention?"},
-        ]
-    }
-    item = parse_event(line(request=request)).judge_input
-    assert item.history == (Turn("user", "Find QP-1457."),)
-    assert item.question == "And its retention?"
-
-
-def test_query_and_history_request_uses_query_as_question_and_history_in_order() -> None:
-    request = {
-        "query": "Explain broadcast variables in Spark.",
-        "history": [
-            {"role": "user", "content": "What are broadcast variables?"},
-            {"role": "assistant", "content": "Read-only variables cached on each machine."},
-        ],
-    }
-    item = parse_event(line(request=request)).judge_input
-    assert item.question == "Explain broadcast variables in Spark."
-    assert item.history == (
-        Turn("user", "What are broadcast variables?"),
-        Turn("assistant", "Read-only variables cached on each machine."),
-    )
+            },
+            "Explain broadcast variables in Spark.",
+            (
+                Turn("user", "What are broadcast variables?"),
+                Turn("assistant", "Read-only variables cached on each machine."),
+            ),
+            id="query and history: the query, the history in order",
+        ),
+    ],
+)
+def test_each_request_shape_gives_its_question_and_the_history_before_it(
+    request_obj: Any, question: str, history: tuple[Turn, ...]
+) -> None:
+    item = parse_event(line(request=request_obj)).judge_input
+    assert item.question == question
+    assert item.history == history
 
 
 @pytest.mark.parametrize(

@@ -7,31 +7,30 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli import one_line_error, ragpulse
 from kafka import KafkaConsumer, TopicPartition
 from kafka_broker import TansuBroker
-from prometheus_server import running_prometheus
-from serve_process import ServeProcess, serve_processes_fixture  # noqa: F401
+from prometheus_server import prometheus_config, running_prometheus
+from serve_process import T0, TopicFactory, caught_up
 
 from judges import JUDGE_NAMES
 from pipeline.commands.simulate import Incidents, simulate
 from pipeline.service.canaries import load_golden_set, outcome
 from pipeline.settings import JudgeSettings
 
-ServeFactory = Callable[..., ServeProcess]
+# Each test waits for serve to judge all events, and some for Prometheus too.
+pytestmark = pytest.mark.timeout(180)
+
 ROOT = Path(__file__).resolve().parents[1]
 CANARIES = ROOT / "deploy" / "samples" / "canaries.jsonl"
-T0 = 1_763_632_800.0  # 2025-11-20T10:00:00Z
-WINDOW_ARGS = ["--window", "10s"]
 DROP = Incidents(groundedness_drop_at=0.0, drop_to=0.5)
 
 
@@ -39,14 +38,6 @@ DROP = Incidents(groundedness_drop_at=0.0, drop_to=0.5)
 def broker() -> Iterator[TansuBroker]:
     with TansuBroker() as shared:
         yield shared
-
-
-def ragpulse(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).with_name("ragpulse")
-    prog = [str(script)] if script.is_file() else [sys.executable, "-m", "pipeline.cli"]
-    return subprocess.run(
-        [*prog, *args], capture_output=True, text=True, timeout=timeout, check=False
-    )
 
 
 def topic_rows(bootstrap: str, topic: str, timeout: float = 20.0) -> list[dict[str, Any]]:
@@ -85,29 +76,19 @@ def epoch(iso: str) -> float:
     return datetime.fromisoformat(iso).timestamp()
 
 
-def caught_up(n: int) -> Callable[[Any], bool]:
-    return lambda m: m.total("ragpulse_events_total") >= n
-
-
 # --- 1. exemplars --------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(180)
 def test_failing_verdict_counters_carry_the_latest_failing_request_id_kept_across_restarts(
-    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+    served_topic: TopicFactory,
 ) -> None:
-    topic = "exemplars"
-    broker.create_topic(topic, 1)
     # Recent event times, so that Prometheus' exemplar query over the last minutes covers them.
     start = math.floor(time.time()) - 150
-    events = list(simulate(11, 140, start, rate=1, incidents=DROP))
-    broker.produce(topic, [e.payload for e in events], partition=0)
-    state = tmp_path / "state.sqlite"
-    serve = serve_processes(broker.bootstrap, topic, state, WINDOW_ARGS).start()
+    topic = served_topic("exemplars", records=simulate(11, 140, start, rate=1, incidents=DROP))
+    serve = topic.serve()
     serve.wait_for(caught_up(140), 60, "all events judged")
 
-    rows = topic_rows(broker.bootstrap, f"{topic}.verdicts")
+    rows = topic_rows(topic.broker.bootstrap, f"{topic.name}.verdicts")
     latest: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     for series, row in failing(rows):
         if series not in latest or (epoch(row["event_time"]), row["request_id"]) > (
@@ -133,8 +114,7 @@ def test_failing_verdict_counters_carry_the_latest_failing_request_id_kept_acros
 
     # Prometheus with exemplar storage keeps them, and its query API returns them.
     with running_prometheus(
-        scrape_targets=[f"127.0.0.1:{serve.port}"],
-        scrape_interval="1s",
+        prometheus_config([f"127.0.0.1:{serve.port}"], scrape_interval="1s"),
         extra_args=["--enable-feature=exemplar-storage"],
     ) as prom:
         query = 'ragpulse_judge_verdicts_total{judge="groundedness", rating="no"}'
@@ -156,27 +136,23 @@ def test_failing_verdict_counters_carry_the_latest_failing_request_id_kept_acros
 
     # A restart serves the same exemplars before any new failing answer comes in.
     assert serve.terminate() == 0
-    restarted = serve_processes(broker.bootstrap, topic, state, WINDOW_ARGS).start()
+    restarted = topic.serve()
     assert restarted.exemplars() == exemplars
 
 
 # --- 2. ragpulse explain on the verdicts topic --------------------------------------------------
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(180)
 def test_explain_lists_each_windows_failing_answers_from_the_topic_serve_published(
-    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+    served_topic: TopicFactory,
 ) -> None:
-    topic = "explained"
-    broker.create_topic(topic, 1)
-    events = list(simulate(12, 150, T0, rate=5, incidents=DROP))  # 30 s: three 10 s windows
-    broker.produce(topic, [e.payload for e in events], partition=0)
-    serve = serve_processes(broker.bootstrap, topic, tmp_path / "state.sqlite", WINDOW_ARGS)
-    serve.start().wait_for(caught_up(150), 60, "all events judged")
+    events = simulate(12, 150, T0, rate=5, incidents=DROP)  # 30 s: three 10 s windows
+    topic = served_topic("explained", records=events)
+    serve = topic.serve()
+    serve.wait_for(caught_up(150), 60, "all events judged")
     windows = serve.windows()
 
-    source = ["--kafka-bootstrap", broker.bootstrap, "--topic", topic]
+    source = ["--kafka-bootstrap", topic.broker.bootstrap, "--topic", topic.name]
     everything = ragpulse("explain", *source, "--json", "--limit", "0")
     assert everything.returncode == 0, everything.stderr
     shown = [json.loads(line) for line in everything.stdout.splitlines()]
@@ -225,27 +201,18 @@ def test_explain_names_a_missing_topic_and_an_unreachable_broker(broker: TansuBr
         "explain", "--kafka-bootstrap", "127.0.0.1:1", "--verdicts-topic", "v",
         "--kafka-timeout", "2s",
     )
-    assert down.returncode == 1
-    assert down.stderr.startswith("ragpulse explain: cannot reach Kafka at 127.0.0.1:1")
-    assert len(down.stderr.strip().splitlines()) == 1
+    line = one_line_error(down.returncode, down.stderr, exit_code=1)
+    assert line.startswith("ragpulse explain: cannot reach Kafka at 127.0.0.1:1")
 
 
 # --- 3. canaries in serve ------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(180)
 def test_serve_judges_canaries_without_counting_them_as_traffic(
-    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+    served_topic: TopicFactory,
 ) -> None:
-    topic = "canaried"
-    broker.create_topic(topic, 1)
-    events = list(simulate(13, 100, T0, rate=5, incidents=DROP))
-    broker.produce(topic, [e.payload for e in events], partition=0)
-    serve = serve_processes(
-        broker.bootstrap, topic, tmp_path / "state.sqlite",
-        [*WINDOW_ARGS, "--canary-file", str(CANARIES), "--canary-rate", "60"],
-    ).start()
+    topic = served_topic("canaried", records=simulate(13, 100, T0, rate=5, incidents=DROP))
+    serve = topic.serve("--canary-file", str(CANARIES), "--canary-rate", "60")
     m = serve.wait_for(
         lambda s: caught_up(100)(s) and s.total("ragpulse_canary_verdicts_total") > 0,
         60, "events and canaries judged",
@@ -260,7 +227,7 @@ def test_serve_judges_canaries_without_counting_them_as_traffic(
     assert "canary" not in {r["app"] for r in rows}
     for judge in JUDGE_NAMES:
         assert sum(r["yes"] + r["no"] + r["error"] for r in rows if r["judge"] == judge) == 100
-    published = topic_rows(broker.bootstrap, f"{topic}.verdicts")
+    published = topic_rows(topic.broker.bootstrap, f"{topic.name}.verdicts")
     assert published and not [r for r in published if r["request_id"].startswith("canary-")]
 
     # What the counter holds is what the local judges say about the golden events.
@@ -292,8 +259,7 @@ def test_serve_refuses_a_bad_canary_file_naming_the_file_and_line(tmp_path: Path
         "serve", "--kafka-bootstrap", "127.0.0.1:1", "--topic", "t", "--state",
         str(tmp_path / "s.sqlite"), "--judge-backend", "local", "--canary-file", str(bad),
     )
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1] == (
+    assert one_line_error(done.returncode, done.stderr, allow_info=True) == (
         f"ragpulse serve: canary file {bad}, line 2: the event has neither 'response' nor "
         "'trace'; one of them is required"
     )

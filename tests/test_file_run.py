@@ -4,6 +4,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from cli import one_line_error
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.cli import main
@@ -50,26 +51,19 @@ def run_output(tmp_path: Path) -> Path:
         + b"y" * (10 * 1024 * 1024)
         + b'"}',
     ]
-    src = tmp_path / "events.jsonl"
+    return judged(events_file(tmp_path, lines), tmp_path / "out",
+                  "--judges", "groundedness,relevance_to_query", "--window", "5m")
+
+
+def events_file(folder: Path, lines: list[bytes]) -> Path:
+    src = folder / "events.jsonl"
     src.write_bytes(b"\n".join(lines) + b"\n")
-    out = tmp_path / "out"
-    assert (
-        main(
-            [
-                "run",
-                str(src),
-                "--output",
-                str(out),
-                "--judge-backend",
-                "local",
-                "--judges",
-                "groundedness,relevance_to_query",
-                "--window",
-                "5m",
-            ]
-        )
-        == 0
-    )
+    return src
+
+
+def judged(src: Path, out: Path, *flags: str) -> Path:
+    """`ragpulse run SRC --output OUT FLAGS` with the local judges, which must succeed; OUT."""
+    assert main(["run", str(src), "--output", str(out), "--judge-backend", "local", *flags]) == 0
     return out
 
 
@@ -140,51 +134,29 @@ def test_metrics_textfile_counts_match_the_outputs(run_output: Path) -> None:
 
 
 def test_sampling_keeps_the_same_events_on_every_run(tmp_path: Path) -> None:
-    src = tmp_path / "events.jsonl"
-    src.write_bytes(b"\n".join(event(i) for i in range(200)) + b"\n")
+    src = events_file(tmp_path, [event(i) for i in range(200)])
     kept = []
     for attempt in range(2):
-        out = tmp_path / f"out{attempt}"
-        assert (
-            main(
-                [
-                    "run",
-                    str(src),
-                    "--output",
-                    str(out),
-                    "--judge-backend",
-                    "local",
-                    "--judges",
-                    "safety",
-                    "--sample-rate",
-                    "0.3",
-                ]
-            )
-            == 0
-        )
+        out = judged(src, tmp_path / f"out{attempt}", "--judges", "safety", "--sample-rate", "0.3")
         kept.append(sorted(v["request_id"] for v in rows(out / "verdicts.jsonl")))
     assert kept[0] == kept[1]
     assert 40 < len(kept[0]) < 80
 
 
-def test_an_unknown_judge_is_a_clear_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    src = tmp_path / "e.jsonl"
-    src.write_bytes(event(1) + b"\n")
-    code = main(["run", str(src), "--output", str(tmp_path / "o"), "--judges", "groundednes"])
-    assert code == 2
-    assert "groundednes" in capsys.readouterr().err
-
-
-def test_openai_backend_without_endpoint_or_key_is_a_clear_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--judges", "groundednes"], "groundednes"),
+        (["--judge-backend", "openai"], "OPENAI_API_KEY"),
+    ],
+    ids=["unknown judge", "openai backend without endpoint or key"],
+)
+def test_judge_settings_that_cannot_work_are_a_clear_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    flags: list[str], named: str,
 ) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    src = tmp_path / "e.jsonl"
-    src.write_bytes(event(1) + b"\n")
-    assert (
-        main(["run", str(src), "--output", str(tmp_path / "o"), "--judge-backend", "openai"]) == 2
-    )
-    assert "OPENAI_API_KEY" in capsys.readouterr().err
+    src = events_file(tmp_path, [event(1)])
+    code = main(["run", str(src), "--output", str(tmp_path / "o"), *flags])
+    assert named in one_line_error(code, capsys.readouterr().err, allow_info=True)

@@ -23,6 +23,18 @@ def fail(breaker: CircuitBreaker, times: int) -> None:
         breaker.failed(permit, "HTTP 500")
 
 
+def probing(threshold: int) -> tuple[CircuitBreaker, Permit]:
+    """A breaker opened by `threshold` failures, once its 10 s cooldown is over, and the probe
+    it then lets through (checked to be one)."""
+    clock = Clock()
+    breaker = CircuitBreaker(threshold, 10.0, clock=clock)
+    fail(breaker, threshold)
+    clock.now += 10
+    probe = breaker.acquire()
+    assert probe == Permit(probe=True)
+    return breaker, probe
+
+
 def test_the_breaker_opens_after_n_consecutive_failures_and_then_refuses_at_once() -> None:
     clock = Clock()
     breaker = CircuitBreaker(3, 30.0, clock=clock)
@@ -44,12 +56,7 @@ def test_the_breaker_opens_after_n_consecutive_failures_and_then_refuses_at_once
 
 
 def test_after_the_cooldown_one_probe_goes_through_and_its_success_closes_the_breaker() -> None:
-    clock = Clock()
-    breaker = CircuitBreaker(2, 10.0, clock=clock)
-    fail(breaker, 2)
-    clock.now += 10
-    probe = breaker.acquire()
-    assert probe == Permit(probe=True)
+    breaker, probe = probing(2)
     assert breaker.state == "half_open"
     waiting = breaker.acquire()  # only one probe at a time
     assert isinstance(waiting, Refusal) and waiting.retry_in == 0
@@ -59,12 +66,7 @@ def test_after_the_cooldown_one_probe_goes_through_and_its_success_closes_the_br
 
 
 def test_a_failed_probe_reopens_the_breaker_for_another_cooldown() -> None:
-    clock = Clock()
-    breaker = CircuitBreaker(1, 10.0, clock=clock)
-    fail(breaker, 1)
-    clock.now += 10
-    probe = breaker.acquire()
-    assert isinstance(probe, Permit) and probe.probe
+    breaker, probe = probing(1)
     breaker.failed(probe, "no answer in time")
     assert breaker.state == "open"
     refusal = breaker.acquire()
@@ -73,12 +75,7 @@ def test_a_failed_probe_reopens_the_breaker_for_another_cooldown() -> None:
 
 
 def test_an_abandoned_probe_lets_the_next_call_probe_instead_of_jamming_half_open() -> None:
-    clock = Clock()
-    breaker = CircuitBreaker(1, 10.0, clock=clock)
-    fail(breaker, 1)
-    clock.now += 10
-    probe = breaker.acquire()
-    assert isinstance(probe, Permit)
+    breaker, probe = probing(1)
     breaker.abandoned(probe)  # e.g. cancelled by the batch deadline
     again = breaker.acquire()
     assert isinstance(again, Permit) and again.probe

@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import pickle
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli import ragpulse
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaTimeoutError
-from kafka_broker import free_port
+from processes import free_port
 from secure_kafka import Pki, SecureKafka, pki_fixture, secure_kafka  # noqa: F401
 from serve_process import ServeProcess, serve_processes_fixture  # noqa: F401
 
@@ -47,18 +45,17 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def ragpulse(*argv: str, env: dict[str, str] | None = None, timeout: float = 120) -> tuple[
-    int, str
-]:
+def sasl_security(protocol: str, mechanism: str, **more: object) -> KafkaSecurity:
+    """SASL settings for the user `ragpulse`, whose password is SECRET."""
+    return KafkaSecurity.model_validate({
+        "protocol": protocol, "sasl_mechanism": mechanism, "sasl_username": "ragpulse",
+        "sasl_password": SECRET, **more,
+    })
+
+
+def ragpulse_output(*argv: str) -> tuple[int, str]:
     """Run the ragpulse CLI; returns (exit code, stdout + stderr)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
+    result = ragpulse(*argv)
     return result.returncode, result.stdout + result.stderr
 
 
@@ -187,10 +184,7 @@ def test_oauth_token_file_is_read_again_when_it_changes(tmp_path: Path) -> None:
 def test_kafka_python_debug_log_of_a_client_configuration_hides_the_password(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    security = KafkaSecurity.model_validate({
-        "protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_username": "ragpulse",
-        "sasl_password": SECRET,
-    })
+    security = sasl_security("SASL_PLAINTEXT", "PLAIN")
     caplog.set_level(logging.DEBUG)
     # `ragpulse` commands run earlier in the session quiet the "kafka" logger below DEBUG.
     caplog.set_level(logging.DEBUG, logger="kafka")
@@ -205,10 +199,7 @@ def test_an_unreachable_broker_is_not_mistaken_for_a_refused_password(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """serve must keep retrying a broker that is down, not stop as if the password were wrong."""
-    security = KafkaSecurity.model_validate({
-        "protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_username": "ragpulse",
-        "sasl_password": SECRET,
-    })
+    security = sasl_security("SASL_SSL", "SCRAM-SHA-512")
     for bootstrap in (f"127.0.0.1:{free_port()}", "kafka.example.invalid:9093"):
         check_access(bootstrap, security, timeout_s=5)  # no KafkaSecurityError
     assert caplog.text.count("not reachable") == 2
@@ -284,7 +275,7 @@ def test_serve_reads_dead_letters_and_commits_through_mutual_tls(
 
 @pytest.mark.slow
 def test_simulate_produces_through_tls_and_creates_its_topic(tls_kafka: SecureKafka) -> None:
-    code, output = ragpulse(
+    code, output = ragpulse_output(
         "simulate", "--kafka-bootstrap", tls_kafka.bootstrap, "--topic", "sim",
         "--partitions", "1", "--rate", "200", "--duration", "0.25s", *tls_kafka.tls_args(),
     )
@@ -300,7 +291,7 @@ def test_an_untrusted_broker_certificate_stops_the_command_naming_the_ca_setting
     for kafka in secure_kafka(tmp_path, pki,
                               server_cert=(pki.untrusted_cert, pki.untrusted_key)):
         started = time.monotonic()
-        code, output = ragpulse(*_command(command, kafka, tmp_path), *kafka.tls_args())
+        code, output = ragpulse_output(*_command(command, kafka, tmp_path), *kafka.tls_args())
         assert code == 2, output
         assert (
             "Kafka TLS handshake with 127.0.0.1:" in output
@@ -335,6 +326,20 @@ def test_a_missing_client_certificate_is_reported_as_such(tls_kafka: SecureKafka
 # --- against a broker that requires SASL ---------------------------------------------------------
 
 
+@pytest.fixture
+def sasl_kafka(tmp_path: Path, pki: Pki) -> Iterator[SecureKafka]:
+    """A broker that requires SASL over TLS (and no client certificate)."""
+    yield from secure_kafka(tmp_path, pki, authentication=True, require_client_certificate=False)
+
+
+@pytest.fixture
+def secret_file(tmp_path: Path) -> Path:
+    """A file holding SECRET, as a password or token file."""
+    path = tmp_path / "secret"
+    path.write_text(SECRET)
+    return path
+
+
 def _command(command: str, kafka: SecureKafka, tmp_path: Path) -> list[str]:
     if command == "serve":
         return ["serve", "--kafka-bootstrap", kafka.bootstrap, "--topic", "chat",
@@ -348,24 +353,21 @@ def _command(command: str, kafka: SecureKafka, tmp_path: Path) -> list[str]:
 @pytest.mark.parametrize("command", ["serve", "simulate"])
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
 def test_a_wrong_sasl_password_stops_the_command_naming_the_settings_without_showing_it(
-    tmp_path: Path, pki: Pki, mechanism: str, command: str
+    tmp_path: Path, pki: Pki, sasl_kafka: SecureKafka, secret_file: Path, mechanism: str,
+    command: str,
 ) -> None:
-    password_file = tmp_path / "password"
-    password_file.write_text(SECRET)
-    for kafka in secure_kafka(tmp_path, pki, authentication=True,
-                              require_client_certificate=False):
-        code, output = ragpulse(
-            "--log-level", "DEBUG",
-            *_command(command, kafka, tmp_path),
-            "--kafka-security-protocol", "SASL_SSL", "--kafka-ssl-cafile", str(pki.ca),
-            "--kafka-sasl-mechanism", mechanism, "--kafka-sasl-username", "ragpulse",
-            "--kafka-sasl-password-file", str(password_file),
-        )
-        assert code == 2, output
-        assert f"Kafka SASL {mechanism} authentication with 127.0.0.1:" in output, output
-        assert "check --kafka-sasl-username (ragpulse) and the password" in output
-        assert SECRET not in output  # not even at DEBUG, where kafka-python logs too
-        assert kafka.connections() <= 2, kafka.logs()
+    code, output = ragpulse_output(
+        "--log-level", "DEBUG",
+        *_command(command, sasl_kafka, tmp_path),
+        "--kafka-security-protocol", "SASL_SSL", "--kafka-ssl-cafile", str(pki.ca),
+        "--kafka-sasl-mechanism", mechanism, "--kafka-sasl-username", "ragpulse",
+        "--kafka-sasl-password-file", str(secret_file),
+    )
+    assert code == 2, output
+    assert f"Kafka SASL {mechanism} authentication with 127.0.0.1:" in output, output
+    assert "check --kafka-sasl-username (ragpulse) and the password" in output
+    assert SECRET not in output  # not even at DEBUG, where kafka-python logs too
+    assert sasl_kafka.connections() <= 2, sasl_kafka.logs()
 
 
 @pytest.mark.slow
@@ -374,18 +376,13 @@ def test_a_wrong_sasl_password_stops_the_command_naming_the_settings_without_sho
     [("PLAIN", "check --kafka-sasl-username"), ("OAUTHBEARER", "--kafka-sasl-oauth-token-file")],
 )
 def test_a_sasl_mechanism_the_broker_refuses_is_named_with_what_to_check(
-    tmp_path: Path, pki: Pki, mechanism: str, named: str
+    pki: Pki, sasl_kafka: SecureKafka, secret_file: Path, mechanism: str, named: str
 ) -> None:
     """Tansu offers SCRAM only: PLAIN and OAUTHBEARER exchanges end in a refusal."""
-    token = tmp_path / "token"
-    token.write_text(SECRET)
-    for kafka in secure_kafka(tmp_path, pki, authentication=True,
-                              require_client_certificate=False):
-        security = KafkaSecurity.model_validate({
-            "protocol": "SASL_SSL", "ssl_cafile": pki.ca, "sasl_mechanism": mechanism,
-            "sasl_username": "ragpulse", "sasl_password": SECRET, "sasl_oauth_token_file": token,
-        })
-        with pytest.raises(KafkaSecurityError, match=f"SASL {mechanism}") as caught:
-            check_access(kafka.bootstrap, security, timeout_s=10)
-        assert named in str(caught.value) and SECRET not in str(caught.value)
-        assert kafka.connections() == 1, kafka.logs()
+    security = sasl_security(
+        "SASL_SSL", mechanism, ssl_cafile=pki.ca, sasl_oauth_token_file=secret_file
+    )
+    with pytest.raises(KafkaSecurityError, match=f"SASL {mechanism}") as caught:
+        check_access(sasl_kafka.bootstrap, security, timeout_s=10)
+    assert named in str(caught.value) and SECRET not in str(caught.value)
+    assert sasl_kafka.connections() == 1, sasl_kafka.logs()

@@ -69,23 +69,27 @@ def test_answer_adding_an_unsupported_sentence_is_not_grounded() -> None:
     assert v.rationale is not None and "Visitors usually climb" in v.rationale
 
 
-def test_paraphrase_with_other_inflections_is_grounded() -> None:
-    chunk = Chunk("Engineers designed the bridge to withstand strong winds and heavy traffic.")
-    v = grounded(
-        "The bridge's design withstands a strong wind and heavy traffic, say its engineers.",
-        chunk,
-        question="What was the bridge designed for?",
-    )
-    assert v.rating == "yes", v.rationale
-
-
-def test_number_written_differently_counts_as_supported() -> None:
-    chunk = Chunk("The library holds 1,000 rare manuscripts and fifteen early printed books.")
-    v = grounded(
-        "The library holds 1000 rare manuscripts and 15 early printed books.",
-        chunk,
-        question="What does the library hold?",
-    )
+@pytest.mark.parametrize(
+    ("answer", "chunk", "question"),
+    [
+        pytest.param(
+            "The bridge's design withstands a strong wind and heavy traffic, say its engineers.",
+            "Engineers designed the bridge to withstand strong winds and heavy traffic.",
+            "What was the bridge designed for?",
+            id="a paraphrase with other inflections",
+        ),
+        pytest.param(
+            "The library holds 1000 rare manuscripts and 15 early printed books.",
+            "The library holds 1,000 rare manuscripts and fifteen early printed books.",
+            "What does the library hold?",
+            id="numbers written differently",
+        ),
+    ],
+)
+def test_an_answer_the_chunk_supports_in_other_words_is_grounded(
+    answer: str, chunk: str, question: str
+) -> None:
+    v = grounded(answer, Chunk(chunk), question=question)
     assert v.rating == "yes", v.rationale
 
 

@@ -8,9 +8,7 @@ broker is needed until a cycle runs), so what is tested is what `ragpulse serve`
 from __future__ import annotations
 
 import base64
-import datetime
 import http.client
-import ipaddress
 import socket
 import ssl
 import threading
@@ -23,10 +21,8 @@ from pathlib import Path
 import bcrypt
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from certs import make_ca, make_leaf
+from cli import one_line_error
 
 from pipeline import cli
 from pipeline.commands.serve import TopicWatcher, serve_http, settings_from_args
@@ -80,82 +76,7 @@ def start(watcher: TopicWatcher) -> Iterator[StartServer]:
         server.server_close()
 
 
-# --- certificates ------------------------------------------------------------------------------
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-
-
-def make_ca(directory: Path, name: str) -> tuple[Path, ec.EllipticCurvePrivateKey, x509.Name]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(name))
-        .issuer_name(_name(name))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                crl_sign=True, encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(
-            x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
-        )
-        .sign(key, hashes.SHA256())
-    )
-    path = directory / f"{name}.crt"
-    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return path, key, cert.subject
-
-
-def make_leaf(
-    directory: Path, name: str, ca: tuple[Path, ec.EllipticCurvePrivateKey, x509.Name]
-) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 signed by `ca`; returns (cert, key) paths."""
-    _, ca_key, ca_name = ca
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(name))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / f"{name}.crt", directory / f"{name}.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    _write_key(key_path, key)
-    return cert_path, key_path
+# --- web config and requests ------------------------------------------------------------------
 
 
 def web_config(directory: Path, document: dict[str, object]) -> Path:
@@ -201,13 +122,13 @@ def test_https_scrape_is_verified_with_the_ca_and_plain_http_gets_no_metrics(
     tmp_path: Path, start: StartServer
 ) -> None:
     ca = make_ca(tmp_path, "test-ca")
-    cert, key = make_leaf(tmp_path, "ragpulse", ca)
+    cert, key = make_leaf(tmp_path, "ragpulse", ca, ips=["127.0.0.1"], server=True)
     web = load_web_config(web_config(tmp_path, {"tls_server_config": {"cert_file": cert.name,
                                                            "key_file": key.name}}))
     server = start(web)
     port = server.server_port
 
-    trusting = ssl.create_default_context(cafile=str(ca[0]))
+    trusting = ssl.create_default_context(cafile=str(ca.cert))
     status, body = get(f"https://127.0.0.1:{port}/metrics", context=trusting)
     assert status == 200 and "ragpulse_events_total" in body
     assert get(f"https://127.0.0.1:{port}/healthz", context=trusting) == (200, "ok\n")
@@ -223,16 +144,16 @@ def test_client_ca_file_makes_the_server_require_a_client_certificate_signed_by_
     tmp_path: Path, start: StartServer
 ) -> None:
     server_ca, client_ca = make_ca(tmp_path, "server-ca"), make_ca(tmp_path, "client-ca")
-    cert, key = make_leaf(tmp_path, "ragpulse", server_ca)
-    client_cert, client_key = make_leaf(tmp_path, "prometheus", client_ca)
-    stranger_cert, stranger_key = make_leaf(tmp_path, "stranger", server_ca)
+    cert, key = make_leaf(tmp_path, "ragpulse", server_ca, ips=["127.0.0.1"], server=True)
+    client_cert, client_key = make_leaf(tmp_path, "prometheus", client_ca, server=False)
+    stranger_cert, stranger_key = make_leaf(tmp_path, "stranger", server_ca, server=False)
     web = load_web_config(web_config(tmp_path, {"tls_server_config": {
-        "cert_file": cert.name, "key_file": key.name, "client_ca_file": client_ca[0].name}}))
+        "cert_file": cert.name, "key_file": key.name, "client_ca_file": client_ca.cert.name}}))
     server = start(web)
     url = f"https://127.0.0.1:{server.server_port}/metrics"
 
     def client(cert_file: Path | None, key_file: Path | None) -> ssl.SSLContext:
-        context = ssl.create_default_context(cafile=str(server_ca[0]))
+        context = ssl.create_default_context(cafile=str(server_ca.cert))
         if cert_file is not None:
             context.load_cert_chain(cert_file, key_file)
         return context
@@ -271,15 +192,15 @@ def test_basic_auth_answers_401_to_a_wrong_password_200_to_the_right_one_and_lea
 @pytest.mark.parametrize(
     ("document", "named"),
     [
-        ({"tls_server_config": {"cert_file": "ragpulse.crt"}}, "'tls_server_config.key_file'"),
+        ({"tls_server_config": {"cert_file": "ragpulse.pem"}}, "'tls_server_config.key_file'"),
         ({"tls_server_config": {"cert_file": "missing.crt", "key_file": "ragpulse.key"}},
          "'tls_server_config.cert_file': no such file"),
-        ({"tls_server_config": {"cert_file": "ragpulse.crt", "key_file": "other.key"}},
+        ({"tls_server_config": {"cert_file": "ragpulse.pem", "key_file": "other.key"}},
          "'tls_server_config.cert_file' and 'tls_server_config.key_file' cannot be used"),
-        ({"tls_server_config": {"cert_file": "ragpulse.crt", "key_file": "ragpulse.key",
+        ({"tls_server_config": {"cert_file": "ragpulse.pem", "key_file": "ragpulse.key",
                                 "client_auth_type": "RequireAnyClientCert"}},
          "'tls_server_config.client_auth_type' must be one of"),
-        ({"tls_server_config": {"cert_file": "ragpulse.crt", "key_file": "ragpulse.key",
+        ({"tls_server_config": {"cert_file": "ragpulse.pem", "key_file": "ragpulse.key",
                                 "cipher_suites": ["x"]}},
          "unsupported key 'tls_server_config.cipher_suites'"),
         ({"basic_auth_users": {"prometheus": "hunter2"}},
@@ -292,14 +213,13 @@ def test_basic_auth_answers_401_to_a_wrong_password_200_to_the_right_one_and_lea
 def test_a_bad_web_config_stops_serve_at_start_with_one_line_naming_the_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], document: dict[str, object], named: str
 ) -> None:
-    make_leaf(tmp_path, "ragpulse", make_ca(tmp_path, "ca"))
-    make_leaf(tmp_path, "other", make_ca(tmp_path, "ca2"))
+    make_leaf(tmp_path, "ragpulse", make_ca(tmp_path, "ca"), server=True)
+    make_leaf(tmp_path, "other", make_ca(tmp_path, "ca2"), server=True)
     path = web_config(tmp_path, document)
     code = cli.main(serve_args(tmp_path, "--web-config-file", str(path)))
     err = capsys.readouterr().err
-    assert code == 2
-    errors = [line for line in err.splitlines() if line.startswith("ragpulse serve:")]
-    assert len(errors) == 1 and named in errors[0] and "Traceback" not in err
+    line = one_line_error(code, err, allow_info=True)
+    assert line.startswith("ragpulse serve:") and named in line
     assert "hunter2" not in err
     assert not (tmp_path / "state.sqlite").exists()  # stopped before opening anything
 

@@ -15,7 +15,7 @@ import promql_parser
 import pytest
 import yaml
 from processes import require_binary
-from prometheus_server import PrometheusServer, running_prometheus
+from prometheus_server import PrometheusServer, prometheus_config, running_prometheus
 
 pytestmark = pytest.mark.slow  # promtool and a real Prometheus
 
@@ -321,7 +321,8 @@ def prometheus_with_rules(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                    "--out-dir", out)
     assert rendered.returncode == 0, rendered.stderr
     files = [out / path.name for path in RULE_FILES]
-    with running_prometheus(rule_files=files, evaluation_interval="1s") as server:
+    config = prometheus_config(rule_files=files, evaluation_interval="1s")
+    with running_prometheus(config) as server:
         yield server
 
 

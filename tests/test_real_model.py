@@ -14,14 +14,13 @@ not the grades.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
+from cli import ragpulse
 from llama_server import LlamaServer, MissingLlamaServer, llama_server
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -57,8 +56,8 @@ def judge_with(
 ) -> tuple[list[dict[str, object]], dict[tuple[str, ...], float]]:
     """Run `ragpulse run` on `events` against `server`; its verdict rows and counters."""
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
-    argv = [
-        sys.executable, "-m", "pipeline.cli", "run", str(events),
+    done = ragpulse(
+        "run", str(events),
         "--output", str(out),
         "--judge-backend", "openai",
         "--judge-base-url", server.base_url,
@@ -69,8 +68,8 @@ def judge_with(
         "--judge-timeout", "5m",
         "--judge-batch-deadline", "30m",
         *flags,
-    ]  # fmt: skip
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
+        env=env, timeout=1800,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [orjson.loads(line) for line in (out / "verdicts.jsonl").read_bytes().splitlines()]
     counters = {
@@ -93,6 +92,16 @@ def outcomes(rows: list[dict[str, object]]) -> dict[str, int]:
             ) else str(rating)
             counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def assert_every_reply_became_a_verdict(rows: list[dict[str, object]]) -> None:
+    """A row per event, and every reply a verdict or cut off at --judge-max-tokens: with a JSON
+    reply format the server's grammar holds the model to the verdict's fields, so no reply is
+    unparsable; but not to a short rationale: the 135M model sometimes rambles past the limit."""
+    assert len(rows) == EVENTS
+    counts = outcomes(rows)
+    assert set(counts) <= {"yes", "no", "error:truncated"}, counts
+    assert counts.get("yes", 0) + counts.get("no", 0) > 0, counts
 
 
 def tokens(counters: dict[tuple[str, ...], float], judge: str, kind: str) -> float:
@@ -118,12 +127,7 @@ def test_with_json_schema_every_real_reply_becomes_a_verdict_and_every_token_is_
     rows, counters = judge_with(
         real_model, events, tmp_path / "out", "--judge-reply-format", "json_schema"
     )
-    assert len(rows) == EVENTS
-    # The server's grammar holds the model to the verdict schema, so no reply is unparsable;
-    # but not to a short rationale: the 135M model sometimes rambles past --judge-max-tokens.
-    counts = outcomes(rows)
-    assert set(counts) <= {"yes", "no", "error:truncated"}, counts
-    assert counts.get("yes", 0) + counts.get("no", 0) > 0, counts
+    assert_every_reply_became_a_verdict(rows)
     for judge in JUDGES:
         assert tokens(counters, judge, "prompt") > 0, judge
         assert tokens(counters, judge, "completion") > 0, judge
@@ -138,10 +142,7 @@ def test_with_json_object_every_real_reply_becomes_a_verdict(
     rows, counters = judge_with(
         real_model, events, tmp_path / "out", "--judge-reply-format", "json_object"
     )
-    assert len(rows) == EVENTS
-    counts = outcomes(rows)
-    assert set(counts) <= {"yes", "no", "error:truncated"}, counts
-    assert counts.get("yes", 0) + counts.get("no", 0) > 0, counts
+    assert_every_reply_became_a_verdict(rows)
     assert all(tokens(counters, j, "prompt") > 0 for j in JUDGES)
 
 

@@ -16,10 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
-from kafka.consumer.fetcher import ConsumerRecord
 from kafka_broker import TansuBroker
-from serve_process import Scrape, ServeProcess, serve_processes_fixture, windows_rows  # noqa: F401
+from serve_process import (
+    T0,
+    WINDOW_ARGS,
+    Scrape,
+    ServeProcess,
+    TopicFactory,
+    caught_up,
+    produce_round_robin,
+    saved_offsets,
+    windows_rows,
+)
 
 from pipeline import counting
 from pipeline.commands.simulate import Incidents, SimulatedEvent, simulate
@@ -27,11 +35,11 @@ from pipeline.events import InvalidEvent, parse_event
 from pipeline.service.state import StateStore
 from pipeline.sources.kafka import end_offsets
 
-T0 = 1_763_632_800.0  # 2025-11-20T10:00:00Z, a multiple of the 10 s windows used here
 JUDGES = ("groundedness", "safety", "relevance_to_query")
-WINDOW_ARGS = ["--window", "10s"]
 
 ServeFactory = Callable[..., ServeProcess]
+# A serve test waits up to a minute or two for what it checks; the slower ones say so.
+pytestmark = pytest.mark.timeout(120)
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -42,22 +50,6 @@ def broker() -> Iterator[TansuBroker]:
     """One broker for the tests that never stop it; each test uses its own topics."""
     with TansuBroker() as shared:
         yield shared
-
-
-def produce_round_robin(
-    broker: TansuBroker, topic: str, payloads: Sequence[bytes], partitions: int
-) -> list[tuple[int, int]]:
-    """Payload i goes to partition i % partitions (each partition stays in event-time order).
-
-    Returns (partition, offset) per payload, in payload order.
-    """
-    where: list[tuple[int, int]] = [(-1, -1)] * len(payloads)
-    for p in range(partitions):
-        indexes = list(range(p, len(payloads), partitions))
-        placed = broker.produce(topic, [payloads[i] for i in indexes], partition=p)
-        for i, spot in zip(indexes, placed, strict=True):
-            where[i] = spot
-    return where
 
 
 def window_of(event_time: float, size: float = 10.0) -> str:
@@ -87,11 +79,6 @@ def judged_sizes(rows: Sequence[dict[str, Any]], judge: str) -> Counter[tuple[st
     )
 
 
-def saved_offsets(state: Path, topic: str) -> dict[int, int]:
-    with StateStore(state) as store:
-        return store.offsets(topic)
-
-
 def durable_counters(scrape: Scrape) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every ragpulse counter that the state file carries (not cycles, not latency sums)."""
     return {
@@ -103,73 +90,20 @@ def durable_counters(scrape: Scrape) -> dict[tuple[str, tuple[tuple[str, str], .
     }
 
 
-def read_topic(bootstrap: str, topic: str, expected: int, timeout: float = 20.0) -> list[Any]:
-    """Every record of `topic` (all partitions, manual assignment), once `expected` have come.
-
-    Reads on for half a second after that, so that extra records would be seen too.
-    """
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
-    )
-    try:
-        deadline = time.monotonic() + timeout
-        parts: set[int] = set()
-        while not parts and time.monotonic() < deadline:
-            parts = consumer.partitions_for_topic(topic) or set()
-            time.sleep(0.1)
-        assert parts, f"topic {topic} never appeared"
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        records: list[ConsumerRecord] = []
-        settle_until: float | None = None
-        while time.monotonic() < deadline:
-            for batch in consumer.poll(timeout_ms=200).values():
-                records.extend(batch)
-            if len(records) >= expected:
-                settle_until = settle_until or time.monotonic() + 0.5
-                if time.monotonic() >= settle_until:
-                    break
-        return records
-    finally:
-        consumer.close(autocommit=False)
-
-
-def caught_up(total: int, watermark: float | None = None) -> Callable[[Scrape], bool]:
-    """All `total` records read (accepted or not) and, if given, the watermark reached."""
-
-    def check(m: Scrape) -> bool:
-        if m.total("ragpulse_events_total") < total:
-            return False
-        if watermark is None:
-            return True
-        wm = m.value("ragpulse_watermark_timestamp_seconds")
-        return wm is not None and wm >= watermark - 0.001
-
-    return check
-
-
 # --- 1. the happy path -------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(90)
 def test_events_produced_while_serving_are_judged_into_metrics_and_saved_windows(
-    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+    served_topic: TopicFactory,
 ) -> None:
-    topic = "live"
     # One partition: with no allowed lateness, a second partition that the producer fills a
     # moment later would not hold the watermark back (it is idle) and its events would be late.
-    broker.create_topic(topic, 1)
+    topic = served_topic("live")
     events = list(simulate(1, 250, T0, rate=10))  # 25 s: windows :00 and :10 close, :20 stays open
-    serve = serve_processes(
-        broker.bootstrap,
-        topic,
-        tmp_path / "state.sqlite",
-        [*WINDOW_ARGS, "--allowed-lateness", "0s", "--out-of-orderness", "0s"],
-    ).start()
+    serve = topic.serve("--allowed-lateness", "0s", "--out-of-orderness", "0s")
     serve.wait_for(lambda m: m.total("ragpulse_cycles_total", outcome="ok") >= 1, 30)
 
-    broker.produce(topic, [e.payload for e in events], partition=0)
+    topic.produce(events)
     last_time = max(e.event_time for e in events)
     m = serve.wait_for(caught_up(250, last_time), 60, "all 250 events read")
 
@@ -211,7 +145,6 @@ def test_events_produced_while_serving_are_judged_into_metrics_and_saved_windows
 
 BACKLOG_EVENTS = 20_000
 BACKLOG_ARGS = [
-    *WINDOW_ARGS,
     "--max-batch-events",
     "2000",  # ten cycles for the backlog
     "--allowed-lateness",
@@ -223,33 +156,31 @@ BACKLOG_ARGS = [
 
 @pytest.mark.timeout(240)
 def test_sigkill_at_several_points_of_a_backlog_then_restart_counts_what_an_uncrashed_run_counts(
-    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+    served_topic: TopicFactory, tmp_path: Path
 ) -> None:
-    topic = "backlog"
-    broker.create_topic(topic, 2)
     events = list(simulate(2, BACKLOG_EVENTS, T0, rate=50))  # 400 s of event time, 40 windows
-    produce_round_robin(broker, topic, [e.payload for e in events], 2)
+    backlog = served_topic("backlog", 2, events)
     last = max(e.event_time for e in events)
     # The reference reads the same backlog with the same settings, side by side, never killed.
     reference_state = tmp_path / "reference.sqlite"
-    reference = serve_processes(broker.bootstrap, topic, reference_state, BACKLOG_ARGS).start()
+    reference = backlog.serve(*BACKLOG_ARGS, state=reference_state)
 
-    state = tmp_path / "crashed.sqlite"
+    state = backlog.state  # the crashed run's
     saved_at_kill: list[int] = []
     # Kill 1 lands in the first cycle (nothing saved yet); kills 2 and 3 land 1.5 s and 3 s
     # after a cycle of theirs was saved, i.e. mid-way through a later one whatever the speed.
     for after_a_saved_cycle, kill_after in ((False, 0.5), (True, 1.5), (True, 3.0)):
-        crashing = serve_processes(broker.bootstrap, topic, state, BACKLOG_ARGS).start()
+        crashing = backlog.serve(*BACKLOG_ARGS)
         if after_a_saved_cycle:
             restored = crashing.metrics().total("ragpulse_events_total")
             crashing.wait_for(caught_up(int(restored) + 1), 60, "a saved cycle")
         time.sleep(kill_after)
         assert crashing.kill() != 0
-        saved_at_kill.append(sum(saved_offsets(state, topic).values()))
+        saved_at_kill.append(sum(saved_offsets(state, backlog.name).values()))
     print(f"records saved at each kill: {saved_at_kill}")
     # Each restart went on from the saved offsets, and the last kill still hit the backlog.
     assert saved_at_kill == sorted(saved_at_kill) and saved_at_kill[-1] < BACKLOG_EVENTS
-    restarted = serve_processes(broker.bootstrap, topic, state, BACKLOG_ARGS).start()
+    restarted = backlog.serve(*BACKLOG_ARGS)
 
     reference_scrape = reference.wait_for(caught_up(BACKLOG_EVENTS, last), 180, "reference")
     assert reference.terminate() == 0
@@ -294,7 +225,7 @@ def test_broker_outage_freezes_heartbeat_fails_health_then_recovers_without_loss
     outage_broker.create_topic(topic, 2)
     events = list(simulate(3, 300, T0, rate=10))
     before_outage, after_outage = events[:200], events[200:]
-    placed = produce_round_robin(outage_broker, topic, [e.payload for e in before_outage], 2)
+    placed = produce_round_robin(outage_broker, topic, before_outage, 2)
     serve = serve_processes(
         outage_broker.bootstrap,
         topic,
@@ -332,11 +263,9 @@ def test_broker_outage_freezes_heartbeat_fails_health_then_recovers_without_loss
     with serve.paused():
         outage_broker.start()
         outage_broker.create_topic(topic, 2)
-        replayed = produce_round_robin(
-            outage_broker, topic, [e.payload for e in before_outage], 2
-        )
+        replayed = produce_round_robin(outage_broker, topic, before_outage, 2)
     assert replayed == placed
-    produce_round_robin(outage_broker, topic, [e.payload for e in after_outage], 2)
+    produce_round_robin(outage_broker, topic, after_outage, 2)
     m = serve.wait_for(caught_up(300), 90, "recovery after the outage")
     m = serve.wait_for(
         lambda s: (s.value("ragpulse_heartbeat_timestamp_seconds") or 0) > heartbeat, 30
@@ -353,20 +282,12 @@ def test_broker_outage_freezes_heartbeat_fails_health_then_recovers_without_loss
 # --- 4. late events ------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(90)
 def test_events_beyond_allowed_lateness_are_dead_lettered_and_kept_out_of_closed_windows(
-    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+    served_topic: TopicFactory,
 ) -> None:
-    topic = "late"
-    broker.create_topic(topic, 1)
     on_time = list(simulate(4, 400, T0, rate=10))  # 10:00:00.0 .. 10:00:39.9
-    broker.produce(topic, [e.payload for e in on_time], partition=0)
-    serve = serve_processes(
-        broker.bootstrap,
-        topic,
-        tmp_path / "state.sqlite",
-        [*WINDOW_ARGS, "--allowed-lateness", "5s", "--out-of-orderness", "0s"],
-    ).start()
+    topic = served_topic("late", records=on_time)
+    serve = topic.serve("--allowed-lateness", "5s", "--out-of-orderness", "0s")
     serve.wait_for(caught_up(400, T0 + 39.9), 60, "the on-time events")
     # Watermark 10:00:39.9, lateness 5 s: windows ending by 10:00:34.9 are complete.
     before = serve.windows()
@@ -379,8 +300,8 @@ def test_events_beyond_allowed_lateness_are_dead_lettered_and_kept_out_of_closed
 
     too_late = list(simulate(5, 20, T0 + 2, rate=10))  # window 10:00:00, complete
     within = list(simulate(6, 30, T0 + 31, rate=10))  # window 10:00:30, ends 10:00:40: open
-    late_offsets = broker.produce(topic, [e.payload for e in too_late], partition=0)
-    broker.produce(topic, [e.payload for e in within], partition=0)
+    late_offsets = topic.produce(too_late)
+    topic.produce(within)
     m = serve.wait_for(caught_up(450), 60, "the late events")
 
     assert m.value("ragpulse_late_events_total") == 20
@@ -395,7 +316,7 @@ def test_events_beyond_allowed_lateness_are_dead_lettered_and_kept_out_of_closed
     for judge in JUDGES:
         assert judged_sizes(after, judge) == expected_sizes(on_time + within)
 
-    letters = read_topic(broker.bootstrap, f"{topic}.dlq", 20)
+    letters = topic.read("dlq", 20)
     assert sorted(r.value for r in letters) == sorted(e.payload for e in too_late)
     for letter in letters:
         headers = {k: v.decode() for k, v in letter.headers}
@@ -407,19 +328,17 @@ def test_events_beyond_allowed_lateness_are_dead_lettered_and_kept_out_of_closed
 # --- 5. malformed records ------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(90)
 def test_malformed_records_reach_the_dead_letter_topic_with_reason_and_source_and_none_is_lost(
-    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+    served_topic: TopicFactory,
 ) -> None:
-    topic = "malformed"
-    broker.create_topic(topic, 2)
+    topic = served_topic("malformed", 2)
     incidents = Incidents(malformed_burst_at=5.0, malformed_burst_count=30)
     events = list(simulate(7, 300, T0, rate=10, incidents=incidents))
-    placed = produce_round_robin(broker, topic, [e.payload for e in events], 2)
+    placed = topic.produce(events)
     malformed = {placed[i]: e.payload for i, e in enumerate(events) if e.kind == "malformed"}
     assert len(malformed) == 30
-    serve = serve_processes(broker.bootstrap, topic, tmp_path / "state.sqlite", WINDOW_ARGS)
-    m = serve.start().wait_for(caught_up(300), 60, "all 300 records read")
+    serve = topic.serve()
+    m = serve.wait_for(caught_up(300), 60, "all 300 records read")
 
     assert m.value("ragpulse_events_total", outcome="invalid") == 30
     assert m.value("ragpulse_events_total", outcome="accepted") == 270
@@ -428,7 +347,7 @@ def test_malformed_records_reach_the_dead_letter_topic_with_reason_and_source_an
     for judge in JUDGES:
         assert judged_sizes(rows, judge) == expected_sizes(events)
 
-    letters = read_topic(broker.bootstrap, f"{topic}.dlq", 30)
+    letters = topic.read("dlq", 30)
     by_source = {}
     for letter in letters:
         headers = {k: v.decode() for k, v in letter.headers}
@@ -452,71 +371,65 @@ def saved_counter(state: Path, name: str, **labels: str) -> float:
         return store.counters()[counting.key(name, **labels)]
 
 
-@pytest.mark.timeout(120)
 def test_sigterm_mid_backlog_saves_the_cycle_in_flight_exits_0_and_a_restart_does_not_recount(
-    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+    served_topic: TopicFactory,
 ) -> None:
-    topic = "sigterm"
-    broker.create_topic(topic, 2)
     events = list(simulate(8, 1500, T0, rate=50))
-    produce_round_robin(broker, topic, [e.payload for e in events], 2)
-    state = tmp_path / "state.sqlite"
-    args = [*WINDOW_ARGS, "--max-batch-events", "300"]  # five cycles
+    topic = served_topic("sigterm", 2, events)
+    batch = ("--max-batch-events", "300")  # five cycles
 
-    serve = serve_processes(broker.bootstrap, topic, state, args).start()
+    serve = topic.serve(*batch)
     serve.wait_for(lambda m: m.total("ragpulse_events_total") > 0, 60, "the first cycle")
     assert serve.terminate() == 0
-    read = sum(saved_offsets(state, topic).values())
+    read = sum(saved_offsets(topic.state, topic.name).values())
     assert 0 < read < 1500  # stopped mid-backlog ...
     # ... with counts and offsets of the same cycles: nothing half-saved.
-    assert saved_counter(state, "ragpulse_events_total", outcome="accepted") == read
+    assert saved_counter(topic.state, "ragpulse_events_total", outcome="accepted") == read
 
-    serve = serve_processes(broker.bootstrap, topic, state, args).start()
+    serve = topic.serve(*batch)
     serve.wait_for(caught_up(1500), 90, "the rest of the backlog")
     assert serve.terminate() == 0
-    assert saved_offsets(state, topic) == end_offsets(broker.bootstrap, topic)
-    rows = windows_rows(state)
+    assert saved_offsets(topic.state, topic.name) == end_offsets(topic.broker.bootstrap, topic.name)
+    rows = windows_rows(topic.state)
     assert rows
     for judge in JUDGES:
         assert judged_sizes(rows, judge) == expected_sizes(events)
 
-    serve = serve_processes(broker.bootstrap, topic, state, args).start()
+    serve = topic.serve(*batch)
     m = serve.wait_for(
         lambda s: s.total("ragpulse_cycles_total", outcome="ok") >= 3, 60, "three idle cycles"
     )
     assert m.value("ragpulse_events_total", outcome="accepted") == 1500
     assert serve.terminate() == 0
-    assert windows_rows(state) == rows
+    assert windows_rows(topic.state) == rows
 
 
 # --- 7. a topic grown by recreation --------------------------------------------------------------
 
 
-@pytest.mark.timeout(90)
 def test_a_topic_recreated_with_more_partitions_is_read_on_every_partition(
-    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+    broker: TansuBroker, served_topic: TopicFactory
 ) -> None:
-    topic = "grow"
-    broker.create_topic(topic, 2)
     first = list(simulate(9, 100, T0, rate=10))
-    placed = produce_round_robin(broker, topic, [e.payload for e in first], 2)
-    state = tmp_path / "state.sqlite"
-    serve = serve_processes(broker.bootstrap, topic, state, WINDOW_ARGS).start()
+    topic = served_topic("grow", 2)
+    placed = topic.produce(first)
+    serve = topic.serve()
     serve.wait_for(caught_up(100), 60, "the events of the 2-partition topic")
 
     # Tansu cannot add partitions: recreate the topic with 4, holding the same first records.
     # Serve is paused meanwhile: the empty topic in between would be a topic reset to it.
     with serve.paused():
-        broker.delete_topic(topic)
-        broker.create_topic(topic, 4)
-        assert produce_round_robin(broker, topic, [e.payload for e in first], 2) == placed
+        broker.delete_topic(topic.name)
+        broker.create_topic(topic.name, 4)
+        assert produce_round_robin(broker, topic.name, first, 2) == placed
     second = list(simulate(10, 100, T0 + 10, rate=10))
-    produce_round_robin(broker, topic, [e.payload for e in second], 4)
+    produce_round_robin(broker, topic.name, second, 4)
     m = serve.wait_for(caught_up(200), 90, "the events of the 4-partition topic")
 
     assert m.value("ragpulse_events_total", outcome="accepted") == 200
-    assert saved_offsets(state, topic) == {0: 75, 1: 75, 2: 25, 3: 25}
-    assert {lab["partition"]: v for lab, v in m.select("ragpulse_consumer_lag", topic=topic)} == {
+    assert saved_offsets(topic.state, topic.name) == {0: 75, 1: 75, 2: 25, 3: 25}
+    lag = m.select("ragpulse_consumer_lag", topic=topic.name)
+    assert {lab["partition"]: v for lab, v in lag} == {
         "0": 0,
         "1": 0,
         "2": 0,
@@ -531,25 +444,20 @@ def test_a_topic_recreated_with_more_partitions_is_read_on_every_partition(
 # --- 8. counters across restarts -----------------------------------------------------------------
 
 
-@pytest.mark.timeout(90)
 def test_verdict_counters_restart_at_their_saved_values_and_never_go_backwards(
-    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+    served_topic: TopicFactory,
 ) -> None:
-    topic = "restore"
-    broker.create_topic(topic, 1)
-    first = list(simulate(11, 200, T0, rate=10))
-    broker.produce(topic, [e.payload for e in first], partition=0)
-    state = tmp_path / "state.sqlite"
-    serve = serve_processes(broker.bootstrap, topic, state, WINDOW_ARGS).start()
+    topic = served_topic("restore", records=simulate(11, 200, T0, rate=10))
+    serve = topic.serve()
     saved = serve.wait_for(caught_up(200), 60, "the first events").by_labels(
         "ragpulse_judge_verdicts_total"
     )
     assert sum(saved.values()) == 600
     assert serve.terminate() == 0
 
-    serve = serve_processes(broker.bootstrap, topic, state, WINDOW_ARGS).start()
+    serve = topic.serve()
     assert serve.metrics().by_labels("ragpulse_judge_verdicts_total") == saved
-    broker.produce(topic, [e.payload for e in simulate(12, 200, T0 + 20, rate=10)], partition=0)
+    topic.produce(list(simulate(12, 200, T0 + 20, rate=10)))
     previous = saved
     deadline = time.monotonic() + 60
     while sum(previous.values()) < 1200 and time.monotonic() < deadline:
@@ -564,18 +472,14 @@ def test_verdict_counters_restart_at_their_saved_values_and_never_go_backwards(
 # --- 9. a hung cycle is unhealthy ----------------------------------------------------------------
 
 
-@pytest.mark.timeout(120)
 def test_a_cycle_stuck_on_a_slow_judge_endpoint_turns_healthz_503_until_it_completes(
-    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+    served_topic: TopicFactory,
 ) -> None:
     from fake_openai import FakeOpenAI
 
-    topic = "hung"
-    broker.create_topic(topic, 1)
-    produce_round_robin(broker, topic, [e.payload for e in simulate(9, 32, T0, rate=10)], 1)
+    topic = served_topic("hung", records=simulate(9, 32, T0, rate=10))
     with FakeOpenAI(latency=6.0) as judge_server:  # every judge call takes 6 s
-        args = [
-            *WINDOW_ARGS,
+        serve = topic.serve(
             "--judges",
             "groundedness",
             "--judge-backend",
@@ -588,8 +492,7 @@ def test_a_cycle_stuck_on_a_slow_judge_endpoint_turns_healthz_503_until_it_compl
             "32",
             "--unhealthy-after",
             "2s",
-        ]
-        serve = serve_processes(broker.bootstrap, topic, tmp_path / "state.sqlite", args).start()
+        )
         # The cycle never fails, it just does not finish: /healthz must say so.
         status, body = _wait_for_health(serve, 503, timeout=20)
         assert status == 503 and "cycle in flight" in body
@@ -610,16 +513,12 @@ def _wait_for_health(serve: ServeProcess, want: int, timeout: float) -> tuple[in
 # --- 10. failing verdicts are published ----------------------------------------------------------
 
 
-@pytest.mark.timeout(90)
 def test_failing_verdicts_are_published_with_their_rationale_and_passing_ones_are_not(
-    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+    served_topic: TopicFactory,
 ) -> None:
-    topic = "verdicts"
-    broker.create_topic(topic, 1)
     events = list(simulate(10, 120, T0, rate=10, incidents=Incidents(0.0, None, drop_to=0.5)))
-    produce_round_robin(broker, topic, [e.payload for e in events], 1)
-    serve = serve_processes(broker.bootstrap, topic, tmp_path / "state.sqlite", WINDOW_ARGS)
-    serve.start()
+    topic = served_topic("verdicts", records=events)
+    serve = topic.serve()
     m = serve.wait_for(caught_up(120), 60, "all events judged")
     ungrounded = int(m.total("ragpulse_judge_verdicts_total", judge="groundedness", rating="no"))
     failing = sum(
@@ -627,7 +526,7 @@ def test_failing_verdicts_are_published_with_their_rationale_and_passing_ones_ar
     )
     assert ungrounded > 10  # the drop produced answers the judge caught
 
-    rows = [json.loads(r.value) for r in read_topic(broker.bootstrap, f"{topic}.verdicts", 1)]
+    rows = [json.loads(r.value) for r in topic.read("verdicts", 1)]
     ratings = [{k: v for k, v in row.items() if k.endswith("/rating")} for row in rows]
     assert all(any(v != "yes" for v in r.values()) for r in ratings)  # only failing rows
     assert len(rows) <= failing

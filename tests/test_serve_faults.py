@@ -8,20 +8,19 @@ what an operator sees (exit code, log, /metrics) and that every record is accoun
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli import one_line_error, ragpulse
 from kafka_broker import TansuBroker
-from serve_process import ServeProcess, serve_processes_fixture  # noqa: F401
-from test_serve import T0, WINDOW_ARGS, caught_up, read_topic, saved_offsets
-from test_state import BAD_STATE_FILES
+from serve_process import T0, ServedTopic, ServeProcess, TopicFactory, caught_up, saved_offsets
+from test_state import bad_state_file_fixture  # noqa: F401
 
 from pipeline.commands.simulate import simulate
 
-ServeFactory = Callable[..., ServeProcess]
+# Each test waits up to a minute or two for serve to read, fail or recover.
+pytestmark = pytest.mark.timeout(150)
 
 
 @pytest.fixture(scope="module")
@@ -41,25 +40,14 @@ def events(seed: int, count: int, start: float = T0) -> list[bytes]:
     return [e.payload for e in simulate(seed, count, start, rate=10)]
 
 
-def ragpulse(*args: str) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).with_name("ragpulse")
-    prog = [str(script)] if script.is_file() else [sys.executable, "-m", "pipeline.cli"]
-    return subprocess.run(
-        [*prog, *args], capture_output=True, text=True, timeout=120, check=False
-    )
-
-
 # --- state files that cannot be used ---------------------------------------------------------
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", sorted(BAD_STATE_FILES))
 def test_serve_and_windows_stop_with_one_line_and_exit_code_2_on_a_bad_state_file(
-    tmp_path: Path, kind: str
+    bad_state_file: tuple[Path, str],
 ) -> None:
-    make, why = BAD_STATE_FILES[kind]
-    state = tmp_path / "state.sqlite"
-    make(state)
+    state, why = bad_state_file
     for command in (
         # Nothing listens on port 1: the state file must be refused before Kafka is asked.
         ["serve", "--kafka-bootstrap", "127.0.0.1:1", "--topic", "t", "--metrics-port", "0"],
@@ -68,38 +56,30 @@ def test_serve_and_windows_stop_with_one_line_and_exit_code_2_on_a_bad_state_fil
         done = ragpulse(*command, "--state", str(state))
         # Settings are checked first and log at INFO (e.g. the judge backend chosen); the state
         # file's error must be the only other line.
-        lines = [line for line in done.stderr.splitlines() if " INFO " not in line]
-        assert done.returncode == 2, done.stderr
-        assert len(lines) == 1, done.stderr
-        assert "Traceback" not in done.stderr
-        assert lines[0].startswith(f"ragpulse {command[0]}: state file {state}")
-        assert why in lines[0] and "--state-reset" in lines[0]
+        line = one_line_error(done.returncode, done.stderr, allow_info=True)
+        assert line.startswith(f"ragpulse {command[0]}: state file {state}")
+        assert why in line and "--state-reset" in line
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
 def test_state_reset_moves_a_bad_file_aside_and_goes_on_from_the_group_offsets(
-    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+    served_topic: TopicFactory,
 ) -> None:
-    topic = "state-reset"
-    broker.create_topic(topic, 1)
-    broker.produce(topic, events(21, 100), partition=0)
-    state = tmp_path / "state.sqlite"
-    serve = serve_processes(broker.bootstrap, topic, state, WINDOW_ARGS).start()
+    topic = served_topic("state-reset", records=events(21, 100))
+    serve = topic.serve()
     serve.wait_for(caught_up(100), 60, "the first 100 records")
     assert serve.terminate() == 0  # its cycles committed offset 100 to the consumer group
 
-    state.write_bytes(b"")  # e.g. a disk that filled up while the file was rewritten
-    broker.produce(topic, events(22, 40, T0 + 10), partition=0)
-    serve = serve_processes(broker.bootstrap, topic, state, [*WINDOW_ARGS, "--state-reset"])
-    m = serve.start().wait_for(caught_up(40), 60, "the 40 records after the group offset")
+    topic.state.write_bytes(b"")  # e.g. a disk that filled up while the file was rewritten
+    topic.produce(events(22, 40, T0 + 10))
+    serve = topic.serve("--state-reset")
+    m = serve.wait_for(caught_up(40), 60, "the 40 records after the group offset")
     m = serve.wait_for(
         lambda s: s.total("ragpulse_cycles_total", outcome="ok") >= 3, 30, "two more cycles"
     )
     # A fresh state, going on where the consumer group was: the first 100 are not re-read.
     assert m.value("ragpulse_events_total", outcome="accepted") == 40
-    assert saved_offsets(state, topic) == {0: 140}
-    moved = list(tmp_path.glob("state.sqlite.corrupt-*"))
+    assert saved_offsets(topic.state, topic.name) == {0: 140}
+    moved = list(topic.state.parent.glob("state.sqlite.corrupt-*"))
     assert len(moved) == 1 and moved[0].read_bytes() == b""
     assert "moved it to" in serve.log_text()
     assert serve.terminate() == 0
@@ -108,42 +88,41 @@ def test_state_reset_moves_a_bad_file_aside_and_goes_on_from_the_group_offsets(
 # --- a topic recreated behind the saved offsets ------------------------------------------------
 
 
-def _recreate_behind_serve(broker: TansuBroker, serve: ServeProcess, topic: str) -> None:
-    """Serve has read 100 records; the topic is recreated holding 30 new ones."""
+def _recreated_behind_serve(
+    served_topic: TopicFactory, name: str, seed: int, on_offset_reset: str | None = None
+) -> tuple[ServedTopic, ServeProcess]:
+    """Serve (with --on-offset-reset ON_OFFSET_RESET if given) has read the topic's 100
+    records; then the topic is recreated holding 30 new ones. Returns the topic and serve."""
+    topic = served_topic(name, records=events(seed, 100))
+    serve = topic.serve(*(["--on-offset-reset", on_offset_reset] if on_offset_reset else []))
     serve.wait_for(caught_up(100), 60, "the first 100 records")
     with serve.paused():
-        broker.delete_topic(topic)
-        broker.create_topic(topic, 1)
-        broker.produce(topic, events(32, 30, T0 + 10), partition=0)
+        topic.broker.delete_topic(topic.name)
+        topic.broker.create_topic(topic.name, 1)
+        topic.produce(events(32, 30, T0 + 10))
+    return topic, serve
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(150)
 def test_a_topic_recreated_behind_the_saved_offset_is_read_again_from_its_start(
-    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+    served_topic: TopicFactory,
 ) -> None:
-    topic = "recreated"
-    broker.create_topic(topic, 1)
-    broker.produce(topic, events(31, 100), partition=0)
-    state = tmp_path / "state.sqlite"
-    serve = serve_processes(broker.bootstrap, topic, state, WINDOW_ARGS).start()
-    _recreate_behind_serve(broker, serve, topic)
+    topic, serve = _recreated_behind_serve(served_topic, "recreated", 31)
 
     m = serve.wait_for(caught_up(130), 60, "the 30 records of the recreated topic")
     resets = m.by_labels("ragpulse_offset_resets_total")
     assert resets == {
-        (("kind", "beyond_end"), ("topic", topic)): 1,
-        (("kind", "below_start"), ("topic", topic)): 0,
+        (("kind", "beyond_end"), ("topic", topic.name)): 1,
+        (("kind", "below_start"), ("topic", topic.name)): 0,
     }
     # earliest loses nothing that can still be read.
-    assert m.total("ragpulse_records_lost_total", topic=topic) == 0
+    assert m.total("ragpulse_records_lost_total", topic=topic.name) == 0
     assert m.value("ragpulse_events_total", outcome="accepted") == 130
-    assert saved_offsets(state, topic) == {0: 30}
+    assert saved_offsets(topic.state, topic.name) == {0: 30}
     assert "saved offset 100 is beyond the end of the partition" in serve.log_text()
     assert serve.terminate() == 0
 
     # The counts survive a restart like every other counter, and the reset is not seen again.
-    serve = serve_processes(broker.bootstrap, topic, state, WINDOW_ARGS).start()
+    serve = topic.serve()
     m = serve.wait_for(
         lambda s: s.total("ragpulse_cycles_total", outcome="ok") >= 2, 30, "two cycles"
     )
@@ -152,64 +131,46 @@ def test_a_topic_recreated_behind_the_saved_offset_is_read_again_from_its_start(
     assert serve.terminate() == 0
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(150)
 def test_on_offset_reset_latest_skips_what_the_recreated_topic_holds_and_counts_it_lost(
-    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+    served_topic: TopicFactory,
 ) -> None:
-    topic = "recreated-latest"
-    broker.create_topic(topic, 1)
-    broker.produce(topic, events(41, 100), partition=0)
-    state = tmp_path / "state.sqlite"
-    args = [*WINDOW_ARGS, "--on-offset-reset", "latest"]
-    serve = serve_processes(broker.bootstrap, topic, state, args).start()
-    _recreate_behind_serve(broker, serve, topic)
+    topic, serve = _recreated_behind_serve(served_topic, "recreated-latest", 41, "latest")
 
     m = serve.wait_for(
-        lambda s: s.value("ragpulse_offset_resets_total", topic=topic, kind="beyond_end") == 1,
+        lambda s: s.value("ragpulse_offset_resets_total", topic=topic.name, kind="beyond_end")
+        == 1,
         60,
         "the reset",
     )
-    assert m.value("ragpulse_records_lost_total", topic=topic, reason="topic_reset") == 30
-    assert m.value("ragpulse_records_lost_total", topic=topic, reason="retention") == 0
-    broker.produce(topic, events(42, 5, T0 + 20), partition=0)  # what comes after is read
+    assert m.value("ragpulse_records_lost_total", topic=topic.name, reason="topic_reset") == 30
+    assert m.value("ragpulse_records_lost_total", topic=topic.name, reason="retention") == 0
+    topic.produce(events(42, 5, T0 + 20))  # what comes after is read
     m = serve.wait_for(caught_up(105), 60, "the records produced after the reset")
     assert m.value("ragpulse_events_total", outcome="accepted") == 105
-    assert saved_offsets(state, topic) == {0: 35}
+    assert saved_offsets(topic.state, topic.name) == {0: 35}
     assert serve.terminate() == 0
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(150)
 def test_on_offset_reset_fail_stops_serve_with_a_clear_error_and_keeps_the_saved_offsets(
-    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+    served_topic: TopicFactory,
 ) -> None:
-    topic = "recreated-fail"
-    broker.create_topic(topic, 1)
-    broker.produce(topic, events(51, 100), partition=0)
-    state = tmp_path / "state.sqlite"
-    args = [*WINDOW_ARGS, "--on-offset-reset", "fail"]
-    serve = serve_processes(broker.bootstrap, topic, state, args).start()
-    _recreate_behind_serve(broker, serve, topic)
+    topic, serve = _recreated_behind_serve(served_topic, "recreated-fail", 51, "fail")
 
     assert serve.process is not None
     assert serve.process.wait(timeout=60) == 3
     log = serve.log_text()
     assert "stopping: offsets saved in" in log and "--on-offset-reset is fail" in log
     assert "Traceback" not in log
-    assert saved_offsets(state, topic) == {0: 100}
+    assert saved_offsets(topic.state, topic.name) == {0: 100}
 
 
 # --- records over the size limit ---------------------------------------------------------------
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(150)
 def test_records_of_2_and_10_mb_are_dead_lettered_as_their_head_and_the_rest_is_judged(
-    broker: TansuBroker, serve_processes: ServeFactory, tmp_path: Path
+    served_topic: TopicFactory,
 ) -> None:
-    topic = "oversized"
-    broker.create_topic(topic, 1)
+    topic = served_topic("oversized")
     normal = events(61, 60)
     big = {
         20: json.dumps({"request_id": "big-2", "response": "x" * (2 << 20)}).encode(),
@@ -220,17 +181,17 @@ def test_records_of_2_and_10_mb_are_dead_lettered_as_their_head_and_the_rest_is_
         values.insert(at, big[at])
     # The test's producer takes records of up to 16 MiB; Tansu accepts them as they are. The
     # 10 MiB one is also over the reader's 8 MiB fetch size per partition.
-    placed = broker.produce(topic, values, partition=0, max_request_size=16 << 20)
+    placed = topic.broker.produce(topic.name, values, partition=0, max_request_size=16 << 20)
     offset_of = {at: placed[at][1] for at in big}
 
-    serve = serve_processes(broker.bootstrap, topic, tmp_path / "state.sqlite", WINDOW_ARGS)
-    m = serve.start().wait_for(caught_up(62), 90, "all 62 records")
+    serve = topic.serve()
+    m = serve.wait_for(caught_up(62), 90, "all 62 records")
     assert m.value("ragpulse_events_total", outcome="accepted") == 60
     assert m.value("ragpulse_events_total", outcome="invalid") == 2
     for judge in ("groundedness", "safety", "relevance_to_query"):
         assert m.total("ragpulse_judge_verdicts_total", judge=judge) == 60
 
-    letters = read_topic(broker.bootstrap, f"{topic}.dlq", 2)
+    letters = topic.read("dlq", 2)
     assert len(letters) == 2
     for letter in letters:
         headers = {k: v.decode() for k, v in letter.headers}
@@ -246,77 +207,66 @@ def test_records_of_2_and_10_mb_are_dead_lettered_as_their_head_and_the_rest_is_
 # --- dead letters the broker does not take ------------------------------------------------------
 
 
-def _with_bad_records(broker: TansuBroker, topic: str, seed: int) -> list[int]:
-    """50 valid events and 5 invalid ones (JSON objects with no request nor response);
-    returns the offsets of those 5."""
-    broker.create_topic(topic, 1)
-    broker.produce(topic, events(seed, 50), partition=0)
+def _with_bad_records(
+    served_topic: TopicFactory, name: str, seed: int
+) -> tuple[ServedTopic, list[int]]:
+    """The topic, holding 50 valid events and then 5 invalid ones (JSON objects with no
+    request nor response), and the offsets of those 5."""
+    topic = served_topic(name)
     invalid = [json.dumps({"request_id": f"bad-{i}"}).encode() for i in range(5)]
-    placed = broker.produce(topic, invalid, partition=0)
-    return [offset for _, offset in placed]
+    placed = topic.produce([*events(seed, 50), *invalid])
+    return topic, [offset for _, offset in placed[50:]]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
 def test_dead_letters_the_topic_refuses_are_counted_undeliverable_at_once_and_the_cycle_moves_on(
-    broker: TansuBroker, serve_processes: ServeFactory, schema_dir: Path, tmp_path: Path
+    served_topic: TopicFactory, schema_dir: Path
 ) -> None:
-    topic = "dlq-refuses"
     # The dead-letter topic only takes JSON objects with a field no dead letter has.
-    (schema_dir / f"{topic}.dlq.json").write_text(
+    (schema_dir / "dlq-refuses.dlq.json").write_text(
         json.dumps({"type": "object", "properties": {"value": {"required": ["never_there"]}}})
     )
-    _with_bad_records(broker, topic, 71)
-    state = tmp_path / "state.sqlite"
-    serve = serve_processes(broker.bootstrap, topic, state, WINDOW_ARGS).start()
+    topic, _ = _with_bad_records(served_topic, "dlq-refuses", 71)
+    serve = topic.serve()
     m = serve.wait_for(caught_up(55), 60, "all 55 records")
     m = serve.wait_for(
-        lambda s: s.value("ragpulse_dead_letters_undeliverable_total", topic=f"{topic}.dlq") == 5,
+        lambda s: s.value("ragpulse_dead_letters_undeliverable_total", topic="dlq-refuses.dlq")
+        == 5,
         30,
         "5 undeliverable dead letters",
     )
     assert m.value("ragpulse_events_total", outcome="invalid") == 5
     assert m.value("ragpulse_cycles_total", outcome="failed") == 0  # refused for good: no retry
-    assert m.value("ragpulse_dead_letters_undeliverable_total", topic=f"{topic}.verdicts") == 0
-    assert saved_offsets(state, topic) == {0: 55}
+    assert m.value("ragpulse_dead_letters_undeliverable_total", topic="dlq-refuses.verdicts") == 0
+    assert saved_offsets(topic.state, topic.name) == {0: 55}
     log = serve.log_text()
-    assert f"5 records for {topic}.dlq are undeliverable" in log
+    assert "5 records for dlq-refuses.dlq are undeliverable" in log
     assert "INVALID_RECORD" in log or "InvalidRecordError" in log
     assert serve.terminate() == 0
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
 def test_dead_letters_a_broken_topic_never_acknowledges_are_given_up_after_the_budget(
-    broker: TansuBroker, serve_processes: ServeFactory, schema_dir: Path, tmp_path: Path
+    served_topic: TopicFactory, schema_dir: Path
 ) -> None:
-    topic = "dlq-broken"
     # A schema file that is not JSON: every produce to the topic fails with a server error.
-    (schema_dir / f"{topic}.dlq.json").write_text("{not a schema")
-    _with_bad_records(broker, topic, 81)
-    state = tmp_path / "state.sqlite"
-    args = [*WINDOW_ARGS, "--undeliverable-after", "3s"]
-    serve = serve_processes(broker.bootstrap, topic, state, args).start()
+    (schema_dir / "dlq-broken.dlq.json").write_text("{not a schema")
+    topic, _ = _with_bad_records(served_topic, "dlq-broken", 81)
+    serve = topic.serve("--undeliverable-after", "3s")
     m = serve.wait_for(caught_up(55), 90, "the cycle given up on after 3 s")
-    assert m.value("ragpulse_dead_letters_undeliverable_total", topic=f"{topic}.dlq") == 5
+    assert m.value("ragpulse_dead_letters_undeliverable_total", topic="dlq-broken.dlq") == 5
     assert (m.value("ragpulse_cycles_total", outcome="failed") or 0) >= 2  # retried first
     assert m.value("ragpulse_events_total", outcome="accepted") == 50
-    assert saved_offsets(state, topic) == {0: 55}
+    assert saved_offsets(topic.state, topic.name) == {0: 55}
     assert "given up after 3s" in serve.log_text()
     assert serve.terminate() == 0
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
 def test_a_dead_letter_topic_failing_for_less_than_the_budget_loses_nothing(
-    broker: TansuBroker, serve_processes: ServeFactory, schema_dir: Path, tmp_path: Path
+    served_topic: TopicFactory, schema_dir: Path
 ) -> None:
-    topic = "dlq-transient"
-    schema = schema_dir / f"{topic}.dlq.json"
+    schema = schema_dir / "dlq-transient.dlq.json"
     schema.write_text("{not a schema")
-    bad_offsets = _with_bad_records(broker, topic, 91)
-    state = tmp_path / "state.sqlite"
-    serve = serve_processes(broker.bootstrap, topic, state, WINDOW_ARGS).start()
+    topic, bad_offsets = _with_bad_records(served_topic, "dlq-transient", 91)
+    serve = topic.serve()
     m = serve.wait_for(
         lambda s: (s.value("ragpulse_cycles_total", outcome="failed") or 0) >= 2,
         60,
@@ -325,9 +275,9 @@ def test_a_dead_letter_topic_failing_for_less_than_the_budget_loses_nothing(
     assert m.total("ragpulse_events_total") == 0  # nothing saved while the letters wait
     schema.write_text(json.dumps({"type": "object"}))  # the topic is repaired
     m = serve.wait_for(caught_up(55), 60, "the cycle once the topic takes records again")
-    assert m.value("ragpulse_dead_letters_undeliverable_total", topic=f"{topic}.dlq") == 0
-    letters = read_topic(broker.bootstrap, f"{topic}.dlq", 5)
+    assert m.value("ragpulse_dead_letters_undeliverable_total", topic="dlq-transient.dlq") == 0
+    letters = topic.read("dlq", 5)
     # At least once: every dead letter is there (a retried cycle may have sent some twice).
     assert {int(dict(r.headers)["source-offset"]) for r in letters} == set(bad_offsets)
-    assert saved_offsets(state, topic) == {0: 55}
+    assert saved_offsets(topic.state, topic.name) == {0: 55}
     assert serve.terminate() == 0

@@ -169,20 +169,28 @@ def test_reopening_restores_everything(tmp_path: Path) -> None:
         assert store.latest_event_times("events") == {0: T0 + 420, 1: T0 + 400}
 
 
+def _safety_windows_and_one_groundedness_window(
+    store: StateStore, count: int, counts: counting.Counts | None = None
+) -> None:
+    """One cycle: `count` 5-minute safety windows from T0 on and a groundedness window at T0,
+    closing the windows that end by T0 + 900 (safety windows 0-2 and the groundedness one)."""
+    store.apply_cycle(
+        "t",
+        windows(
+            *(partial(T0 + i * 300, 1, 0) for i in range(count)),
+            partial(T0, 0, 1, judge="groundedness"),
+        ),
+        {},
+        counts or {},
+        closed_before=T0 + 900,
+    )
+
+
 def test_current_windows_are_the_open_ones_and_the_latest_complete_one_per_series(
     tmp_path: Path,
 ) -> None:
     with StateStore(tmp_path / "s.db") as store:
-        store.apply_cycle(
-            "t",
-            windows(
-                *(partial(T0 + i * 300, 1, 0) for i in range(5)),
-                partial(T0, 0, 1, judge="groundedness"),
-            ),
-            {},
-            {},
-            closed_before=T0 + 900,  # windows 0, 1, 2 complete; 3, 4 open
-        )
+        _safety_windows_and_one_groundedness_window(store, 5)  # safety 3 and 4 open
         complete, in_progress = store.current_windows()
     assert complete == windows(
         partial(T0 + 600, 1, 0),  # the latest complete safety window
@@ -195,16 +203,7 @@ def test_pruning_drops_old_complete_windows_but_keeps_each_series_latest_and_ope
     tmp_path: Path,
 ) -> None:
     with StateStore(tmp_path / "s.db") as store:
-        store.apply_cycle(
-            "t",
-            windows(
-                *(partial(T0 + i * 300, 1, 0) for i in range(4)),
-                partial(T0, 0, 1, judge="groundedness"),
-            ),
-            {},
-            events_total("accepted", 5),
-            closed_before=T0 + 900,  # safety windows 0-2 and the groundedness one complete
-        )
+        _safety_windows_and_one_groundedness_window(store, 4, events_total("accepted", 5))
         assert store.prune_windows(ended_before=T0 + 10_000) == 2  # safety windows 0 and 1
         left = {(w["judge"], w["window_start"], w["complete"]) for w in store.windows()}
         counters = store.counters()
@@ -272,13 +271,19 @@ BAD_STATE_FILES = {
 }
 
 
-@pytest.mark.parametrize("kind", sorted(BAD_STATE_FILES))
-def test_a_state_file_that_cannot_be_used_is_refused_naming_it_and_the_way_out(
-    tmp_path: Path, kind: str
-) -> None:
-    make, why = BAD_STATE_FILES[kind]
-    path = tmp_path / "state.db"
+@pytest.fixture(name="bad_state_file", params=sorted(BAD_STATE_FILES))
+def bad_state_file_fixture(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, str]:
+    """A state file that cannot be used, of each kind in turn, and what its refusal must say."""
+    make, why = BAD_STATE_FILES[request.param]
+    path = tmp_path / "state.sqlite"
     make(path)
+    return path, why
+
+
+def test_a_state_file_that_cannot_be_used_is_refused_naming_it_and_the_way_out(
+    bad_state_file: tuple[Path, str],
+) -> None:
+    path, why = bad_state_file
     before = path.read_bytes() if path.is_file() else None
     with pytest.raises(StateError) as refused:
         StateStore(path)

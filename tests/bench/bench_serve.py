@@ -58,7 +58,8 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for the helpers
 
 from fake_openai import FakeOpenAI
-from kafka_broker import TansuBroker, free_port
+from kafka_broker import TansuBroker
+from processes import free_port
 
 from pipeline.commands.simulate import simulate
 from pipeline.sources.kafka import end_offsets
@@ -405,7 +406,7 @@ def cmd_drain(args: argparse.Namespace) -> None:
                        event_rate=5000, start=time.time() - args.events / 5000)
         print(f"pre-loaded {args.events:,} events in {args.partitions} partitions "
               f"({rate:,.0f} events/s produced); serve --judge-backend local --sample-rate 1")
-        codes: list[Path | None] = [Path(c).resolve() for c in args.code] or [None]
+        codes: list[Path | None] = [c.resolve() for c in args.code] or [None]
         results: dict[tuple[str, int], list[dict[str, float]]] = collections.defaultdict(list)
         for r in range(args.repeats):
             for code in codes:  # interleaved, so drift hits every checkout and setting alike
@@ -699,56 +700,52 @@ def cmd_memory(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+# Each scenario: its function, its help, and its options with their defaults (an option's type
+# is its default's).
+SCENARIOS: dict[str, tuple[Callable[[argparse.Namespace], None], str, dict[str, object]]] = {
+    "drain": (cmd_drain, "throughput on a pre-loaded backlog", {
+        "events": 100_000, "partitions": 4, "max_batch": "5000,20000,50000", "repeats": 3,
+        "profile": 0.0,
+    }),
+    "paced": (cmd_paced, "lag under ragpulse simulate at fixed rates", {
+        "rates": "3000,5000", "duration": 60.0, "drain_wait": 60.0, "partitions": 4,
+        "max_batch": 50_000, "trigger_interval": 1.0,
+    }),
+    "llm": (cmd_llm, "sample-rate limit of the LLM judges", {
+        "sample_rates": "0.1,0.25,0.5,0.75", "rate": 200.0, "duration": 60.0, "latency": 0.3,
+        "concurrency": 32, "partitions": 4, "trigger_interval": 1.0,
+    }),
+    "freshness": (cmd_freshness, "production-to-/metrics delay", {
+        "rate": 500.0, "duration": 60.0, "trigger_interval": 1.0, "scrape": 0.2, "window": 300.0,
+        "partitions": 4,
+    }),
+    "memory": (cmd_memory, "serve's RSS over one hour of traffic", {
+        "events": 1_800_000, "event_rate": 500.0, "realtime": 0.0, "partitions": 4, "every": 3.0,
+        "trigger_interval": 5.0, "timeout": 3600.0,
+    }),
+}
+# (metavar, help) of the options that need saying more than their name.
+OPTION_HELP = {
+    "profile": ("SECONDS", "py-spy the first run of the last --max-batch for this long"),
+    "realtime": ("SECONDS", "send --event-rate events/s for this long instead of a backlog"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="scenario", required=True)
-    d = sub.add_parser("drain", help="throughput on a pre-loaded backlog")
-    d.add_argument("--events", type=int, default=100_000)
-    d.add_argument("--partitions", type=int, default=4)
-    d.add_argument("--max-batch", default="5000,20000,50000")
-    d.add_argument("--repeats", type=int, default=3)
-    d.add_argument("--code", action="append", default=[], metavar="DIR",
-                   help="a checkout of ragpulse whose serve to run (repeatable: checkouts are "
-                   "measured side by side, interleaved); default: this one")
-    d.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
-                   help="py-spy the first run of the last --max-batch for this long")
-    d.set_defaults(run=cmd_drain)
-    p = sub.add_parser("paced", help="lag under ragpulse simulate at fixed rates")
-    p.add_argument("--rates", default="3000,5000")
-    p.add_argument("--duration", type=float, default=60.0)
-    p.add_argument("--drain-wait", type=float, default=60.0)
-    p.add_argument("--partitions", type=int, default=4)
-    p.add_argument("--max-batch", type=int, default=50_000)
-    p.add_argument("--trigger-interval", type=float, default=1.0)
-    p.set_defaults(run=cmd_paced)
-    llm = sub.add_parser("llm", help="sample-rate limit of the LLM judges")
-    llm.add_argument("--sample-rates", default="0.1,0.25,0.5,0.75")
-    llm.add_argument("--rate", type=float, default=200.0)
-    llm.add_argument("--duration", type=float, default=60.0)
-    llm.add_argument("--latency", type=float, default=0.3)
-    llm.add_argument("--concurrency", type=int, default=32)
-    llm.add_argument("--partitions", type=int, default=4)
-    llm.add_argument("--trigger-interval", type=float, default=1.0)
-    llm.set_defaults(run=cmd_llm)
-    f = sub.add_parser("freshness", help="production-to-/metrics delay")
-    f.add_argument("--rate", type=float, default=500.0)
-    f.add_argument("--duration", type=float, default=60.0)
-    f.add_argument("--trigger-interval", type=float, default=1.0)
-    f.add_argument("--scrape", type=float, default=0.2)
-    f.add_argument("--window", type=float, default=300.0)
-    f.add_argument("--partitions", type=int, default=4)
-    f.set_defaults(run=cmd_freshness)
-    mem = sub.add_parser("memory", help="serve's RSS over one hour of traffic")
-    mem.add_argument("--events", type=int, default=1_800_000)
-    mem.add_argument("--event-rate", type=float, default=500.0)
-    mem.add_argument("--realtime", type=float, default=0.0, metavar="SECONDS",
-                     help="send --event-rate events/s for this long instead of a backlog")
-    mem.add_argument("--partitions", type=int, default=4)
-    mem.add_argument("--every", type=float, default=3.0)
-    mem.add_argument("--trigger-interval", type=float, default=5.0)
-    mem.add_argument("--timeout", type=float, default=3600.0)
-    mem.set_defaults(run=cmd_memory)
+    for name, (run, about, options) in SCENARIOS.items():
+        scenario = sub.add_parser(name, help=about)
+        for option, default in options.items():
+            metavar, text = OPTION_HELP.get(option, (None, None))
+            scenario.add_argument(f"--{option.replace('_', '-')}", type=type(default),
+                                  default=default, metavar=metavar, help=text)
+        scenario.set_defaults(run=run)
+    sub.choices["drain"].add_argument(
+        "--code", action="append", default=[], type=Path, metavar="DIR",
+        help="a checkout of ragpulse whose serve to run (repeatable: checkouts are measured "
+        "side by side, interleaved); default: this one")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # start-up retries are not news
