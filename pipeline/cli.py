@@ -9,6 +9,7 @@ import logging
 import sys
 
 from judges.registry import JUDGE_NAMES
+from pipeline import config_sources
 from pipeline.errors import SettingsError
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -49,8 +50,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         if command is None or name == command:
             module = importlib.import_module(f"pipeline.commands.{module_name}")
             module.configure_parser(p)
-            p.set_defaults(_main=module.main)
+            p.set_defaults(_main=module.main, _settings=getattr(module, "settings_from_args", None))
     return parser
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    sub: argparse.ArgumentParser = action.choices[command]
+    return sub
 
 
 def _not_beam_import_noise(record: logging.LogRecord) -> bool:
@@ -62,7 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger().addFilter(_not_beam_import_noise)
     words = sys.argv[1:] if argv is None else argv
     command = next((w for w in words if w in COMMANDS), None)
-    args = build_parser(command).parse_args(argv)
+    parser = build_parser(command)
+    sub = _subparser(parser, command) if command is not None else None
+    takes_config = sub is not None and any(a.dest == "config" for a in sub._actions)
+    required = config_sources.relax_required(sub) if sub is not None and takes_config else []
+    args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -78,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     if root_level > logging.DEBUG:
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
     try:
+        if takes_config:
+            assert sub is not None and command is not None
+            config_sources.apply(sub, words[words.index(command) + 1 :], args, required)
+            if args.print_config:
+                args._settings(args)  # checked like a start, then printed
+                print(config_sources.effective_config(sub, args), end="")
+                return 0
         return int(args._main(args))
     except SettingsError as exc:
         print(f"ragpulse {args.command}: {exc}", file=sys.stderr)

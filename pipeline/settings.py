@@ -283,11 +283,6 @@ def batch_fields(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def run_settings(args: argparse.Namespace) -> RunSettings:
-    """`RunSettings` from the command line; SettingsError says what is wrong."""
-    return build(RunSettings, input=args.input, output=args.output, **batch_fields(args))
-
-
 def build(model: type[SettingsModel], **fields: Any) -> SettingsModel:
     """`model(**fields)`, with a validation error turned into a SettingsError."""
     try:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from pipeline import counting
+from pipeline.config_sources import add_config_arguments
 from pipeline.graph import GraphResult, Sinks, pipeline_options, run_graph
 from pipeline.service.labels import LabelBudget, add_label_arguments
 from pipeline.settings import (
@@ -19,8 +20,9 @@ from pipeline.settings import (
     add_batch_arguments,
     add_beam_arguments,
     add_judge_arguments,
+    batch_fields,
+    build,
     default_of,
-    run_settings,
 )
 from pipeline.sinks.files import (
     DEAD_LETTER_FILE,
@@ -78,10 +80,16 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     add_label_arguments(p)
     add_judge_arguments(p)
     add_beam_arguments(p)
+    add_config_arguments(p)
+
+
+def settings_from_args(args: argparse.Namespace) -> RunSettings:
+    """`RunSettings` from the command line; SettingsError says what is wrong."""
+    return build(RunSettings, input=args.input, output=args.output, **batch_fields(args))
 
 
 def main(args: argparse.Namespace) -> int:
-    settings = run_settings(args)
+    settings = settings_from_args(args)
     log.info(
         "judging %s with %s (backend %s), sample rate %g, %gs windows",
         settings.input,

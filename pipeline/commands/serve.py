@@ -16,6 +16,7 @@ from typing import Any
 
 from prometheus_client import make_wsgi_app
 
+from pipeline.config_sources import add_config_arguments
 from pipeline.errors import SettingsError
 from pipeline.kafka_security import (
     add_kafka_security_arguments,
@@ -250,6 +251,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     add_label_arguments(p)
     add_judge_arguments(p)
     add_beam_arguments(p)
+    add_config_arguments(p)
 
 
 def settings_from_args(args: argparse.Namespace) -> ServeSettings:
