@@ -268,6 +268,7 @@ SECURED_VALUES: dict[str, Any] = {
                "apiKeySecret": {"name": "ragpulse-judge", "key": "api_key"}},
     "state": {"persistence": {"enabled": True}},
     "extraArgs": ["--sample-rate=0.5"],
+    "settings": {"store-text": "none"},
 }
 
 
@@ -328,6 +329,41 @@ def test_helm_deployment_command_is_accepted_by_the_real_cli(
         assert args.kafka_properties == Path(
             "/etc/ragpulse/kafka/properties/client.properties")
         assert args.sample_rate == 0.5  # extraArgs come last and win
+
+
+def test_helm_settings_become_a_config_file_that_the_real_cli_takes_under_the_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.cli import main
+
+    settings = {"canary-rate": 2, "redact-pattern": ["ACME-[0-9]+"], "window": "1m"}
+    objects = chart_objects({"settings": settings})
+    (configmap,) = [o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"]
+                    == "ragpulse-settings"]
+    config = tmp_path / "ragpulse.yaml"
+    config.write_text(configmap["data"]["ragpulse.yaml"])
+    spec = by_kind(objects, "Deployment")[0]["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "settings")
+    assert mount["mountPath"] == "/etc/ragpulse/settings"
+    assert any(v["name"] == "settings" and v["configMap"]["name"] == "ragpulse-settings"
+               for v in spec["volumes"])
+    args = [a.replace("/etc/ragpulse/settings/ragpulse.yaml", str(config))
+            for a in container["args"] if not a.startswith("--judge-prompts")]
+    assert f"--config={config}" in args
+    assert main([*args, "--print-config"]) == 0
+    effective = yaml.safe_load(capsys.readouterr().out)
+    assert effective["canary-rate"] == 2.0
+    assert effective["redact-pattern"] == ["ACME-[0-9]+"]
+    assert effective["window"] == "5m"  # the chart's --window flag overrides the file
+
+
+def test_helm_renders_no_settings_file_without_settings() -> None:
+    objects = chart_objects()
+    assert not [o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"]
+                == "ragpulse-settings"]
+    args = by_kind(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not any(a.startswith("--config") for a in args)
 
 
 def test_helm_mounts_kafka_and_judge_secrets_as_files_and_never_renders_a_secret() -> None:
