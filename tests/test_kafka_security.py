@@ -23,7 +23,7 @@ from processes import free_port
 from secure_kafka import Pki, SecureKafka, pki_fixture, secure_kafka  # noqa: F401
 from serve_process import ServeProcess, serve_processes_fixture  # noqa: F401
 
-from pipeline.commands.simulate import synthetic_events
+from pipeline.commands.simulate import simulate
 from pipeline.kafka_security import (
     ENV_SASL_PASSWORD,
     KafkaSecurity,
@@ -246,7 +246,7 @@ def test_serve_reads_dead_letters_and_commits_through_mutual_tls(
     commit) goes through TLS with a client certificate: stunnel only speaks TLS."""
     _create_topic(tls_kafka, "chat")
     producer = connect(KafkaProducer, tls_kafka.bootstrap, tls_kafka.client_security())
-    good = list(synthetic_events(7, 40, time.time() - 60))
+    good = [e.payload for e in simulate(7, 40, time.time() - 60)]
     for value in [*good, b"{not json", b"[1, 2]"]:
         producer.send("chat", value)
     producer.flush(timeout=30)

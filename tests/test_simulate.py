@@ -8,11 +8,12 @@ import re
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kafka_broker import TansuBroker, kafka_broker  # noqa: F401
 
-from pipeline.commands.simulate import Incidents, configure_parser, main, simulate, synthetic_events
+from pipeline.commands.simulate import Incidents, configure_parser, main, simulate
 from pipeline.events import InvalidEvent, parse_event
 from pipeline.sources.kafka import end_offsets
 
@@ -24,14 +25,19 @@ def words(text: str) -> set[str]:
     return set(WORD.findall(text.lower()))
 
 
+
+def payloads(seed: int, n: int, start: float, **options: Any) -> list[bytes]:
+    """The raw records `simulate` makes (what `ragpulse simulate` writes)."""
+    return [e.payload for e in simulate(seed, n, start, **options)]
+
 def test_same_seed_gives_the_same_bytes_and_another_seed_does_not() -> None:
-    assert list(synthetic_events(7, 50, T0)) == list(synthetic_events(7, 50, T0))
-    assert list(synthetic_events(7, 50, T0)) != list(synthetic_events(8, 50, T0))
+    assert list(payloads(7, 50, T0)) == list(payloads(7, 50, T0))
+    assert list(payloads(7, 50, T0)) != list(payloads(8, 50, T0))
 
 
 def test_events_are_json_objects_covering_every_request_and_response_shape() -> None:
     shapes: Counter[str] = Counter()
-    for raw in synthetic_events(1, 400, T0):
+    for raw in payloads(1, 400, T0):
         event = json.loads(raw)
         assert isinstance(event, dict)
         assert {"request_id", "timestamp", "app", "model", "request"} <= event.keys()
@@ -134,7 +140,7 @@ def test_output_file_holds_one_record_per_line(tmp_path: Path) -> None:
     assert main(args) == 0
     lines = out.read_bytes().splitlines()
     assert len(lines) == 120
-    assert lines == list(synthetic_events(9, 120, T0, rate=2, incidents=Incidents(
+    assert lines == list(payloads(9, 120, T0, rate=2, incidents=Incidents(
         malformed_burst_at=30, malformed_burst_count=10)))
 
 

@@ -265,23 +265,6 @@ def simulate(
         yield SimulatedEvent(_dumps(event), event_time, kind, late, without_context)
 
 
-def synthetic_events(
-    seed: int,
-    n: int,
-    start_time: float,
-    *,
-    rate: float = 1.0,
-    apps: Sequence[str] = DEFAULT_APPS,
-    models: Sequence[str] = DEFAULT_MODELS,
-    incidents: Incidents | None = None,
-) -> Iterator[bytes]:
-    """The raw records of `simulate` (one JSON object per event; malformed ones are not)."""
-    for event in simulate(
-        seed, n, start_time, rate=rate, apps=apps, models=models, incidents=incidents
-    ):
-        yield event.payload
-
-
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
