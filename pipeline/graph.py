@@ -23,13 +23,15 @@ README, "Why micro-batches").
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import apache_beam as beam
 import orjson
-from apache_beam.metrics.metric import MetricResults
+from apache_beam.metrics.metric import MetricResult, MetricResults
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.runners.worker import sdk_worker
@@ -111,9 +113,10 @@ def is_failing(judged: JudgedEvent) -> bool:
     return any(v.rating != "yes" for v in judged.verdicts)
 
 
-def pipeline_options(beam_args: Sequence[str] = ()) -> PipelineOptions:
-    """Beam options from `--beam-arg` values; one in-process worker unless they say otherwise."""
-    args = list(beam_args)
+def pipeline_options(beam_args: Sequence[str] = (), runner: str | None = None) -> PipelineOptions:
+    """Beam options from `--runner` and `--beam-arg` values; without a runner, FnApiRunner in
+    this process with one worker unless they say otherwise."""
+    args = list(beam_args) + ([f"--runner={runner}"] if runner else [])
     if not any(a.startswith("--direct_num_workers") for a in args):
         args.append("--direct_num_workers=1")
     return PipelineOptions(args)
@@ -131,11 +134,16 @@ def build_graph(
     `canaries` are judged with the events and counted only in `ragpulse_canary_verdicts_total`
     (see `pipeline.service.canaries`).
     """
-    parsed = p | "Read" >> source | "ParseEvents" >> ParseEvents(
-        sample_rate=config.sample_rate,
-        window_size=config.window_seconds,
-        closed_before=config.closed_before,
-        max_bytes=config.max_event_bytes,
+    parsed = (
+        p
+        | "Read" >> source
+        | "ParseEvents"
+        >> ParseEvents(
+            sample_rate=config.sample_rate,
+            window_size=config.window_seconds,
+            closed_before=config.closed_before,
+            max_bytes=config.max_event_bytes,
+        )
     )
     _ = parsed[ParseEvents.DEAD_LETTER] | "WriteDeadLetters" >> sinks.dead_letters
     to_judge = parsed.events
@@ -188,35 +196,57 @@ def decode_metrics(metrics: MetricResults) -> GraphResult:
     windows: dict[WindowKey, RatingCounts] = {}
     unacknowledged: dict[str, tuple[int, str]] = {}
     for c in query["counters"]:
-        namespace, name, value = c.key.metric.namespace, c.key.metric.name, int(c.committed)
+        namespace, name, value = c.key.metric.namespace, c.key.metric.name, int(_final(c))
         if namespace == COUNTER_NAMESPACE:
             counts[counting.decode(name)] += value
         elif namespace == WINDOW_NAMESPACE:
             key, rating = decode_window(name)
-            windows[key] = windows.get(key, RatingCounts()) + RatingCounts(
-                **{rating: value}
-            )
+            windows[key] = windows.get(key, RatingCounts()) + RatingCounts(**{rating: value})
         elif namespace == UNACKNOWLEDGED_NAMESPACE:
             topic, why = orjson.loads(name)
             n, first = unacknowledged.get(topic, (0, why))
             unacknowledged[topic] = (n + value, first)
     latest = {
-        int(d.key.metric.name.removeprefix(LATEST_EVENT_TIME_PREFIX)): d.committed.max / 1000
+        int(d.key.metric.name.removeprefix(LATEST_EVENT_TIME_PREFIX)): _final(d).max / 1000
         for d in query["distributions"]
         if d.key.metric.namespace == COUNTER_NAMESPACE
         and d.key.metric.name.startswith(LATEST_EVENT_TIME_PREFIX)
-        and d.committed.count
+        and _final(d).count
     }
     exemplars: dict[counting.CounterKey, counting.FailingExample] = {}
     for s in query["string_sets"]:
         if s.key.metric.namespace != EXEMPLAR_NAMESPACE:
             continue
         # Several bundles may each report their latest; the latest of those wins.
-        event_time, request_id = max(orjson.loads(entry) for entry in s.committed)
+        event_time, request_id = max(orjson.loads(entry) for entry in _final(s))
         exemplars[counting.decode(s.key.metric.name)] = counting.FailingExample(
             request_id, event_time
         )
     return GraphResult(counts, windows, latest, exemplars, unacknowledged)
+
+
+def _final(metric: MetricResult) -> Any:
+    """The metric's value in the finished run: committed, or attempted where the runner reports
+    only that.
+
+    Committed values count each bundle once, however often it was retried; the FnApiRunner,
+    Beam's job service and Dataflow report them. Flink's and Spark's job servers report only
+    attempted values (their accumulators): the same unless a task was retried, whose
+    increments may then be counted again. Refusing those runners would leave no way to run
+    there, so the values are used and the possible over-count is logged once.
+    """
+    if metric.committed is not None:
+        return metric.committed
+    _warn_attempted_only()
+    return metric.attempted
+
+
+@functools.cache
+def _warn_attempted_only() -> None:
+    log.warning(
+        "this runner reports attempted metrics only: a retried task's events may be counted "
+        "more than once"
+    )
 
 
 def _forget_counter_names() -> None:
@@ -228,4 +258,3 @@ def _forget_counter_names() -> None:
     finished run's short ids are never looked up again.
     """
     sdk_worker.SHORT_ID_CACHE = sdk_worker.ShortIdCache()
-
