@@ -15,9 +15,9 @@ small aggregates: they leave the workers as Beam metrics, which every runner gat
 program that ran the pipeline, and `run_graph` decodes them into a `GraphResult`. Nothing is
 written to a file to be read back.
 
-The runner is a parameter: Beam pipeline options (`--runner`, `--direct_num_workers`, ...) are
-passed through; without `--runner` the graph runs on Beam's FnApiRunner in this process (see
-README, "Why micro-batches").
+The runner is a parameter: `--runner` (checked by `settings.runner_name`) and Beam pipeline
+options (`--job_endpoint`, `--direct_num_workers`, ...) are passed through; without `--runner`
+the graph runs on Beam's FnApiRunner in this process (see README, "Why micro-batches").
 """
 
 from __future__ import annotations
@@ -30,14 +30,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import apache_beam as beam
+import grpc
 import orjson
 from apache_beam.metrics.metric import MetricResult, MetricResults
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions, StandardOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.runners.worker import sdk_worker
 
 from judges import JudgeSpec
 from pipeline import counting
+from pipeline.errors import SettingsError
 from pipeline.service.canaries import CanaryEvent
 from pipeline.sinks.kafka import UNACKNOWLEDGED_NAMESPACE
 from pipeline.stages import (
@@ -182,8 +184,16 @@ def run_graph(
     options = options or pipeline_options()
     # Without --runner, Beam's default (the DirectRunner) would try to download Prism first.
     runner = None if options.view_as(StandardOptions).runner else FnApiRunner()
-    with beam.Pipeline(runner=runner, options=options) as p:
-        build_graph(p, source, config, sinks, canaries)
+    try:
+        with beam.Pipeline(runner=runner, options=options) as p:
+            build_graph(p, source, config, sinks, canaries)
+    except grpc.FutureTimeoutError:  # Beam raises it without a message
+        portable = options.view_as(PortableOptions)
+        raise SettingsError(
+            f"the Beam job service at {portable.job_endpoint or 'the runner started'} did not "
+            f"answer within {portable.job_server_timeout}s (--beam-arg=--job_endpoint, "
+            "--beam-arg=--job_server_timeout)"
+        ) from None
     result = decode_metrics(p.result.metrics())
     _forget_counter_names()
     return result
@@ -255,6 +265,8 @@ def _forget_counter_names() -> None:
     Beam keeps every metric name it has ever seen in a process-wide `SHORT_ID_CACHE`, never
     evicted; counter names carry the app and model labels, so each new value grew `serve` by
     ~2.5 KB per counter for good (12 MB per 1,000 new apps). Runs go one after another, and a
-    finished run's short ids are never looked up again.
+    finished run's short ids are never looked up again. On the other runners the SDK workers
+    run in processes of their own (the portable worker pool starts one per job) and this
+    process's cache is unused: replacing it does nothing there.
     """
     sdk_worker.SHORT_ID_CACHE = sdk_worker.ShortIdCache()
