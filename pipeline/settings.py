@@ -54,12 +54,13 @@ SettingsModel = TypeVar("SettingsModel", bound=BaseModel)
 # The Beam runners `--runner` takes. The graph needs windows, timestamps, tagged outputs,
 # finish_bundle output, several sinks and metrics back in this process; these runners have all.
 RUNNERS = ("FnApiRunner", "PortableRunner", "FlinkRunner", "SparkRunner", "DataflowRunner")
+_TRIES_PRISM = "it first tries Prism, downloaded at run time, then falls back to FnApiRunner"
 # The runners Beam knows that ragpulse refuses, and why (shown by --help and in the error).
 REFUSED_RUNNERS = {
-    "DirectRunner": "it hands the graph to Prism, which it downloads at run time",
-    "SwitchingDirectRunner": "it hands the graph to Prism, which it downloads at run time",
+    "DirectRunner": _TRIES_PRISM,
+    "SwitchingDirectRunner": _TRIES_PRISM,
     "PrismRunner": "it downloads the Prism binary at run time",
-    "BundleBasedDirectRunner": "Beam's legacy local runner; FnApiRunner replaces it",
+    "BundleBasedDirectRunner": "Beam's legacy local runner, untested; FnApiRunner replaces it",
     "TestDirectRunner": "a runner for Beam's own tests",
     "TestDataflowRunner": "a runner for Beam's own tests",
     "InteractiveRunner": "a runner for notebooks",

@@ -158,7 +158,7 @@ def test_metrics_a_runner_reports_only_as_attempted_decode_as_committed_ones_do(
     ("runner", "says"),
     [
         ("Flunk", "unknown Beam runner 'Flunk'; choose one of FnApiRunner, PortableRunner"),
-        ("DirectRunner", "ragpulse does not run on DirectRunner: it hands the graph to Prism"),
+        ("DirectRunner", "ragpulse does not run on DirectRunner: it first tries Prism, downloaded"),
         ("prism", "ragpulse does not run on PrismRunner: it downloads the Prism binary"),
         (
             "apache_beam.runners.dask.dask_runner.DaskRunner",
