@@ -136,16 +136,11 @@ def build_graph(
     `canaries` are judged with the events and counted only in `ragpulse_canary_verdicts_total`
     (see `pipeline.service.canaries`).
     """
-    parsed = (
-        p
-        | "Read" >> source
-        | "ParseEvents"
-        >> ParseEvents(
-            sample_rate=config.sample_rate,
-            window_size=config.window_seconds,
-            closed_before=config.closed_before,
-            max_bytes=config.max_event_bytes,
-        )
+    parsed = p | "Read" >> source | "ParseEvents" >> ParseEvents(
+        sample_rate=config.sample_rate,
+        window_size=config.window_seconds,
+        closed_before=config.closed_before,
+        max_bytes=config.max_event_bytes,
     )
     _ = parsed[ParseEvents.DEAD_LETTER] | "WriteDeadLetters" >> sinks.dead_letters
     to_judge = parsed.events
@@ -211,7 +206,9 @@ def decode_metrics(metrics: MetricResults) -> GraphResult:
             counts[counting.decode(name)] += value
         elif namespace == WINDOW_NAMESPACE:
             key, rating = decode_window(name)
-            windows[key] = windows.get(key, RatingCounts()) + RatingCounts(**{rating: value})
+            windows[key] = windows.get(key, RatingCounts()) + RatingCounts(
+                **{rating: value}
+            )
         elif namespace == UNACKNOWLEDGED_NAMESPACE:
             topic, why = orjson.loads(name)
             n, first = unacknowledged.get(topic, (0, why))
@@ -270,3 +267,4 @@ def _forget_counter_names() -> None:
     process's cache is unused: replacing it does nothing there.
     """
     sdk_worker.SHORT_ID_CACHE = sdk_worker.ShortIdCache()
+
