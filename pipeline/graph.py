@@ -15,27 +15,31 @@ small aggregates: they leave the workers as Beam metrics, which every runner gat
 program that ran the pipeline, and `run_graph` decodes them into a `GraphResult`. Nothing is
 written to a file to be read back.
 
-The runner is a parameter: Beam pipeline options (`--runner`, `--direct_num_workers`, ...) are
-passed through; without `--runner` the graph runs on Beam's FnApiRunner in this process (see
-README, "Why micro-batches").
+The runner is a parameter: `--runner` (checked by `settings.runner_name`) and Beam pipeline
+options (`--job_endpoint`, `--direct_num_workers`, ...) are passed through; without `--runner`
+the graph runs on Beam's FnApiRunner in this process (see README, "Why micro-batches").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import apache_beam as beam
+import grpc
 import orjson
-from apache_beam.metrics.metric import MetricResults
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.metrics.metric import MetricResult, MetricResults
+from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions, StandardOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.runners.worker import sdk_worker
 
 from judges import JudgeSpec
 from pipeline import counting
+from pipeline.errors import SettingsError
 from pipeline.service.canaries import CanaryEvent
 from pipeline.sinks.kafka import UNACKNOWLEDGED_NAMESPACE
 from pipeline.stages import (
@@ -111,9 +115,10 @@ def is_failing(judged: JudgedEvent) -> bool:
     return any(v.rating != "yes" for v in judged.verdicts)
 
 
-def pipeline_options(beam_args: Sequence[str] = ()) -> PipelineOptions:
-    """Beam options from `--beam-arg` values; one in-process worker unless they say otherwise."""
-    args = list(beam_args)
+def pipeline_options(beam_args: Sequence[str] = (), runner: str | None = None) -> PipelineOptions:
+    """Beam options from `--runner` and `--beam-arg` values; without a runner, FnApiRunner in
+    this process with one worker unless they say otherwise."""
+    args = list(beam_args) + ([f"--runner={runner}"] if runner else [])
     if not any(a.startswith("--direct_num_workers") for a in args):
         args.append("--direct_num_workers=1")
     return PipelineOptions(args)
@@ -174,8 +179,16 @@ def run_graph(
     options = options or pipeline_options()
     # Without --runner, Beam's default (the DirectRunner) would try to download Prism first.
     runner = None if options.view_as(StandardOptions).runner else FnApiRunner()
-    with beam.Pipeline(runner=runner, options=options) as p:
-        build_graph(p, source, config, sinks, canaries)
+    try:
+        with beam.Pipeline(runner=runner, options=options) as p:
+            build_graph(p, source, config, sinks, canaries)
+    except grpc.FutureTimeoutError:  # Beam raises it without a message
+        portable = options.view_as(PortableOptions)
+        raise SettingsError(
+            f"the Beam job service at {portable.job_endpoint or 'the runner started'} did not "
+            f"answer within {portable.job_server_timeout}s (--beam-arg=--job_endpoint, "
+            "--beam-arg=--job_server_timeout)"
+        ) from None
     result = decode_metrics(p.result.metrics())
     _forget_counter_names()
     return result
@@ -188,7 +201,7 @@ def decode_metrics(metrics: MetricResults) -> GraphResult:
     windows: dict[WindowKey, RatingCounts] = {}
     unacknowledged: dict[str, tuple[int, str]] = {}
     for c in query["counters"]:
-        namespace, name, value = c.key.metric.namespace, c.key.metric.name, int(c.committed)
+        namespace, name, value = c.key.metric.namespace, c.key.metric.name, int(_final(c))
         if namespace == COUNTER_NAMESPACE:
             counts[counting.decode(name)] += value
         elif namespace == WINDOW_NAMESPACE:
@@ -201,22 +214,46 @@ def decode_metrics(metrics: MetricResults) -> GraphResult:
             n, first = unacknowledged.get(topic, (0, why))
             unacknowledged[topic] = (n + value, first)
     latest = {
-        int(d.key.metric.name.removeprefix(LATEST_EVENT_TIME_PREFIX)): d.committed.max / 1000
+        int(d.key.metric.name.removeprefix(LATEST_EVENT_TIME_PREFIX)): _final(d).max / 1000
         for d in query["distributions"]
         if d.key.metric.namespace == COUNTER_NAMESPACE
         and d.key.metric.name.startswith(LATEST_EVENT_TIME_PREFIX)
-        and d.committed.count
+        and _final(d).count
     }
     exemplars: dict[counting.CounterKey, counting.FailingExample] = {}
     for s in query["string_sets"]:
         if s.key.metric.namespace != EXEMPLAR_NAMESPACE:
             continue
         # Several bundles may each report their latest; the latest of those wins.
-        event_time, request_id = max(orjson.loads(entry) for entry in s.committed)
+        event_time, request_id = max(orjson.loads(entry) for entry in _final(s))
         exemplars[counting.decode(s.key.metric.name)] = counting.FailingExample(
             request_id, event_time
         )
     return GraphResult(counts, windows, latest, exemplars, unacknowledged)
+
+
+def _final(metric: MetricResult) -> Any:
+    """The metric's value in the finished run: committed, or attempted where the runner reports
+    only that.
+
+    Committed values count each bundle once, however often it was retried; the FnApiRunner,
+    Beam's job service and Dataflow report them. Flink's and Spark's job servers report only
+    attempted values (their accumulators): the same unless a task was retried, whose
+    increments may then be counted again. Refusing those runners would leave no way to run
+    there, so the values are used and the possible over-count is logged once.
+    """
+    if metric.committed is not None:
+        return metric.committed
+    _warn_attempted_only()
+    return metric.attempted
+
+
+@functools.cache
+def _warn_attempted_only() -> None:
+    log.warning(
+        "this runner reports attempted metrics only: a retried task's events may be counted "
+        "more than once"
+    )
 
 
 def _forget_counter_names() -> None:
@@ -225,7 +262,9 @@ def _forget_counter_names() -> None:
     Beam keeps every metric name it has ever seen in a process-wide `SHORT_ID_CACHE`, never
     evicted; counter names carry the app and model labels, so each new value grew `serve` by
     ~2.5 KB per counter for good (12 MB per 1,000 new apps). Runs go one after another, and a
-    finished run's short ids are never looked up again.
+    finished run's short ids are never looked up again. On the other runners the SDK workers
+    run in processes of their own (the portable worker pool starts one per job) and this
+    process's cache is unused: replacing it does nothing there.
     """
     sdk_worker.SHORT_ID_CACHE = sdk_worker.ShortIdCache()
 

@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 from collections.abc import Mapping
+from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -49,6 +50,23 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SettingsModel = TypeVar("SettingsModel", bound=BaseModel)
+
+# The Beam runners `--runner` takes. The graph needs windows, timestamps, tagged outputs,
+# finish_bundle output, several sinks and metrics back in this process; these runners have all.
+RUNNERS = ("FnApiRunner", "PortableRunner", "FlinkRunner", "SparkRunner", "DataflowRunner")
+_TRIES_PRISM = "it first tries Prism, downloaded at run time, then falls back to FnApiRunner"
+# The runners Beam knows that ragpulse refuses, and why (shown by --help and in the error).
+REFUSED_RUNNERS = {
+    "DirectRunner": _TRIES_PRISM,
+    "SwitchingDirectRunner": _TRIES_PRISM,
+    "PrismRunner": "it downloads the Prism binary at run time",
+    "BundleBasedDirectRunner": "Beam's legacy local runner, untested; FnApiRunner replaces it",
+    "TestDirectRunner": "a runner for Beam's own tests",
+    "TestDataflowRunner": "a runner for Beam's own tests",
+    "InteractiveRunner": "a runner for notebooks",
+    "DaskRunner": "it drops windows, timestamps, tagged outputs and all but the last sink",
+    "KafkaStreamsRunner": "experimental; its job server is in no Beam release",
+}
 
 
 class JudgeSettings(BaseModel):
@@ -154,6 +172,20 @@ class BatchSettings(BaseModel):
     max_event_bytes: int = Field(1_048_576, ge=1024)
     labels: LabelLimits = LabelLimits()
     beam_args: tuple[str, ...] = Field((), title="--beam-arg")
+    runner: str | None = Field(None, title="--runner")  # None: FnApiRunner in this process
+
+    @field_validator("beam_args")
+    @classmethod
+    def _runner_not_in_beam_args(cls, args: tuple[str, ...]) -> tuple[str, ...]:
+        # One way to choose the runner, so that every choice is checked by `runner_name`.
+        if any(a == "--runner" or a.startswith("--runner=") for a in args):
+            raise ValueError("choose the runner with --runner NAME, not as a Beam option")
+        return args
+
+    @field_validator("runner")
+    @classmethod
+    def _runner_works_here(cls, name: str | None) -> str | None:
+        return None if name is None else runner_name(name)
 
     def stage_config(self, closed_before: float | None = None) -> StageConfig:
         """The picklable configuration of the Beam stages."""
@@ -221,6 +253,22 @@ def default_of(model: type[BaseModel], field: str) -> Any:
     return default
 
 
+def runner_name(name: str) -> str:
+    """Beam's name of the runner `name` (matched as Beam does: any case, `Runner` optional, a
+    module path allowed); ValueError when Beam does not know it or ragpulse cannot run on it."""
+    short = name.rsplit(".", 1)[-1].lower()
+    wanted = short if short.endswith("runner") else short + "runner"
+    for known in RUNNERS:
+        if known.lower() == wanted:
+            if known == "DataflowRunner" and find_spec("apitools") is None:
+                raise ValueError("DataflowRunner needs apache-beam[gcp], which is not installed")
+            return known
+    for refused, why in REFUSED_RUNNERS.items():
+        if refused.lower() == wanted:
+            raise ValueError(f"ragpulse does not run on {refused}: {why}")
+    raise ValueError(f"unknown Beam runner {name!r}; choose one of {', '.join(RUNNERS)}")
+
+
 def format_duration(seconds: float) -> str:
     """`seconds` as the shortest duration text `parse_duration` reads back (300 -> 5m)."""
     for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0)):
@@ -256,16 +304,25 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_beam_arguments(p: argparse.ArgumentParser) -> None:
-    """`--beam-arg`: Beam pipeline options passed through to the runner."""
-    p.add_argument_group("beam").add_argument(
+    """`--runner` and `--beam-arg`: the Beam runner and the pipeline options passed to it."""
+    g = p.add_argument_group("beam")
+    refused = "; ".join(f"{name} ({why})" for name, why in REFUSED_RUNNERS.items())
+    g.add_argument(
+        "--runner",
+        default=default_of(BatchSettings, "runner"),
+        metavar="NAME",
+        help=f"the Beam runner: {', '.join(RUNNERS)}; its options with --beam-arg, e.g. "
+        "--runner PortableRunner --beam-arg=--job_endpoint=HOST:PORT. Refused: "
+        f"{refused} (default: Beam's FnApiRunner in this process)",
+    )
+    g.add_argument(
         "--beam-arg",
         action="append",
         default=[],
         metavar="OPTION",
         help="a Beam pipeline option for the runner (repeatable), e.g. "
-        "--beam-arg=--direct_num_workers=2 --beam-arg=--direct_running_mode=multi_processing, "
-        "or --beam-arg=--runner=PortableRunner --beam-arg=--job_endpoint=HOST:PORT "
-        "(default: Beam's FnApiRunner in this process, one worker)",
+        "--beam-arg=--direct_num_workers=2 --beam-arg=--direct_running_mode=multi_processing "
+        "(default: one worker)",
     )
 
 
@@ -280,6 +337,7 @@ def batch_fields(args: argparse.Namespace) -> dict[str, Any]:
         "max_event_bytes": args.max_event_bytes,
         "labels": label_limits(args),
         "beam_args": tuple(args.beam_arg),
+        "runner": args.runner,
     }
 
 

@@ -59,7 +59,7 @@ def run_file(settings: RunSettings) -> GraphResult:
         ReadLines(settings.input, settings.max_event_bytes),
         settings.stage_config(),
         sinks,
-        options=pipeline_options(settings.beam_args),
+        options=pipeline_options(settings.beam_args, settings.runner),
     )
     windows, counts = LabelBudget(settings.labels).bound(result.windows, result.counts)
     # In a bounded file every window is complete once the whole file is read.

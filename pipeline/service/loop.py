@@ -206,7 +206,7 @@ class TopicWatcher:
             s.stage_config(closed_before=cutoff),
             sinks,
             canaries=self._canaries.take(time.time()) if self._canaries else (),
-            options=pipeline_options(s.beam_args),
+            options=pipeline_options(s.beam_args, s.runner),
         )
 
     def _undeliverable(self, result: GraphResult) -> counting.Counts:
