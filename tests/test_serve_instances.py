@@ -144,6 +144,61 @@ def test_two_instances_one_killed_and_restarted_count_together_what_one_instance
     assert reference_scrape.value("ragpulse_events_total", outcome="accepted") == EVENTS
 
 
+def read_to_the_end(scrape: Scrape) -> bool:
+    """At least the 200 records produced on the instance's partitions read, and no lag left
+    (a recount from the log start would go on to 400 before its lag reached 0)."""
+    lag = scrape.select("ragpulse_consumer_lag")
+    return (
+        bool(lag)
+        and all(v == 0 for _, v in lag)
+        and scrape.total("ragpulse_events_total") >= 200
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_going_from_one_instance_to_two_with_state_reset_counts_nothing_twice(
+    kafka_broker: TansuBroker,  # noqa: F811
+    serve_processes: ServeFactory,
+    tmp_path: Path,
+) -> None:
+    broker = kafka_broker
+    topic = "rescale"
+    broker.create_topic(topic, PARTITIONS)
+    events = list(simulate(8, 800, T0, rate=50))
+    payloads = [e.payload for e in events]
+    produce_round_robin(broker, topic, payloads[:400], PARTITIONS)
+    group = ["--group-id", "rescale"]
+    one = serve_processes(broker.bootstrap, topic, tmp_path / "a.sqlite", [*ARGS, *group]).start()
+    before = one.wait_for(caught_up(400), 60, "one instance caught up")
+    assert one.terminate() == 0
+
+    # The old file becomes instance 0's: it holds partitions 1 and 3 too, so it is moved aside
+    # and instance 0 goes on from the group's offsets; instance 1 starts with no file at all.
+    def instance(i: int) -> list[str]:
+        return [*ARGS, *group, "--instances", "2", "--instance", str(i), "--state-reset"]
+
+    states = [tmp_path / "a.sqlite", tmp_path / "b.sqlite"]
+    serves = [serve_processes(broker.bootstrap, topic, states[i], instance(i)).start()
+              for i in range(2)]
+    assert list(tmp_path.glob("a.sqlite.corrupt-*"))
+    produce_round_robin(broker, topic, payloads[400:], PARTITIONS)
+    after = [serve.wait_for(read_to_the_end, 60, f"instance {i}") for i, serve in
+             enumerate(serves)]
+    for serve in serves:
+        assert serve.terminate() == 0
+    ends = end_offsets(broker.bootstrap, topic)
+    assert saved_offsets(states[0], topic) == {0: ends[0], 2: ends[2]}
+    assert saved_offsets(states[1], topic) == {1: ends[1], 3: ends[3]}
+    # Each event counted once: 400 by the one instance, the 400 after the change by the two.
+    events_read = [s.total("ragpulse_events_total") for s in (before, *after)]
+    assert events_read == [400, 200, 200]
+    for judge in JUDGES:
+        verdicts = sum(s.total("ragpulse_judge_verdicts_total", judge=judge) for s in after)
+        accepted = sum(s.total("ragpulse_events_total", outcome="accepted") for s in after)
+        assert verdicts == accepted
+
+
 def serve_exit(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
     """`ragpulse serve` with `args`, against a broker that is not there: it must stop first."""
     script = Path(sys.executable).with_name("ragpulse")
