@@ -459,6 +459,7 @@ def scale_once(
     try:
         ready = max(serve.start() for serve in serves)
         cpu0 = [cpu_seconds(serve.pid) for serve in serves]
+        broker_cpu0 = cpu_seconds(broker.pid)
         deadline = time.monotonic() + max(120.0, n / 200)
         done = 0.0
         while done < n and time.monotonic() < deadline:
@@ -468,11 +469,13 @@ def scale_once(
         if done < n:
             raise RuntimeError(f"drained only {done:.0f} of {n} in time:\n{serves[0].log_tail()}")
         cpu = sum(cpu_seconds(serve.pid) - c for serve, c in zip(serves, cpu0, strict=True))
+        broker_cpu = cpu_seconds(broker.pid) - broker_cpu0
     finally:
         for serve in serves:
             serve.stop()
     return {"rate": n / (end - ready), "seconds": end - ready, "cpu_share": cpu / (end - ready),
-            "per_cpu_s": n / cpu, "load": os.getloadavg()[0]}
+            "per_cpu_s": n / cpu, "broker_share": broker_cpu / (end - ready),
+            "load": os.getloadavg()[0]}
 
 
 def cmd_scale(args: argparse.Namespace) -> None:
@@ -491,7 +494,8 @@ def cmd_scale(args: argparse.Namespace) -> None:
                 results[k].append(res)
                 print(f"  repeat {r + 1}, {k} instance(s): {res['rate']:,.0f} events/s "
                       f"({res['seconds']:.1f} s, serve CPU use {res['cpu_share']:.0%}, "
-                      f"{res['per_cpu_s']:,.0f} events per serve CPU-s); {busy_elsewhere()}",
+                      f"{res['per_cpu_s']:,.0f} events per serve CPU-s, broker CPU use "
+                      f"{res['broker_share']:.0%}); {busy_elsewhere()}",
                       flush=True)
 
         def med(k: int, key: str) -> float:
@@ -500,12 +504,14 @@ def cmd_scale(args: argparse.Namespace) -> None:
         # CPU use summed over the instances: 200% is both cores. Events per serve CPU-second
         # do not depend on what else runs on the machine; events/s do.
         rows = [(k, med(k, "rate"), f"{med(k, 'rate') / med(1, 'rate'):.2f}x",
-                 f"{med(k, 'cpu_share'):.0%}", med(k, "per_cpu_s"), f"{med(k, 'load'):.1f}")
+                 f"{med(k, 'cpu_share'):.0%}", med(k, "per_cpu_s"),
+                 f"{med(k, 'broker_share'):.0%}", f"{med(k, 'load'):.1f}")
                 for k in counts]
         print(f"\n### Drain of a {args.events:,}-event backlog by 1 and {args.instances} "
               f"instances, medians of {args.repeats} interleaved runs\n")
         print(table(["instances", "events/s (together)", "vs 1 instance", "serve CPU use (sum)",
-                     "events per serve CPU-s", "load average (1 min) at the end"], rows))
+                     "events per serve CPU-s", "broker CPU use",
+                     "load average (1 min) at the end"], rows))
 
 
 # --------------------------------------------------------------------------------------------
