@@ -190,7 +190,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--state-reset",
         action="store_true",
-        help="if the state file cannot be used (empty, damaged, newer schema, ...), rename it "
+        help="if the state file cannot be used (empty, damaged, newer schema, written under "
+        "another --instance/--instances, ...), rename it "
         "to FILE.corrupt-<time> and start fresh, going on from the consumer group's committed "
         "offsets (else the log start); windows and counters restart from zero",
     )
