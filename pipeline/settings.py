@@ -243,6 +243,27 @@ class ServeSettings(BatchSettings):
     on_offset_reset: Literal["earliest", "latest", "fail"] = "earliest"
     undeliverable_after_seconds: float = Field(600.0, gt=0, title="--undeliverable-after")
     state_reset: bool = False
+    # Partitions split across serve instances: this one reads partition p when
+    # p % instances == instance (see the README, "Scaling out"). Declared in this order so
+    # that the check of `instance` sees `instances`.
+    instances: int = Field(1, ge=1, title="--instances")
+    instance: int = Field(0, ge=0, title="--instance")
+
+    @field_validator("instance")
+    @classmethod
+    def _instance_in_range(cls, instance: int, info: ValidationInfo) -> int:
+        instances = info.data.get("instances")
+        if instances is not None and instance >= instances:
+            raise ValueError(
+                f"must be below --instances ({instances}): instances are numbered 0 to "
+                f"{instances - 1}"
+            )
+        return instance
+
+    def owns(self, partition: int) -> bool:
+        """Whether this instance reads, counts and commits `partition` (partitions added to
+        the topic later are owned by the same rule)."""
+        return partition % self.instances == self.instance
 
 
 def default_of(model: type[BaseModel], field: str) -> Any:

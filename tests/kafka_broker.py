@@ -70,6 +70,12 @@ class TansuBroker:
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        """The running broker's process id (benchmarks read its CPU time)."""
+        assert self._process is not None, "the broker is not running"
+        return self._process.pid
+
     def start(self) -> None:
         """Start the broker and wait until it answers a metadata request."""
         url = f"tcp://{self.bootstrap}"

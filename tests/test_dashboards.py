@@ -20,6 +20,7 @@ from dashboard_queries import (
     substitute,
     variables_used,
 )
+from processes import require_binary
 from prometheus_server import PrometheusServer, running_prometheus
 
 pytestmark = pytest.mark.slow  # a real Prometheus
@@ -222,3 +223,38 @@ def test_failing_answers_panel_asks_for_exemplars_and_the_query_runs_for_them(
     # Grafana fetches the dots from the exemplar API with the panel's query.
     body = prometheus.api("query_exemplars", {"query": expr, "start": "0", "end": "60"})
     assert body["status"] == "success", body
+
+
+def test_the_stall_panel_shows_the_stalest_of_two_instances(tmp_path: Path) -> None:
+    # Two `serve --instances 2` targets; instance 1's loop stops at 5m. At 20m the panel must
+    # show its 15 minutes (what RagPulseStalled fires on), not instance 0's fresh heartbeat.
+    panel = "Seconds since last complete window / heartbeat"
+    exprs = [e for t, e in grafana_panel_queries(DASHBOARDS["ragpulse-overview"]) if t == panel]
+    heartbeat = next(e for e in exprs if "heartbeat" in e)
+    window = next(e for e in exprs if "window" in e)
+    series = []
+    for name in ("ragpulse_heartbeat_timestamp_seconds",
+                 "ragpulse_last_complete_window_end_timestamp_seconds"):
+        series += [
+            {"series": f'{name}{{job="ragpulse",instance="ragpulse-0:9464"}}',
+             "values": "0+60x20"},
+            {"series": f'{name}{{job="ragpulse",instance="ragpulse-1:9464"}}',
+             "values": "0+60x5 300x15"},
+        ]
+    spec = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": series,
+            "promql_expr_test": [
+                {"expr": expr, "eval_time": "20m", "exp_samples": [{"labels": "{}", "value": 900}]}
+                for expr in (heartbeat, window)
+            ],
+        }],
+    }
+    test_file = tmp_path / "stall_panel.test.yaml"
+    test_file.write_text(yaml.safe_dump(spec))
+    done = subprocess.run([require_binary("promtool", "prometheus"), "test", "rules",
+                           str(test_file)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr

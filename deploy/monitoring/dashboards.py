@@ -307,9 +307,12 @@ def overview(cfg: dict[str, Any]) -> dict[str, Any]:
     board.with_row(builders.Row("Pipeline health and alerts"))
     board.with_panel(graph(
         "Seconds since last complete window / heartbeat",
-        query("time() - max(ragpulse_last_complete_window_end_timestamp_seconds)",
-              "last complete window"),
-        query("time() - max(ragpulse_heartbeat_timestamp_seconds)", "heartbeat"),
+        # min over instances: the stalest one, which RagPulseStalled (per instance) sees; max
+        # would show the freshest of several `serve --instances` and hide one that stalled.
+        query("time() - min(ragpulse_last_complete_window_end_timestamp_seconds)",
+              "last complete window (stalest instance)"),
+        query("time() - min(ragpulse_heartbeat_timestamp_seconds)",
+              "heartbeat (stalest instance)"),
         width=8, unit="s",
     ).thresholds(limit_steps(int(cfg["stall"]["max_window_age_seconds"])))
         .thresholds_style(line()))

@@ -191,9 +191,28 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--state-reset",
         action="store_true",
-        help="if the state file cannot be used (empty, damaged, newer schema, ...), rename it "
+        help="if the state file cannot be used (empty, damaged, newer schema, written under "
+        "another --instance/--instances, ...), rename it "
         "to FILE.corrupt-<time> and start fresh, going on from the consumer group's committed "
         "offsets (else the log start); windows and counters restart from zero",
+    )
+    s.add_argument(
+        "--instances",
+        type=int,
+        default=default_of(ServeSettings, "instances"),
+        metavar="N",
+        help="how many serve instances split the topic's partitions (default: %(default)s); "
+        "every instance of the deployment gets the same N, its own --instance, state file and "
+        "/metrics port",
+    )
+    s.add_argument(
+        "--instance",
+        type=int,
+        default=default_of(ServeSettings, "instance"),
+        metavar="I",
+        help="which of the --instances this one is, 0 to N-1: it reads, counts and commits "
+        "the partitions p with p %% N == I, including partitions added later "
+        "(default: %(default)s)",
     )
     s.add_argument(
         "--metrics-host",
@@ -281,6 +300,8 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         on_offset_reset=args.on_offset_reset,
         undeliverable_after_seconds=args.undeliverable_after,
         state_reset=args.state_reset,
+        instances=args.instances,
+        instance=args.instance,
         **batch_fields(args),
     )
 
@@ -291,7 +312,7 @@ def main(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     web = load_web_config(settings.web_config_file) if settings.web_config_file else WebConfig()
     canaries = canary_feed(settings)
-    state, was_reset = open_state(settings.state, reset=settings.state_reset)
+    state, was_reset = open_state(settings)
     # A refused certificate or password stops serve here, with the setting to fix; retrying
     # would only hammer the broker with connections it will refuse.
     check_access(

@@ -17,6 +17,17 @@ handled by --on-offset-reset and counted in `ragpulse_offset_resets_total` and
 acknowledge after --undeliverable-after, are counted in
 `ragpulse_dead_letters_undeliverable_total` and the cycle moves on; a state file that cannot be
 used stops serve with one line saying what to do (--state-reset).
+
+Several instances split a topic's partitions by a fixed rule (--instance I of --instances N
+reads the partitions p with p % N == I, partitions added later included), each with its own
+state file, so each is exactly once on its own partitions as above and none reads, commits or
+reports lag for another's. Fixed rather than Kafka group membership: a rebalance would move a
+partition away from the state file holding its offsets and open windows, and a crashed member's
+partitions would go to a survivor that has neither. A state file holding offsets of partitions
+this instance does not own was written under another assignment and is refused at start; after
+a change of N (with --state-reset, which moves it aside) and for a partition a state file has
+never seen, a sharded instance goes on from the consumer group's committed offsets, the only
+record the instances share of where each partition has got to.
 """
 
 from __future__ import annotations
@@ -27,7 +38,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
-from pathlib import Path
 
 from pipeline import counting
 from pipeline.errors import SettingsError
@@ -90,10 +100,13 @@ class TopicWatcher:
         self.settings = settings
         self._canaries = canaries
         if state is None:
-            state, was_reset = open_state(settings.state, reset=settings.state_reset)
+            state, was_reset = open_state(settings)
         self.state = state
-        # After a reset, the consumer group's committed offsets say where the lost file had got.
-        self._group_offsets: dict[int, int] | None = None if was_reset else {}
+        # After a reset, the consumer group's committed offsets say where the lost file had got;
+        # for a sharded instance they say where the previous owner of a partition had got.
+        self._group_offsets: dict[int, int] | None = (
+            None if was_reset or settings.instances > 1 else {}
+        )
         self._delivery_failing_since: float | None = None
         self._delivery_failures = 0
         self._lock = threading.Lock()
@@ -104,6 +117,15 @@ class TopicWatcher:
         self._cycle_started: float | None = None
         self._snapshot = self._load_snapshot()
         self.labels = LabelBudget(settings.labels)
+        if settings.instances > 1:
+            log.info(
+                "instance %d of %d: reading the partitions p of %s with p %% %d == %d",
+                settings.instance,
+                settings.instances,
+                settings.topic,
+                settings.instances,
+                settings.instance,
+            )
 
     # ----- one cycle -------------------------------------------------------------------------
     def run_cycle(self) -> tuple[int, float | None]:
@@ -111,8 +133,10 @@ class TopicWatcher:
         it read any, how long it took."""
         s = self.settings
         topic = s.topic
-        bounds = log_bounds(
-            s.bootstrap, topic, timeout_s=s.kafka_timeout_seconds, security=s.kafka_security
+        bounds = self._owned(
+            log_bounds(
+                s.bootstrap, topic, timeout_s=s.kafka_timeout_seconds, security=s.kafka_security
+            )
         )
         ends = bounds.ends
         saved = self.state.offsets(topic)
@@ -171,6 +195,16 @@ class TopicWatcher:
                 watermark,
             )
         return covered, took
+
+    def _owned(self, bounds: LogBounds) -> LogBounds:
+        """`bounds` of this instance's partitions only: everything a cycle plans, reads,
+        saves, commits and reports as lag comes from them."""
+        owns = self.settings.owns
+        return LogBounds(
+            {p: o for p, o in bounds.beginnings.items() if owns(p)},
+            {p: o for p, o in bounds.ends.items() if owns(p)},
+            frozenset(p for p in bounds.unconfirmed_ends if owns(p)),
+        )
 
     def _judge(
         self, ranges: Mapping[int, tuple[int, int]], cutoff: float | None
@@ -342,12 +376,16 @@ class TopicWatcher:
         try:
             return {
                 **ends,
-                **end_offsets(
-                    s.bootstrap,
-                    s.topic,
-                    timeout_s=s.kafka_timeout_seconds,
-                    security=s.kafka_security,
-                ),
+                **{
+                    p: end
+                    for p, end in end_offsets(
+                        s.bootstrap,
+                        s.topic,
+                        timeout_s=s.kafka_timeout_seconds,
+                        security=s.kafka_security,
+                    ).items()
+                    if s.owns(p)
+                },
             }
         except Exception as exc:  # visibility only: the next cycle asks again
             log.warning("could not read end offsets for the lag gauge: %s", exc)
@@ -360,7 +398,8 @@ class TopicWatcher:
                 s.bootstrap,
                 s.group_id,
                 s.topic,
-                self.state.offsets(s.topic),
+                # Only this instance's partitions: the others' owners commit theirs.
+                {p: o for p, o in self.state.offsets(s.topic).items() if s.owns(p)},
                 timeout_s=s.kafka_timeout_seconds,
                 security=s.kafka_security,
             )
@@ -496,18 +535,40 @@ class StopRequest:
             time.sleep(min(left, self.POLL_SECONDS))
 
 
-def open_state(path: Path, *, reset: bool) -> tuple[StateStore, bool]:
-    """The state store at `path`, and whether it was reset: with `reset`, an unusable file is
-    moved aside (to FILE.corrupt-<time>) and a fresh one started. Without it, SettingsError
-    says what to do."""
+def open_state(settings: ServeSettings) -> tuple[StateStore, bool]:
+    """The state store at --state, and whether it was reset: with --state-reset, an unusable
+    file (or one written under another partition assignment) is moved aside (to
+    FILE.corrupt-<time>) and a fresh one started. Without it, SettingsError says what to do."""
+    path = settings.state
     try:
-        return StateStore(path), False
+        state = StateStore(path)
+        _check_assignment(state, settings)
+        return state, False
     except StateError as exc:
-        if not reset:
+        if not settings.state_reset:
             raise SettingsError(str(exc)) from None
         moved = StateStore.move_aside(path)
         log.warning("%s; --state-reset: moved it to %s and starting a fresh state", exc, moved)
     return StateStore(path), True
+
+
+def _check_assignment(state: StateStore, settings: ServeSettings) -> None:
+    """Refuse (StateError, the store closed) a state file holding offsets of partitions this
+    instance does not own: it was written with other --instance/--instances, or is another
+    instance's, and going on would count those partitions twice or leave them unread."""
+    foreign = sorted(p for p in state.offsets(settings.topic) if not settings.owns(p))
+    if not foreign:
+        return
+    state.close()
+    raise StateError(
+        f"state file {settings.state} holds offsets of partitions "
+        f"{','.join(map(str, foreign))} of {settings.topic!r}, which --instance "
+        f"{settings.instance} --instances {settings.instances} does not read: it was written "
+        "under another assignment or by another instance. Give each instance its own state "
+        "file and keep its --instance and --instances; to change --instances, stop every "
+        "instance and start each with --state-reset (it goes on from the consumer group's "
+        "committed offsets)"
+    )
 
 
 def _log_completed(windows: Mapping[WindowKey, RatingCounts]) -> None:

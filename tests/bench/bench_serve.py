@@ -9,6 +9,9 @@ is bounded in time and stops what it started. Each prints a markdown table.
                `serve --judge-backend local --sample-rate 1` drains it, per --max-batch-events,
                median over --repeats; `--profile S` also samples the serve process with py-spy
                (`.venv/bin/pip install py-spy`) for S seconds and splits the time by stage.
+    scale      the same backlog drained by 1 and by 2 instances (`--instances 2`, one
+               partition half each, each its own state file), interleaved, median over
+               --repeats: events/s of the instances together and the ratio 2 / 1.
     paced      `ragpulse simulate` at fixed rates (default 3000 and 5000 events/s for 60 s) while
                serve runs; backlog (end offsets - ragpulse_events_total) and the
                ragpulse_consumer_lag gauge over time.
@@ -23,6 +26,7 @@ is bounded in time and stops what it started. Each prints a markdown table.
                --realtime S, while `ragpulse simulate` sends 500 events/s for S seconds.
 
     .venv/bin/python tests/bench/bench_serve.py drain [--events 100000] [--max-batch 5000,20000]
+    .venv/bin/python tests/bench/bench_serve.py scale [--events 100000] [--repeats 3]
     .venv/bin/python tests/bench/bench_serve.py paced [--rates 3000,5000] [--duration 60]
     .venv/bin/python tests/bench/bench_serve.py llm [--sample-rates 0.1,0.25,0.5,0.75]
     .venv/bin/python tests/bench/bench_serve.py freshness [--rate 500] [--duration 60]
@@ -436,6 +440,82 @@ def cmd_drain(args: argparse.Namespace) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# scale: one backlog drained by 1, then by N instances that split its partitions
+# --------------------------------------------------------------------------------------------
+
+
+def scale_once(
+    broker: TansuBroker, topic: str, n: int, workdir: Path, instances: int, max_batch: int
+) -> dict[str, float]:
+    """Drain the `n`-event backlog of `topic` with `instances` serve processes, each with a
+    fresh state file; events/s of them together, from the moment all answer /metrics."""
+    serves = [
+        Serve(broker.bootstrap, topic, workdir, [
+            "--judge-backend", "local", "--sample-rate", "1", "--max-batch-events",
+            str(max_batch), "--trigger-interval", "1s",
+            "--instances", str(instances), "--instance", str(i),
+        ])
+        for i in range(instances)
+    ]
+    try:
+        ready = max(serve.start() for serve in serves)
+        cpu0 = [cpu_seconds(serve.pid) for serve in serves]
+        broker_cpu0 = cpu_seconds(broker.pid)
+        deadline = time.monotonic() + max(120.0, n / 200)
+        done = 0.0
+        while done < n and time.monotonic() < deadline:
+            time.sleep(0.5)
+            done = sum(total(serve.scrape(), "ragpulse_events_total") for serve in serves)
+        end = time.time()
+        if done < n:
+            raise RuntimeError(f"drained only {done:.0f} of {n} in time:\n{serves[0].log_tail()}")
+        cpu = sum(cpu_seconds(serve.pid) - c for serve, c in zip(serves, cpu0, strict=True))
+        broker_cpu = cpu_seconds(broker.pid) - broker_cpu0
+    finally:
+        for serve in serves:
+            serve.stop()
+    return {"rate": n / (end - ready), "seconds": end - ready, "cpu_share": cpu / (end - ready),
+            "per_cpu_s": n / cpu, "broker_share": broker_cpu / (end - ready),
+            "load": os.getloadavg()[0]}
+
+
+def cmd_scale(args: argparse.Namespace) -> None:
+    counts = [1, args.instances]
+    with broker_and_dir() as (broker, tmp):
+        broker.create_topic("backlog", args.partitions)
+        rate = preload(broker.bootstrap, "backlog", args.events, args.partitions,
+                       event_rate=5000, start=time.time() - args.events / 5000)
+        print(f"pre-loaded {args.events:,} events in {args.partitions} partitions "
+              f"({rate:,.0f} events/s produced); serve --judge-backend local --sample-rate 1 "
+              f"--max-batch-events {args.max_batch}; {busy_elsewhere()}")
+        results: dict[int, list[dict[str, float]]] = collections.defaultdict(list)
+        for r in range(args.repeats):
+            for k in counts:  # interleaved, so drift in the machine's load hits both alike
+                res = scale_once(broker, "backlog", args.events, tmp, k, args.max_batch)
+                results[k].append(res)
+                print(f"  repeat {r + 1}, {k} instance(s): {res['rate']:,.0f} events/s "
+                      f"({res['seconds']:.1f} s, serve CPU use {res['cpu_share']:.0%}, "
+                      f"{res['per_cpu_s']:,.0f} events per serve CPU-s, broker CPU use "
+                      f"{res['broker_share']:.0%}); {busy_elsewhere()}",
+                      flush=True)
+
+        def med(k: int, key: str) -> float:
+            return statistics.median(x[key] for x in results[k])
+
+        # CPU use summed over the instances: 200% is both cores. Events per serve CPU-second
+        # do not depend on what else runs on the machine; events/s do.
+        rows = [(k, med(k, "rate"), f"{med(k, 'rate') / med(1, 'rate'):.2f}x",
+                 f"{med(k, 'cpu_share'):.0%}", med(k, "per_cpu_s"),
+                 f"{med(k, 'broker_share'):.0%}", f"{med(k, 'load'):.1f}")
+                for k in counts]
+        print(f"\n### Drain of a {args.events:,}-event backlog by 1 and {args.instances} "
+              f"instances, medians of {args.repeats} interleaved runs\n")
+        print(table(["instances", "events/s (together)", "vs 1 instance", "serve CPU use (sum)",
+                     "events per serve CPU-s", "broker CPU use",
+                     "load average (1 min) at the end"], rows))
+
+
+# --------------------------------------------------------------------------------------------
 # paced: ragpulse simulate at fixed rates, lag over time
 # --------------------------------------------------------------------------------------------
 
@@ -706,6 +786,9 @@ SCENARIOS: dict[str, tuple[Callable[[argparse.Namespace], None], str, dict[str, 
     "drain": (cmd_drain, "throughput on a pre-loaded backlog", {
         "events": 100_000, "partitions": 4, "max_batch": "5000,20000,50000", "repeats": 3,
         "profile": 0.0,
+    }),
+    "scale": (cmd_scale, "a backlog drained by 1 and by N instances", {
+        "events": 100_000, "partitions": 4, "instances": 2, "max_batch": 20_000, "repeats": 3,
     }),
     "paced": (cmd_paced, "lag under ragpulse simulate at fixed rates", {
         "rates": "3000,5000", "duration": 60.0, "drain_wait": 60.0, "partitions": 4,
