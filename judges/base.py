@@ -12,6 +12,7 @@ import contextvars
 import dataclasses
 import logging
 import math
+import re
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -76,6 +77,24 @@ class Guideline:
 
     name: str
     rules: tuple[str, ...]
+
+
+_GUIDELINE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def global_guidelines(flags: Sequence[str]) -> tuple[Guideline, ...]:
+    """Guidelines for every event from `--guideline NAME=RULE` values, grouped by name in the
+    order first given; ValueError (one line) for a value without a name or a rule."""
+    grouped: dict[str, list[str]] = {}
+    for flag in flags:
+        name, sep, rule = flag.partition("=")
+        if not sep or not _GUIDELINE_NAME.fullmatch(name.strip()) or not rule.strip():
+            raise ValueError(
+                f"{flag!r} is not NAME=RULE (NAME of letters, digits, _ . -), e.g. "
+                "'english=The response must be in English'"
+            )
+        grouped.setdefault(name.strip(), []).append(rule.strip())
+    return tuple(Guideline(name, tuple(rules)) for name, rules in grouped.items())
 
 
 # The parts of a `JudgeInput`, by name: what a judge requires (judges.registry) and what an LLM

@@ -9,13 +9,18 @@ closed ratings yes/no, exactly one few-shot example per rating, as the Databrick
 makes cheap judges usable; binary single-answer grading, one-sentence rationale before the
 rating, temperature 0.1.
 
-Untrusted text (question, history, retrieved chunks, answer) is fenced between tags carrying a
-random per-call nonce, e.g. `<answer-3f9a0c...>` ... `</answer-3f9a0c...>`; no angle bracket
-or look-alike of one survives inside (see `judges.fencing`), so the data cannot close its fence
-and speak as the prompt. The model replies with JSON (`response_format` json_schema or
-json_object) or, with `--judge-reply-format text` or a server that ignores the format, with
-`rationale:` / `rating:` lines. Failures never become "no": they are rating "error" with a cause
-from `judges.base.ERROR_CAUSES`.
+A prompt file says what its judge grades (`subject`): the answer (response judges), the
+retrieved passages as a whole (context_sufficiency), or one passage per call (chunk_relevance,
+which the registry marks per_chunk; the chunks' ratings become one verdict in
+`judges.chunk_verdicts`). Guidelines given with `--guideline` are added to every event's own.
+
+Untrusted text (question, history, retrieved chunks, answer, expected answer, guidelines) is
+fenced between tags carrying a random per-call nonce, e.g. `<answer-3f9a0c...>` ...
+`</answer-3f9a0c...>`; no angle bracket or look-alike of one survives inside (see
+`judges.fencing`), so the data cannot close its fence and speak as the prompt. The model replies
+with JSON (`response_format` json_schema or json_object) or, with `--judge-reply-format text` or
+a server that ignores the format, with `rationale:` / `rating:` lines. Failures never become
+"no": they are rating "error" with a cause from `judges.base.ERROR_CAUSES`.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from judges.base import InputName, Judge, JudgeInput, Verdict
+from judges.base import Guideline, InputName, Judge, JudgeInput, Verdict
 from judges.chunk_verdicts import event_verdict
 from judges.endpoint import EndpointFailure, OpenAIJudgeEndpoint
 from judges.fencing import fence, new_nonce, single_line
@@ -356,12 +361,15 @@ class LLMJudge:
         prompt: JudgePrompt,
         endpoint: OpenAIJudgeEndpoint,
         redact: Callable[[JudgeInput], JudgeInput] | None = None,
+        guidelines: tuple[Guideline, ...] = (),
     ) -> None:
         self.name = prompt.name
         self.prompt = prompt
         self.entry = judge_entry(prompt.name)
         self.endpoint = endpoint
         self.redact = redact  # applied to every event before its text goes into a prompt
+        # Guidelines for every event (--guideline), for a prompt that shows guidelines.
+        self.guidelines = guidelines if "guidelines" in prompt.inputs else ()
         self._system = system_prompt(prompt)
 
     async def aclose(self) -> None:
@@ -383,6 +391,8 @@ class LLMJudge:
         A per-chunk judge asks once per retrieved chunk, concurrently (within the endpoint's
         bound), and maps the chunks' ratings to one verdict (`judges.chunk_verdicts`).
         """
+        if self.guidelines:
+            item = dataclasses.replace(item, guidelines=item.guidelines + self.guidelines)
         missing = self.entry.verdict_if_missing(item)
         if missing is not None:
             return missing
@@ -447,10 +457,12 @@ def build_llm_judges(
     endpoint: OpenAIJudgeEndpoint,
     prompts_dir: Path | None = None,
     redact: Callable[[JudgeInput], JudgeInput] | None = None,
+    guidelines: tuple[Guideline, ...] = (),
 ) -> list[Judge]:
     """One `LLMJudge` per name, all sharing `endpoint`; ValueError names an unknown judge.
 
     `prompts_dir` replaces the shipped prompt files (e.g. a mounted ConfigMap); `redact`
-    (e.g. `judges.redaction.Redactor.judge_input`) rewrites each event before it is prompted.
+    (e.g. `judges.redaction.Redactor.judge_input`) rewrites each event before it is prompted;
+    `guidelines` are added to every event's own (for the judges whose prompt shows them).
     """
-    return [LLMJudge(load_prompt(n, prompts_dir), endpoint, redact) for n in names]
+    return [LLMJudge(load_prompt(n, prompts_dir), endpoint, redact, guidelines) for n in names]

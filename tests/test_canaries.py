@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from graph_runs import run_to_files, stage_config
 
-from judges import JUDGE_NAMES
+from judges import DEFAULT_JUDGES, JUDGE_NAMES
 from pipeline import counting
 from pipeline.commands.simulate import Incidents, simulate
 from pipeline.events import SourceRecord
@@ -50,11 +50,11 @@ def write_lines(tmp_path: Path, *lines: str) -> Path:
 # --- the golden-set file -----------------------------------------------------------------------
 
 
-def test_shipped_golden_set_loads_with_a_label_for_every_judge() -> None:
+def test_shipped_golden_set_loads_with_a_label_for_every_default_judge() -> None:
     golden = load_golden_set(SAMPLE, JUDGE_NAMES)
     assert len(golden) == 10
     labelled = {judge for c in golden for judge, _ in c.labels}
-    assert labelled == set(JUDGE_NAMES)
+    assert labelled == set(DEFAULT_JUDGES)
     assert {label for c in golden for _, label in c.labels} == {"yes", "no"}
 
 

@@ -4,6 +4,7 @@ for chunk_relevance), and that an event without the judge's inputs costs no call
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from fake_openai import (  # noqa: F401
 import judges
 from judges.base import Chunk, Guideline, JudgeInput, JudgePanel, Verdict
 from judges.llm import OpenAIJudgeEndpoint, build_llm_judges, load_prompt
+from pipeline.settings import SettingsError, add_judge_arguments, judge_settings
 
 PROMPTS = Path(judges.__file__).parent / "prompts"
 ITEM = JudgeInput(
@@ -221,3 +223,59 @@ def test_a_prompt_must_show_what_it_grades(tmp_path: Path) -> None:
     (tmp_path / "context_sufficiency.yaml").write_text(yaml.safe_dump(data), encoding="utf-8")
     with pytest.raises(ValueError, match="a judge of the passages must read chunks"):
         load_prompt("context_sufficiency", tmp_path)
+
+
+# -- guidelines for every event (--guideline) ----------------------------------------------------
+
+
+def test_guidelines_from_the_flag_are_added_to_every_event_and_graded(
+    fake_openai: FakeOpenAI,
+) -> None:
+    args = parse(
+        "--judges", "guideline_adherence", "--judge-base-url", fake_openai.base_url,
+        "--guideline", "english=The response must be in English",
+        "--guideline", "english=The response must be short",
+        "--guideline", "tone=The response must not blame the user",
+    )
+    panel = judge_settings(args, env={}).spec().build()
+    own = JudgeInput(ITEM.question, ITEM.answer, guidelines=(Guideline("scope", ("Only HR.",)),))
+    try:
+        without, with_own = (row[0] for row in panel.judge_batch([ITEM, own]))
+    finally:
+        panel.close()
+    assert (without.rating, with_own.rating) == ("yes", "yes")
+    first, second = users(fake_openai)
+    flagged = (
+        "english:\n- The response must be in English\n- The response must be short\n"
+        "tone:\n- The response must not blame the user\n</guidelines-"
+    )
+    assert flagged in first
+    assert f"scope:\n- Only HR.\n{flagged}" in second
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (
+            ("--judges", "guideline_adherence", "--guideline", "be polite"),
+            "--guideline: 'be polite' is not NAME=RULE",
+        ),
+        (
+            ("--judges", "groundedness", "--guideline", "tone=be polite"),
+            "--guideline: only the guideline_adherence judge reads it; add it to --judges",
+        ),
+    ],
+)
+def test_a_guideline_flag_without_a_name_or_its_judge_is_a_settings_error(
+    argv: tuple[str, ...], says: str
+) -> None:
+    args = parse("--judge-base-url", "http://127.0.0.1:9/v1", *argv)
+    with pytest.raises(SettingsError) as caught:
+        judge_settings(args, env={})
+    assert says in str(caught.value)
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_judge_arguments(parser)
+    return parser.parse_args(list(argv))
