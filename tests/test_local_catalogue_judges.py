@@ -7,12 +7,14 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 
 from judges.base import Chunk, JudgeInput, Verdict
 from judges.chunk_verdicts import event_verdict
 from judges.local import build_local_judges
 from judges.registry import DEFAULT_JUDGES, judge_entry
+from pipeline.cli import main
 
 EIFFEL = Chunk(
     "The Eiffel Tower was built between 1887 and 1889. It is 330 metres tall.", "wiki/eiffel.md"
@@ -223,3 +225,47 @@ def test_the_correctness_measurement_counts_an_answer_matching_any_accepted_refe
     judged, baseline = module.evaluate_correctness("tiny", rows)
     assert judged.startswith("| correctness · tiny (agreement 66.7 %) | 3 | 75.0 % |")
     assert baseline.startswith("| baseline: normalised containment · tiny (agreement 66.7 %) | 3 |")
+
+
+# ------------------------------------------------------------------ through `ragpulse run`
+
+
+@pytest.mark.slow  # runs a Beam pipeline
+def test_ragpulse_run_grades_the_ground_truth_of_each_event_with_the_opt_in_judges(
+    tmp_path: Path,
+) -> None:
+    def line(i: int, answer: str, **truth: object) -> bytes:
+        return orjson.dumps({
+            "request_id": f"req-{i}", "timestamp": "2025-11-20T10:00:00Z",
+            "request": QUESTION, "response": answer,
+            "retrieved_context": [{"content": LOUVRE.content, "doc_uri": LOUVRE.doc_uri},
+                                  {"content": EIFFEL.content, "doc_uri": EIFFEL.doc_uri}],
+            **truth,
+        })
+
+    src = tmp_path / "events.jsonl"
+    src.write_bytes(b"\n".join([
+        line(1, ANSWER, expected_response="1889",
+             expected_retrieved_context=[{"doc_uri": "wiki/eiffel.md"}]),
+        line(2, "It was built in 1920.", expected_facts=["built between 1887 and 1889"],
+             expected_retrieved_context=[{"doc_uri": "wiki/paris.md"}]),
+        line(3, ANSWER),
+    ]) + b"\n")
+    out = tmp_path / "out"
+    judges = "chunk_relevance,context_sufficiency,correctness,document_recall"
+    argv = ["run", str(src), "--output", str(out), "--judge-backend", "local", "--judges", judges]
+    assert main(argv) == 0
+    rows = {r["request_id"]: r for r in map(orjson.loads, (out / "verdicts.jsonl").read_bytes()
+                                            .splitlines())}
+
+    def ratings(request_id: str) -> dict[str, str | None]:
+        row = rows[request_id]
+        return {j: row[f"response/llm_judged/{j}/rating"] for j in judges.split(",")}
+
+    assert ratings("req-1") == {"chunk_relevance": "yes", "context_sufficiency": "yes",
+                                "correctness": "yes", "document_recall": "yes"}
+    assert ratings("req-2") == {"chunk_relevance": "yes", "context_sufficiency": "yes",
+                                "correctness": "no", "document_recall": "no"}
+    assert ratings("req-3") == {"chunk_relevance": "yes", "context_sufficiency": "yes",
+                                "correctness": "error", "document_recall": "error"}
+    assert rows["req-3"]["response/llm_judged/correctness/error_cause"] == "input"
