@@ -10,6 +10,7 @@ from judges.base import (
     RATINGS,
     Chunk,
     ErrorCause,
+    Guideline,
     Judge,
     JudgeInput,
     JudgePanel,
@@ -58,6 +59,8 @@ class JudgeSpec:
     tpm: int | None
     # PII redaction of prompts and of stored verdict text (judges.redaction).
     text_policy: TextPolicy
+    # --guideline: added to every event's own guidelines (guideline_adherence).
+    guidelines: tuple[Guideline, ...]
 
     def __post_init__(self) -> None:
         check_judge_names(self.names, self.backend)
@@ -90,7 +93,8 @@ class JudgeSpec:
         policy = self.text_policy
         redact = policy.redactor().judge_input if policy.redacts_prompts_to(self.base_url) else None
         return JudgePanel(
-            build_llm_judges(self.names, endpoint, prompts, redact), self.batch_deadline_seconds
+            build_llm_judges(self.names, endpoint, prompts, redact, self.guidelines),
+            self.batch_deadline_seconds,
         )
 
 
@@ -103,6 +107,7 @@ __all__ = [
     "Backend",
     "Chunk",
     "ErrorCause",
+    "Guideline",
     "Judge",
     "JudgeEntry",
     "JudgeInput",

@@ -12,6 +12,7 @@ import contextvars
 import dataclasses
 import logging
 import math
+import re
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -69,29 +70,86 @@ class Turn:
     content: str
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Guideline:
+    """One named set of rules the answer must follow (the event's `guidelines`: a plain list
+    is one set named "guidelines")."""
+
+    name: str
+    rules: tuple[str, ...]
+
+
+_GUIDELINE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def global_guidelines(flags: Sequence[str]) -> tuple[Guideline, ...]:
+    """Guidelines for every event from `--guideline NAME=RULE` values, grouped by name in the
+    order first given; ValueError (one line) for a value without a name or a rule."""
+    grouped: dict[str, list[str]] = {}
+    for flag in flags:
+        name, sep, rule = flag.partition("=")
+        if not sep or not _GUIDELINE_NAME.fullmatch(name.strip()) or not rule.strip():
+            raise ValueError(
+                f"{flag!r} is not NAME=RULE (NAME of letters, digits, _ . -), e.g. "
+                "'english=The response must be in English'"
+            )
+        grouped.setdefault(name.strip(), []).append(rule.strip())
+    return tuple(Guideline(name, tuple(rules)) for name, rules in grouped.items())
+
+
 # The parts of a `JudgeInput`, by name: what a judge requires (judges.registry) and what an LLM
-# judge's prompt shows (judges.llm).
-InputName = Literal["history", "question", "chunks", "answer"]
+# judge's prompt shows (judges.llm). The ground truth of the input schema: "expected" is the
+# expected answer (`expected_response` or `expected_facts`), "expected_chunks" the
+# `expected_retrieved_context`, "guidelines" the event's guidelines.
+InputName = Literal[
+    "history", "question", "chunks", "answer", "expected", "expected_chunks", "guidelines"
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class JudgeInput:
-    """The part of an inference-log event that judges look at."""
+    """The part of an inference-log event that judges look at.
+
+    The last four fields are the optional ground truth of the Agent Evaluation input schema,
+    present in evaluation sets and golden canaries, rarely in production traffic.
+    """
 
     question: str
     answer: str
     chunks: tuple[Chunk, ...] = ()
     history: tuple[Turn, ...] = ()
+    expected_response: str | None = None
+    expected_facts: tuple[str, ...] = ()
+    expected_chunks: tuple[Chunk, ...] = ()  # `content` may be empty: only doc_uri is required
+    guidelines: tuple[Guideline, ...] = ()
 
     def lacks(self, names: Sequence[InputName]) -> list[InputName]:
-        """Those of `names` this event does not have: blank text, no chunk with text, no turns."""
+        """Those of `names` this event does not have: blank text, no chunk with text, no turns,
+        no expected answer, no expected doc_uri, no guideline rule."""
         return [name for name in names if not self._has(name)]
+
+    @property
+    def facts(self) -> tuple[str, ...]:
+        """The expected facts that are not blank."""
+        return tuple(f for f in self.expected_facts if f.strip())
+
+    @property
+    def both_expected(self) -> bool:
+        """Whether the event gives both `expected_response` and `expected_facts`, which the
+        input schema forbids (a judge reading the expected answer rates it `error`)."""
+        return bool(self.expected_response and self.expected_response.strip() and self.facts)
 
     def _has(self, name: InputName) -> bool:
         if name == "chunks":
             return any(c.content and not c.content.isspace() for c in self.chunks)
         if name == "history":
             return bool(self.history)
+        if name == "expected":
+            return bool((self.expected_response or "").strip() or self.facts)
+        if name == "expected_chunks":
+            return any(c.doc_uri and c.doc_uri.strip() for c in self.expected_chunks)
+        if name == "guidelines":
+            return any(rule.strip() for g in self.guidelines for rule in g.rules)
         return bool((self.question if name == "question" else self.answer).strip())
 
 

@@ -1,4 +1,4 @@
-"""Fencing untrusted text (question, history, chunks, answer, doc_uri) for a judge prompt.
+"""Fencing untrusted text (question, history, chunks, answer, ground truth, doc_uri) for a prompt.
 
 For the LLM judges (`judges.llm`), which put text from the chatbot's logs into a prompt. Each
 input goes between tags carrying a random per-call nonce, `<answer-3f9a0c...>` ...

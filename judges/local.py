@@ -17,7 +17,12 @@ from typing import ClassVar
 from judges.base import Judge, JudgeInput, Rating, Verdict
 from judges.registry import JudgeEntry, judge_entry
 
-__all__ = ["LocalJudge", "build_local_judges"]
+__all__ = ["CannotGrade", "LocalJudge", "build_local_judges"]
+
+
+class CannotGrade(Exception):
+    """Raised by a judge's `decide` when the event holds what the registry requires, but not in
+    a form the method can read; the verdict is `error` with cause `input` and this message."""
 
 
 class LocalJudge:
@@ -53,7 +58,16 @@ class LocalJudge:
         missing = self._entry.verdict_if_missing(item)
         if missing is not None:
             return dataclasses.replace(missing, latency_seconds=time.perf_counter() - start)
-        rating, rationale = self.decide(item)
+        try:
+            rating, rationale = self.decide(item)
+        except CannotGrade as exc:
+            return Verdict(
+                self.name,
+                "error",
+                error_message=str(exc),
+                error_cause="input",
+                latency_seconds=time.perf_counter() - start,
+            )
         return Verdict(self.name, rating, rationale, latency_seconds=time.perf_counter() - start)
 
     async def judge(self, item: JudgeInput) -> Verdict:

@@ -243,3 +243,36 @@ def claim_of(sentence: str) -> Claim:
 
 
 _IS_SUFFIX = operator.itemgetter(5)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Coverage:
+    """How much of a target text (an expected answer, a fact, a question) another text holds:
+    the target's distinct content words and numbers, and those the other text lacks."""
+
+    words: int
+    numbers: int
+    missing_words: tuple[str, ...]  # surface forms, in the target's order
+    missing_numbers: tuple[str, ...]
+
+    @property
+    def share(self) -> float:
+        """The share of the target's content words found (1.0 for a target without any)."""
+        return (self.words - len(self.missing_words)) / self.words if self.words else 1.0
+
+
+def coverage(target: str, evidence: Bag) -> Coverage:
+    """Which content words (by stem) and numbers of `target` the `evidence` bag lacks (pure)."""
+    claim = claim_of(target)
+    words: dict[str, str] = {}  # stem -> its first surface form
+    for surface, s in claim.words:
+        words.setdefault(s, surface)
+    numbers: dict[str, str] = {}
+    for surface, n in claim.numbers:
+        numbers.setdefault(n, surface)
+    return Coverage(
+        len(words),
+        len(numbers),
+        tuple(w for s, w in words.items() if s not in evidence.stems),
+        tuple(raw for n, raw in numbers.items() if n not in evidence.numbers),
+    )

@@ -35,7 +35,7 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from judges.base import Chunk, JudgeInput, Turn
+from judges.base import Chunk, Guideline, JudgeInput, Turn
 
 RedactMode = Literal["auto", "on", "off"]
 StoreText = Literal["none", "redacted", "full"]
@@ -380,6 +380,15 @@ class Redactor:
                 Chunk(r(c.content), r(c.doc_uri) if c.doc_uri else c.doc_uri) for c in item.chunks
             ),
             history=tuple(Turn(t.role, r(t.content)) for t in item.history),
+            expected_response=r(item.expected_response) if item.expected_response else None,
+            expected_facts=tuple(r(f) for f in item.expected_facts),
+            expected_chunks=tuple(
+                Chunk(r(c.content), r(c.doc_uri) if c.doc_uri else c.doc_uri)
+                for c in item.expected_chunks
+            ),
+            guidelines=tuple(
+                Guideline(g.name, tuple(r(rule) for rule in g.rules)) for g in item.guidelines
+            ),
         )
 
 

@@ -31,14 +31,21 @@ class JudgeEntry:
     `requires` are the inputs without which the judge does not grade (see `JudgeInput.lacks`):
     such an event is rated `error` with cause `input`, or, with `when_missing`, "no" with that
     rationale, where the absence itself fails the check (nothing retrieved grounds nothing).
-    `default` judges run when `--judges` is not given.
+    `optional` are inputs the judge reads when the event has them. A judge that reads the
+    expected answer ("expected", required or optional) rates an event giving both
+    `expected_response` and `expected_facts` `error` with cause `input`, as the input schema
+    says. `per_chunk` judges rate each retrieved chunk on its own (Agent Evaluation's
+    chunk_relevance); the event's one verdict is "yes" when at least one chunk is rated "yes"
+    (judges.chunk_verdicts). `default` judges run when `--judges` is not given.
     """
 
     name: str
     local: str | None = None
     prompt: str | None = None
     requires: tuple[InputName, ...] = ()
+    optional: tuple[InputName, ...] = ()
     when_missing: str | None = None
+    per_chunk: bool = False
     default: bool = True
 
     def __post_init__(self) -> None:
@@ -60,18 +67,35 @@ class JudgeEntry:
         return judge
 
     def verdict_if_missing(self, item: JudgeInput) -> Verdict | None:
-        """The verdict of an event that lacks a required input, or None when it has them all."""
+        """The verdict of an event that lacks a required input (or gives two exclusive ones),
+        or None when the judge can grade it."""
+        if item.both_expected and "expected" in self.requires + self.optional:
+            return Verdict(
+                self.name,
+                "error",
+                error_message="the event gives both expected_response and expected_facts; "
+                "the input schema allows one of them",
+                error_cause="input",
+            )
         missing = item.lacks(self.requires) if self.requires else None
         if not missing:
             return None
         if self.when_missing is not None:
             return Verdict(self.name, "no", self.when_missing)
+        fields = " and ".join(_FIELDS.get(name, name) for name in missing)
         return Verdict(
             self.name,
             "error",
-            error_message=f"{self.name} needs {' and '.join(missing)}; the event has none",
+            error_message=f"{self.name} needs {fields}; the event has none",
             error_cause="input",
         )
+
+
+# Inputs whose event field has another name, as error messages name them.
+_FIELDS: Mapping[str, str] = {
+    "expected": "expected_response or expected_facts",
+    "expected_chunks": "expected_retrieved_context with doc_uri",
+}
 
 
 _ENTRIES = (
@@ -88,6 +112,47 @@ _ENTRIES = (
         "relevance_to_query",
         local="judges.local_relevance:RelevanceToQueryJudge",
         prompt="relevance_to_query.yaml",
+    ),
+    # The retrieval judges and the judges against ground truth are opt-in (--judges): most
+    # production events carry no ground truth, and chunk_relevance costs a call per chunk.
+    JudgeEntry(
+        "chunk_relevance",
+        local="judges.local_chunk_relevance:ChunkRelevanceJudge",
+        prompt="chunk_relevance.yaml",
+        requires=("question", "chunks"),
+        when_missing="nothing was retrieved, so no retrieved chunk is relevant",
+        per_chunk=True,
+        default=False,
+    ),
+    JudgeEntry(
+        "context_sufficiency",
+        local="judges.local_context_sufficiency:ContextSufficiencyJudge",
+        prompt="context_sufficiency.yaml",
+        requires=("question", "chunks"),
+        # Without an expected answer the question alone says what the context must hold, so
+        # the judge also runs on production traffic (the reference judge requires one).
+        optional=("expected",),
+        when_missing="nothing was retrieved, so the context cannot be sufficient",
+        default=False,
+    ),
+    JudgeEntry(
+        "correctness",
+        local="judges.local_correctness:CorrectnessJudge",
+        prompt="correctness.yaml",
+        requires=("expected",),
+        default=False,
+    ),
+    JudgeEntry(
+        "document_recall",
+        local="judges.local_document_recall:DocumentRecallJudge",
+        requires=("expected_chunks",),
+        default=False,
+    ),
+    JudgeEntry(
+        "guideline_adherence",
+        prompt="guideline_adherence.yaml",
+        requires=("guidelines",),
+        default=False,
     ),
 )
 

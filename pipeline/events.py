@@ -62,8 +62,13 @@ same sampling decision), whether it arrived as a file line or a Kafka record.
 "unknown". They become Prometheus label values, so they are stripped and must be at most 128
 characters.
 
-`expected_response`, `expected_facts`, `guidelines`, `expected_retrieved_context`: validated
-for type (per the Agent Evaluation schema) but not used yet.
+`expected_response`, `expected_facts`, `guidelines`, `expected_retrieved_context`: the ground
+truth of the Agent Evaluation schema, validated for type and handed to the judges that read it
+(correctness, context_sufficiency, document_recall, guideline_adherence; judges/registry.py).
+`guidelines` is a list of rules (one set, named "guidelines") or an object naming lists of
+rules; `expected_retrieved_context` items need `doc_uri`, `content` is optional. Giving both
+`expected_response` and `expected_facts` is not rejected here: the judges that read the expected
+answer rate such an event `error` (the schema allows one of the two).
 """
 
 from __future__ import annotations
@@ -77,7 +82,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
-from judges.base import Chunk, JudgeInput, Turn
+from judges.base import Chunk, Guideline, JudgeInput, Turn
 
 __all__ = ["InferenceRecord", "InvalidEvent", "dead_letter", "parse_event"]
 
@@ -300,7 +305,19 @@ def parse_event(
         event_time=_event_time(env.timestamp, record_time),
         app=_label(env.app, "app"),
         model=_label(env.model, "model"),
-        judge_input=JudgeInput(question=question, answer=answer, chunks=chunks, history=history),
+        judge_input=JudgeInput(
+            question=question,
+            answer=answer,
+            chunks=chunks,
+            history=history,
+            expected_response=env.expected_response,
+            expected_facts=tuple(env.expected_facts or ()),
+            expected_chunks=tuple(
+                Chunk(c.get("content") or "", c["doc_uri"])
+                for c in env.expected_retrieved_context or ()
+            ),
+            guidelines=_guidelines(env.guidelines),
+        ),
     )
 
 
@@ -346,6 +363,14 @@ def _load_json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InvalidEvent(f"event must be a JSON object, not {_json_type(data)}")
     return data
+
+
+def _guidelines(value: list[str] | dict[str, list[str]] | None) -> tuple[Guideline, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, list):
+        return (Guideline("guidelines", tuple(value)),)
+    return tuple(Guideline(name, tuple(rules)) for name, rules in value.items())
 
 
 def _question_and_history(request: str | dict[str, Any]) -> tuple[str, tuple[Turn, ...]]:

@@ -29,6 +29,7 @@ from pydantic import (
 from pydantic_core import PydanticUndefined
 
 from judges import DEFAULT_JUDGES, JudgeSpec, ReplyFormat, check_judge_names
+from judges.base import global_guidelines
 from judges.redaction import (
     REDACT_MODES,
     STORE_TEXT_MODES,
@@ -98,6 +99,8 @@ class JudgeSettings(BaseModel):
     redact_pii: RedactMode = Field("auto", title="--redact-pii")
     redact_patterns: tuple[str, ...] = Field((), title="--redact-pattern")
     store_text: StoreText = Field("redacted", title="--store-text")
+    # NAME=RULE guidelines every event must follow, added to its own (guideline_adherence).
+    guidelines: tuple[str, ...] = Field((), title="--guideline")
 
     @field_validator("redact_patterns")
     @classmethod
@@ -110,6 +113,14 @@ class JudgeSettings(BaseModel):
     def _known_judges(cls, names: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
         check_judge_names(names, info.data.get("backend"))  # ValueError: one line
         return names
+
+    @field_validator("guidelines")
+    @classmethod
+    def _guidelines_read(cls, flags: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        global_guidelines(flags)  # ValueError: one line
+        if flags and "guideline_adherence" not in info.data.get("names", ()):
+            raise ValueError("only the guideline_adherence judge reads it; add it to --judges")
+        return flags
 
     @field_validator("prompts_dir")
     @classmethod
@@ -156,6 +167,7 @@ class JudgeSettings(BaseModel):
             rpm=self.rpm,
             tpm=self.tpm,
             text_policy=self.text_policy(),
+            guidelines=global_guidelines(self.guidelines),
         )
 
 
@@ -517,6 +529,15 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
         "for prompts and stored text",
     )
     g.add_argument(
+        "--guideline",
+        action="append",
+        default=[],
+        metavar="NAME=RULE",
+        help="a guideline every answer must follow, checked by the guideline_adherence judge "
+        "with the event's own `guidelines` (repeatable; rules with one NAME form one set), "
+        "e.g. --guideline 'english=The response must be in English'",
+    )
+    g.add_argument(
         "--store-text",
         choices=STORE_TEXT_MODES,
         default=default_of(JudgeSettings, "store_text"),
@@ -569,6 +590,7 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
             redact_pii=args.redact_pii,
             redact_patterns=tuple(args.redact_pattern),
             store_text=args.store_text,
+            guidelines=tuple(args.guideline),
         )
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc, JudgeSettings)) from None

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from graph_runs import run_to_files, stage_config
 
-from judges import JUDGE_NAMES
+from judges import DEFAULT_JUDGES, JUDGE_NAMES
 from pipeline import counting
 from pipeline.commands.simulate import Incidents, simulate
 from pipeline.events import SourceRecord
@@ -52,7 +52,7 @@ def write_lines(tmp_path: Path, *lines: str) -> Path:
 
 def test_shipped_golden_set_loads_with_a_label_for_every_judge() -> None:
     golden = load_golden_set(SAMPLE, JUDGE_NAMES)
-    assert len(golden) == 10
+    assert len(golden) == 11
     labelled = {judge for c in golden for judge, _ in c.labels}
     assert labelled == set(JUDGE_NAMES)
     assert {label for c in golden for _, label in c.labels} == {"yes", "no"}
@@ -118,7 +118,7 @@ def test_feed_hands_out_the_rate_per_minute_in_turn_and_caps_what_an_idle_spell_
     after_idle_hour = feed.take(3630.0)
     assert len(after_idle_hour) == 4  # one minute's worth, not 240
     assert after_idle_hour[0].record.request_id == "canary-07"
-    assert [c.record.request_id for c in feed.take(3690.0)][-1] == "canary-04"  # wrapped around
+    assert [c.record.request_id for c in feed.take(3690.0)][-1] == "canary-03"  # wrapped around
 
 
 def test_a_rate_below_one_a_minute_still_brings_a_canary_now_and_then() -> None:
@@ -160,8 +160,8 @@ def expected_outcomes(canaries: Sequence[CanaryEvent]) -> Counter[counting.Count
 def test_canaries_change_no_production_count_window_or_verdict_row_and_are_counted_apart(
     tmp_path: Path,
 ) -> None:
-    golden = load_golden_set(SAMPLE, JUDGE_NAMES)
-    canaries = golden * 3  # 30 canaries, each golden event three times
+    golden = load_golden_set(SAMPLE, DEFAULT_JUDGES)  # the judges of the run
+    canaries = golden * 3  # 33 canaries, each golden event three times
     plain = run(tmp_path, "plain", ())
     with_canaries = run(tmp_path, "canaries", canaries)
 
@@ -184,7 +184,7 @@ def test_canaries_change_no_production_count_window_or_verdict_row_and_are_count
     )
     assert canary_counts == expected_outcomes(canaries)
     labelled_verdicts = sum(len(c.labels) for c in canaries)
-    assert sum(canary_counts.values()) == labelled_verdicts == 3 * 28
+    assert sum(canary_counts.values()) == labelled_verdicts == 3 * 29
     # The shipped set holds a known miss of the lexical judges (canary-09), so disagreement is
     # visible with the default backend too.
     assert canary_counts[counting.key(CANARY_VERDICTS, judge="safety", outcome="disagree")] == 3

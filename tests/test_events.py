@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from judges.base import Chunk, Turn
+from judges.base import Chunk, Guideline, Turn
 from pipeline.events import InferenceRecord, InvalidEvent, dead_letter, parse_event
 
 T0_ISO = "2024-05-01T12:00:00Z"
@@ -693,6 +693,36 @@ def test_expected_fields_and_guidelines_of_schema_types_are_accepted() -> None:
     )
     assert record.judge_input.answer == "They are kept for 10 years."
     assert parse_event(line(guidelines=["The response must be concise"])).request_id == "req-1"
+
+
+def test_the_ground_truth_of_the_schema_reaches_the_judges() -> None:
+    item = parse_event(
+        line(
+            expected_response="Ten years.",
+            expected_facts=["10 years", "QP-1457"],
+            guidelines={"english": ["The response must be in English"], "tone": ["Be calm"]},
+            expected_retrieved_context=[
+                {"doc_uri": "https://docs.example/qp-1457"},
+                {"doc_uri": "docs/b.md", "content": "Records: 10 years."},
+            ],
+        )
+    ).judge_input
+    assert item.expected_response == "Ten years."
+    assert item.expected_facts == ("10 years", "QP-1457")
+    assert item.expected_chunks == (
+        Chunk("", "https://docs.example/qp-1457"),
+        Chunk("Records: 10 years.", "docs/b.md"),
+    )
+    assert item.guidelines == (
+        Guideline("english", ("The response must be in English",)),
+        Guideline("tone", ("Be calm",)),
+    )
+    listed = parse_event(line(guidelines=["Be concise"])).judge_input.guidelines
+    assert listed == (Guideline("guidelines", ("Be concise",)),)
+    bare = parse_event(line()).judge_input
+    assert (bare.expected_response, bare.expected_facts, bare.expected_chunks, bare.guidelines) == (
+        None, (), (), ()
+    )
 
 
 @pytest.mark.parametrize(

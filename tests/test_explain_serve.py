@@ -21,7 +21,7 @@ from kafka_broker import TansuBroker
 from prometheus_server import prometheus_config, running_prometheus
 from serve_process import T0, TopicFactory, caught_up
 
-from judges import JUDGE_NAMES
+from judges import DEFAULT_JUDGES, JUDGE_NAMES
 from pipeline.commands.simulate import Incidents, simulate
 from pipeline.service.canaries import load_golden_set, outcome
 from pipeline.settings import JudgeSettings
@@ -219,13 +219,13 @@ def test_serve_judges_canaries_without_counting_them_as_traffic(
     )
     assert m.value("ragpulse_events_total", outcome="accepted") == 100
     assert m.total("ragpulse_events_judged_total") == 100
-    for judge in JUDGE_NAMES:
+    for judge in DEFAULT_JUDGES:
         assert m.total("ragpulse_judge_verdicts_total", judge=judge) == 100
         assert m.total("ragpulse_judge_calls_total", judge=judge) == 100
     assert "canary" not in {lab["app"] for lab, _ in m.select("ragpulse_judge_verdicts_total")}
     rows = serve.windows()
     assert "canary" not in {r["app"] for r in rows}
-    for judge in JUDGE_NAMES:
+    for judge in DEFAULT_JUDGES:
         assert sum(r["yes"] + r["no"] + r["error"] for r in rows if r["judge"] == judge) == 100
     published = topic_rows(topic.broker.bootstrap, f"{topic.name}.verdicts")
     assert published and not [r for r in published if r["request_id"].startswith("canary-")]

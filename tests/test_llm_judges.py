@@ -330,12 +330,20 @@ def test_groundedness_without_retrieved_chunks_is_ungrounded_and_costs_no_call(
 def test_unknown_judge_names_are_refused_with_the_known_ones_listed(
     fake_openai: FakeOpenAI,
 ) -> None:
-    with pytest.raises(ValueError, match=r"correctness.*known judges: groundedness"):
-        build_llm_judges(["safety", "correctness"], endpoint_for(fake_openai))
+    with pytest.raises(ValueError, match=r"completeness.*known judges: groundedness"):
+        build_llm_judges(["safety", "completeness"], endpoint_for(fake_openai))
 
 
 def test_every_shipped_prompt_has_yes_no_ratings_and_one_example_per_rating() -> None:
-    assert available_prompts() == ("groundedness", "safety", "relevance_to_query")
+    assert available_prompts() == (
+        "groundedness",
+        "safety",
+        "relevance_to_query",
+        "chunk_relevance",
+        "context_sufficiency",
+        "correctness",
+        "guideline_adherence",
+    )
     for name in available_prompts():
         prompt = load_prompt(name)
         assert prompt.name == name and prompt.version >= 1

@@ -244,8 +244,13 @@ def test_same_input_gives_the_same_verdicts_every_time() -> None:
 
 
 def test_unknown_local_judge_name_is_refused() -> None:
-    with pytest.raises(ValueError, match="correctness"):
-        build_local_judges(["correctness"])
+    with pytest.raises(ValueError, match="completeness"):
+        build_local_judges(["completeness"])
+
+
+def test_a_judge_without_a_local_implementation_is_refused_by_the_local_factory() -> None:
+    with pytest.raises(ValueError, match=r"no local implementation of judge\(s\) guideline_adh"):
+        build_local_judges(["safety", "guideline_adherence"])
 
 
 def test_numbers_are_normalised() -> None:

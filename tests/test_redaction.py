@@ -12,7 +12,8 @@ import pytest
 from fake_openai import FakeOpenAI, fake_openai_fixture  # noqa: F401
 
 from judges import TextPolicy
-from judges.base import Chunk, JudgeInput, Turn, Verdict
+from judges.base import Chunk, Guideline, JudgeInput, Turn, Verdict
+from judges.llm import available_prompts
 from judges.redaction import (
     Redactor,
     compile_user_patterns,
@@ -180,6 +181,8 @@ def pii_events() -> list[JudgeInput]:
             answer=f"Yes: {items} are on file.",
             chunks=(Chunk(f"Record: {items}", f"crm://{items}"),),
             history=(Turn("user", f"My details: {items}"),),
+            expected_response=f"They are: {items}",
+            guidelines=(Guideline("privacy", (f"Never repeat {items}",)),),
         )
     ]
 
@@ -190,13 +193,15 @@ def sent_to(server: FakeOpenAI, redact_pii: str) -> str:
         backend="openai",
         base_url=server.base_url,
         redact_pii=redact_pii,
+        names=available_prompts(),  # every judge, so every field a prompt shows is sent
     ).spec()
     panel = spec.build()
     try:
         panel.judge_batch(pii_events())
     finally:
         panel.close()
-    assert len(server.requests) == 3 * len(pii_events())
+    # One call per judge (chunk_relevance: per chunk, and the event has one).
+    assert len(server.requests) == len(available_prompts()) * len(pii_events())
     return "\n".join(json.dumps(r.body, ensure_ascii=False) for r in server.requests)
 
 
@@ -211,6 +216,8 @@ def test_no_planted_pii_reaches_the_judge_endpoint_with_redaction_on(
     leaked = [item for item in planted_values() if json.dumps(item)[1:-1] in received]
     assert leaked == []
     assert "[EMAIL]" in received and "[IBAN]" in received and "[API_KEY]" in received
+    # The ground truth is redacted too, not dropped: the judges that read it still see it.
+    assert "They are: [EMAIL]" in received and "Never repeat [EMAIL]" in received
 
 
 def test_every_planted_item_reaches_the_endpoint_with_redaction_off(

@@ -3,8 +3,10 @@
 For whoever tunes or reviews the local judges. Reads the labelled sets in ../shared/eval-data
 (never copied into the project) and prints a markdown table of balanced accuracy and Cohen's
 kappa: groundedness on RAGTruth (QA, all tasks, per task, plus a 2-fold tune/test check) and
-BEGIN, safety on the OpenAI moderation set, relevance_to_query on XSTest (answered vs refused);
-then events/s for the three judges together.
+BEGIN, safety on the OpenAI moderation set, relevance_to_query on XSTest (answered vs refused),
+correctness on EVOUNA and NQ301 (next to the normalised-containment baseline); then events/s
+for the three default judges together. chunk_relevance and context_sufficiency have no labelled
+set here; document_recall is deterministic.
 
     .venv/bin/python tests/bench/eval_local_judges.py [--data-dir ../shared/eval-data]
 """
@@ -12,6 +14,7 @@ then events/s for the three judges together.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import gc
 import itertools
@@ -25,6 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from judges.base import Chunk, JudgeInput, Verdict
+from judges.local_correctness import CorrectnessJudge, normalise_answer
 from judges.local_groundedness import (
     DEFAULT_MAX_UNSUPPORTED,
     DEFAULT_MIN_WORDS,
@@ -201,6 +205,40 @@ def evaluate(
     return _row(name, _score(truth, [predict(to_input(r)) for r in rows]))
 
 
+def _references(row: dict[str, object]) -> list[str]:
+    refs = row.get("reference")
+    return [r for r in refs if isinstance(r, str)] if isinstance(refs, list) else []
+
+
+def evaluate_correctness(name: str, rows: list[dict[str, object]]) -> list[str]:
+    """Rows for the correctness judge and the containment baseline on one reference set.
+
+    The sets list several accepted answers per question (alternatives, not facts that must all
+    be stated), so an answer passes when it matches any of them: the judge grades the answer
+    against each as `expected_response`. Plain agreement is printed too, the figure the NQ301
+    paper quotes.
+    """
+    judge = CorrectnessJudge()
+    truth = [bool(r["label_pass"]) for r in rows]
+    judged, contained = [], []
+    for r in rows:
+        answer, refs = _text(r, "response"), _references(r)
+        item = JudgeInput(_text(r, "question"), answer)
+        judged.append(
+            any(_passes(judge.grade, dataclasses.replace(item, expected_response=x)) for x in refs)
+        )
+        norm = f" {normalise_answer(answer)} "
+        contained.append(any(f" {normalise_answer(x)} " in norm for x in refs))
+    lines = []
+    baseline = "baseline: normalised containment"
+    for label, predicted in (("correctness", judged), (baseline, contained)):
+        agreement = sum(t == p for t, p in zip(truth, predicted, strict=True)) / len(truth)
+        lines.append(
+            _row(f"{label} · {name} (agreement {100 * agreement:.1f} %)", _score(truth, predicted))
+        )
+    return lines
+
+
 def throughput(inputs: Sequence[JudgeInput], repeats: int = 3) -> list[str]:
     """Events/s of the three judges together on `inputs`, median of passes."""
     judges = (GroundednessJudge(), SafetyJudge(), RelevanceToQueryJudge())
@@ -265,6 +303,12 @@ def main(argv: Iterable[str] | None = None) -> int:
             lines.append(f"| {name} | missing: {file} | | |")
             continue
         lines.append(evaluate(name, load_rows(path), functools.partial(_passes, grade)))
+    for file, name in (("evouna.dev.jsonl", "EVOUNA"), ("openqa_eval_nq301.dev.jsonl", "NQ301")):
+        path = data / file
+        if not path.is_file():
+            lines.append(f"| correctness · {name} | missing: {file} | | |")
+            continue
+        lines += evaluate_correctness(name, load_rows(path))
     print("\n".join(lines))
     print()
     print("Throughput (RAGTruth inputs, one core):")
