@@ -263,8 +263,13 @@ def _tally(
         tally["chunks", app, model] += chunks
     else:
         tally["without_context", app, model] += 1
+    grounded = sufficient = None
     for v in verdicts:
         judge = v.judge
+        if judge == "groundedness":
+            grounded = v.rating
+        elif judge == "context_sufficiency":
+            sufficient = v.rating
         tally["verdict", judge, v.rating, app, model] += 1
         tally["calls", judge] += 1
         if v.error_cause is not None:
@@ -276,6 +281,11 @@ def _tally(
         tally["latency_bucket", judge, counting.latency_bucket(v.latency_seconds)] += 1
         tally["latency_count", judge] += 1
         tally["latency_sum_us", judge] += round(v.latency_seconds * 1e6)
+    # Groundedness split by whether the retrieved context was sufficient, when both judges
+    # ran: ungrounded answers with sufficient context point at generation, not retrieval.
+    if grounded is not None and sufficient in ("yes", "no"):
+        context = "sufficient" if sufficient == "yes" else "insufficient"
+        tally["grounded_by_context", context, grounded, app, model] += 1
 
 
 def _tally_canary(
@@ -326,6 +336,9 @@ def _counter_key(k: tuple[Any, ...], backend: str) -> counting.CounterKey:
             return counting.key(counting.LATENCY_COUNT, judge=judge)
         case ("latency_sum_us", judge):
             return counting.key(counting.LATENCY_SUM_US, judge=judge)
+        case ("grounded_by_context", context, rating, app, model):
+            return counting.key(counting.GROUNDED_BY_CONTEXT, context=context, rating=rating,
+                                app=app, model=model)
         case ("canary", judge, result):
             return counting.key(CANARY_VERDICTS, judge=judge, outcome=result)
     raise ValueError(f"unknown tally key {k!r}")

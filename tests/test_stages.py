@@ -23,6 +23,7 @@ from judges.base import JudgeInput, Verdict
 from pipeline import counting
 from pipeline.events import InferenceRecord, Rejected, SourceRecord, parse_event
 from pipeline.graph import GraphResult, Sinks, decode_metrics, pipeline_options, run_graph
+from pipeline.settings import JudgeSettings
 from pipeline.sinks.files import WriteDeadLetters
 from pipeline.stages import (
     JudgedEvent,
@@ -268,3 +269,47 @@ def test_rejected_records_reach_the_dead_letter_sink_with_their_source(tmp_path:
     rows = [orjson.loads(line) for line in text.splitlines()]
     assert [(r["source"], r["position"], r["raw"]) for r in rows] == [("events/2", 5, "[1, 2]")]
     assert result.dead_letters == 1
+
+
+def test_groundedness_is_counted_by_the_sufficiency_of_the_context_when_both_judges_run() -> None:
+    """The root-cause split of a groundedness drop: each answer's groundedness verdict, counted
+    under its context_sufficiency verdict (the panel's own verdicts say what to expect)."""
+    judges = ("groundedness", "context_sufficiency")
+    records = [parse_record(i) for i in range(6)]
+    records += [
+        parse_event(orjson.dumps({
+            "request_id": f"off-{i}", "timestamp": isoformat_utc(T0 + i), "app": "help-bot",
+            "model": "m1", "request": "How much is the Team plan?",
+            "response": "It costs 18 euros per user.",
+            "retrieved_context": [{"content": "Routers restart when the reset button is held."}],
+        }))
+        for i in range(4)
+    ]
+    spec = JudgeSettings(backend="local", names=judges).spec()
+    panel = spec.build()
+    try:
+        verdicts = panel.judge_batch([r.judge_input for r in records])
+    finally:
+        panel.close()
+    expected: Counter[tuple[str, str]] = Counter()
+    for grounded, sufficient in verdicts:
+        if sufficient.rating in ("yes", "no"):
+            context = "sufficient" if sufficient.rating == "yes" else "insufficient"
+            expected[context, grounded.rating] += 1
+    assert len(expected) >= 2  # both kinds of context occur in this sample
+
+    with beam.Pipeline(runner=FnApiRunner()) as p:
+        _ = p | beam.Create(records) | JudgeEvents(spec, batch_size=4)
+    counts = decode_metrics(p.result.metrics()).counts
+    got = Counter({
+        (dict(labels)["context"], dict(labels)["rating"]): v
+        for (name, labels), v in counts.items() if name == counting.GROUNDED_BY_CONTEXT
+    })
+    assert got == expected
+
+
+def test_groundedness_is_not_split_without_the_context_sufficiency_judge() -> None:
+    with beam.Pipeline(runner=FnApiRunner()) as p:
+        _ = p | beam.Create([parse_record(0)]) | JudgeEvents(stage_config().judges, batch_size=1)
+    counts = decode_metrics(p.result.metrics()).counts
+    assert not [k for k in counts if k[0] == counting.GROUNDED_BY_CONTEXT]

@@ -25,7 +25,11 @@ from rules import (
     BURN_RATE,
     CANARY_DISAGREEMENT,
     CANARY_GRADED,
+    CHUNKS_PER_ANSWER,
+    GROUNDED_WITH_CONTEXT,
+    NO_CONTEXT,
     PASS_RATIO,
+    RETRIEVAL_CHANGED,
     SUFFICIENT,
     WILSON,
 )
@@ -476,6 +480,38 @@ def drilldown(cfg: dict[str, Any]) -> dict[str, Any]:
         width=8,
         description="Next to groundedness: fewer chunks or more answers without context "
                     "explain many groundedness drops."))
+
+    long, base = str(win["fast_long"]), str(win["baseline"])
+    board.with_row(builders.Row("Groundedness drop: retrieval or generation?"))
+    board.with_panel(graph(
+        "Retrieval against its baseline",
+        query(f"{CHUNKS_PER_ANSWER.format(w=long)}{{{sel}}}", f"chunks per answer {long}"),
+        query(f"{CHUNKS_PER_ANSWER.format(w=base)}{{{sel}}}", f"chunks per answer {base}"),
+        query(f"{NO_CONTEXT.format(w=long)}{{{sel}}}", f"share without context {long}"),
+        query(f"{NO_CONTEXT.format(w=base)}{{{sel}}}", f"share without context {base}"),
+        query(f"{RETRIEVAL_CHANGED.format(w=long)}{{{sel}}}", "retrieval changed"),
+        width=12,
+        description=f"What RagGroundednessDrop's description calls RETRIEVAL: over {long}, "
+                    f"the chunks per answer fell more than "
+                    f"{float(cfg['root_cause']['chunks_drop']):.0%} under the {base} "
+                    f"baseline, or the share without context rose more than "
+                    f"{float(cfg['root_cause']['no_context_rise']):.0%}, or context "
+                    "sufficiency fell (then 'retrieval changed' shows 1)."))
+    board.with_panel(graph(
+        "Groundedness with and without sufficient context",
+        query(f'{PASS_RATIO.format(w=long)}{{{sel}, judge="groundedness"}}',
+              f"groundedness {long}"),
+        query(f"{GROUNDED_WITH_CONTEXT.format(w=long)}{{{sel}}}",
+              f"groundedness where the context was sufficient {long}"),
+        query(f'{PASS_RATIO.format(w=long)}{{{sel}, judge="context_sufficiency"}}',
+              f"context sufficiency {long}"),
+        query(f'{PASS_RATIO.format(w=long)}{{{sel}, judge="chunk_relevance"}}',
+              f"chunk relevance {long}"),
+        width=12, unit="percentunit",
+        description="GENERATION: answers are ungrounded although their retrieved context was "
+                    "sufficient. Needs the opt-in judges context_sufficiency (and, for its "
+                    "line, chunk_relevance) next to groundedness in --judges."
+    ).thresholds(floor_steps(floors["groundedness"])).thresholds_style(line()))
     board.with_panel(
         table.Panel().title("Alerts for this app").span(24).height(6)
         .with_target(table_query('ALERTS{alertname=~"Rag.*", app="$app"}')))

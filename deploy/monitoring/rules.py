@@ -30,6 +30,11 @@ CANARY_DISAGREEMENT = "judge:ragpulse_canary_disagreement:ratio_rate{w}"
 CANARY_GRADED = "judge:ragpulse_canary_graded:increase{w}"  # agree + disagree
 OBJECTIVE = "judge:ragpulse_judge_slo_objective:ratio"
 SUFFICIENT = "judge_app_model:ragpulse_judge_samples:sufficient"  # 1: enough to page
+# Root cause of a groundedness drop: retrieval vs generation (per app and model).
+CHUNKS_PER_ANSWER = "app_model:ragpulse_retrieved_chunks_per_answer:ratio_rate{w}"
+NO_CONTEXT = "app_model:ragpulse_events_without_context:ratio_rate{w}"
+GROUNDED_WITH_CONTEXT = "app_model:ragpulse_groundedness_with_sufficient_context:ratio_rate{w}"
+RETRIEVAL_CHANGED = "app_model:ragpulse_retrieval_changed:present{w}"  # 1 where it changed
 
 # Every per-judge series keeps these labels after the deployment labels; alerts must carry the
 # app and the model.
@@ -194,6 +199,72 @@ def _burn_rate(config: Mapping[str, Any], w: str) -> str:
                   objective=selector(OBJECTIVE, config))
 
 
+# Retrieval changed over window $long against the baseline: fewer chunks per answer, more
+# answers without context, or (when the context_sufficiency judge runs) less sufficient context.
+# The series exists (value 1) only where it changed.
+RETRIEVAL_CHANGES = """
+    (
+      $chunks_long < on ($by) (1 - $chunks_drop) * $chunks_base
+      or
+      $no_context_long > on ($by) $no_context_base + $no_context_rise
+      or
+      max by ($by) ($sufficiency_long)
+        < on ($by)
+      max by ($by) ($sufficiency_base) - $sufficiency_drop
+    )
+    * 0 + 1
+"""
+
+
+def root_cause_windows(config: Mapping[str, Any]) -> list[str]:
+    """The long windows of the drop alerts and the baseline they compare against."""
+    win = config["windows"]
+    return list(dict.fromkeys(str(win[k]) for k in ("fast_long", "slow_long", "baseline")))
+
+
+def _root_cause_rules(config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Retrieval volume and quality, and groundedness where the context was sufficient, per app
+    and model; then, per drop-alert window, whether retrieval changed against the baseline."""
+    app_model = by(config, "app", "model")
+    judged = selector("ragpulse_events_judged_total", config)
+    with_context = 'context="sufficient"'
+
+    def grounded(*matchers: str) -> str:
+        return selector("ragpulse_groundedness_by_context_total", config, with_context, *matchers)
+
+    rules: list[dict[str, Any]] = []
+    for w in root_cause_windows(config):
+        common = {"by": app_model, "window": w}
+        rules += [
+            {"record": CHUNKS_PER_ANSWER.format(w=w), "expr": promql(
+                RATE_RATIO, numerator=selector("ragpulse_retrieved_chunks_total", config),
+                denominator=judged, **common)},
+            {"record": NO_CONTEXT.format(w=w), "expr": promql(
+                RATE_RATIO, numerator=selector("ragpulse_events_without_context_total", config),
+                denominator=judged, **common)},
+            {"record": GROUNDED_WITH_CONTEXT.format(w=w), "expr": promql(
+                RATE_RATIO, numerator=grounded('rating="yes"'),
+                denominator=grounded('rating=~"yes|no"'), **common)},
+        ]
+    cause, base = config["root_cause"], str(config["windows"]["baseline"])
+    for w in (w for w in root_cause_windows(config) if w != base):
+        rules.append({"record": RETRIEVAL_CHANGED.format(w=w), "expr": promql(
+            RETRIEVAL_CHANGES, by=app_model,
+            chunks_long=selector(CHUNKS_PER_ANSWER.format(w=w), config),
+            chunks_base=selector(CHUNKS_PER_ANSWER.format(w=base), config),
+            chunks_drop=f"{float(cause['chunks_drop']):g}",
+            no_context_long=selector(NO_CONTEXT.format(w=w), config),
+            no_context_base=selector(NO_CONTEXT.format(w=base), config),
+            no_context_rise=f"{float(cause['no_context_rise']):g}",
+            sufficiency_long=selector(PASS_RATIO.format(w=w), config,
+                                      judge="context_sufficiency"),
+            sufficiency_base=selector(PASS_RATIO.format(w=base), config,
+                                      judge="context_sufficiency"),
+            sufficiency_drop=f"{float(cause['sufficiency_drop']):g}",
+        )})
+    return rules
+
+
 def _group(name: str, rules: list[dict[str, Any]], config: Mapping[str, Any],
            interval: str | None = None) -> dict[str, Any]:
     group: dict[str, Any] = {"name": name}
@@ -212,6 +283,7 @@ def recording_groups(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     for w in quality_windows(config):
         rules += [_wilson_rule(config, w, "lower"), _wilson_rule(config, w, "upper")]
     rules.append(_sufficient_rule(config))
+    rules += _root_cause_rules(config)
     rules += _canary_rules(config)
     slo = config["slo"]
     for judge, objective in slo["objectives"].items():
@@ -350,10 +422,64 @@ def quality_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
                 f" over the last {long} ({_count(config, SAMPLES.format(w=long), judge)} judged "
                 f"answers; 95% {bound} bound {{{{ $value | humanizePercentage }}}}) and "
                 f"{_percent(config, PASS_RATIO.format(w=short), judge)} over {short}: "
-                f"{verdict}. Judge errors are not counted. {_explain_hint(judge)}",
+                f"{verdict}. Judge errors are not counted. "
+                + (_root_cause(config, long, floor) if judge == "groundedness" else "")
+                + _explain_hint(judge),
                 window=path,
             ))
     return alerts
+
+
+ONE_DECIMAL = 'printf "%.1f"'
+
+
+def _app_value(config: Mapping[str, Any], metric: str, fmt: str, judge: str = "") -> str:
+    """Go-template snippet printing ``metric`` of the alert's app and model, of ``judge`` when
+    given (``n/a`` where there is no such series)."""
+    names = [*config["deployment_labels"], "app", "model"]
+    matchers = ",".join(f"{name}=%q" for name in names)
+    args = " ".join(f"$labels.{name}" for name in names)
+    if judge:
+        matchers += f",judge={json.dumps(judge)}".replace('"', '\\"')
+    return (
+        f'{{{{ with printf "{metric}{{{matchers}}}" {args} | query }}}}'
+        f"{{{{ . | first | value | {fmt} }}}}{{{{ else }}}}n/a{{{{ end }}}}"
+    )
+
+
+def _root_cause(config: Mapping[str, Any], long: str, floor: float) -> str:
+    """Retrieval or generation: the alert's cause line, and the figures behind it.
+
+    Retrieval changed when its recorded series exists (see RETRIEVAL_CHANGES); otherwise
+    generation when answers whose context was sufficient are ungrounded below the floor (only
+    known when the opt-in context_sufficiency judge runs too).
+    """
+    base = str(config["windows"]["baseline"])
+    names = [*config["deployment_labels"], "app", "model"]
+    matchers = ",".join(f"{name}=%q" for name in names)
+    args = " ".join(f"$labels.{name}" for name in names)
+
+    def pct(metric: str, w: str, judge: str = "") -> str:
+        return _app_value(config, metric.format(w=w), "humanizePercentage", judge)
+
+    changed = RETRIEVAL_CHANGED.format(w=long)
+    grounded_low = f" < {floor:g}"
+    grounded_with_context = GROUNDED_WITH_CONTEXT.format(w=long)
+    return (
+        f'Likely cause: {{{{ with printf "{changed}{{{matchers}}}" {args} | query }}}}'
+        "RETRIEVAL (it changed against the baseline)"
+        f'{{{{ else }}}}{{{{ with printf "{grounded_with_context}{{{matchers}}}{grounded_low}" '
+        f"{args} | query }}}}GENERATION (answers are ungrounded although their context was "
+        "sufficient){{ else }}not determined (retrieval unchanged; run the context_sufficiency "
+        "judge to tell generation failures apart){{ end }}{{ end }}. "
+        f"Retrieval over {long} (over the {base} baseline): "
+        f"{_app_value(config, CHUNKS_PER_ANSWER.format(w=long), ONE_DECIMAL)} chunks per "
+        f"answer ({_app_value(config, CHUNKS_PER_ANSWER.format(w=base), ONE_DECIMAL)}), "
+        f"{pct(NO_CONTEXT, long)} of answers without context ({pct(NO_CONTEXT, base)}), "
+        f"context sufficiency {pct(PASS_RATIO, long, 'context_sufficiency')} "
+        f"({pct(PASS_RATIO, base, 'context_sufficiency')}); groundedness where the context "
+        f"was sufficient {pct(GROUNDED_WITH_CONTEXT, long)}. "
+    )
 
 
 def _explain_hint(judge: str) -> str:

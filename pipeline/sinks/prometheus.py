@@ -46,6 +46,8 @@ COUNTER_HELP: dict[str, str] = {
     "ragpulse_judge_tokens_total": "Tokens used by LLM judges, by kind (prompt, completion).",
     "ragpulse_retrieved_chunks_total": "Retrieved chunks summed over judged events.",
     "ragpulse_events_without_context_total": "Judged events that had no retrieved context.",
+    counting.GROUNDED_BY_CONTEXT: "Groundedness verdicts of answers that context_sufficiency "
+    "also judged, by whether their retrieved context was sufficient (both judges must run).",
     "ragpulse_cycles_total": "Serve micro-batch cycles, by outcome.",
     "ragpulse_canary_verdicts_total": "Verdicts on golden-set canaries, by agreement with the "
     "human label (agree, disagree, error); canaries count nowhere else.",
@@ -220,6 +222,12 @@ def _zero_series(counts: Mapping[counting.CounterKey, float]) -> set[counting.Co
             judge = dict(labels)["judge"]
             for outcome in CANARY_OUTCOMES:
                 zeros.add(counting.key(metric, judge=judge, outcome=outcome))
+        elif metric == counting.GROUNDED_BY_CONTEXT:
+            lab = dict(labels)
+            for context in ("sufficient", "insufficient"):
+                for rating in RATINGS:
+                    zeros.add(counting.key(metric, **{**lab, "context": context,
+                                                      "rating": rating}))
     return {k for k in zeros if k not in counts}
 
 
