@@ -200,7 +200,8 @@ def _burn_rate(config: Mapping[str, Any], w: str) -> str:
 
 
 # Retrieval changed over window $long against the baseline: fewer chunks per answer, more
-# answers without context, or (when the context_sufficiency judge runs) less sufficient context.
+# answers without context, or (when the opt-in judges run) less sufficient context or fewer
+# relevant chunks.
 # The series exists (value 1) only where it changed.
 RETRIEVAL_CHANGES = """
     (
@@ -211,6 +212,10 @@ RETRIEVAL_CHANGES = """
       max by ($by) ($sufficiency_long)
         < on ($by)
       max by ($by) ($sufficiency_base) - $sufficiency_drop
+      or
+      max by ($by) ($relevance_long)
+        < on ($by)
+      max by ($by) ($relevance_base) - $relevance_drop
     )
     * 0 + 1
 """
@@ -261,6 +266,9 @@ def _root_cause_rules(config: Mapping[str, Any]) -> list[dict[str, Any]]:
             sufficiency_base=selector(PASS_RATIO.format(w=base), config,
                                       judge="context_sufficiency"),
             sufficiency_drop=f"{float(cause['sufficiency_drop']):g}",
+            relevance_long=selector(PASS_RATIO.format(w=w), config, judge="chunk_relevance"),
+            relevance_base=selector(PASS_RATIO.format(w=base), config, judge="chunk_relevance"),
+            relevance_drop=f"{float(cause['chunk_relevance_drop']):g}",
         )})
     return rules
 
