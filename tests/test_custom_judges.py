@@ -265,3 +265,24 @@ def test_ragpulse_run_judges_with_a_custom_judge_next_to_groundedness_on_beam_wo
     assert all(r[f"response/llm_judged/{NAME}/rating"] in {"yes", "no"} for r in judged)
     windows = {w["judge"] for w in rows(out / "windows.jsonl")}
     assert NAME in windows
+
+
+def test_a_config_file_lists_custom_judges_as_the_helm_settings_value_would(
+    tmp_path: Path,
+) -> None:
+    # The chart's `settings:` value becomes a --config file: `custom-judge: [FILE, ...]`.
+    bad = written(tmp_path, _set("requires", ["expected"]), "bad.yaml")
+    config = tmp_path / "ragpulse.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {"custom-judge": [str(SAMPLE), str(bad)], "judges": ["groundedness", NAME]}
+        )
+    )
+    src = tmp_path / "events.jsonl"
+    src.write_bytes(event(0) + b"\n")
+    done = ragpulse(
+        "run", str(src), "--config", str(config), "--judge-backend", "openai",
+        "--judge-base-url", "http://127.0.0.1:9/v1",
+    )  # fmt: skip
+    line = one_line_error(done.returncode, done.stderr, allow_info=True)
+    assert f"custom judge file {bad}: key 'requires'" in line
