@@ -286,3 +286,35 @@ def test_a_config_file_lists_custom_judges_as_the_helm_settings_value_would(
     )  # fmt: skip
     line = one_line_error(done.returncode, done.stderr, allow_info=True)
     assert f"custom judge file {bad}: key 'requires'" in line
+
+
+def test_helm_mounts_custom_judge_files_that_the_real_cli_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from helm_render import manifests
+
+    chart = SAMPLE.parent.parent / "helm" / "ragpulse"
+    values = {
+        "customJudges": {f"{NAME}.yaml": SAMPLE.read_text()},
+        "judges": {"names": f"groundedness,{NAME}", "backend": "openai",
+                   "baseUrl": "http://127.0.0.1:9/v1"},
+    }  # fmt: skip
+    objects = manifests(chart, values)
+    (configmap,) = [o for o in objects if o["metadata"]["name"] == "ragpulse-custom-judges"]
+    mounted = tmp_path / "custom-judges"
+    mounted.mkdir()
+    for file, text in configmap["data"].items():
+        (mounted / file).write_text(text)
+    spec = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "custom-judges")
+    assert mount["mountPath"] == "/etc/ragpulse/custom-judges"
+    assert any(v["name"] == "custom-judges" and v["configMap"]["name"] == "ragpulse-custom-judges"
+               for v in spec["volumes"])  # fmt: skip
+    args = [a.replace("/etc/ragpulse/custom-judges", str(mounted))
+            for a in container["args"] if not a.startswith("--judge-prompts")]  # fmt: skip
+    assert f"--custom-judge={mounted / f'{NAME}.yaml'}" in args
+    assert main([*args, "--print-config"]) == 0
+    effective = yaml.safe_load(capsys.readouterr().out)
+    assert effective["custom-judge"] == [str(mounted / f"{NAME}.yaml")]
+    assert effective["judges"] == f"groundedness,{NAME}"
