@@ -94,6 +94,9 @@ def load_custom_judge(path: Path) -> CustomJudge:
             ("requires",),
             f"{', '.join(unshown)} is required but not shown to the judge (add it to inputs)",
         )
+    if prompt.subject == "passage" and "chunks" not in keys.requires:
+        # One call per chunk: an event without chunks would otherwise get no verdict at all.
+        raise fail(("requires",), "a judge of each passage (subject: passage) requires chunks")
     entry = JudgeEntry(
         prompt.name,
         prompt=str(path),

@@ -130,6 +130,13 @@ class JudgeSettings(BaseModel):
             return names  # a custom judge file is invalid, and that is the error to read
         custom = tuple(c.entry for c in info.data["custom_judges"])
         check_judge_names(names, info.data.get("backend"), custom)  # ValueError: one line
+        unused = [f"{e.name} ({e.prompt})" for e in custom if e.name not in names]
+        if unused:
+            # A judge defined and never run is a forgotten step, not a choice: say so at start.
+            raise ValueError(
+                f"custom judge(s) {', '.join(unused)} from --custom-judge are not listed; "
+                "add them to --judges"
+            )
         return names
 
     @field_validator("guidelines")

@@ -92,6 +92,9 @@ def _without(key: str) -> dict:
         (_set("sytem", "be nice"), "sytem", "Extra inputs are not permitted"),
         (_set("when_missing", ""), "when_missing", "at least 1 character"),
         (_set("inputs", ["question"]), "inputs", "a judge of the answer must read answer"),
+        (_set("subject", "passage") | {"inputs": ["question", "chunks"], "requires": ["question"]},
+         "requires",
+         "a judge of each passage (subject: passage) requires chunks"),
         ("name: [unclosed\n", None, "not valid YAML (line 2)"),
         ("- a list\n", None, "must be a mapping of keys"),
     ],
@@ -168,6 +171,18 @@ def test_the_cli_refuses_a_custom_judge_on_the_local_backend_in_one_line(tmp_pat
     )  # fmt: skip
     line = one_line_error(done.returncode, done.stderr, allow_info=True)
     assert f"--judges: judge(s) {NAME} have no local implementation" in line
+
+
+def test_the_cli_refuses_a_custom_judge_that_judges_does_not_list(tmp_path: Path) -> None:
+    src = tmp_path / "events.jsonl"
+    src.write_bytes(event(0) + b"\n")
+    done = ragpulse(
+        "run", str(src), "--output", str(tmp_path / "out"), "--judge-backend", "openai",
+        "--judge-base-url", "http://127.0.0.1:9/v1", "--custom-judge", str(SAMPLE),
+        "--judges", "groundedness",
+    )  # fmt: skip
+    line = one_line_error(done.returncode, done.stderr, allow_info=True)
+    assert f"--judges: custom judge(s) {NAME} ({SAMPLE}) from --custom-judge are not listed" in line
 
 
 # -- judging ----------------------------------------------------------------------------------
