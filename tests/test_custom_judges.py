@@ -333,3 +333,14 @@ def test_helm_mounts_custom_judge_files_that_the_real_cli_loads(
     effective = yaml.safe_load(capsys.readouterr().out)
     assert effective["custom-judge"] == [str(mounted / f"{NAME}.yaml")]
     assert effective["judges"] == f"groundedness,{NAME}"
+
+
+def test_canaries_may_carry_labels_for_a_custom_judge_in_use(tmp_path: Path) -> None:
+    from pipeline.service.canaries import load_golden_set
+
+    data = orjson.loads(pricing_event(0, f"{MARKER}: a free month for everyone."))
+    data["labels"] = {NAME: "no", "groundedness": "no"}
+    golden = tmp_path / "canaries.jsonl"
+    golden.write_bytes(orjson.dumps(data) + b"\n")
+    [canary] = load_golden_set(golden, ("groundedness", NAME))
+    assert dict(canary.labels) == {NAME: "no", "groundedness": "no"}
