@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from judges.base import (
     ERROR_CAUSES,
@@ -29,6 +30,9 @@ from judges.registry import (
     judge_entry,
 )
 from judges.retry import ReplyFormat
+
+if TYPE_CHECKING:
+    from judges.custom import CustomJudge
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +65,11 @@ class JudgeSpec:
     text_policy: TextPolicy
     # --guideline: added to every event's own guidelines (guideline_adherence).
     guidelines: tuple[Guideline, ...]
+    # --custom-judge: the operator's LLM judges, loaded and validated in main() (judges.custom).
+    custom_judges: tuple[CustomJudge, ...]
 
     def __post_init__(self) -> None:
-        check_judge_names(self.names, self.backend)
+        check_judge_names(self.names, self.backend, tuple(c.entry for c in self.custom_judges))
 
     def build(self) -> JudgePanel:
         """A panel of the named judges on this backend."""
@@ -93,7 +99,9 @@ class JudgeSpec:
         policy = self.text_policy
         redact = policy.redactor().judge_input if policy.redacts_prompts_to(self.base_url) else None
         return JudgePanel(
-            build_llm_judges(self.names, endpoint, prompts, redact, self.guidelines),
+            build_llm_judges(
+                self.names, endpoint, prompts, redact, self.guidelines, self.custom_judges
+            ),
             self.batch_deadline_seconds,
         )
 

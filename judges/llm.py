@@ -33,16 +33,27 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from judges.base import Guideline, InputName, Judge, JudgeInput, Verdict
 from judges.chunk_verdicts import event_verdict
 from judges.endpoint import EndpointFailure, OpenAIJudgeEndpoint
 from judges.fencing import fence, new_nonce, single_line
-from judges.registry import JUDGES, judge_entry
+from judges.registry import JUDGES, JudgeEntry, judge_entry
+
+if TYPE_CHECKING:
+    from judges.custom import CustomJudge
 
 BinaryRating = Literal["yes", "no"]
 
@@ -102,11 +113,11 @@ class JudgePrompt(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(pattern=r"^[a-z_]+$")
+    name: str = Field(pattern=r"^[a-z0-9_]+$")
     version: int = Field(ge=1)
     ratings: tuple[BinaryRating, ...]
-    inputs: tuple[InputName, ...] = Field(min_length=1)
     subject: Subject = "answer"
+    inputs: tuple[InputName, ...] = Field(min_length=1)
     task: str = Field(min_length=1)
     rubric: str = Field(min_length=1)
     examples: tuple[FewShotExample, ...]
@@ -122,21 +133,37 @@ class JudgePrompt(BaseModel):
             )
         return data
 
-    @model_validator(mode="after")
-    def _closed_ratings_with_one_example_each(self) -> JudgePrompt:
-        if sorted(self.ratings) != ["no", "yes"]:
-            raise ValueError(f"ratings must be exactly yes and no, got {list(self.ratings)}")
-        shown = sorted(e.rating for e in self.examples)
-        if shown != sorted(self.ratings):
+    # Field validators rather than one model validator, so that an error names its key (a
+    # custom judge's file is the operator's, see judges.custom).
+    @field_validator("ratings")
+    @classmethod
+    def _closed_ratings(cls, ratings: tuple[BinaryRating, ...]) -> tuple[BinaryRating, ...]:
+        if sorted(ratings) != ["no", "yes"]:
+            raise ValueError(f"ratings must be exactly yes and no, got {list(ratings)}")
+        return ratings
+
+    @field_validator("inputs")
+    @classmethod
+    def _shows_its_subject(
+        cls, inputs: tuple[InputName, ...], info: ValidationInfo
+    ) -> tuple[InputName, ...]:
+        subject: Subject = info.data.get("subject", "answer")
+        graded = _SUBJECT_INPUT[subject]
+        if graded not in inputs:
             raise ValueError(
-                f"need exactly one example per rating {list(self.ratings)}, got {shown}"
+                f"a judge of the {subject} must read {graded} (add {graded!r} to inputs)"
             )
-        graded = _SUBJECT_INPUT[self.subject]
-        if graded not in self.inputs:
-            raise ValueError(
-                f"a judge of the {self.subject} must read {graded} (add {graded!r} to inputs)"
-            )
-        return self
+        return inputs
+
+    @field_validator("examples")
+    @classmethod
+    def _one_example_per_rating(
+        cls, examples: tuple[FewShotExample, ...]
+    ) -> tuple[FewShotExample, ...]:
+        shown = sorted(e.rating for e in examples)
+        if shown != ["no", "yes"]:
+            raise ValueError(f"need exactly one example per rating ['yes', 'no'], got {shown}")
+        return examples
 
 
 def load_prompt_file(path: Path) -> JudgePrompt:
@@ -362,10 +389,12 @@ class LLMJudge:
         endpoint: OpenAIJudgeEndpoint,
         redact: Callable[[JudgeInput], JudgeInput] | None = None,
         guidelines: tuple[Guideline, ...] = (),
+        entry: JudgeEntry | None = None,
     ) -> None:
         self.name = prompt.name
         self.prompt = prompt
-        self.entry = judge_entry(prompt.name)
+        # A custom judge's entry is the operator's (judges.custom); the registry has the rest.
+        self.entry = entry if entry is not None else judge_entry(prompt.name)
         self.endpoint = endpoint
         self.redact = redact  # applied to every event before its text goes into a prompt
         # Guidelines for every event (--guideline), for a prompt that shows guidelines.
@@ -458,11 +487,21 @@ def build_llm_judges(
     prompts_dir: Path | None = None,
     redact: Callable[[JudgeInput], JudgeInput] | None = None,
     guidelines: tuple[Guideline, ...] = (),
+    custom: Sequence[CustomJudge] = (),
 ) -> list[Judge]:
     """One `LLMJudge` per name, all sharing `endpoint`; ValueError names an unknown judge.
 
     `prompts_dir` replaces the shipped prompt files (e.g. a mounted ConfigMap); `redact`
     (e.g. `judges.redaction.Redactor.judge_input`) rewrites each event before it is prompted;
-    `guidelines` are added to every event's own (for the judges whose prompt shows them).
+    `guidelines` are added to every event's own (for the judges whose prompt shows them);
+    `custom` are the operator's judges (`--custom-judge`), already loaded and validated.
     """
-    return [LLMJudge(load_prompt(n, prompts_dir), endpoint, redact, guidelines) for n in names]
+    by_name = {c.entry.name: c for c in custom}
+    judges: list[Judge] = []
+    for name in names:
+        mine = by_name.get(name)
+        if mine is not None:
+            judges.append(LLMJudge(mine.prompt, endpoint, redact, guidelines, mine.entry))
+        else:
+            judges.append(LLMJudge(load_prompt(name, prompts_dir), endpoint, redact, guidelines))
+    return judges

@@ -1,9 +1,10 @@
 """The judge registry: every judge ragpulse knows, in one table that everything else reads.
 
 For whoever adds a judge: add one `JudgeEntry` to `_ENTRIES`, with its implementations (a local
-class, an LLM prompt file in judges/prompts/, or both). The `--judges` flag and its help, the
-settings validation, the canaries' labels, the local judge factory and the LLM prompt lookup all
-read this table, so nothing else lists judge names.
+class, an LLM prompt file in judges/prompts/, or both). Operators add LLM judges without code
+(`--custom-judge FILE`, judges.custom): `judge_table` is the shipped entries plus theirs. The
+`--judges` flag and its help, the settings validation, the canaries' labels, the local judge
+factory and the LLM prompt lookup all read this table, so nothing else lists judge names.
 
 Importing this module imports no judge implementation: Beam workers and the CLI read names here,
 and a local judge's module (lexicons, stemmer) is imported when the judge is built.
@@ -161,31 +162,53 @@ JUDGE_NAMES: tuple[str, ...] = tuple(JUDGES)
 DEFAULT_JUDGES: tuple[str, ...] = tuple(e.name for e in _ENTRIES if e.default)
 
 
-def judge_entry(name: str) -> JudgeEntry:
+def judge_table(custom: Sequence[JudgeEntry] = ()) -> Mapping[str, JudgeEntry]:
+    """The shipped judges, then the operator's custom ones (`--custom-judge`, judges.custom).
+
+    Custom entries are passed in rather than registered in a global, so that a Beam worker in
+    another process knows them from its `JudgeSpec` alone. ValueError when a custom judge
+    takes a name that is already used.
+    """
+    if not custom:
+        return JUDGES
+    table = dict(JUDGES)
+    for entry in custom:
+        if entry.name in table:
+            taken = "a shipped judge" if entry.name in JUDGES else "another custom judge"
+            raise ValueError(f"custom judge name {entry.name!r} is taken by {taken}")
+        table[entry.name] = entry
+    return table
+
+
+def judge_entry(name: str, custom: Sequence[JudgeEntry] = ()) -> JudgeEntry:
     """The registry entry of judge `name`; ValueError lists the known judges."""
-    entry = JUDGES.get(name)
+    table = judge_table(custom)
+    entry = table.get(name)
     if entry is None:
-        raise ValueError(f"unknown judge {name!r}; known judges: {', '.join(JUDGES)}")
+        raise ValueError(f"unknown judge {name!r}; known judges: {', '.join(table)}")
     return entry
 
 
-def check_judge_names(names: Sequence[str], backend: Backend | None = None) -> None:
-    """Raise a one-line ValueError unless `names` lists known judges, each once, at least one,
-    all implemented on `backend` (when given)."""
+def check_judge_names(
+    names: Sequence[str], backend: Backend | None = None, custom: Sequence[JudgeEntry] = ()
+) -> None:
+    """Raise a one-line ValueError unless `names` lists known judges (shipped or `custom`),
+    each once, at least one, all implemented on `backend` (when given)."""
+    table = judge_table(custom)
     if not names:
-        raise ValueError(f"no judge given; known judges: {', '.join(JUDGES)}")
-    unknown = [n for n in names if n not in JUDGES]
+        raise ValueError(f"no judge given; known judges: {', '.join(table)}")
+    unknown = [n for n in names if n not in table]
     if unknown:
         raise ValueError(
-            f"unknown judge(s) {', '.join(unknown)}; known judges: {', '.join(JUDGES)}"
+            f"unknown judge(s) {', '.join(unknown)}; known judges: {', '.join(table)}"
         )
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ValueError(f"judge(s) {', '.join(repeated)} listed more than once; name each once")
     if backend is not None:
-        missing = [n for n in names if backend not in JUDGES[n].backends]
+        missing = [n for n in names if backend not in table[n].backends]
         if missing:
-            on = [n for n, e in JUDGES.items() if backend in e.backends]
+            on = [n for n, e in table.items() if backend in e.backends]
             raise ValueError(
                 f"judge(s) {', '.join(missing)} have no {backend} implementation; judges on "
                 f"{backend}: {', '.join(on)}"

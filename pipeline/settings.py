@@ -80,6 +80,9 @@ class JudgeSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     backend: Literal["local", "openai"] = Field(title="--judge-backend")  # `names` reads it
+    # judges.custom.CustomJudge values, loaded from the --custom-judge files at validation;
+    # `names` reads them. Typed Any so that importing the settings imports no LLM client.
+    custom_judges: tuple[Any, ...] = Field((), title="--custom-judge")
     names: tuple[str, ...] = Field(DEFAULT_JUDGES, title="--judges")
     base_url: str | None = Field(None, title="--judge-base-url / OPENAI_BASE_URL")
     model: str = Field("gpt-4o-mini", title="--judge-model")
@@ -108,10 +111,32 @@ class JudgeSettings(BaseModel):
         compile_user_patterns(patterns)  # ValueError names the pattern
         return patterns
 
+    @field_validator("custom_judges", mode="before")
+    @classmethod
+    def _custom_judges_load(cls, files: object) -> object:
+        # Fail at start-up, not inside a Beam worker; the workers get the loaded judges.
+        from judges.custom import CustomJudge, load_custom_judges
+
+        if not isinstance(files, (list, tuple)):
+            raise ValueError("must be a list of files")
+        if all(isinstance(f, CustomJudge) for f in files):
+            return tuple(files)
+        return load_custom_judges(tuple(Path(f) for f in files))  # ValueError: one line
+
     @field_validator("names")
     @classmethod
     def _known_judges(cls, names: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
-        check_judge_names(names, info.data.get("backend"))  # ValueError: one line
+        if "custom_judges" not in info.data:
+            return names  # a custom judge file is invalid, and that is the error to read
+        custom = tuple(c.entry for c in info.data["custom_judges"])
+        check_judge_names(names, info.data.get("backend"), custom)  # ValueError: one line
+        unused = [f"{e.name} ({e.prompt})" for e in custom if e.name not in names]
+        if unused:
+            # A judge defined and never run is a forgotten step, not a choice: say so at start.
+            raise ValueError(
+                f"custom judge(s) {', '.join(unused)} from --custom-judge are not listed; "
+                "add them to --judges"
+            )
         return names
 
     @field_validator("guidelines")
@@ -168,6 +193,7 @@ class JudgeSettings(BaseModel):
             tpm=self.tpm,
             text_policy=self.text_policy(),
             guidelines=global_guidelines(self.guidelines),
+            custom_judges=self.custom_judges,
         )
 
 
@@ -437,6 +463,16 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: %(default)s)",
     )
     g.add_argument(
+        "--custom-judge",
+        action="append",
+        type=Path,
+        default=list(default_of(JudgeSettings, "custom_judges")),
+        metavar="FILE",
+        help="a custom LLM judge defined in YAML: the keys of a shipped prompt file (name, "
+        "version, ratings, inputs, task, rubric, one example per rating) plus requires and "
+        "when_missing; run it by adding its name to --judges (openai backend; repeatable)",
+    )
+    g.add_argument(
         "--judge-prompts",
         type=Path,
         default=None,
@@ -572,6 +608,7 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
         settings = JudgeSettings(
             names=tuple(n.strip() for n in args.judges.split(",") if n.strip()),
             backend=backend,
+            custom_judges=tuple(args.custom_judge),
             base_url=base_url,
             model=args.judge_model,
             api_key=SecretStr(api_key) if api_key else None,

@@ -93,7 +93,8 @@ def _parse_line(raw: bytes, judges: Sequence[str]) -> CanaryEvent:
             'e.g. {"groundedness": "no"}'
         )
     for judge, label in labels.items():
-        judge_entry(judge)  # ValueError: "unknown judge 'x'; known judges: ..."
+        if judge not in judges:  # a judge in use is known (a custom judge is in no table here)
+            judge_entry(judge)  # ValueError: "unknown judge 'x'; known judges: ..."
         if label not in ("yes", "no"):
             raise ValueError(f"'labels.{judge}' must be \"yes\" or \"no\", not {label!r}")
     return CanaryEvent(record, tuple((j, labels[j]) for j in judges if j in labels))

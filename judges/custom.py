@@ -1,0 +1,143 @@
+"""Custom LLM judges: an operator's YAML file, validated at start-up, graded like a shipped judge.
+
+For operators (`--custom-judge FILE`, repeatable) and for `JudgeSettings`, which loads each file
+once in `main()` and carries the result in the `JudgeSpec` (so a Beam worker in another process
+or on another machine needs no copy of the file). A file has the keys of a shipped prompt file
+(judges/prompts/*.yaml: name, version, ratings, subject, inputs, task, rubric, one example per
+rating), plus what the registry says of a shipped judge:
+
+    requires: [question, answer]      # inputs an event must have (JudgeInput.lacks); default none
+    when_missing: "no pricing text"   # optional: rate such an event "no" with this rationale;
+                                      # without it the event is rated error with cause `input`
+
+`name` ([a-z0-9_]+) must not be a shipped judge's. The judge runs on the openai backend only,
+when `--judges` names it; its prompt is built, fenced and redacted like every LLM judge's
+(judges.llm), and its verdicts are counted under its name like any judge's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from judges.base import InputName
+from judges.llm import JudgePrompt
+from judges.registry import JudgeEntry, judge_table
+
+_OWN_KEYS = ("requires", "when_missing")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CustomJudge:
+    """One operator-defined judge: its registry entry and its validated prompt (picklable)."""
+
+    entry: JudgeEntry
+    prompt: JudgePrompt
+
+
+class _RegistryKeys(BaseModel):
+    """The keys a custom judge's file adds to a prompt file (what the registry says of it)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    requires: tuple[InputName, ...] = ()
+    when_missing: str | None = Field(None, min_length=1)
+
+
+class CustomJudgeError(ValueError):
+    """A custom judge file that cannot be used; the message is one line naming file and key."""
+
+
+def load_custom_judge(path: Path) -> CustomJudge:
+    """Read and validate one custom judge file; CustomJudgeError names the file, the key and
+    (when known) its line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise CustomJudgeError(f"custom judge file {path}: cannot read it ({reason})") from None
+    try:
+        data = yaml.safe_load(text)
+        root = yaml.compose(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        raise CustomJudgeError(f"custom judge file {path}: not valid YAML{line}") from None
+    if not isinstance(data, dict):
+        raise CustomJudgeError(
+            f"custom judge file {path}: must be a mapping of keys (name, version, ratings, "
+            "inputs, task, rubric, examples, requires)"
+        )
+
+    def fail(loc: tuple[Any, ...], message: str) -> CustomJudgeError:
+        if not loc:
+            return CustomJudgeError(f"custom judge file {path}: {message}")
+        key = ".".join(str(p) for p in loc)
+        line = _line_of(root, loc)
+        at = f" (line {line})" if line is not None else ""
+        return CustomJudgeError(f"custom judge file {path}: key {key!r}{at}: {message}")
+
+    own = {k: data.pop(k) for k in _OWN_KEYS if k in data}
+    try:
+        keys = _RegistryKeys.model_validate(own)
+        prompt = JudgePrompt.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise fail(tuple(first["loc"]), first["msg"].removeprefix("Value error, ")) from None
+    unshown = [r for r in keys.requires if r not in prompt.inputs]
+    if unshown:
+        raise fail(
+            ("requires",),
+            f"{', '.join(unshown)} is required but not shown to the judge (add it to inputs)",
+        )
+    if prompt.subject == "passage" and "chunks" not in keys.requires:
+        # One call per chunk: an event without chunks would otherwise get no verdict at all.
+        raise fail(("requires",), "a judge of each passage (subject: passage) requires chunks")
+    entry = JudgeEntry(
+        prompt.name,
+        prompt=str(path),
+        requires=keys.requires,
+        optional=tuple(i for i in prompt.inputs if i not in keys.requires),
+        when_missing=keys.when_missing,
+        per_chunk=prompt.subject == "passage",
+        default=False,
+    )
+    try:
+        judge_table((entry,))
+    except ValueError as exc:
+        raise fail(("name",), str(exc)) from None
+    return CustomJudge(entry, prompt)
+
+
+def load_custom_judges(paths: tuple[Path, ...]) -> tuple[CustomJudge, ...]:
+    """Every file of `--custom-judge`, validated; CustomJudgeError when two take one name."""
+    judges = tuple(load_custom_judge(p) for p in paths)
+    try:
+        judge_table(tuple(j.entry for j in judges))
+    except ValueError as exc:
+        raise CustomJudgeError(f"--custom-judge files: {exc}") from None
+    return judges
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    """The 1-based line of the value at `loc` (keys and list indexes) in a composed YAML tree,
+    or of the deepest part of it that exists."""
+    line = None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            found = next((kv for kv in node.value if kv[0].value == part), None)
+            if found is None:
+                break
+            line, node = found[0].start_mark.line + 1, found[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            if part >= len(node.value):
+                break
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
