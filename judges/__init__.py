@@ -61,16 +61,26 @@ class JudgeSpec:
     text_policy: TextPolicy
     # --guideline: added to every event's own guidelines (guideline_adherence).
     guidelines: tuple[Guideline, ...]
+    # Verdicts kept for identical inputs (judges.verdict_cache); size 0: no cache.
+    cache_size: int
+    cache_ttl_seconds: float
 
     def __post_init__(self) -> None:
         check_judge_names(self.names, self.backend)
 
     def build(self) -> JudgePanel:
         """A panel of the named judges on this backend."""
+        from judges.verdict_cache import shared_verdict_cache
+
+        cache = (
+            shared_verdict_cache(self.cache_size, self.cache_ttl_seconds)
+            if self.cache_size
+            else None
+        )
         if self.backend == "local":
             from judges.local import build_local_judges
 
-            return JudgePanel(build_local_judges(self.names), self.batch_deadline_seconds)
+            return JudgePanel(build_local_judges(self.names), self.batch_deadline_seconds, cache)
         from judges.endpoint import OpenAIJudgeEndpoint
         from judges.llm import build_llm_judges
 
@@ -95,6 +105,7 @@ class JudgeSpec:
         return JudgePanel(
             build_llm_judges(self.names, endpoint, prompts, redact, self.guidelines),
             self.batch_deadline_seconds,
+            cache,
         )
 
 
