@@ -276,6 +276,9 @@ class JudgePanel:
     batch started is cancelled and rated `error` with cause `deadline`. The deadline is also
     published to the judges (`batch_deadline`) so the ones that wait on I/O can stop in time
     and say why. (The synchronous path has no I/O to wait on, and no deadline.)
+
+    With a `cache` (judges.verdict_cache), a judge is asked about each distinct input once per
+    TTL: repeats get the kept verdict marked `cached` (no call, no tokens, latency 0).
     """
 
     def __init__(
