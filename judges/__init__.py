@@ -67,6 +67,9 @@ class JudgeSpec:
     guidelines: tuple[Guideline, ...]
     # --custom-judge: the operator's LLM judges, loaded and validated in main() (judges.custom).
     custom_judges: tuple[CustomJudge, ...]
+    # Verdicts kept for identical inputs (judges.verdict_cache); size 0: no cache.
+    cache_size: int
+    cache_ttl_seconds: float
 
     def __post_init__(self) -> None:
         check_judge_names(self.names, self.backend, tuple(c.entry for c in self.custom_judges))
@@ -76,7 +79,16 @@ class JudgeSpec:
         if self.backend == "local":
             from judges.local import build_local_judges
 
+            # No verdict cache: a local judge grades an event faster than the cache finds it
+            # (tests/bench/bench_verdict_cache.py).
             return JudgePanel(build_local_judges(self.names), self.batch_deadline_seconds)
+        from judges.verdict_cache import shared_verdict_cache
+
+        cache = (
+            shared_verdict_cache(self.cache_size, self.cache_ttl_seconds)
+            if self.cache_size
+            else None
+        )
         from judges.endpoint import OpenAIJudgeEndpoint
         from judges.llm import build_llm_judges
 
@@ -103,6 +115,7 @@ class JudgeSpec:
                 self.names, endpoint, prompts, redact, self.guidelines, self.custom_judges
             ),
             self.batch_deadline_seconds,
+            cache,
         )
 
 

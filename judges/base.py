@@ -15,9 +15,12 @@ import math
 import re
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Literal, Protocol, get_args, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, get_args, runtime_checkable
+
+if TYPE_CHECKING:
+    from judges.verdict_cache import CacheKey, VerdictCache
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +168,11 @@ class Verdict:
     latency_seconds: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Of `prompt_tokens`, those the provider read from its prompt cache (billed for less).
+    cached_prompt_tokens: int = 0
+    # Given earlier to an identical input and taken from the panel's verdict cache
+    # (judges.verdict_cache): no call was made, no tokens spent, latency 0.
+    cached: bool = False
 
     def __post_init__(self) -> None:
         if (self.rating == "error") != (self.error_message is not None):
@@ -174,6 +182,9 @@ class Verdict:
         prompt, completion = self.prompt_tokens, self.completion_tokens
         if type(prompt) is not int or type(completion) is not int or prompt < 0 or completion < 0:
             raise ValueError(f"token counts must be ints >= 0, got {prompt!r}, {completion!r}")
+        cached = self.cached_prompt_tokens
+        if type(cached) is not int or not 0 <= cached <= prompt:
+            raise ValueError(f"cached prompt tokens must be an int in 0..{prompt}, got {cached!r}")
         if not 0.0 <= self.latency_seconds < math.inf:
             raise ValueError(f"latency must be finite and >= 0, got {self.latency_seconds!r}")
 
@@ -241,6 +252,15 @@ class ThrottledLog:
         self._log.warning(msg + suffix, *args)
 
 
+def judge_version(judge: Judge) -> str:
+    """What produced a judge's verdicts, for the verdict cache: the judge's `version` when it
+    has one (LLM judges: prompt, model and request settings), else its implementation."""
+    version = getattr(judge, "version", None)
+    if isinstance(version, str):
+        return version
+    return f"{type(judge).__module__}.{type(judge).__qualname__}"
+
+
 class JudgePanel:
     """Runs several judges over a batch of inputs on one private event loop.
 
@@ -256,15 +276,25 @@ class JudgePanel:
     batch started is cancelled and rated `error` with cause `deadline`. The deadline is also
     published to the judges (`batch_deadline`) so the ones that wait on I/O can stop in time
     and say why. (The synchronous path has no I/O to wait on, and no deadline.)
+
+    With a `cache` (judges.verdict_cache), a judge is asked about each distinct input once per
+    TTL: repeats get the kept verdict marked `cached` (no call, no tokens, latency 0).
     """
 
-    def __init__(self, judges: Sequence[Judge], deadline_seconds: float | None = None) -> None:
+    def __init__(
+        self,
+        judges: Sequence[Judge],
+        deadline_seconds: float | None = None,
+        cache: VerdictCache | None = None,
+    ) -> None:
         if not judges:
             raise ValueError("a judge panel needs at least one judge")
         if deadline_seconds is not None and not deadline_seconds > 0:
             raise ValueError(f"deadline_seconds must be positive, got {deadline_seconds}")
         self.judges = tuple(judges)
         self.deadline_seconds = deadline_seconds
+        self.cache = cache
+        self._versions = tuple(judge_version(j) for j in self.judges)
         self._loop = asyncio.new_event_loop()
         graders = tuple(j.grade for j in self.judges if isinstance(j, SyncJudge))
         self._graders: tuple[Callable[[JudgeInput], Verdict], ...] | None = (
@@ -276,9 +306,72 @@ class JudgePanel:
     def names(self) -> tuple[str, ...]:
         return tuple(j.name for j in self.judges)
 
-    def judge_batch(self, items: Sequence[JudgeInput]) -> list[tuple[Verdict, ...]]:
+    def judge_batch(
+        self, items: Sequence[JudgeInput], fresh: Collection[int] = ()
+    ) -> list[tuple[Verdict, ...]]:
         """One tuple of verdicts per input, in the order of `self.judges`; never raises for
-        one judge's failure on one input."""
+        one judge's failure on one input.
+
+        With a cache, a (judge, input) pair judged within its TTL, or earlier in this batch,
+        gets that verdict back marked `cached` instead of being judged again. The inputs at
+        the positions in `fresh` are always judged and their verdicts not kept (canaries,
+        which are there to test the judges themselves).
+        """
+        if self.cache is not None:
+            return self._judge_through(self.cache, items, fresh)
+        return self._judge_every_pair(items)
+
+    def _judge_through(
+        self, cache: VerdictCache, items: Sequence[JudgeInput], fresh: Collection[int]
+    ) -> list[tuple[Verdict, ...]]:
+        # Imported here: judges.verdict_cache reads this module's types.
+        from judges.verdict_cache import as_cached, input_digest
+
+        keyed = [(self.judges[j].name, version) for j, version in enumerate(self._versions)]
+        rows: list[list[Verdict | None]] = []
+        # The pairs to judge, each with its cache key (None: not kept) and its places in
+        # `rows`: a pair repeated within the batch is judged once.
+        pairs: list[tuple[int, JudgeInput]] = []
+        keys: list[CacheKey | None] = []
+        places: list[list[tuple[int, int]]] = []
+        pending: dict[CacheKey, int] = {}
+        for i, item in enumerate(items):
+            digest = None if i in fresh else input_digest(item)
+            row: list[Verdict | None] = []
+            for j, (name, version) in enumerate(keyed):
+                key = None if digest is None else (name, version, digest)
+                verdict = None if key is None else cache.get(key)
+                if verdict is None:
+                    n = None if key is None else pending.get(key)
+                    if n is None:
+                        if key is not None:
+                            pending[key] = len(pairs)
+                        pairs.append((j, item))
+                        keys.append(key)
+                        places.append([(i, j)])
+                    else:
+                        places[n].append((i, j))
+                row.append(verdict)
+            rows.append(row)
+        judged = self._judge_pairs(pairs)
+        for key, (first, *repeats), verdict in zip(keys, places, judged, strict=True):
+            if key is not None:
+                cache.put(key, verdict)
+            rows[first[0]][first[1]] = verdict
+            # Repeats within the batch share the one call's outcome, an error included (it
+            # is not kept for later batches): no call of their own, so no cost.
+            for i, j in repeats:
+                rows[i][j] = as_cached(verdict)
+        return [tuple(v for v in row if v is not None) for row in rows]
+
+    def _judge_pairs(self, pairs: Sequence[tuple[int, JudgeInput]]) -> list[Verdict]:
+        """The verdict of judge number j on each (j, input), in order."""
+        graders = self._graders
+        if graders is not None:
+            return [self._graded(self.judges[j].name, graders[j], item) for j, item in pairs]
+        return self._loop.run_until_complete(self._judge_all(pairs))
+
+    def _judge_every_pair(self, items: Sequence[JudgeInput]) -> list[tuple[Verdict, ...]]:
         graders = self._graders
         if graders is not None:
             try:
@@ -289,7 +382,11 @@ class JudgePanel:
                 # above stays free of a wrapper call per pair.
                 pairs = list(zip(self.judges, graders, strict=True))
                 return [tuple(self._graded(j.name, g, item) for j, g in pairs) for item in items]
-        return self._loop.run_until_complete(self._judge_all(items))
+        n = len(self.judges)
+        flat = self._loop.run_until_complete(
+            self._judge_all([(j, item) for item in items for j in range(n)])
+        )
+        return [tuple(flat[i * n : (i + 1) * n]) for i in range(len(items))]
 
     def _graded(
         self, name: str, grade: Callable[[JudgeInput], Verdict], item: JudgeInput
@@ -323,13 +420,12 @@ class JudgePanel:
             error_cause="internal",
         )
 
-    async def _judge_all(self, items: Sequence[JudgeInput]) -> list[tuple[Verdict, ...]]:
+    async def _judge_all(self, pairs: Sequence[tuple[int, JudgeInput]]) -> list[Verdict]:
         loop = asyncio.get_running_loop()
         budget = self.deadline_seconds
         # Copied into each task's context as the task is created.
         _BATCH_DEADLINE.set(None if budget is None else loop.time() + budget)
-        pairs = [(j, item) for item in items for j in self.judges]
-        tasks = [loop.create_task(self._judged(j, item)) for j, item in pairs]
+        tasks = [loop.create_task(self._judged(self.judges[j], item)) for j, item in pairs]
         if not tasks:
             return []
         timeout = None if budget is None else budget + DEADLINE_GRACE_SECONDS
@@ -338,20 +434,18 @@ class JudgePanel:
             task.cancel()
         if pending:
             await asyncio.wait(pending)
-        flat = [
+        return [
             task.result()
             if not task.cancelled()
             else Verdict(
-                judge.name,
+                self.judges[j].name,
                 "error",
                 error_message=f"not finished within the batch deadline of "
                 f"{self.deadline_seconds:g} s (--judge-batch-deadline); cancelled",
                 error_cause="deadline",
             )
-            for task, (judge, _) in zip(tasks, pairs, strict=True)
+            for task, (j, _) in zip(tasks, pairs, strict=True)
         ]
-        n = len(self.judges)
-        return [tuple(flat[i * n : (i + 1) * n]) for i in range(len(items))]
 
     def close(self) -> None:
         """Let judges release what they hold on the panel's loop (HTTP clients), then close it.

@@ -37,6 +37,7 @@ def event_verdict(name: str, chunks: Sequence[Verdict], latency_seconds: float) 
         raise ValueError("a per-chunk verdict needs at least one chunk verdict")
     prompt_tokens = sum(v.prompt_tokens for v in chunks)
     completion_tokens = sum(v.completion_tokens for v in chunks)
+    cached_prompt_tokens = sum(v.cached_prompt_tokens for v in chunks)
     relevant = [i for i, v in enumerate(chunks, start=1) if v.rating == "yes"]
     rated = [v for v in chunks if v.rating != "error"]
     ratings = ", ".join(f"[{i}] {v.rating}" for i, v in enumerate(chunks, start=1))
@@ -53,6 +54,7 @@ def event_verdict(name: str, chunks: Sequence[Verdict], latency_seconds: float) 
             latency_seconds=latency_seconds,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            cached_prompt_tokens=cached_prompt_tokens,
         )
     shown = relevant[:1] or [1]
     reasons = " ".join(
@@ -66,6 +68,7 @@ def event_verdict(name: str, chunks: Sequence[Verdict], latency_seconds: float) 
         latency_seconds=latency_seconds,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
+        cached_prompt_tokens=cached_prompt_tokens,
     )
 
 

@@ -171,27 +171,36 @@ def _count(value: object, bound: int) -> int | None:
 
 def usage_counts(
     usage: object, prompt_bound: int, completion_bound: int
-) -> tuple[int, int, str | None]:
-    """(prompt, completion) tokens from a reply's `usage`, and what was wrong with it if anything.
+) -> tuple[int, int, int, str | None]:
+    """(prompt, completion, cached prompt) tokens from a reply's `usage`, and what was wrong
+    with it if anything.
 
-    Missing usage is (0, 0) without complaint (some servers do not report it). A count that is
-    not a whole number within 0..bound (a string, negative, 1e30) is taken as 0 and reported,
-    because these counts feed counters that must only grow.
+    Missing usage is (0, 0, 0) without complaint (some servers do not report it), and so is a
+    missing `prompt_tokens_details.cached_tokens` (the provider's prompt cache, a part of the
+    prompt tokens). A count that is not a whole number within 0..bound (a string, negative,
+    1e30; cached tokens above the prompt tokens) is taken as 0 and reported, because these
+    counts feed counters that must only grow.
     """
     if usage is None:
-        return 0, 0, None
+        return 0, 0, 0, None
     if not isinstance(usage, Mapping):
-        return 0, 0, f"usage is {type(usage).__name__}, not an object"
-    counts = []
-    problems = []
-    for field, bound in (("prompt_tokens", prompt_bound), ("completion_tokens", completion_bound)):
-        value = usage.get(field)
+        return 0, 0, 0, f"usage is {type(usage).__name__}, not an object"
+    problems: list[str] = []
+
+    def read(field: str, value: object, bound: int) -> int:
         count = _count(value, bound) if value is not None else 0
         if count is None:
             problems.append(f"{field}={str(value)[:40]!r} (expected a whole number 0..{bound})")
-            count = 0
-        counts.append(count)
-    return counts[0], counts[1], "; ".join(problems) or None
+            return 0
+        return count
+
+    prompt = read("prompt_tokens", usage.get("prompt_tokens"), prompt_bound)
+    completion = read("completion_tokens", usage.get("completion_tokens"), completion_bound)
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    # The cached tokens are a part of the prompt tokens.
+    cached_prompt = read("prompt_tokens_details.cached_tokens", cached, prompt)
+    return prompt, completion, cached_prompt, "; ".join(problems) or None
 
 
 # -- outcomes -----------------------------------------------------------------------------------
@@ -205,6 +214,7 @@ class EndpointReply:
     prompt_tokens: int
     completion_tokens: int
     latency_seconds: float
+    cached_prompt_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
     refusal: str | None = None
     finish_reason: str | None = None
 
@@ -500,7 +510,7 @@ class OpenAIJudgeEndpoint:
                 tokens.give_back(estimate)  # refused, unreadable or never answered
             raise
         sent = sum(len((m.get("content") or "").encode()) for m in messages)
-        prompt_tokens, completion_tokens, problem = usage_counts(
+        prompt_tokens, completion_tokens, cached_prompt_tokens, problem = usage_counts(
             completion.usage, 2 * sent + 1024, 2 * self.max_tokens + 1024
         )
         if problem:
@@ -522,6 +532,7 @@ class OpenAIJudgeEndpoint:
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             latency_seconds=latency,
+            cached_prompt_tokens=cached_prompt_tokens,
             refusal=self.scrub(message.refusal) if message.refusal else None,
             finish_reason=choice.finish_reason,
         )

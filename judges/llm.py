@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import importlib.resources
 import json
 import re
@@ -400,6 +401,25 @@ class LLMJudge:
         # Guidelines for every event (--guideline), for a prompt that shows guidelines.
         self.guidelines = guidelines if "guidelines" in prompt.inputs else ()
         self._system = system_prompt(prompt)
+        self.version = self._version()
+
+    def _version(self) -> str:
+        """What this judge's verdicts depend on besides the event, for the verdict cache
+        (judges.verdict_cache): the prompt as sent, the model, the request settings, the
+        redaction and the --guideline rules. Hashed: it holds the endpoint's address."""
+        endpoint = self.endpoint
+        settings = (
+            self._system,
+            endpoint.base_url,
+            endpoint.model,
+            endpoint.temperature,
+            endpoint.reply_format,
+            endpoint.max_tokens,
+            self.redact is not None,
+            self.guidelines,
+        )
+        digest = hashlib.blake2b(repr(settings).encode(), digest_size=8).hexdigest()
+        return f"prompt v{self.prompt.version} frame v{FRAME_VERSION} {digest}"
 
     async def aclose(self) -> None:
         """Close the shared endpoint's client on this loop (a no-op when already closed)."""
@@ -452,6 +472,7 @@ class LLMJudge:
             "latency_seconds": outcome.latency_seconds,
             "prompt_tokens": outcome.prompt_tokens,
             "completion_tokens": outcome.completion_tokens,
+            "cached_prompt_tokens": outcome.cached_prompt_tokens,
         }
         if outcome.finish_reason == "length":
             # A cut-off reply may still parse (a rating before the cut), but it is not the

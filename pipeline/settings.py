@@ -104,6 +104,9 @@ class JudgeSettings(BaseModel):
     store_text: StoreText = Field("redacted", title="--store-text")
     # NAME=RULE guidelines every event must follow, added to its own (guideline_adherence).
     guidelines: tuple[str, ...] = Field((), title="--guideline")
+    # Identical inputs judged once per TTL by the LLM judges (judges.verdict_cache); 0: no cache.
+    cache_size: int = Field(10_000, ge=0, le=10_000_000, title="--judge-cache-size")
+    cache_ttl_seconds: float = Field(600.0, gt=0, le=7 * 86400, title="--judge-cache-ttl")
 
     @field_validator("redact_patterns")
     @classmethod
@@ -194,6 +197,8 @@ class JudgeSettings(BaseModel):
             text_policy=self.text_policy(),
             guidelines=global_guidelines(self.guidelines),
             custom_judges=self.custom_judges,
+            cache_size=self.cache_size,
+            cache_ttl_seconds=self.cache_ttl_seconds,
         )
 
 
@@ -549,6 +554,24 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: no limit)",
     )
     g.add_argument(
+        "--judge-cache-size",
+        type=int,
+        default=default_of(JudgeSettings, "cache_size"),
+        metavar="N",
+        help="LLM judge verdicts kept so that an input identical to one already judged (same "
+        "judge, prompt version, model and event text) is not sent again within "
+        "--judge-cache-ttl; errors are never kept. 0 turns the cache off; the local judges "
+        "have none (they grade faster than a lookup) (default: %(default)s)",
+    )
+    g.add_argument(
+        "--judge-cache-ttl",
+        type=positive_duration,
+        default=default_of(JudgeSettings, "cache_ttl_seconds"),
+        metavar="DURATION",
+        help="how long a kept verdict is given again for an identical input "
+        f"(default: {_judge_dur('cache_ttl_seconds')})",
+    )
+    g.add_argument(
         "--redact-pii",
         choices=REDACT_MODES,
         default=default_of(JudgeSettings, "redact_pii"),
@@ -628,6 +651,8 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
             redact_patterns=tuple(args.redact_pattern),
             store_text=args.store_text,
             guidelines=tuple(args.guideline),
+            cache_size=args.judge_cache_size,
+            cache_ttl_seconds=args.judge_cache_ttl,
         )
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc, JudgeSettings)) from None

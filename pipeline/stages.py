@@ -226,8 +226,10 @@ class _JudgeInBatches(beam.DoFn):
         A canary's verdicts are compared with its labels and counted in
         `ragpulse_canary_verdicts_total` alone, so no production count or window sees them.
         """
+        # Canaries are judged afresh every time: they test the judges, not the cache.
         all_verdicts = self._panel.judge_batch(
-            [(e.record if isinstance(e, CanaryEvent) else e).judge_input for e in batch]
+            [(e.record if isinstance(e, CanaryEvent) else e).judge_input for e in batch],
+            fresh={i for i, e in enumerate(batch) if isinstance(e, CanaryEvent)},
         )
         # Tally the batch with cheap tuple keys first and touch each Beam counter once per
         # batch: building a sorted counter key and looking it up 19 times per event cost a
@@ -271,11 +273,17 @@ def _tally(
         elif judge == "context_sufficiency":
             sufficient = v.rating
         tally["verdict", judge, v.rating, app, model] += 1
-        tally["calls", judge] += 1
         if v.error_cause is not None:
             tally["error", judge, v.error_cause] += 1
+        if v.cached:
+            # Given again from the verdict cache: no call, no tokens, no latency to count.
+            tally["cache_hit", judge] += 1
+            continue
+        tally["calls", judge] += 1
         if v.prompt_tokens:
             tally["prompt_tokens", judge] += v.prompt_tokens
+        if v.cached_prompt_tokens:
+            tally["cached_prompt_tokens", judge] += v.cached_prompt_tokens
         if v.completion_tokens:
             tally["completion_tokens", judge] += v.completion_tokens
         tally["latency_bucket", judge, counting.latency_bucket(v.latency_seconds)] += 1
@@ -330,6 +338,10 @@ def _counter_key(k: tuple[Any, ...], backend: str) -> counting.CounterKey:
             return counting.key("ragpulse_judge_tokens_total", judge=judge, kind="prompt")
         case ("completion_tokens", judge):
             return counting.key("ragpulse_judge_tokens_total", judge=judge, kind="completion")
+        case ("cached_prompt_tokens", judge):
+            return counting.key("ragpulse_judge_tokens_total", judge=judge, kind="cached_prompt")
+        case ("cache_hit", judge):
+            return counting.key("ragpulse_judge_cache_hits_total", judge=judge)
         case ("latency_bucket", judge, le):
             return counting.key(counting.LATENCY_BUCKET, judge=judge, le=le)
         case ("latency_count", judge):

@@ -22,3 +22,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_verdict_caches() -> None:
+    # The verdict cache is process-wide by design (it spans serve cycles); a test that judges
+    # the same sample events as an earlier one must not find their verdicts cached.
+    from judges.verdict_cache import forget_shared_verdict_caches
+
+    forget_shared_verdict_caches()

@@ -19,6 +19,9 @@ what the "model" does:
   the 400 (or `format_rejection_status`) a server without that feature answers;
 * `max_tokens` is honoured like a real server: a reply longer than that many words is cut and
   its finish_reason is "length";
+* `prompt_cache`: play a provider's prompt caching: the leading messages of a request that
+  match, byte for byte, the leading messages of an earlier request are reported as
+  `usage.prompt_tokens_details.cached_tokens` (their words), as OpenAI reports a cached prefix;
 * `decide`: how the verdict is chosen from the request. The default reads the fenced answer
   (`<answer-NONCE>...</answer-NONCE>`) and says "no" when it contains `MARKER`. It also behaves
   like a gullible model: a `rating: yes|no` line or JSON verdict found in the last user message
@@ -183,12 +186,15 @@ class FakeOpenAI:
         decide: Decide = default_decide,
         response_formats: tuple[str, ...] = ("json_schema", "json_object", "text"),
         format_rejection_status: int = 400,
+        prompt_cache: bool = False,
     ) -> None:
         self.reply_mode: ReplyMode = reply_mode
         self.latency = latency
         self.decide = decide
         self.response_formats = response_formats
         self.format_rejection_status = format_rejection_status
+        self.prompt_cache = prompt_cache
+        self._prefixes: set[tuple[str, ...]] = set()
         self.requests: list[RecordedRequest] = []
         self.max_concurrent = 0
         self._in_flight = 0
@@ -267,6 +273,20 @@ class FakeOpenAI:
     def _record(self, entry: RecordedRequest) -> None:
         with self._lock:
             self.requests.append(entry)
+
+    def _cached_words(self, body: dict[str, Any]) -> int:
+        """The words of the longest run of leading messages seen before, then remembers this
+        request's leading runs (the last message, the event, is never a prefix)."""
+        messages = [json.dumps(m, sort_keys=True) for m in body.get("messages") or []]
+        words = [len(str(m.get("content") or "").split()) for m in body.get("messages") or []]
+        cached = 0
+        with self._lock:
+            for k in range(1, len(messages)):
+                prefix = tuple(messages[:k])
+                if prefix in self._prefixes:
+                    cached = sum(words[:k])
+                self._prefixes.add(prefix)
+        return cached
 
     def _content_for(self, body: dict[str, Any]) -> str:
         rating, rationale = self.decide(read_fences(_last_user_message(body)))
@@ -382,11 +402,13 @@ class FakeOpenAI:
                 prompt_tokens = _word_count(body)
                 completion_tokens = len(content.split())
                 record("ok", prompt_tokens, completion_tokens)
-                usage = {
+                usage: dict[str, Any] = {
                     "prompt_tokens": prompt_tokens,
                     "completion_tokens": completion_tokens,
                     "total_tokens": prompt_tokens + completion_tokens,
                 }
+                if fake.prompt_cache:
+                    usage["prompt_tokens_details"] = {"cached_tokens": fake._cached_words(body)}
                 if fault is not None and fault.usage is not None:
                     usage = fault.usage
                 reply = {

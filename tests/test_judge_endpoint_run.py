@@ -43,6 +43,10 @@ def run(src: Path, out: Path, server: FakeOpenAI, *extra: str) -> int:
             "groundedness",
             "--judge-concurrency",
             "1",  # faults reach events in file order
+            # The events differ only in request_id: one call per event, not one verdict
+            # given again from the cache.
+            "--judge-cache-size",
+            "0",
             "--judge-max-retries",
             "0",
             *extra,

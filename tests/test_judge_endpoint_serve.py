@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import orjson
 import pytest
 from fake_openai import FakeOpenAI, Fault
 from kafka_broker import TansuBroker
@@ -61,4 +62,46 @@ def test_a_broken_endpoint_costs_error_verdicts_not_cycles_and_the_breaker_spans
         assert len(judge_server.requests) == 3  # the new cycle's pipeline never called it
         assert second.total("ragpulse_cycles_total", outcome="failed") == 0
         assert serve.healthz()[0] == 200
+        assert serve.terminate() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_an_event_repeated_in_a_later_cycle_gets_its_verdict_from_the_cache_without_a_call(
+    serve_processes: ServeFactory, tmp_path: Path
+) -> None:
+    topic = "judge-cache"
+    events = [orjson.loads(e.payload) for e in simulate(6, 10, T0, rate=10)]
+    # The same requests and answers again, later, under new request ids: the judge inputs
+    # are identical, so the verdicts kept by the first cycle's judging are given again.
+    repeats = [
+        {**e, "request_id": f"again-{i}", "timestamp": int(T0 * 1000) + 10_000 + 100 * i}
+        for i, e in enumerate(events)
+    ]
+    with TansuBroker() as broker, FakeOpenAI() as judge_server:
+        broker.create_topic(topic, 1)
+        args = [
+            "--window", "10s",
+            "--judges", "groundedness",
+            "--judge-backend", "openai",
+            "--judge-base-url", judge_server.base_url,
+        ]  # fmt: skip
+        serve = serve_processes(broker.bootstrap, topic, tmp_path / "state.sqlite", args).start()
+        broker.produce(topic, [orjson.dumps(e) for e in events], partition=0)
+        first = serve.wait_for(
+            lambda m: m.total("ragpulse_events_judged_total") == 10, 60, "the first cycle"
+        )
+        asked = len(judge_server.requests)
+        hits = first.total("ragpulse_judge_cache_hits_total", judge="groundedness")
+        assert asked + hits == 10 and asked > 0
+        assert first.total("ragpulse_judge_calls_total", judge="groundedness") == asked
+
+        broker.produce(topic, [orjson.dumps(e) for e in repeats], partition=0)
+        second = serve.wait_for(
+            lambda m: m.total("ragpulse_events_judged_total") == 20, 60, "the second cycle"
+        )
+        assert len(judge_server.requests) == asked  # no call in the later cycle
+        assert second.total("ragpulse_judge_cache_hits_total", judge="groundedness") == hits + 10
+        assert second.total("ragpulse_judge_calls_total", judge="groundedness") == asked
+        assert second.total("ragpulse_judge_verdicts_total", judge="groundedness") == 20
         assert serve.terminate() == 0

@@ -41,9 +41,13 @@ COUNTER_HELP: dict[str, str] = {
     "and sent to the dead-letter output.",
     "ragpulse_dead_letters_total": "Records written to the dead-letter output (invalid or late).",
     "ragpulse_judge_verdicts_total": "Judge verdicts by rating (yes, no, error).",
-    "ragpulse_judge_calls_total": "Judge calls, by judge and backend.",
+    "ragpulse_judge_calls_total": "Verdicts a judge was called for, by judge and backend "
+    "(cache hits are not calls).",
+    "ragpulse_judge_cache_hits_total": "Verdicts given again from the verdict cache for an "
+    "identical input (same judge, prompt version, event), without a call, by judge.",
     "ragpulse_judge_errors_total": "Verdicts with rating 'error', by cause.",
-    "ragpulse_judge_tokens_total": "Tokens used by LLM judges, by kind (prompt, completion).",
+    "ragpulse_judge_tokens_total": "Tokens used by LLM judges, by kind (prompt, completion; "
+    "cached_prompt: the part of prompt the provider read from its prompt cache).",
     "ragpulse_retrieved_chunks_total": "Retrieved chunks summed over judged events.",
     "ragpulse_events_without_context_total": "Judged events that had no retrieved context.",
     counting.GROUNDED_BY_CONTEXT: "Groundedness verdicts of answers that context_sufficiency "
