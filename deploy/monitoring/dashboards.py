@@ -489,7 +489,6 @@ def drilldown(cfg: dict[str, Any]) -> dict[str, Any]:
         query(f"{CHUNKS_PER_ANSWER.format(w=base)}{{{sel}}}", f"chunks per answer {base}"),
         query(f"{NO_CONTEXT.format(w=long)}{{{sel}}}", f"share without context {long}"),
         query(f"{NO_CONTEXT.format(w=base)}{{{sel}}}", f"share without context {base}"),
-        query(f"{RETRIEVAL_CHANGED.format(w=long)}{{{sel}}}", "retrieval changed"),
         width=12,
         description=f"What RagGroundednessDrop's description calls RETRIEVAL: over {long}, "
                     f"the chunks per answer fell more than "
@@ -498,9 +497,8 @@ def drilldown(cfg: dict[str, Any]) -> dict[str, Any]:
                     f"{float(cfg['root_cause']['no_context_rise']):.0%}, or context "
                     "sufficiency fell (then 'retrieval changed' shows 1)."))
     board.with_panel(graph(
-        "Groundedness with and without sufficient context",
-        query(f'{PASS_RATIO.format(w=long)}{{{sel}, judge="groundedness"}}',
-              f"groundedness {long}"),
+        "Retrieval or generation (needs the context_sufficiency judge)",
+        query(f"{RETRIEVAL_CHANGED.format(w=long)}{{{sel}}}", "retrieval changed (1)"),
         query(f"{GROUNDED_WITH_CONTEXT.format(w=long)}{{{sel}}}",
               f"groundedness where the context was sufficient {long}"),
         query(f'{PASS_RATIO.format(w=long)}{{{sel}, judge="context_sufficiency"}}',
@@ -508,9 +506,11 @@ def drilldown(cfg: dict[str, Any]) -> dict[str, Any]:
         query(f'{PASS_RATIO.format(w=long)}{{{sel}, judge="chunk_relevance"}}',
               f"chunk relevance {long}"),
         width=12, unit="percentunit",
-        description="GENERATION: answers are ungrounded although their retrieved context was "
-                    "sufficient. Needs the opt-in judges context_sufficiency (and, for its "
-                    "line, chunk_relevance) next to groundedness in --judges."
+        description="'retrieval changed' is 1 while RagGroundednessDrop would say RETRIEVAL. "
+                    "GENERATION: answers are ungrounded although their retrieved context was "
+                    "sufficient (compare with the groundedness panels above). Needs the opt-in "
+                    "judges context_sufficiency (and, for its line, chunk_relevance) next to "
+                    "groundedness in --judges."
     ).thresholds(floor_steps(floors["groundedness"])).thresholds_style(line()))
     board.with_panel(
         table.Panel().title("Alerts for this app").span(24).height(6)
