@@ -58,8 +58,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Two workers, each test module on one of them (its module fixtures set up once): the
+# end-to-end alert test waits ~10 min for Prometheus and Alertmanager while the rest runs.
 pytest: $(STAMP) system-deps
-	$(BIN)/pytest -m "not llm"
+	$(BIN)/pytest -m "not llm" -n 2 --dist loadscope
 
 test: lint typecheck pytest
 
