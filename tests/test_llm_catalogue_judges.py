@@ -244,13 +244,16 @@ def test_guidelines_from_the_flag_are_added_to_every_event_and_graded(
     finally:
         panel.close()
     assert (without.rating, with_own.rating) == ("yes", "yes")
-    first, second = users(fake_openai)
+    # The two calls are in flight together: they reach the server in either order.
+    with_scope = [u for u in users(fake_openai) if "Only HR." in u]
+    plain = [u for u in users(fake_openai) if "Only HR." not in u]
+    assert len(with_scope) == len(plain) == 1
     flagged = (
         "english:\n- The response must be in English\n- The response must be short\n"
         "tone:\n- The response must not blame the user\n</guidelines-"
     )
-    assert flagged in first
-    assert f"scope:\n- Only HR.\n{flagged}" in second
+    assert flagged in plain[0]
+    assert f"scope:\n- Only HR.\n{flagged}" in with_scope[0]
 
 
 @pytest.mark.parametrize(
