@@ -108,6 +108,12 @@ class InvalidEvent(Exception):
         self.reason = reason
 
 
+# What a reader (file or Kafka) keeps of a record over the size limit: enough to recognise it
+# in a dead letter, never the whole value (a 10 MB record would also exceed the dead-letter
+# producer's limit).
+HEAD_BYTES = 4096
+
+
 @dataclass(frozen=True, slots=True)
 class SourceRecord:
     """One raw record as a reader found it, with where it came from.

@@ -27,10 +27,9 @@ from kafka import errors as kafka_errors
 
 from judges import TextPolicy
 from pipeline import counting
-from pipeline.events import Rejected
+from pipeline.events import HEAD_BYTES, Rejected
 from pipeline.kafka_security import KafkaSecurity, connect
 from pipeline.sinks.verdict_rows import verdict_row
-from pipeline.sources.kafka import HEAD_BYTES
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,9 @@ from typing import IO, Any
 
 import apache_beam as beam
 
-from pipeline.events import SourceRecord
+from pipeline.events import HEAD_BYTES, SourceRecord
 
 _READ_CHUNK = 1 << 16
-HEAD_BYTES = 4096  # what is kept of an over-long line, for its dead-letter row
 
 
 def numbered_lines(f: IO[bytes], path: str, max_bytes: int) -> Iterator[SourceRecord]:

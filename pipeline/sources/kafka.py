@@ -31,13 +31,10 @@ from kafka import errors as kafka_errors
 from kafka.structs import OffsetAndMetadata
 
 from pipeline import counting
-from pipeline.events import SourceRecord
+from pipeline.events import HEAD_BYTES, SourceRecord
 from pipeline.kafka_security import PLAINTEXT, KafkaSecurity, connect
 
 DEFAULT_TIMEOUT_S = 10.0
-# What is kept of a record over the size limit: enough to recognise it in the dead-letter topic,
-# never the whole value (a 10 MB record would also exceed the dead-letter producer's limit).
-HEAD_BYTES = 4096
 RECORDS_LOST = "ragpulse_records_lost_total"
 OffsetResetPolicy = Literal["earliest", "latest", "fail"]
 
