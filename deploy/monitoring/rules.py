@@ -316,17 +316,25 @@ def recording_groups(config: Mapping[str, Any]) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- alert text
 
 
+def _series_query(config: Mapping[str, Any], metric: str, labels: tuple[str, ...],
+                  judge: str | None = None, when: str = "") -> str:
+    """The Go-template pipeline querying ``metric`` for the alert's own series: the deployment
+    labels and ``labels`` taken from the alert (the judge from ``judge`` when given), the
+    result filtered by the PromQL comparison ``when``."""
+    names = [*config["deployment_labels"], *labels]
+    matchers = ",".join(f"{name}=%q" for name in names)
+    args = " ".join(f'"{judge}"' if name == "judge" and judge else f"$labels.{name}"
+                    for name in names)
+    return f'printf "{metric}{{{matchers}}}{when}" {args} | query'
+
+
 def _query_value(config: Mapping[str, Any], metric: str, judge: str | None, fmt: str) -> str:
     """Go-template snippet printing ``metric`` for the alert's series (sample sizes ...).
 
     ``judge`` None takes the judge from the alert's labels.
     """
-    names = [*config["deployment_labels"], *SERIES_LABELS]
-    matchers = ",".join(f"{name}=%q" for name in names)
-    args = " ".join(f'"{judge}"' if name == "judge" and judge else f"$labels.{name}"
-                    for name in names)
     return (
-        f'{{{{ with printf "{metric}{{{matchers}}}" {args} | query }}}}'
+        f"{{{{ with {_series_query(config, metric, SERIES_LABELS, judge)} }}}}"
         f"{{{{ . | first | value | {fmt} }}}}{{{{ end }}}}"
     )
 
@@ -444,13 +452,9 @@ ONE_DECIMAL = 'printf "%.1f"'
 def _app_value(config: Mapping[str, Any], metric: str, fmt: str, judge: str = "") -> str:
     """Go-template snippet printing ``metric`` of the alert's app and model, of ``judge`` when
     given (``n/a`` where there is no such series)."""
-    names = [*config["deployment_labels"], "app", "model"]
-    matchers = ",".join(f"{name}=%q" for name in names)
-    args = " ".join(f"$labels.{name}" for name in names)
-    if judge:
-        matchers += f",judge={json.dumps(judge)}".replace('"', '\\"')
+    labels = ("app", "model", "judge") if judge else ("app", "model")
     return (
-        f'{{{{ with printf "{metric}{{{matchers}}}" {args} | query }}}}'
+        f"{{{{ with {_series_query(config, metric, labels, judge)} }}}}"
         f"{{{{ . | first | value | {fmt} }}}}{{{{ else }}}}n/a{{{{ end }}}}"
     )
 
@@ -463,23 +467,19 @@ def _root_cause(config: Mapping[str, Any], long: str, floor: float) -> str:
     known when the opt-in context_sufficiency judge runs too).
     """
     base = str(config["windows"]["baseline"])
-    names = [*config["deployment_labels"], "app", "model"]
-    matchers = ",".join(f"{name}=%q" for name in names)
-    args = " ".join(f"$labels.{name}" for name in names)
+    app_model = ("app", "model")
 
     def pct(metric: str, w: str, judge: str = "") -> str:
         return _app_value(config, metric.format(w=w), "humanizePercentage", judge)
 
-    changed = RETRIEVAL_CHANGED.format(w=long)
-    grounded_low = f" < {floor:g}"
-    grounded_with_context = GROUNDED_WITH_CONTEXT.format(w=long)
+    changed = _series_query(config, RETRIEVAL_CHANGED.format(w=long), app_model)
+    ungrounded = _series_query(config, GROUNDED_WITH_CONTEXT.format(w=long), app_model,
+                               when=f" < {floor:g}")
     return (
-        f'Likely cause: {{{{ with printf "{changed}{{{matchers}}}" {args} | query }}}}'
-        "RETRIEVAL (it changed against the baseline)"
-        f'{{{{ else }}}}{{{{ with printf "{grounded_with_context}{{{matchers}}}{grounded_low}" '
-        f"{args} | query }}}}GENERATION (answers are ungrounded although their context was "
-        "sufficient){{ else }}not determined (retrieval unchanged; run the context_sufficiency "
-        "judge to tell generation failures apart){{ end }}{{ end }}. "
+        f"Likely cause: {{{{ with {changed} }}}}RETRIEVAL (it changed against the baseline)"
+        f"{{{{ else }}}}{{{{ with {ungrounded} }}}}GENERATION (answers are ungrounded although "
+        "their context was sufficient){{ else }}not determined (retrieval unchanged; run the "
+        "context_sufficiency judge to tell generation failures apart){{ end }}{{ end }}. "
         f"Retrieval over {long} (over the {base} baseline): "
         f"{_app_value(config, CHUNKS_PER_ANSWER.format(w=long), ONE_DECIMAL)} chunks per "
         f"answer ({_app_value(config, CHUNKS_PER_ANSWER.format(w=base), ONE_DECIMAL)}), "
