@@ -17,10 +17,11 @@ from fake_openai import (  # noqa: F401
     FencedRequest,
     fake_openai_fixture,
 )
+from test_llm_judges import endpoint_for
 
 import judges
 from judges.base import Chunk, Guideline, JudgeInput, JudgePanel, Verdict
-from judges.llm import OpenAIJudgeEndpoint, build_llm_judges, load_prompt
+from judges.llm import build_llm_judges, load_prompt
 from pipeline.settings import SettingsError, add_judge_arguments, judge_settings
 
 PROMPTS = Path(judges.__file__).parent / "prompts"
@@ -34,21 +35,8 @@ ITEM = JudgeInput(
 )
 
 
-def endpoint_for(server: FakeOpenAI, **settings: object) -> OpenAIJudgeEndpoint:
-    options: dict[str, object] = {
-        "base_url": server.base_url,
-        "api_key": "sk-test-key",
-        "backoff_base_seconds": 0.01,
-        "backoff_max_seconds": 0.05,
-        "timeout_seconds": 5.0,
-        "max_retries": 0,
-    }
-    options.update(settings)
-    return OpenAIJudgeEndpoint(**options)  # type: ignore[arg-type]
-
-
 def judge_one(server: FakeOpenAI, item: JudgeInput, name: str) -> Verdict:
-    panel = JudgePanel(build_llm_judges([name], endpoint_for(server)))
+    panel = JudgePanel(build_llm_judges([name], endpoint_for(server, max_retries=0)))
     try:
         return panel.judge_batch([item])[0][0]
     finally:

@@ -3,12 +3,11 @@ context_sufficiency, correctness and document_recall, and what each does without
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
+from test_local_judges import _eval_script
 
 from judges.base import Chunk, JudgeInput, Verdict
 from judges.chunk_verdicts import event_verdict
@@ -208,12 +207,7 @@ def test_document_recall_without_expected_documents_is_an_input_error() -> None:
 
 
 def test_the_correctness_measurement_counts_an_answer_matching_any_accepted_reference() -> None:
-    path = Path(__file__).resolve().parent / "bench" / "eval_local_judges.py"
-    spec = importlib.util.spec_from_file_location("eval_local_judges", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    module = _eval_script()
     rows = [
         {"question": "q", "response": "Bill Russell won 11.", "reference": ["Russell", "x"],
          "label_pass": True},
