@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 import pytest
 from cli import one_line_error, ragpulse
+from fake_openai import MARKER, FakeOpenAI, Fault, fake_openai_fixture  # noqa: F401
 from prometheus_client.parser import text_string_to_metric_families
 
 from judges.base import Verdict
@@ -34,6 +35,8 @@ from pipeline.calibration import (
     load_calibration,
     rogan_gladen,
 )
+from pipeline.cli import main
+from pipeline.commands.calibrate import read_labelled
 from pipeline.errors import SettingsError
 from pipeline.settings import JudgeSettings, RunSettings, build
 from pipeline.sinks.prometheus import MetricsSnapshot, registry_for
@@ -156,6 +159,65 @@ def test_an_event_without_a_label_stops_calibrate_naming_the_line(tmp_path: Path
     done = ragpulse("calibrate", str(path), "--judge", "correctness")
     line = one_line_error(done.returncode, done.stderr, allow_info=True)
     assert "line 3: no 'label'" in line
+
+
+def test_golden_set_lines_are_read_with_the_label_of_the_judge_and_both_forms_are_refused(
+    tmp_path: Path,
+) -> None:
+    golden = orjson.loads(labelled_event(1, WRONG, "no"))
+    del golden["label"]
+    golden["labels"] = {"correctness": "yes", "safety": "no"}  # a canary file's line
+    path = tmp_path / "golden.jsonl"
+    path.write_bytes(orjson.dumps(golden) + b"\n" + labelled_event(2, RIGHT, None))
+    items, unlabelled = read_labelled(path, "correctness")
+    assert [(request_id, label) for request_id, _, label in items] == [("lab-1", "yes")]
+    assert unlabelled == 1
+    path.write_bytes(orjson.dumps({**golden, "label": "no"}))
+    with pytest.raises(SettingsError, match="line 1: give 'label' or 'labels', not both"):
+        read_labelled(path, "correctness")
+
+
+def test_store_text_none_keeps_the_rationales_out_of_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "cal.json"
+    code = main(["calibrate", str(labelled_file(tmp_path)), "--judge", "correctness",
+                 "--output", str(output), "--store-text", "none"])
+    assert code == 0
+    report = json.loads(output.read_text())
+    assert report["disagreements"] and all(d["rationale"] is None for d in report["disagreements"])
+    assert all(e["error_message"] is None for e in report["errors"])
+    assert "disagreements: 5" in capsys.readouterr().out
+
+
+def test_calibrate_an_llm_judge_counts_endpoint_failures_as_errors_apart_from_the_figures(
+    tmp_path: Path, fake_openai: FakeOpenAI
+) -> None:
+    # The stand-in model says "no" to an answer holding MARKER, "yes" to any other.
+    # Distinct answers: identical inputs would be judged once (the verdict cache).
+    lines = [labelled_event(i, f"{RIGHT} ({i}{MARKER if i % 3 == 0 else ''})",
+                            "no" if i % 2 else "yes") for i in range(12)]
+    path = tmp_path / "labelled.jsonl"
+    path.write_bytes(b"\n".join(lines))
+    fake_openai.push_faults(Fault.http(500), Fault.http(500))  # the first two calls fail
+    output = tmp_path / "cal.json"
+    code = main(["calibrate", str(path), "--judge", "correctness", "--output", str(output),
+                 "--judge-backend", "openai", "--judge-base-url", fake_openai.base_url,
+                 "--judge-model", "judge-m", "--judge-concurrency", "1",
+                 "--judge-max-retries", "0"])
+    assert code == 0
+    report = json.loads(output.read_text())
+    assert report["errors_by_cause"] == {"server_error": 2}
+    assert sorted(e["request_id"] for e in report["errors"]) == ["lab-0", "lab-1"]
+    assert report["graded"] == 10
+    # Events 2..11: label yes on even i, verdict no when i % 3 == 0 (3, 6, 9).
+    graded = range(2, 12)
+    tp = sum(1 for i in graded if i % 2 == 0 and i % 3 != 0)
+    tn = sum(1 for i in graded if i % 2 == 1 and i % 3 == 0)
+    assert (report["true_positives"], report["positives"]) == (tp, 5)
+    assert (report["true_negatives"], report["negatives"]) == (tn, 5)
+    assert (report["backend"], report["model"]) == ("openai", "judge-m")
+    assert load_calibration(output).model == "judge-m"
 
 
 # ------------------------------------------------------------------ calibration files
