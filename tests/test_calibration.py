@@ -79,18 +79,16 @@ def labelled_file(folder: Path) -> Path:
     return path
 
 
-def calibrate(labelled: Path, output: Path, *extra: str) -> dict[str, Any]:
-    done = ragpulse(
-        "calibrate", str(labelled), "--judge", "correctness", "--output", str(output), *extra
-    )
-    assert done.returncode == 0, done.stderr
-    assert "exact agreement" in done.stdout and str(output) in done.stdout
-    report: dict[str, Any] = json.loads(output.read_text())
-    return report
-
-
-def test_calibrate_reports_every_statistic_of_a_known_confusion_matrix(tmp_path: Path) -> None:
-    report = calibrate(labelled_file(tmp_path), tmp_path / "cal.json")
+def test_calibrate_reports_every_statistic_of_a_known_confusion_matrix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "cal.json"
+    code = main(["calibrate", str(labelled_file(tmp_path)), "--judge", "correctness",
+                 "--output", str(output)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "exact agreement     0.688" in printed and "Cohen's kappa       0.375" in printed
+    report = json.loads(output.read_text())
     tp, fn, fp, tn = 6, 3, 2, 5
     n = tp + fn + fp + tn
     assert report["graded"] == n
@@ -141,6 +139,7 @@ def test_graded_labels_get_agreement_within_one_point_and_a_pass_threshold() -> 
                                 "3": {"2": 1, "3": 2}}
 
 
+@pytest.mark.slow  # a subprocess, to see the one line and no traceback
 def test_a_bad_label_stops_calibrate_naming_the_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_bytes(labelled_event(1, RIGHT, "yes") + b"\n" + labelled_event(2, RIGHT, "maybe"))
@@ -156,9 +155,8 @@ def test_an_event_without_a_label_stops_calibrate_naming_the_line(tmp_path: Path
     event = orjson.loads(labelled_event(1, RIGHT, "yes"))
     del event["label"]
     path.write_bytes(labelled_event(0, RIGHT, "no") + b"\n\n" + orjson.dumps(event))
-    done = ragpulse("calibrate", str(path), "--judge", "correctness")
-    line = one_line_error(done.returncode, done.stderr, allow_info=True)
-    assert "line 3: no 'label'" in line
+    with pytest.raises(SettingsError, match="line 3: no 'label'"):
+        read_labelled(path, "correctness")
 
 
 def test_golden_set_lines_are_read_with_the_label_of_the_judge_and_both_forms_are_refused(
