@@ -1,5 +1,5 @@
 """The `ragpulse` command: run (a file), serve (a Kafka topic), windows (read state), simulate,
-explain (the failing answers of a window)."""
+explain (the failing answers of a window), calibrate (a judge against human labels)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "explain": (
         "explain",
         "show the failing answers of a time window with the judges' rationales",
+    ),
+    "calibrate": (
+        "calibrate",
+        "measure a judge against human labels (agreement, kappa, sensitivity, specificity)",
     ),
 }
 

@@ -216,6 +216,24 @@ class BatchSettings(BaseModel):
     labels: LabelLimits = LabelLimits()
     beam_args: tuple[str, ...] = Field((), title="--beam-arg")
     runner: str | None = Field(None, title="--runner")  # None: FnApiRunner in this process
+    # pipeline.calibration.JudgeCalibration values, loaded from the --judge-calibration files
+    # at validation (typed Any, like custom_judges).
+    judge_calibrations: tuple[Any, ...] = Field((), title="--judge-calibration")
+
+    @field_validator("judge_calibrations", mode="before")
+    @classmethod
+    def _calibrations_load(cls, files: object, info: ValidationInfo) -> object:
+        from pipeline.calibration import JudgeCalibration, check_calibrations, load_calibration
+
+        if not isinstance(files, (list, tuple)):
+            raise ValueError("must be a list of files")
+        loaded = tuple(
+            f if isinstance(f, JudgeCalibration) else load_calibration(Path(f)) for f in files
+        )  # CalibrationError (a ValueError): one line naming the file and key
+        judges = info.data.get("judges")
+        if judges is not None:
+            check_calibrations(loaded, judges.names, judges.backend, judges.model)
+        return loaded
 
     @field_validator("beam_args")
     @classmethod
@@ -309,6 +327,25 @@ class ServeSettings(BatchSettings):
         return partition % self.instances == self.instance
 
 
+class CalibrateSettings(BaseModel):
+    """Validated settings of `ragpulse calibrate`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    judges: JudgeSettings  # one judge
+    input: Path = Field(title="LABELLED")
+    output: Path | None = None
+    pass_threshold: int | None = Field(None, title="--pass-threshold")
+    show: int = Field(20, ge=0, title="--show")
+
+    @field_validator("input")
+    @classmethod
+    def _input_is_a_file(cls, path: Path) -> Path:
+        if not path.is_file():
+            raise ValueError(f"labelled file not found: {path}")
+        return path
+
+
 def default_of(model: type[BaseModel], field: str) -> Any:
     """The default of `model.field`, for the flag that sets it."""
     default = model.model_fields[field].default
@@ -365,6 +402,17 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="largest accepted event; larger ones are dead-lettered (default: %(default)s)",
     )
+    p.add_argument_group("judge calibration").add_argument(
+        "--judge-calibration",
+        action="append",
+        type=Path,
+        default=list(default_of(BatchSettings, "judge_calibrations")),
+        metavar="FILE",
+        help="a judge's sensitivity and specificity on human labels, as `ragpulse calibrate "
+        "--output FILE` wrote them (one file per judge, repeatable): the judge's windows also "
+        "get the pass ratio corrected for its errors, with a 95 %% interval "
+        "(ragpulse_judge_pass_ratio_corrected*, windows.jsonl corrected_*) (default: none)",
+    )
 
 
 def add_beam_arguments(p: argparse.ArgumentParser) -> None:
@@ -402,6 +450,7 @@ def batch_fields(args: argparse.Namespace) -> dict[str, Any]:
         "labels": label_limits(args),
         "beam_args": tuple(args.beam_arg),
         "runner": args.runner,
+        "judge_calibrations": tuple(args.judge_calibration),
     }
 
 
@@ -418,15 +467,24 @@ def _judge_dur(field: str) -> str:
     return format_duration(default_of(JudgeSettings, field))
 
 
-def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
-    """Judge flags shared by `run` and `serve`."""
+def add_judge_arguments(parser: argparse.ArgumentParser, *, one_judge: bool = False) -> None:
+    """Judge flags shared by `run`, `serve` and (`one_judge`: `--judge NAME`) `calibrate`."""
     g = parser.add_argument_group("judges")
-    g.add_argument(
-        "--judges",
-        default=",".join(DEFAULT_JUDGES),
-        help=f"comma-separated judges to run, each once, from: {judges_help()} "
-        f"(default: {','.join(DEFAULT_JUDGES)})",
-    )
+    if one_judge:
+        g.add_argument(
+            "--judge",
+            dest="judges",
+            required=True,
+            metavar="NAME",
+            help=f"the judge to run, one of: {judges_help()}",
+        )
+    else:
+        g.add_argument(
+            "--judges",
+            default=",".join(DEFAULT_JUDGES),
+            help=f"comma-separated judges to run, each once, from: {judges_help()} "
+            f"(default: {','.join(DEFAULT_JUDGES)})",
+        )
     g.add_argument(
         "--judge-backend",
         choices=["local", "openai"],

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from pipeline import counting
+from pipeline.calibration import by_judge
 from pipeline.config_sources import add_config_arguments
 from pipeline.graph import GraphResult, Sinks, pipeline_options, run_graph
 from pipeline.service.labels import LabelBudget, add_label_arguments
@@ -50,10 +51,11 @@ def run_file(settings: RunSettings) -> GraphResult:
     out_dir = settings.output
     out_dir.mkdir(parents=True, exist_ok=True)
     policy = settings.judges.text_policy()
+    calibrations = by_judge(settings.judge_calibrations)
     sinks = Sinks(
         dead_letters=WriteDeadLetters(out_dir),
         verdicts=WriteVerdicts(out_dir, policy),
-        windows=WriteWindows(out_dir),
+        windows=WriteWindows(out_dir, calibrations),
     )
     result = run_graph(
         ReadLines(settings.input, settings.max_event_bytes),
@@ -63,7 +65,9 @@ def run_file(settings: RunSettings) -> GraphResult:
     )
     windows, counts = LabelBudget(settings.labels).bound(result.windows, result.counts)
     # In a bounded file every window is complete once the whole file is read.
-    write_textfile(out_dir / METRICS_FILE, MetricsSnapshot(counts, windows))
+    write_textfile(
+        out_dir / METRICS_FILE, MetricsSnapshot(counts, windows, calibrations=calibrations)
+    )
     return result
 
 

@@ -40,6 +40,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 from pipeline import counting
+from pipeline.calibration import by_judge
 from pipeline.errors import SettingsError
 from pipeline.graph import GraphResult, Sinks, pipeline_options, run_graph
 from pipeline.service.canaries import CanaryFeed
@@ -424,7 +425,8 @@ class TopicWatcher:
             lag = dict(self._lag)
             cycles = self._cycles
         return MetricsSnapshot(
-            counts, complete, in_progress, gauges, lag, self.state.exemplars(), cycles
+            counts, complete, in_progress, gauges, lag, self.state.exemplars(), cycles,
+            calibrations=by_judge(self.settings.judge_calibrations),
         )
 
     def _zero_counters(self) -> list[counting.CounterKey]:

@@ -2,6 +2,7 @@
 
     verdicts.jsonl     one verdict row per judged event (`pipeline.sinks.verdict_rows`)
     windows.jsonl      counts, pass ratio and its Wilson interval per window, judge, app, model
+                       (and the corrected pass ratio of judges given --judge-calibration)
     dead_letter.jsonl  every line that was not judged, with where it was and why
 
 (metrics.prom, the fourth output, is written from the run's result by `pipeline.sinks.prometheus`.)
@@ -9,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,10 @@ import orjson
 from apache_beam.utils.windowed_value import WindowedValue
 
 from judges import TextPolicy
+from pipeline.calibration import JudgeCalibration, corrected_fields
 from pipeline.events import Rejected, dead_letter
 from pipeline.sinks.verdict_rows import verdict_row
-from pipeline.windows import window_row
+from pipeline.windows import RatingCounts, WindowKey, window_row
 
 VERDICTS_FILE = "verdicts.jsonl"
 WINDOWS_FILE = "windows.jsonl"
@@ -112,15 +114,21 @@ class WriteVerdicts(beam.PTransform):
 
 
 class WriteWindows(beam.PTransform):
-    """Sink: (WindowKey, RatingCounts) rows as windows.jsonl."""
+    """Sink: (WindowKey, RatingCounts) rows as windows.jsonl; the rows of a judge in
+    `calibrations` (--judge-calibration) also hold its corrected pass ratio."""
 
-    def __init__(self, out_dir: Path) -> None:
+    def __init__(
+        self, out_dir: Path, calibrations: Mapping[str, JudgeCalibration] | None = None
+    ) -> None:
         super().__init__()
         self._path = out_dir / WINDOWS_FILE
+        self._calibrations = dict(calibrations or {})
 
     def expand(self, windows: Any) -> Any:
-        return (
-            windows
-            | "Format" >> beam.MapTuple(lambda k, c: _json_line(window_row(k, c)))
-            | WriteLines(self._path)
-        )
+        calibrations = self._calibrations
+
+        def row(key: WindowKey, counts: RatingCounts) -> str:
+            extra = corrected_fields(key.judge, counts.yes, counts.graded, calibrations)
+            return _json_line({**window_row(key, counts), **extra})
+
+        return windows | "Format" >> beam.MapTuple(row) | WriteLines(self._path)

@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector
 
 from judges.base import RATINGS
 from pipeline import counting
+from pipeline.calibration import JudgeCalibration, corrected_ratio
 from pipeline.service.canaries import CANARY_OUTCOMES, CANARY_VERDICTS
 from pipeline.windows import RatingCounts, WindowKey, wilson_interval
 
@@ -107,6 +108,8 @@ class MetricsSnapshot:
         default_factory=dict
     )
     cycles: CycleStats | None = None  # serve only
+    # --judge-calibration, by judge: their windows also get the corrected pass ratio.
+    calibrations: Mapping[str, JudgeCalibration] = dataclasses.field(default_factory=dict)
 
 
 # Upper bounds of the cycle duration histogram, in seconds.
@@ -208,6 +211,69 @@ def _window_families(
     yield from (ratio, samples, low, high)
 
 
+def _corrected_families(
+    windows: Mapping[WindowKey, RatingCounts],
+    calibrations: Mapping[str, JudgeCalibration],
+    prefix: str,
+    what: str,
+) -> Iterator[Metric]:
+    """The pass ratio of calibrated judges corrected for their errors (pipeline.calibration),
+    next to the ratio itself; no series where the correction is undefined."""
+    labels = ["judge", "app", "model"]
+    name = f"{prefix}pass_ratio_corrected"
+    ratio = GaugeMetricFamily(
+        name,
+        f"Rogan-Gladen estimate of the true pass ratio of the {what} window: the pass ratio "
+        "corrected for the judge's sensitivity and specificity (--judge-calibration).",
+        labels=labels,
+    )
+    low = GaugeMetricFamily(
+        f"{name}_ci_low",
+        f"95 % lower bound of the corrected pass ratio, {what} window (window and "
+        "calibration-set uncertainty).",
+        labels=labels,
+    )
+    high = GaugeMetricFamily(
+        f"{name}_ci_high",
+        f"95 % upper bound of the corrected pass ratio, {what} window (window and "
+        "calibration-set uncertainty).",
+        labels=labels,
+    )
+    for series, (_, counts) in sorted(latest_by_series(windows).items()):
+        calibration = calibrations.get(series[0])
+        corrected = corrected_ratio(counts.yes, counts.graded, calibration) if calibration else None
+        if corrected is not None:
+            ratio.add_metric(list(series), corrected.value)
+            low.add_metric(list(series), corrected.low)
+            high.add_metric(list(series), corrected.high)
+    yield from (ratio, low, high)
+
+
+def _calibration_families(calibrations: Mapping[str, JudgeCalibration]) -> Iterator[Metric]:
+    """What each correction rests on: the labelled counts, then the two rates."""
+    labelled = GaugeMetricFamily(
+        "ragpulse_judge_calibration_labelled",
+        "Human-labelled events of the --judge-calibration set the judge graded, by label.",
+        labels=["judge", "label"],
+    )
+    sensitivity = GaugeMetricFamily(
+        "ragpulse_judge_calibration_sensitivity",
+        "Share of the labelled passes the judge passed (--judge-calibration).",
+        labels=["judge"],
+    )
+    specificity = GaugeMetricFamily(
+        "ragpulse_judge_calibration_specificity",
+        "Share of the labelled fails the judge failed (--judge-calibration).",
+        labels=["judge"],
+    )
+    for judge, c in sorted(calibrations.items()):
+        labelled.add_metric([judge, "yes"], c.positives)
+        labelled.add_metric([judge, "no"], c.negatives)
+        sensitivity.add_metric([judge], c.sensitivity)
+        specificity.add_metric([judge], c.specificity)
+    yield from (labelled, sensitivity, specificity)
+
+
 def _zero_series(counts: Mapping[counting.CounterKey, float]) -> set[counting.CounterKey]:
     """Series to export at 0: the fixed ones, and every rating of each judged series.
 
@@ -297,6 +363,16 @@ class RagpulseCollector(Collector):
             yield from _window_families(
                 snap.in_progress, "ragpulse_judge_in_progress_", "in-progress"
             )
+        if snap.calibrations:
+            yield from _calibration_families(snap.calibrations)
+            yield from _corrected_families(
+                snap.complete, snap.calibrations, "ragpulse_judge_", "latest complete"
+            )
+            if snap.in_progress:
+                yield from _corrected_families(
+                    snap.in_progress, snap.calibrations, "ragpulse_judge_in_progress_",
+                    "in-progress",
+                )
         for name, value in sorted(snap.gauges.items()):
             gauge = GaugeMetricFamily(name, GAUGE_HELP.get(name, name))
             gauge.add_metric([], value)
