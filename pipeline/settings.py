@@ -291,6 +291,7 @@ class StreamSettings(BaseModel):
     early_firing_seconds: float = Field(60.0, ge=1, title="--early-firing")
     runner: str = Field(title="--runner")
     beam_args: tuple[str, ...] = Field((), title="--beam-arg")
+    wait: bool = False  # wait for the job to end instead of returning once it is submitted
 
     @field_validator("beam_args")
     @classmethod
