@@ -3,7 +3,8 @@
 The pane table is checked with a private registry (the collector serve uses); then the whole
 path runs with real parts: rating rows produced to a Tansu broker, `ragpulse exporter` as a
 subprocess, and /usr/bin/prometheus scraping it every second and evaluating the shipped
-recording rules. Later panes of a window must replace its earlier counts, never add to them.
+recording rules and alerts. Later panes of a window must replace its earlier counts, never add
+to them.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ from pipeline.sinks.rating_rows import PaneTiming, RatingPane
 from pipeline.windows import RatingCounts, WindowKey, wilson_interval
 
 REPO = Path(__file__).resolve().parent.parent
-RECORDING_RULES = REPO / "deploy" / "prometheus" / "rules" / "ragpulse.rules.yml"
+RULE_FILES = [
+    REPO / "deploy" / "prometheus" / "rules" / "ragpulse.rules.yml",
+    REPO / "deploy" / "prometheus" / "rules" / "ragpulse.alerts.yml",
+]
 T0 = 1_700_000_400.0
 SERIES = {"judge": "groundedness", "app": "help-bot", "model": "m1"}
 
@@ -161,7 +165,7 @@ def test_panes_on_the_ratings_topic_reach_the_recording_rules_and_later_panes_re
     kafka_broker.create_topic(topic, partitions=2)
     port = free_port()
     config = prometheus_config(
-        [f"127.0.0.1:{port}"], [RECORDING_RULES], scrape_interval="1s", evaluation_interval="1s"
+        [f"127.0.0.1:{port}"], RULE_FILES, scrape_interval="1s", evaluation_interval="1s"
     )
     labels = 'judge="groundedness", app="help-bot", model="m1"'
     ratio = f"judge_app_model:ragpulse_judge_pass_ratio:ratio_rate5m{{{labels}}}"
@@ -188,6 +192,11 @@ def test_panes_on_the_ratings_topic_reach_the_recording_rules_and_later_panes_re
         for rating, n in (("yes", 3), ("no", 4), ("error", 1)):
             assert value(prom, f'ragpulse_judge_verdicts_total{{{labels}, rating="{rating}"}}') == n
         assert value(prom, f"ragpulse_judge_pass_ratio{{{labels}}}") == 3 / 7
+        # The shipped rules and alerts all evaluate against the exporter's series.
+        groups = prom.api("rules")["data"]["groups"]
+        failing = [(r["name"], r.get("lastError")) for g in groups for r in g["rules"]
+                   if r["health"] == "err"]
+        assert groups and failing == []
         before = scrape(port).by_labels("ragpulse_judge_verdicts_total")
 
     # A restarted exporter reads the topic again and exports the same counts, not twice them.

@@ -21,7 +21,9 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms.window import TimestampedValue
+from cli import one_line_error, ragpulse
 from graph_runs import stage_config
+from processes import free_port
 
 from pipeline.events import Rejected, SourceRecord
 from pipeline.settings import JudgeSettings, StreamSettings
@@ -220,3 +222,22 @@ def test_stream_refuses_runners_that_do_not_run_unbounded_pipelines() -> None:
             ratings_topic="t.ratings",
             runner="FnApiRunner",
         )
+
+
+def test_stream_without_an_expansion_service_says_how_to_start_one_in_one_line() -> None:
+    port = free_port()  # nothing listens there
+    done = ragpulse(
+        "stream", "--kafka-bootstrap", "127.0.0.1:9092", "--topic", "logs",
+        "--runner", "PortableRunner", "--expansion-service", f"127.0.0.1:{port}",
+    )
+    line = one_line_error(done.returncode, done.stderr, allow_info=True)
+    assert line.startswith(
+        f"ragpulse stream: cannot expand the Kafka reader (ReadFromKafka) with 127.0.0.1:{port}:"
+    )
+    assert "--expansion-service HOST:PORT" in line
+
+
+def test_the_exporter_refuses_bad_settings_in_one_line() -> None:
+    done = ragpulse("exporter", "--kafka-bootstrap", "k:9092", "--ratings-topic", "")
+    line = one_line_error(done.returncode, done.stderr)
+    assert line.startswith("ragpulse exporter: invalid settings: --ratings-topic: ")

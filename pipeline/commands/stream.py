@@ -44,11 +44,16 @@ def _dur(field: str) -> str:
     return format_duration(default_of(StreamSettings, field))
 
 
-def _key_value(text: str) -> tuple[str, str]:
-    """argparse type for KEY=VALUE."""
-    key, sep, value = text.partition("=")
+def _key_value(text: str) -> str:
+    """argparse type for KEY=VALUE (kept as text, so that --print-config shows it as given)."""
+    key, sep, _ = text.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return text
+
+
+def _split(text: str) -> tuple[str, str]:
+    key, _, value = text.partition("=")
     return key.strip(), value
 
 
@@ -155,7 +160,7 @@ def settings_from_args(args: argparse.Namespace) -> StreamSettings:
         ratings_topic=args.ratings_topic or f"{args.topic}.ratings",
         kafka_timeout_seconds=args.kafka_timeout,
         kafka_security=security_from_args(args),
-        consumer_config=tuple(args.kafka_consumer_config),
+        consumer_config=tuple(_split(kv) for kv in args.kafka_consumer_config),
         expansion_service=args.expansion_service,
         allowed_lateness_seconds=args.allowed_lateness,
         early_firing_seconds=args.early_firing,
