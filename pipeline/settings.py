@@ -339,6 +339,7 @@ class ExporterSettings(BaseModel):
     # Windows older than this behind the newest one are folded into the counters; keep it
     # above the stream's --allowed-lateness, after which no pane of a window comes.
     retention_seconds: float = Field(86400.0, gt=0, title="--retention")
+    labels: LabelLimits = LabelLimits()
 
 
 class ServeSettings(BatchSettings):

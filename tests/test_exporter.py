@@ -25,7 +25,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_server import PrometheusServer, prometheus_config, running_prometheus
 from serve_process import Scrape
 
+from pipeline.commands.exporter import RatingsExporter
+from pipeline.service.labels import LabelLimits
 from pipeline.service.panes import PaneTable
+from pipeline.settings import ExporterSettings
 from pipeline.sinks import rating_rows
 from pipeline.sinks.prometheus import registry_for
 from pipeline.sinks.rating_rows import PaneTiming, RatingPane
@@ -41,8 +44,8 @@ SERIES = {"judge": "groundedness", "app": "help-bot", "model": "m1"}
 
 
 def pane(start: float, timing: PaneTiming, index: int, yes: int, no: int, error: int = 0,
-         judge: str = "groundedness") -> RatingPane:
-    key = WindowKey(start, start + 60, judge, "help-bot", "m1")
+         judge: str = "groundedness", app: str = "help-bot") -> RatingPane:
+    key = WindowKey(start, start + 60, judge, app, "m1")
     return RatingPane(key, RatingCounts(yes, no, error), timing, index)
 
 
@@ -109,6 +112,26 @@ def test_windows_past_retention_are_folded_into_the_counters_and_take_no_more_pa
     table.apply(pane(T0 + 300, "on_time", 1, yes=1, no=0, judge="safety"))
     table.apply(pane(T0 + 600, "early", 0, yes=1, no=0, judge="safety"))
     assert reg.get_sample_value("ragpulse_judge_pass_ratio", SERIES) == 1.0
+
+
+def test_the_exporter_bounds_app_values_as_serve_does() -> None:
+    settings = ExporterSettings(
+        bootstrap="127.0.0.1:9092", ratings_topic="r", labels=LabelLimits(max_values=1)
+    )
+    exporter = RatingsExporter(settings)
+    exporter.apply(pane(T0, "on_time", 1, yes=2, no=0, app="help-bot"))
+    reg = registry_for(exporter.snapshot, event_counters=False)
+    assert verdicts(reg, "yes") == 2
+    exporter.apply(pane(T0, "on_time", 1, yes=1, no=1, app="user-4711"))
+    exporter.apply(pane(T0, "on_time", 1, yes=0, no=3, app="user-4712"))
+
+    assert verdicts(reg, "yes") == 2  # admitted first, keeps its own series
+    other = {**SERIES, "app": "other"}
+    assert reg.get_sample_value("ragpulse_judge_verdicts_total", {**other, "rating": "no"}) == 4
+    assert reg.get_sample_value("ragpulse_judge_pass_ratio", other) == 0.2
+    assert reg.get_sample_value(
+        "ragpulse_judge_verdicts_total", {**SERIES, "app": "user-4711", "rating": "no"}
+    ) is None
 
 
 # ----- the whole path: Tansu -> ragpulse exporter -> Prometheus and the shipped rules ----------

@@ -14,6 +14,7 @@ same values); Prometheus scrapes it under the job name the rules select (`ragpul
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import threading
@@ -24,6 +25,7 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from prometheus_client import make_wsgi_app
 
+from pipeline import counting
 from pipeline.config_sources import add_config_arguments
 from pipeline.kafka_security import (
     add_kafka_security_arguments,
@@ -31,6 +33,7 @@ from pipeline.kafka_security import (
     connect,
     security_from_args,
 )
+from pipeline.service.labels import LabelBudget, add_label_arguments, label_limits
 from pipeline.service.panes import PaneTable
 from pipeline.settings import (
     ExporterSettings,
@@ -60,14 +63,25 @@ class RatingsExporter:
     def __init__(self, settings: ExporterSettings) -> None:
         self._settings = settings
         self._table = PaneTable(settings.retention_seconds)
+        self._budget = LabelBudget(settings.labels)
+        # Counter keys exported so far: a label value admitted once keeps its own series.
+        self._admitted: frozenset[counting.CounterKey] = frozenset()
         self._lock = threading.Lock()
         self._last_answer: float | None = None  # when the broker last answered, Unix time
         self._started = time.time()
 
     def snapshot(self) -> MetricsSnapshot:
+        """What /metrics shows now, with app and model values bounded as serve bounds them
+        (`pipeline.service.labels`)."""
         with self._lock:
             gauges = {HEARTBEAT: self._last_answer} if self._last_answer is not None else {}
-            return self._table.snapshot(gauges)
+            snap = self._table.snapshot(gauges)
+            complete, counts = self._budget.bound(snap.complete, snap.counts, self._admitted)
+            self._admitted = frozenset(counts)
+            in_progress, _ = self._budget.bound(snap.in_progress, {}, self._admitted)
+        return dataclasses.replace(
+            snap, counts=counts, complete=complete, in_progress=in_progress
+        )
 
     def healthy(self) -> tuple[bool, str]:
         since = self._last_answer if self._last_answer is not None else self._started
@@ -139,6 +153,10 @@ class RatingsExporter:
                 record.topic, record.partition, record.offset, exc,
             )
             return
+        self.apply(pane)
+
+    def apply(self, pane: rating_rows.RatingPane) -> None:
+        """Take one pane read from the ratings topic (see `PaneTable.apply`)."""
         with self._lock:
             self._table.apply(pane)
 
@@ -202,6 +220,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "take no more panes; keep it above the stream's --allowed-lateness "
         f"(default: {_dur('retention_seconds')})",
     )
+    add_label_arguments(p)
     add_config_arguments(p)
 
 
@@ -218,6 +237,7 @@ def settings_from_args(args: argparse.Namespace) -> ExporterSettings:
         web_config_file=args.web_config_file,
         unhealthy_after_seconds=args.unhealthy_after,
         retention_seconds=args.retention,
+        labels=label_limits(args),
     )
 
 
