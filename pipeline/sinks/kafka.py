@@ -49,7 +49,7 @@ DEAD_LETTER_MAX_VALUE_BYTES = 1_000_000
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class OutputRecord:
-    """A record serve publishes: dead letters, verdicts."""
+    """A record ragpulse publishes: dead letters, verdict rows, rating rows (stream)."""
 
     value: bytes
     key: bytes | None = None
