@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -149,13 +150,16 @@ def produce(broker: TansuBroker, topic: str, panes: list[RatingPane]) -> None:
 
 
 @contextmanager
-def running_exporter(broker: TansuBroker, topic: str, port: int, log: Path) -> Iterator[None]:
+def running_exporter(
+    broker: TansuBroker, topic: str, port: int, log: Path, *extra: str
+) -> Iterator[None]:
     argv = [
         *ragpulse_command(), "exporter",
         "--kafka-bootstrap", broker.bootstrap,
         "--ratings-topic", topic,
         "--metrics-port", str(port),
         "--kafka-timeout", "5s",
+        *extra,
     ]
     with ready_server("exporter", argv, log, f"http://127.0.0.1:{port}/healthz", 60):
         yield
@@ -230,3 +234,36 @@ def test_panes_on_the_ratings_topic_reach_the_recording_rules_and_later_panes_re
                 "ragpulse_judge_verdicts_total"
             )
             time.sleep(0.2)
+
+
+def healthz(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_exporter_turns_unhealthy_while_the_broker_is_away_and_keeps_its_values(
+    kafka_broker: TansuBroker, tmp_path: Path  # noqa: F811
+) -> None:
+    topic = "logs.ratings"
+    kafka_broker.create_topic(topic)
+    port = free_port()
+    with running_exporter(kafka_broker, topic, port, tmp_path / "exporter.log",
+                          "--unhealthy-after", "3s", "--kafka-timeout", "1s"):
+        produce(kafka_broker, topic, [pane(T0, "on_time", 1, yes=2, no=1)])
+        deadline = time.monotonic() + 30
+        while scrape(port).value("ragpulse_judge_verdicts_total", **SERIES, rating="yes") != 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert healthz(port) == 200
+        kafka_broker.stop()
+        deadline = time.monotonic() + 30
+        while healthz(port) != 503:
+            assert time.monotonic() < deadline, "still healthy with the broker away"
+            time.sleep(0.5)
+        # What it read stays exported while it waits for the broker.
+        assert scrape(port).value("ragpulse_judge_verdicts_total", **SERIES, rating="yes") == 2
