@@ -10,4 +10,4 @@ EXPOSE 8097
 ENTRYPOINT ["java", "-jar", "/opt/beam/expansion-service.jar", "8097", \
     "--javaClassLookupAllowlistFile=*", \
     "--defaultEnvironmentType=PROCESS", \
-    "--defaultEnvironmentConfig={\"command\": \"/opt/apache/beam_java/boot\"}"]
+    "--defaultEnvironmentConfig={\"command\": \"/opt/apache/beam/boot\"}"]
