@@ -1,5 +1,6 @@
 """The `ragpulse` command: run (a file), serve (a Kafka topic), windows (read state), simulate,
-explain (the failing answers of a window), calibrate (a judge against human labels)."""
+explain (the failing answers of a window), calibrate (a judge against human labels), stream
+(one unbounded Beam job) and exporter (its ratings as /metrics)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "calibrate",
         "measure a judge against human labels (agreement, kappa, sensitivity, specificity)",
     ),
+    "stream": (
+        "stream",
+        "run one unbounded Beam job on a distributed runner (Dataflow, Flink), publishing "
+        "window ratings to a Kafka topic",
+    ),
+    "exporter": ("exporter", "serve the window ratings of `ragpulse stream` as /metrics"),
 }
 
 

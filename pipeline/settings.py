@@ -278,6 +278,88 @@ class RunSettings(BatchSettings):
         return path
 
 
+# The runners `ragpulse stream` takes: they run unbounded pipelines with Beam's cross-language
+# Kafka source. FnApiRunner and SparkRunner's portable mode do not run unbounded reads.
+STREAM_RUNNERS = ("PortableRunner", "FlinkRunner", "DataflowRunner")
+
+
+class StreamSettings(BaseModel):
+    """Validated settings of `ragpulse stream`: one unbounded pipeline on a distributed runner.
+
+    Judges, sampling and windows mean what they mean for `serve`; lateness is Beam's (allowed
+    lateness and panes, `pipeline.streaming`) instead of serve's watermark.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    judges: JudgeSettings
+    sample_rate: float = Field(1.0, ge=0, le=1)
+    window_seconds: float = Field(300.0, gt=0, title="--window")
+    max_event_bytes: int = Field(1_048_576, ge=1024)
+    bootstrap: str = Field(min_length=3, title="--kafka-bootstrap")
+    topic: str = Field(min_length=1)
+    dead_letter_topic: str = Field(min_length=1)
+    ratings_topic: str = Field(min_length=1)
+    kafka_timeout_seconds: float = Field(30.0, gt=0, title="--kafka-timeout")
+    kafka_security: KafkaSecurity = PLAINTEXT
+    # Java Kafka consumer properties of ReadFromKafka (it does not use kafka-python).
+    consumer_config: tuple[tuple[str, str], ...] = Field((), title="--kafka-consumer-config")
+    expansion_service: str | None = Field(None, title="--expansion-service")
+    allowed_lateness_seconds: float = Field(600.0, ge=0, title="--allowed-lateness")
+    early_firing_seconds: float = Field(60.0, ge=1, title="--early-firing")
+    runner: str = Field(title="--runner")
+    beam_args: tuple[str, ...] = Field((), title="--beam-arg")
+    wait: bool = False  # wait for the job to end instead of returning once it is submitted
+
+    @field_validator("beam_args")
+    @classmethod
+    def _runner_not_in_beam_args(cls, args: tuple[str, ...]) -> tuple[str, ...]:
+        return BatchSettings._runner_not_in_beam_args(args)
+
+    @field_validator("runner")
+    @classmethod
+    def _streaming_runner(cls, name: str) -> str:
+        known = runner_name(name)
+        if known not in STREAM_RUNNERS:
+            raise ValueError(
+                f"{known} does not run unbounded pipelines; choose one of "
+                f"{', '.join(STREAM_RUNNERS)} (or `ragpulse serve` on one machine)"
+            )
+        return known
+
+    def stage_config(self) -> StageConfig:
+        """The picklable configuration of the Beam stages (no closed windows: Beam decides
+        lateness with panes)."""
+        from pipeline.graph import StageConfig
+
+        return StageConfig(
+            judges=self.judges.spec(),
+            sample_rate=self.sample_rate,
+            window_seconds=self.window_seconds,
+            max_event_bytes=self.max_event_bytes,
+            judge_batch_size=max(256, self.judges.concurrency * 16),
+        )
+
+
+class ExporterSettings(BaseModel):
+    """Validated settings of `ragpulse exporter`: the ratings topic served as /metrics."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bootstrap: str = Field(min_length=3, title="--kafka-bootstrap")
+    ratings_topic: str = Field(min_length=1)
+    kafka_timeout_seconds: float = Field(30.0, gt=0, title="--kafka-timeout")
+    kafka_security: KafkaSecurity = PLAINTEXT
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(9464, ge=0, le=65535)
+    web_config_file: Path | None = None
+    unhealthy_after_seconds: float = Field(300.0, gt=0, title="--unhealthy-after")
+    # Windows older than this behind the newest one are folded into the counters; keep it
+    # above the stream's --allowed-lateness, after which no pane of a window comes.
+    retention_seconds: float = Field(86400.0, gt=0, title="--retention")
+    labels: LabelLimits = LabelLimits()
+
+
 class ServeSettings(BatchSettings):
     """Validated settings of `ragpulse serve`."""
 

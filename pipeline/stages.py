@@ -411,6 +411,11 @@ class _KeyByWindow(beam.DoFn):
         yield WindowKey(float(win.start), float(win.end), judge, app, model), counts
 
 
+def at_event_time(judged: JudgedEvent) -> window.TimestampedValue:
+    """The judged event stamped with its event time, for event-time windows."""
+    return window.TimestampedValue(judged, judged.record.event_time)
+
+
 class WindowRatings(beam.PTransform):
     """Counts ratings per (event-time fixed window, judge, app, model) of a bounded batch.
 
@@ -427,8 +432,7 @@ class WindowRatings(beam.PTransform):
     def expand(self, judged: Any) -> Any:
         return (
             judged
-            | "StampEventTime"
-            >> beam.Map(lambda j: window.TimestampedValue(j, j.record.event_time))
+            | "StampEventTime" >> beam.Map(at_event_time)
             | "FixedWindows" >> beam.WindowInto(window.FixedWindows(self._size))
             | "RatingPerJudge" >> beam.FlatMap(ratings_by_judge)
             | "CountRatings" >> beam.CombinePerKey(CountRatings())

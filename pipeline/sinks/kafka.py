@@ -8,6 +8,11 @@ records the broker refused for good (counted at once in
 `ragpulse_dead_letters_undeliverable_total`) from records it did not acknowledge (yet): those are
 handed to the caller (a Beam counter in UNACKNOWLEDGED_NAMESPACE, named by topic and reason),
 which fails the cycle, or gives up on them after --undeliverable-after.
+
+In `ragpulse stream`'s unbounded pipeline no caller waits for the run to end, so there the
+sinks raise `Unacknowledged` instead: the runner retries the bundle (Dataflow and Flink retry
+a failed bundle of a streaming job until it succeeds), which sends the bundle's records again
+(at least once). `PublishRatings` publishes the stream's window panes (`rating_rows`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from judges import TextPolicy
 from pipeline import counting
 from pipeline.events import HEAD_BYTES, Rejected
 from pipeline.kafka_security import KafkaSecurity, connect
+from pipeline.sinks import rating_rows
 from pipeline.sinks.verdict_rows import verdict_row
 
 log = logging.getLogger(__name__)
@@ -43,7 +49,7 @@ DEAD_LETTER_MAX_VALUE_BYTES = 1_000_000
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class OutputRecord:
-    """A record serve publishes: dead letters, verdicts."""
+    """A record ragpulse publishes: dead letters, verdict rows, rating rows (stream)."""
 
     value: bytes
     key: bytes | None = None
@@ -176,11 +182,20 @@ def new_producer(target: KafkaTopic) -> KafkaProducer:
     )
 
 
-class _Publish(beam.DoFn):
-    """Sends a bundle's records when the bundle ends and waits for their acknowledgements."""
+class Unacknowledged(RuntimeError):
+    """Records of a bundle the broker did not acknowledge; the runner retries the bundle."""
 
-    def __init__(self, target: KafkaTopic) -> None:
+
+class _Publish(beam.DoFn):
+    """Sends a bundle's records when the bundle ends and waits for their acknowledgements.
+
+    With `runner_retries`, unacknowledged records fail the bundle (`Unacknowledged`) instead of
+    being reported to the caller as a Beam counter.
+    """
+
+    def __init__(self, target: KafkaTopic, runner_retries: bool = False) -> None:
         self._target = target
+        self._runner_retries = runner_retries
 
     def setup(self) -> None:
         self._producer: KafkaProducer | None = None
@@ -211,6 +226,11 @@ class _Publish(beam.DoFn):
                 counting.COUNTER_NAMESPACE,
                 counting.encode(counting.key(UNDELIVERABLE, topic=target.topic)),
             ).inc(len(d.refused))
+        if d.unacknowledged and self._runner_retries:
+            raise Unacknowledged(
+                f"{len(d.unacknowledged)} records for {d.topic} not acknowledged "
+                f"({d.unacknowledged[0][1]}); the bundle is retried"
+            )
         for why, n in Counter(why for _, why in d.unacknowledged).items():
             Metrics.counter(UNACKNOWLEDGED_NAMESPACE, orjson.dumps([d.topic, why]).decode()).inc(n)
 
@@ -246,17 +266,42 @@ def identify(record: OutputRecord) -> str:
 
 
 class PublishDeadLetters(beam.PTransform):
-    """Sink: `Rejected` records to the dead-letter topic, with reason and source headers."""
+    """Sink: `Rejected` records to the dead-letter topic, with reason and source headers.
 
-    def __init__(self, target: KafkaTopic) -> None:
+    `runner_retries`: unacknowledged records fail the bundle, for unbounded pipelines.
+    """
+
+    def __init__(self, target: KafkaTopic, *, runner_retries: bool = False) -> None:
         super().__init__()
         self._target = target
+        self._runner_retries = runner_retries
 
     def expand(self, rejected: Any) -> Any:
         return (
             rejected
             | "ToRecord" >> beam.Map(dead_letter_record)
-            | "Publish" >> beam.ParDo(_Publish(self._target))
+            | "Publish" >> beam.ParDo(_Publish(self._target, self._runner_retries))
+        )
+
+
+def _rating_record(pane: rating_rows.RatingPane) -> OutputRecord:
+    key, value = rating_rows.encode(pane)
+    return OutputRecord(value, key)
+
+
+class PublishRatings(beam.PTransform):
+    """Sink of `ragpulse stream`: each window pane as a rating row, keyed by its window; the
+    runner retries a bundle the broker did not acknowledge."""
+
+    def __init__(self, target: KafkaTopic) -> None:
+        super().__init__()
+        self._target = target
+
+    def expand(self, panes: Any) -> Any:
+        return (
+            panes
+            | "ToRecord" >> beam.Map(_rating_record)
+            | "Publish" >> beam.ParDo(_Publish(self._target, runner_retries=True))
         )
 
 

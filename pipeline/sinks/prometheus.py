@@ -274,19 +274,22 @@ def _calibration_families(calibrations: Mapping[str, JudgeCalibration]) -> Itera
     yield from (labelled, sensitivity, specificity)
 
 
-def _zero_series(counts: Mapping[counting.CounterKey, float]) -> set[counting.CounterKey]:
-    """Series to export at 0: the fixed ones, and every rating of each judged series.
+def _zero_series(
+    counts: Mapping[counting.CounterKey, float], event_counters: bool = True
+) -> set[counting.CounterKey]:
+    """Series to export at 0: the fixed ones, and every rating of each judged series (without
+    `event_counters`, only the latter).
 
     Prometheus' increase() cannot see a counter's first sample; a `no` series born during a
     groundedness drop would hide the drop's first verdicts from the alert.
     """
-    zeros = set(ALWAYS_PRESENT)
+    zeros = set(ALWAYS_PRESENT) if event_counters else set()
     for metric, labels in counts:
         if metric == counting.VERDICTS:
             lab = dict(labels)
             for rating in RATINGS:
                 zeros.add(counting.key(metric, **{**lab, "rating": rating}))
-            for per_app in _PER_APP_MODEL:
+            for per_app in _PER_APP_MODEL if event_counters else ():
                 zeros.add(counting.key(per_app, app=lab["app"], model=lab["model"]))
         elif metric == CANARY_VERDICTS:
             judge = dict(labels)["judge"]
@@ -304,9 +307,10 @@ def _zero_series(counts: Mapping[counting.CounterKey, float]) -> set[counting.Co
 def _counter_families(
     counts: Mapping[counting.CounterKey, float],
     exemplars: Mapping[counting.CounterKey, counting.FailingExample],
+    event_counters: bool = True,
 ) -> Iterator[Metric]:
     by_metric: dict[str, list[tuple[counting.Labels, float]]] = defaultdict(list)
-    for k in _zero_series(counts):
+    for k in _zero_series(counts, event_counters):
         by_metric[k[0]].append((k[1], 0.0))
     for (metric, labels), value in counts.items():
         if metric not in _HISTOGRAM_PARTS:
@@ -349,14 +353,21 @@ def _latency_family(counts: Mapping[counting.CounterKey, float]) -> Metric:
 
 
 class RagpulseCollector(Collector):
-    """Yields every ragpulse metric from the snapshot `current()` returns at collect time."""
+    """Yields every ragpulse metric from the snapshot `current()` returns at collect time.
 
-    def __init__(self, current: Callable[[], MetricsSnapshot]) -> None:
+    Without `event_counters` (`ragpulse exporter`, which sees verdicts only), the event
+    counters that serve exports at 0 before they count anything are left out.
+    """
+
+    def __init__(
+        self, current: Callable[[], MetricsSnapshot], event_counters: bool = True
+    ) -> None:
         self._current = current
+        self._event_counters = event_counters
 
     def collect(self) -> Iterator[Metric]:
         snap = self._current()
-        yield from _counter_families(snap.counts, snap.exemplars)
+        yield from _counter_families(snap.counts, snap.exemplars, self._event_counters)
         yield _latency_family(snap.counts)
         yield from _window_families(snap.complete, "ragpulse_judge_", "latest complete")
         if snap.in_progress:
@@ -390,10 +401,12 @@ class RagpulseCollector(Collector):
             yield from _cycle_families(snap.cycles)
 
 
-def registry_for(current: Callable[[], MetricsSnapshot]) -> CollectorRegistry:
-    """A private registry holding only the ragpulse collector."""
+def registry_for(
+    current: Callable[[], MetricsSnapshot], event_counters: bool = True
+) -> CollectorRegistry:
+    """A private registry holding only the ragpulse collector (see `RagpulseCollector`)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RagpulseCollector(current))
+    registry.register(RagpulseCollector(current, event_counters))
     return registry
 
 

@@ -1,0 +1,279 @@
+"""`ragpulse exporter`: serve the window ratings of `ragpulse stream` as /metrics.
+
+The stream's workers publish each window pane to the ratings topic (`pipeline.streaming` says
+why a topic rather than the Pushgateway). This command reads the topic from its beginning on
+every partition, keeps the latest pane of each window (`pipeline.service.panes.PaneTable`), and
+serves them at /metrics with serve's collector: the metric names and labels are serve's, so
+the shipped recording rules, alerts and dashboards work unchanged. Run one exporter per ratings
+topic (it holds no state of its own: a restarted exporter reads the topic again and exports the
+same values); Prometheus scrapes it under the job name the rules select (`ragpulse`).
+
+/healthz answers 503 once the broker has not answered for --unhealthy-after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+from prometheus_client import make_wsgi_app
+
+from pipeline import counting
+from pipeline.config_sources import add_config_arguments
+from pipeline.kafka_security import (
+    add_kafka_security_arguments,
+    check_access,
+    connect,
+    security_from_args,
+)
+from pipeline.service.labels import LabelBudget, add_label_arguments, label_limits
+from pipeline.service.panes import PaneTable
+from pipeline.settings import (
+    ExporterSettings,
+    build,
+    default_of,
+    format_duration,
+    positive_duration,
+)
+from pipeline.sinks import rating_rows
+from pipeline.sinks.prometheus import MetricsSnapshot, registry_for
+from pipeline.sinks.prometheus_http import (
+    WebConfig,
+    exporter_app,
+    load_web_config,
+    start_metrics_server,
+)
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT = "ragpulse_heartbeat_timestamp_seconds"
+_RETRY_S = 2.0
+
+
+class RatingsExporter:
+    """Reads the ratings topic into a `PaneTable` in a thread; gives /metrics its snapshot."""
+
+    def __init__(self, settings: ExporterSettings) -> None:
+        self._settings = settings
+        self._table = PaneTable(settings.retention_seconds)
+        self._budget = LabelBudget(settings.labels)
+        # Counter keys exported so far: a label value admitted once keeps its own series.
+        self._admitted: frozenset[counting.CounterKey] = frozenset()
+        self._lock = threading.Lock()
+        self._last_answer: float | None = None  # when the broker last answered, Unix time
+        self._started = time.time()
+
+    def snapshot(self) -> MetricsSnapshot:
+        """What /metrics shows now, with app and model values bounded as serve bounds them
+        (`pipeline.service.labels`)."""
+        with self._lock:
+            gauges = {HEARTBEAT: self._last_answer} if self._last_answer is not None else {}
+            snap = self._table.snapshot(gauges)
+            complete, counts = self._budget.bound(snap.complete, snap.counts, self._admitted)
+            self._admitted = frozenset(counts)
+            in_progress, _ = self._budget.bound(snap.in_progress, {}, self._admitted)
+        return dataclasses.replace(
+            snap, counts=counts, complete=complete, in_progress=in_progress
+        )
+
+    def healthy(self) -> tuple[bool, str]:
+        since = self._last_answer if self._last_answer is not None else self._started
+        silent = time.time() - since
+        if silent > self._settings.unhealthy_after_seconds:
+            return False, f"the broker has not answered for {silent:.0f}s"
+        return True, "ok"
+
+    def run(self, stop: threading.Event) -> None:
+        """Read until `stop` is set; broker trouble is logged and retried, never fatal."""
+        consumer: KafkaConsumer | None = None
+        while not stop.is_set():
+            try:
+                if consumer is None:
+                    consumer = self._consumer()
+                self._read_once(consumer)
+            except Exception as exc:
+                log.warning("reading %s: %s; retrying", self._settings.ratings_topic, exc)
+                if consumer is not None:
+                    consumer.close(autocommit=False)
+                    consumer = None
+                stop.wait(_RETRY_S)
+        if consumer is not None:
+            consumer.close(autocommit=False)
+
+    def _consumer(self) -> KafkaConsumer:
+        s = self._settings
+        timeout_ms = int(s.kafka_timeout_seconds * 1000)
+        return connect(
+            KafkaConsumer,
+            s.bootstrap,
+            s.kafka_security,
+            enable_auto_commit=False,
+            request_timeout_ms=timeout_ms + 1000,
+            bootstrap_timeout_ms=timeout_ms,
+        )
+
+    def _read_once(self, consumer: KafkaConsumer) -> None:
+        topic = self._settings.ratings_topic
+        timeout_ms = int(self._settings.kafka_timeout_seconds * 1000)
+        found = consumer.partitions_for_topic(topic)
+        if not found:
+            raise LookupError(f"topic {topic!r} not found (yet)")
+        wanted = {TopicPartition(topic, p) for p in found}
+        assigned = consumer.assignment()
+        if wanted != assigned:
+            # Partitions added to the topic are read from their beginning; the others go on.
+            kept = {tp: consumer.position(tp) for tp in assigned & wanted}
+            consumer.assign(sorted(wanted))
+            for tp in wanted:
+                if tp in kept:
+                    consumer.seek(tp, kept[tp])
+                else:
+                    consumer.seek_to_beginning(tp)
+            log.info("reading %s, partitions %s", topic, sorted(found))
+        for records in consumer.poll(timeout_ms=1000).values():
+            for record in records:
+                self._take(record)
+        # A request that needs the broker: poll() answers empty whether or not it is there.
+        consumer.end_offsets(sorted(wanted), timeout_ms=timeout_ms)
+        self._last_answer = time.time()
+
+    def _take(self, record: Any) -> None:
+        try:
+            pane = rating_rows.decode(record.value or b"")
+        except rating_rows.InvalidRatingRow as exc:
+            log.warning(
+                "skipped the record at %s/%d offset %d: %s",
+                record.topic, record.partition, record.offset, exc,
+            )
+            return
+        self.apply(pane)
+
+    def apply(self, pane: rating_rows.RatingPane) -> None:
+        """Take one pane read from the ratings topic (see `PaneTable.apply`)."""
+        with self._lock:
+            self._table.apply(pane)
+
+
+def _dur(field: str) -> str:
+    return format_duration(default_of(ExporterSettings, field))
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    k = p.add_argument_group("kafka")
+    k.add_argument(
+        "--kafka-bootstrap", required=True, metavar="HOST:PORT",
+        help="Kafka bootstrap servers, comma-separated",
+    )
+    k.add_argument(
+        "--ratings-topic", required=True,
+        help="the topic `ragpulse stream` publishes window panes to",
+    )
+    k.add_argument(
+        "--kafka-timeout",
+        type=positive_duration,
+        default=default_of(ExporterSettings, "kafka_timeout_seconds"),
+        metavar="DURATION",
+        help=f"timeout of one Kafka request (default: {_dur('kafka_timeout_seconds')})",
+    )
+    add_kafka_security_arguments(p.add_argument_group("kafka security"))
+    s = p.add_argument_group("service")
+    s.add_argument(
+        "--metrics-host",
+        default=default_of(ExporterSettings, "metrics_host"),
+        help="address of the /metrics and /healthz server (default: %(default)s; in a "
+        "container pass 0.0.0.0)",
+    )
+    s.add_argument(
+        "--metrics-port",
+        type=int,
+        default=default_of(ExporterSettings, "metrics_port"),
+        help="port of the /metrics and /healthz server (default: %(default)s)",
+    )
+    s.add_argument(
+        "--web-config-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="TLS and basic auth for /metrics, in the Prometheus exporters' web config format",
+    )
+    s.add_argument(
+        "--unhealthy-after",
+        type=positive_duration,
+        default=default_of(ExporterSettings, "unhealthy_after_seconds"),
+        metavar="DURATION",
+        help="/healthz answers 503 once the broker has not answered for this long "
+        f"(default: {_dur('unhealthy_after_seconds')})",
+    )
+    s.add_argument(
+        "--retention",
+        type=positive_duration,
+        default=default_of(ExporterSettings, "retention_seconds"),
+        metavar="DURATION",
+        help="windows ending this long before the newest one are folded into the counters and "
+        "take no more panes; keep it above the stream's --allowed-lateness "
+        f"(default: {_dur('retention_seconds')})",
+    )
+    add_label_arguments(p)
+    add_config_arguments(p)
+
+
+def settings_from_args(args: argparse.Namespace) -> ExporterSettings:
+    """`ExporterSettings` from the command line; SettingsError says what is wrong."""
+    return build(
+        ExporterSettings,
+        bootstrap=args.kafka_bootstrap,
+        ratings_topic=args.ratings_topic,
+        kafka_timeout_seconds=args.kafka_timeout,
+        kafka_security=security_from_args(args),
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        web_config_file=args.web_config_file,
+        unhealthy_after_seconds=args.unhealthy_after,
+        retention_seconds=args.retention,
+        labels=label_limits(args),
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    web = load_web_config(settings.web_config_file) if settings.web_config_file else WebConfig()
+    check_access(
+        settings.bootstrap, settings.kafka_security, timeout_s=settings.kafka_timeout_seconds
+    )
+    exporter = RatingsExporter(settings)
+    app = exporter_app(
+        make_wsgi_app(registry_for(exporter.snapshot, event_counters=False)),
+        exporter.healthy,
+        web.users,
+    )
+    server = start_metrics_server(app, settings.metrics_host, settings.metrics_port, web.tls)
+    log.info(
+        "serving /metrics (%s%s) and /healthz on %s:%d; reading %s on %s (%s)",
+        "https" if web.tls else "http",
+        ", basic auth" if web.users else "",
+        settings.metrics_host,
+        server.server_port,
+        settings.ratings_topic,
+        settings.bootstrap,
+        settings.kafka_security.describe(),
+    )
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        exporter.run(stop)
+    finally:
+        server.shutdown()
+    log.info("stopped")
+    return 0

@@ -1,0 +1,227 @@
+"""`ragpulse stream`: submit one unbounded Beam job that judges a Kafka topic on a distributed
+runner (Dataflow, Flink), publishing window panes to a ratings topic.
+
+This module is the command: its flags, its settings, and the submission. The graph is
+`pipeline.streaming.build_stream`; `ragpulse exporter` turns the ratings topic into /metrics.
+Where `serve` runs micro-batches on one machine and keeps its own state, the stream's state
+(windows, offsets) is the runner's, and a worker restart is the runner's business.
+Deployment: deploy/dataflow/README.md, deploy/flink/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import apache_beam as beam
+import grpc
+
+from pipeline.config_sources import add_config_arguments
+from pipeline.errors import SettingsError
+from pipeline.graph import pipeline_options
+from pipeline.kafka_security import add_kafka_security_arguments, security_from_args
+from pipeline.settings import (
+    STREAM_RUNNERS,
+    StreamSettings,
+    add_batch_arguments,
+    add_judge_arguments,
+    build,
+    default_of,
+    duration,
+    format_duration,
+    judge_settings,
+    positive_duration,
+)
+from pipeline.sinks.kafka import KafkaTopic, PublishDeadLetters, PublishRatings
+from pipeline.streaming import PaneSchedule, ReadKafkaStream, StreamSinks, build_stream
+
+log = logging.getLogger(__name__)
+
+EXPANSION_JAR = "beam-sdks-java-io-expansion-service-{version}.jar"
+
+
+def _dur(field: str) -> str:
+    return format_duration(default_of(StreamSettings, field))
+
+
+def _key_value(text: str) -> str:
+    """argparse type for KEY=VALUE (kept as text, so that --print-config shows it as given)."""
+    key, sep, _ = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return text
+
+
+def _split(text: str) -> tuple[str, str]:
+    key, _, value = text.partition("=")
+    return key.strip(), value
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    k = p.add_argument_group("kafka")
+    k.add_argument(
+        "--kafka-bootstrap", required=True, metavar="HOST:PORT",
+        help="Kafka bootstrap servers, comma-separated (as the runner's workers reach them)",
+    )
+    k.add_argument("--topic", required=True, help="the chatbot's inference-log topic")
+    k.add_argument(
+        "--dead-letter-topic", default=None,
+        help="where invalid records go, with reason, source partition and offset headers "
+        "(default: TOPIC.dlq)",
+    )
+    k.add_argument(
+        "--ratings-topic", default=None,
+        help="where each window pane is published for `ragpulse exporter`, keyed by window "
+        "(default: TOPIC.ratings; make it a compacted topic)",
+    )
+    k.add_argument(
+        "--kafka-timeout",
+        type=positive_duration,
+        default=default_of(StreamSettings, "kafka_timeout_seconds"),
+        metavar="DURATION",
+        help="timeout of one publish to the dead-letter and ratings topics "
+        f"(default: {_dur('kafka_timeout_seconds')})",
+    )
+    k.add_argument(
+        "--kafka-consumer-config",
+        type=_key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Java Kafka consumer property of the reader (repeatable), e.g. "
+        "security.protocol=SASL_SSL, group.id=ragpulse; the reader is Beam's Java KafkaIO, "
+        "which does not use the --kafka-* security flags (those are for the publishers)",
+    )
+    k.add_argument(
+        "--expansion-service",
+        default=None,
+        metavar="HOST:PORT",
+        help="a running Beam IO expansion service that expands the Java Kafka reader (default: "
+        "Beam starts " + EXPANSION_JAR.format(version=beam.__version__) + " with the local "
+        "java, downloading it from Maven Central)",
+    )
+    add_kafka_security_arguments(p.add_argument_group("kafka security (publishers)"))
+    add_batch_arguments(p)
+    w = p.add_argument_group("panes")
+    w.add_argument(
+        "--allowed-lateness",
+        type=duration,
+        default=default_of(StreamSettings, "allowed_lateness_seconds"),
+        metavar="DURATION",
+        help="how long after the watermark passed its end a window still takes late events, "
+        f"each in a late pane (default: {_dur('allowed_lateness_seconds')}); later ones are "
+        "dropped by the runner and counted in its metrics",
+    )
+    w.add_argument(
+        "--early-firing",
+        type=positive_duration,
+        default=default_of(StreamSettings, "early_firing_seconds"),
+        metavar="DURATION",
+        help="processing time between early panes of an open window, whole seconds "
+        f"(default: {_dur('early_firing_seconds')})",
+    )
+    add_judge_arguments(p)
+    b = p.add_argument_group("beam")
+    b.add_argument(
+        "--runner",
+        required=True,
+        metavar="NAME",
+        help=f"the Beam runner: {', '.join(STREAM_RUNNERS)}; its options with --beam-arg",
+    )
+    b.add_argument(
+        "--beam-arg",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="a Beam pipeline option for the runner (repeatable), e.g. "
+        "--beam-arg=--project=P --beam-arg=--region=R (Dataflow) or "
+        "--beam-arg=--job_endpoint=HOST:8099 (Flink job server); --streaming is always set",
+    )
+    b.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for the job to end instead of returning once it is submitted (needed with "
+        "--beam-arg=--environment_type=LOOPBACK, whose workers live in this process)",
+    )
+    add_config_arguments(p)
+
+
+def settings_from_args(args: argparse.Namespace) -> StreamSettings:
+    """`StreamSettings` from the command line; SettingsError says what is wrong."""
+    return build(
+        StreamSettings,
+        judges=judge_settings(args),
+        sample_rate=args.sample_rate,
+        window_seconds=args.window,
+        max_event_bytes=args.max_event_bytes,
+        bootstrap=args.kafka_bootstrap,
+        topic=args.topic,
+        dead_letter_topic=args.dead_letter_topic or f"{args.topic}.dlq",
+        ratings_topic=args.ratings_topic or f"{args.topic}.ratings",
+        kafka_timeout_seconds=args.kafka_timeout,
+        kafka_security=security_from_args(args),
+        consumer_config=tuple(_split(kv) for kv in args.kafka_consumer_config),
+        expansion_service=args.expansion_service,
+        allowed_lateness_seconds=args.allowed_lateness,
+        early_firing_seconds=args.early_firing,
+        runner=args.runner,
+        beam_args=tuple(args.beam_arg),
+        wait=args.wait,
+    )
+
+
+def stream_sinks(settings: StreamSettings) -> StreamSinks:
+    """The dead-letter and ratings topics, both retried by the runner until acknowledged."""
+
+    def topic(name: str) -> KafkaTopic:
+        return KafkaTopic(
+            settings.bootstrap, settings.kafka_security, name, settings.kafka_timeout_seconds
+        )
+
+    return StreamSinks(
+        dead_letters=PublishDeadLetters(topic(settings.dead_letter_topic), runner_retries=True),
+        ratings=PublishRatings(topic(settings.ratings_topic)),
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    options = pipeline_options((*settings.beam_args, "--streaming"), settings.runner)
+    source = ReadKafkaStream(
+        settings.bootstrap,
+        settings.topic,
+        dict(settings.consumer_config),
+        settings.expansion_service,
+    )
+    schedule = PaneSchedule(settings.allowed_lateness_seconds, settings.early_firing_seconds)
+    p = beam.Pipeline(options=options)
+    try:
+        build_stream(p, source, settings.stage_config(), schedule, stream_sinks(settings))
+    except (RuntimeError, grpc.RpcError) as exc:
+        # Beam raises these while expanding the Java reader: no jar, no java, no service.
+        where = settings.expansion_service or "the expansion service Beam starts"
+        raise SettingsError(
+            f"cannot expand the Kafka reader (ReadFromKafka) with {where}: "
+            f"{_first_line(exc)}; start one (java -jar "
+            f"{EXPANSION_JAR.format(version=beam.__version__)} PORT) and pass "
+            "--expansion-service HOST:PORT"
+        ) from None
+    result = p.run()
+    log.info(
+        "submitted the stream of %s to %s (job state %s): window panes to %s, dead letters "
+        "to %s; %s judges (backend %s), sample rate %g, %gs windows, %gs allowed lateness, "
+        "early panes every %gs",
+        settings.topic, settings.runner, result.state, settings.ratings_topic,
+        settings.dead_letter_topic, ",".join(settings.judges.names), settings.judges.backend,
+        settings.sample_rate, settings.window_seconds, settings.allowed_lateness_seconds,
+        settings.early_firing_seconds,
+    )
+    if settings.wait:
+        result.wait_until_finish()
+    return 0
+
+
+def _first_line(exc: BaseException) -> str:
+    if isinstance(exc, grpc.RpcError) and hasattr(exc, "details"):
+        return str(exc.details())
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:300]

@@ -1,0 +1,124 @@
+"""The windows `ragpulse exporter` knows: the latest pane of each window of the ratings topic.
+
+`ragpulse stream` publishes accumulating panes (`pipeline.sinks.rating_rows`): a later pane of
+a window holds everything the earlier ones did. So the table keeps only the latest pane of each
+window (by pane index), and a pane read again, or read after a later one, changes nothing.
+What it exports, through serve's collector (`pipeline.sinks.prometheus`):
+
+- `ragpulse_judge_verdicts_total{judge,rating,app,model}`: the sum over windows of their
+  latest pane's counts; a later pane of the same window replaces its earlier count, so the
+  counter is what serve would have counted for the same verdicts;
+- the window gauges of the latest complete window per series (`ragpulse_judge_pass_ratio`,
+  `..._window_samples`, the Wilson bounds) from on-time and late panes, and the in-progress
+  ones (`ragpulse_judge_in_progress_*`) from windows that have only early panes;
+- `ragpulse_last_complete_window_end_timestamp_seconds`.
+
+Windows ending `retention` before the newest window's end are folded into the counters and
+forgotten (the latest complete window of each series is kept for its gauges): no pane comes
+for them once the stream's allowed lateness has passed, so keep `retention` above it. A pane
+of a window already folded is ignored and logged.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections import Counter
+from collections.abc import Mapping
+
+from judges.base import RATINGS
+from pipeline import counting
+from pipeline.sinks.prometheus import MetricsSnapshot
+from pipeline.sinks.rating_rows import RatingPane
+from pipeline.windows import RatingCounts, WindowKey, isoformat_utc
+
+log = logging.getLogger(__name__)
+
+Series = tuple[str, str, str]  # judge, app, model
+
+
+def verdict_counts(key: WindowKey, counts: RatingCounts) -> Counter[counting.CounterKey]:
+    """The `ragpulse_judge_verdicts_total` increments a window's counts stand for."""
+    return Counter(
+        {
+            counting.key(
+                counting.VERDICTS, judge=key.judge, rating=rating, app=key.app, model=key.model
+            ): n
+            for rating, n in zip(RATINGS, (counts.yes, counts.no, counts.error), strict=True)
+        }
+    )
+
+
+class PaneTable:
+    """Latest pane per window, and the folded counts of windows past `retention_seconds`."""
+
+    def __init__(self, retention_seconds: float) -> None:
+        self._retention = retention_seconds
+        self._panes: dict[WindowKey, RatingPane] = {}
+        # Min-heap of the kept windows by end: (end, start, judge, app, model).
+        self._ends: list[tuple[float, float, str, str, str]] = []
+        self._folded: Counter[counting.CounterKey] = Counter()
+        self._folded_latest: dict[Series, tuple[WindowKey, RatingCounts]] = {}
+        self._newest_end = float("-inf")
+
+    @property
+    def horizon(self) -> float:
+        """Windows ending at or before this are folded."""
+        return self._newest_end - self._retention
+
+    def apply(self, pane: RatingPane) -> bool:
+        """Take one pane read from the topic; False when it changes nothing."""
+        key = pane.key
+        if key.window_end <= self.horizon:
+            log.warning(
+                "ignored a %s pane of the window %s..%s (%s, %s, %s): windows ending before %s "
+                "are already folded into the counters (raise --retention above the stream's "
+                "--allowed-lateness)",
+                pane.timing, isoformat_utc(key.window_start), isoformat_utc(key.window_end),
+                key.judge, key.app, key.model, isoformat_utc(self.horizon),
+            )
+            return False
+        current = self._panes.get(key)
+        if current is not None and current.index >= pane.index:
+            return False
+        if current is None:
+            heapq.heappush(
+                self._ends, (key.window_end, key.window_start, key.judge, key.app, key.model)
+            )
+        self._panes[key] = pane
+        if key.window_end > self._newest_end:
+            self._newest_end = key.window_end
+            self._fold()
+        return True
+
+    def _fold(self) -> None:
+        horizon = self.horizon
+        while self._ends and self._ends[0][0] <= horizon:
+            end, start, judge, app, model = heapq.heappop(self._ends)
+            key = WindowKey(start, end, judge, app, model)
+            pane = self._panes.pop(key)
+            self._folded.update(verdict_counts(key, pane.counts))
+            series = (key.judge, key.app, key.model)
+            kept = self._folded_latest.get(series)
+            if pane.complete and (kept is None or kept[0].window_end < key.window_end):
+                self._folded_latest[series] = (key, pane.counts)
+
+    def __len__(self) -> int:
+        return len(self._panes)
+
+    def snapshot(self, gauges: Mapping[str, float] | None = None) -> MetricsSnapshot:
+        """What /metrics shows now; `gauges` are added to the table's own."""
+        counts = Counter(self._folded)
+        complete: dict[WindowKey, RatingCounts] = dict(self._folded_latest.values())
+        in_progress: dict[WindowKey, RatingCounts] = {}
+        for key, pane in self._panes.items():
+            counts.update(verdict_counts(key, pane.counts))
+            (complete if pane.complete else in_progress)[key] = pane.counts
+        all_gauges = dict(gauges or {})
+        if complete:
+            all_gauges["ragpulse_last_complete_window_end_timestamp_seconds"] = max(
+                k.window_end for k in complete
+            )
+        return MetricsSnapshot(
+            counts=counts, complete=complete, in_progress=in_progress, gauges=all_gauges
+        )

@@ -1,0 +1,193 @@
+"""The deployment files of `ragpulse stream` (deploy/dataflow, deploy/flink) are consistent.
+
+None of them can be built or applied here (no Docker daemon, no cluster, no GCP): these tests
+check what can be checked offline. Every file parses; the Kubernetes objects of the built-in
+kinds are valid against the Kubernetes schemas; every file a Dockerfile copies and every image
+the manifests name is built from this repository; every Beam image, jar and job server has the
+Beam version pyproject.toml pins; and every `ragpulse` command line in them (the Kubernetes
+containers, and the Dataflow template's parameters through its launcher) is accepted by the
+real command and its settings.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import tomllib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import apache_beam
+import pytest
+import yaml
+
+from pipeline import cli
+from pipeline.commands import exporter, stream
+
+REPO = Path(__file__).resolve().parent.parent
+DATAFLOW = REPO / "deploy" / "dataflow"
+FLINK = REPO / "deploy" / "flink"
+DOCKERFILES = [
+    DATAFLOW / "Dockerfile",
+    FLINK / "flink.Dockerfile",
+    FLINK / "expansion-service.Dockerfile",
+    REPO / "deploy" / "beam-sdk.Dockerfile",
+]
+# The images the manifests name, and the Dockerfile in this repository that builds each.
+OUR_IMAGES = {
+    "REGISTRY/ragpulse:TAG": REPO / "deploy" / "Dockerfile",
+    "REGISTRY/ragpulse-beam-sdk:TAG": REPO / "deploy" / "beam-sdk.Dockerfile",
+    "REGISTRY/ragpulse-flink:1.19-beam2.77.0": FLINK / "flink.Dockerfile",
+    "REGISTRY/ragpulse-kafka-expansion:2.77.0": FLINK / "expansion-service.Dockerfile",
+}
+
+
+def beam_pin() -> str:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    pins = [d for d in project["dependencies"] if d.startswith("apache-beam==")]
+    assert len(pins) == 1
+    return pins[0].removeprefix("apache-beam==")
+
+
+def flink_objects() -> list[dict[str, Any]]:
+    return [
+        doc
+        for path in sorted(FLINK.glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8"))
+        if doc is not None
+    ]
+
+
+def containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = obj["spec"]
+    if obj["kind"] == "FlinkDeployment":
+        return list(spec["taskManager"]["podTemplate"]["spec"]["containers"])
+    if "template" in spec:
+        return list(spec["template"]["spec"]["containers"])
+    return []
+
+
+def launcher() -> ModuleType:
+    loaded = importlib.util.spec_from_file_location("launch", DATAFLOW / "launch.py")
+    assert loaded is not None and loaded.loader is not None
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    return module
+
+
+def test_the_installed_beam_is_the_one_pyproject_pins() -> None:
+    assert apache_beam.__version__ == beam_pin()
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfiles_copy_files_of_this_repository_and_use_the_pinned_beam(
+    dockerfile: Path,
+) -> None:
+    text = dockerfile.read_text(encoding="utf-8")
+    for line in re.findall(r"^COPY (?!--from)(.+)$", text, re.MULTILINE):
+        *sources, _ = line.split()
+        for source in sources:
+            assert (REPO / source).exists(), f"{dockerfile.name} copies {source}: not found"
+    versions = re.findall(r"beam[-_a-z0-9.]*[:/-](\d+\.\d+\.\d+)", text)
+    assert versions, f"{dockerfile.name} names no Beam image or jar"
+    assert set(versions) == {beam_pin()}, f"{dockerfile.name} names Beam {versions}"
+    bases = re.findall(r"^FROM (\S+)", text, re.MULTILINE)
+    assert bases and all(b != "ragpulse" or (REPO / "deploy" / "Dockerfile").is_file()
+                         for b in bases)
+
+
+def test_the_flex_template_metadata_is_a_streaming_template_of_the_stream_flags() -> None:
+    metadata = json.loads((DATAFLOW / "metadata.json").read_text(encoding="utf-8"))
+    assert metadata["streaming"] is True
+    names = [p["name"] for p in metadata["parameters"]]
+    assert len(names) == len(set(names))
+    # Every parameter is a flag of `ragpulse stream` (launch.py reads `_` as `-`), so none
+    # silently becomes a Beam option; the required ones are exactly the command's.
+    flags = launcher().stream_flags()
+    assert {"--" + n.replace("_", "-") for n in names} <= flags
+    required = {"--" + p["name"].replace("_", "-") for p in metadata["parameters"]
+                if not p.get("isOptional")}
+    parser = cli._subparser(cli.build_parser("stream"), "stream")
+    assert required == {a.option_strings[0] for a in parser._actions if a.required} - {"--runner"}
+    for p in metadata["parameters"]:
+        for regex in p.get("regexes", []):
+            re.compile(regex)
+
+
+def test_the_flex_template_launcher_turns_parameters_into_valid_stream_settings() -> None:
+    argv = launcher().ragpulse_argv([
+        "--kafka_bootstrap=kafka-0.internal:9092",
+        "--topic=inference-logs",
+        "--window=5m",
+        "--allowed_lateness=10m",
+        "--early_firing=60s",
+        "--sample_rate=0.2",
+        "--judge_backend=local",
+        "--project=p",
+        "--region=europe-west1",
+        "--temp_location=gs://b/tmp",
+        "--sdk_container_image=europe-west1-docker.pkg.dev/p/ragpulse/ragpulse-beam-sdk:0.1.0",
+    ])
+    args = cli.build_parser("stream").parse_args(argv)
+    assert args.runner == "DataflowRunner"
+    assert args.beam_arg == [
+        "--project=p",
+        "--region=europe-west1",
+        "--temp_location=gs://b/tmp",
+        "--sdk_container_image=europe-west1-docker.pkg.dev/p/ragpulse/ragpulse-beam-sdk:0.1.0",
+    ]
+    if importlib.util.find_spec("apitools") is None:
+        # The launcher image installs apache-beam[gcp]; here only its absence can be refused.
+        with pytest.raises(Exception, match="needs apache-beam\\[gcp\\]"):
+            stream.settings_from_args(args)
+        return
+    settings = stream.settings_from_args(args)
+    assert (settings.window_seconds, settings.allowed_lateness_seconds) == (300, 600)
+
+
+def test_flink_manifests_parse_and_the_built_in_kinds_are_valid_kubernetes_objects() -> None:
+    import kubernetes_validate
+
+    objects = flink_objects()
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds == sorted(["FlinkDeployment", "PersistentVolumeClaim", "Deployment", "Service",
+                            "Deployment", "Service", "Job", "Deployment", "Service"])
+    for obj in objects:
+        if obj["apiVersion"] == "flink.apache.org/v1beta1":
+            continue  # a CRD: kubernetes-validate ships the built-in kinds only
+        kubernetes_validate.validate(obj, "1.30.0", strict=True)
+
+
+def test_the_flink_deployment_matches_the_job_server_and_runs_the_python_worker_pool() -> None:
+    objects = flink_objects()
+    (flink,) = [o for o in objects if o["kind"] == "FlinkDeployment"]
+    minor = flink["spec"]["flinkVersion"].removeprefix("v").replace("_", ".")
+    images = [c["image"] for o in objects for c in containers(o) if "image" in c]
+    assert f"apache/beam_flink{minor}_job_server:{beam_pin()}" in images
+    assert f"flink:{minor}-java11" in (FLINK / "flink.Dockerfile").read_text(encoding="utf-8")
+    (pool,) = [c for c in containers(flink) if c.get("args") == ["--worker_pool"]]
+    assert pool["image"] == "REGISTRY/ragpulse-beam-sdk:TAG"
+    assert pool["ports"][0]["containerPort"] == 50000
+    for image in images:
+        if image.startswith("REGISTRY/"):
+            assert image in OUR_IMAGES, f"{image} is built by no Dockerfile of this repository"
+            assert OUR_IMAGES[image].is_file()
+    assert flink["spec"]["image"] in OUR_IMAGES
+
+
+def test_every_ragpulse_command_in_the_flink_manifests_gives_valid_settings() -> None:
+    commands = [
+        c["args"] for o in flink_objects() for c in containers(o)
+        if c.get("image") == "REGISTRY/ragpulse:TAG"
+    ]
+    assert sorted(args[0] for args in commands) == ["exporter", "stream"]
+    for args in commands:
+        parsed = cli.build_parser(args[0]).parse_args(args)
+        module = stream if args[0] == "stream" else exporter
+        settings = module.settings_from_args(parsed)
+        if args[0] == "stream":
+            # The Python stages run in the sidecar the FlinkDeployment starts on port 50000.
+            assert "--environment_config=localhost:50000" in settings.beam_args
+            assert settings.runner == "PortableRunner"
