@@ -21,6 +21,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    InstanceOf,
     SecretStr,
     ValidationError,
     ValidationInfo,
@@ -42,6 +43,7 @@ from judges.redaction import (
 from judges.registry import judges_help
 from pipeline.errors import SettingsError
 from pipeline.kafka_security import PLAINTEXT, KafkaSecurity
+from pipeline.sampling import SamplingPlan, load_plan
 from pipeline.service.labels import LabelLimits
 from pipeline.windows import parse_duration
 
@@ -211,6 +213,8 @@ class BatchSettings(BaseModel):
 
     judges: JudgeSettings
     sample_rate: float = Field(1.0, ge=0, le=1)
+    # Strata from --sampling-rules FILE (a path is loaded and checked here, once); None: none.
+    sampling: InstanceOf[SamplingPlan] | None = Field(None, title="--sampling-rules")
     window_seconds: float = Field(300.0, gt=0, title="--window")
     max_event_bytes: int = Field(1_048_576, ge=1024)
     labels: LabelLimits = LabelLimits()
@@ -225,6 +229,14 @@ class BatchSettings(BaseModel):
             raise ValueError("choose the runner with --runner NAME, not as a Beam option")
         return args
 
+    @field_validator("sampling", mode="before")
+    @classmethod
+    def _load_sampling_rules(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, (str, Path)):
+            # Unmatched events keep --sample-rate unless the file sets default_rate.
+            return load_plan(Path(value), info.data.get("sample_rate", 1.0))
+        return value
+
     @field_validator("runner")
     @classmethod
     def _runner_works_here(cls, name: str | None) -> str | None:
@@ -238,6 +250,7 @@ class BatchSettings(BaseModel):
         return StageConfig(
             judges=self.judges.spec(),
             sample_rate=self.sample_rate,
+            sampling=self.sampling,
             window_seconds=self.window_seconds,
             max_event_bytes=self.max_event_bytes,
             # Enough events in flight to keep every concurrent judge call busy.
@@ -350,6 +363,15 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
         default=default_of(BatchSettings, "sample_rate"),
         help="share of events judged, chosen by a hash of request_id (default: %(default)s)",
     )
+    g.add_argument(
+        "--sampling-rules",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="YAML rules sampling strata of events at their own rates (e.g. every event with "
+        "negative feedback, 5%% of the rest); judged events are weighted by 1 / rate in "
+        "ragpulse_judge_verdicts_weighted_total (see pipeline/sampling.py) (default: none)",
+    )
     window = default_of(BatchSettings, "window_seconds")
     g.add_argument(
         "--window",
@@ -397,6 +419,7 @@ def batch_fields(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "judges": judge_settings(args),
         "sample_rate": args.sample_rate,
+        "sampling": args.sampling_rules,
         "window_seconds": args.window,
         "max_event_bytes": args.max_event_bytes,
         "labels": label_limits(args),
