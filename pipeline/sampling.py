@@ -66,9 +66,10 @@ WEIGHTED_VERDICTS = "ragpulse_judge_verdicts_weighted_total"
 SEEN = "ragpulse_seen_events_total"
 SAMPLED = "ragpulse_sampled_events_total"
 WEIGHTS = "ragpulse_sample_weights_total"
+SPEND = "ragpulse_judge_spend_total"  # the budget governor's (pipeline.budget)
 # Counters saved in millionths of a unit and exported divided by MICRO.
 MICRO = 1_000_000
-MICRO_COUNTERS = frozenset({WEIGHTED_VERDICTS, WEIGHTS})
+MICRO_COUNTERS = frozenset({WEIGHTED_VERDICTS, WEIGHTS, SPEND})
 
 COUNTER_HELP = {
     WEIGHTED_VERDICTS: "Judge verdicts weighted by 1 / the sample rate of the event's stratum: "

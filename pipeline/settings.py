@@ -41,6 +41,7 @@ from judges.redaction import (
     is_loopback_url,
 )
 from judges.registry import judges_help
+from pipeline.budget import BudgetSettings
 from pipeline.errors import SettingsError
 from pipeline.kafka_security import PLAINTEXT, KafkaSecurity
 from pipeline.sampling import SamplingPlan, load_plan
@@ -304,6 +305,8 @@ class ServeSettings(BatchSettings):
     # that the check of `instance` sees `instances`.
     instances: int = Field(1, ge=1, title="--instances")
     instance: int = Field(0, ge=0, title="--instance")
+    # The judge budget governor (pipeline/budget.py); None: no budget.
+    budget: InstanceOf[BudgetSettings] | None = Field(None, title="--judge-budget-per-hour")
 
     @field_validator("instance")
     @classmethod

@@ -29,7 +29,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from judges.base import RATINGS
-from pipeline import counting, sampling
+from pipeline import budget, counting, sampling
 from pipeline.service.canaries import CANARY_OUTCOMES, CANARY_VERDICTS
 from pipeline.windows import RatingCounts, WindowKey, wilson_interval
 
@@ -66,6 +66,7 @@ COUNTER_HELP: dict[str, str] = {
     "ragpulse_label_overflow_total": "Judged events counted under app or model 'other': their "
     "value was beyond --max-label-values or not in --allowed-apps/--allowed-models.",
     **sampling.COUNTER_HELP,
+    **budget.COUNTER_HELP,
 }
 # Counters whose label sets are known up front are exported at 0 before the first event,
 # so that rates and alerts have a series to work with from the first scrape.
@@ -163,6 +164,7 @@ GAUGE_HELP: dict[str, str] = {
     "ragpulse_watermark_timestamp_seconds": "Event-time watermark: min over partitions of the "
     "latest event time read, minus the out-of-orderness bound.",
     "ragpulse_heartbeat_timestamp_seconds": "Unix time at which the last cycle completed.",
+    **budget.GAUGE_HELP,
 }
 
 
