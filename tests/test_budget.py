@@ -16,7 +16,7 @@ import pytest
 from fake_openai import MARKER, FakeOpenAI, fake_openai_fixture  # noqa: F401
 from graph_runs import stage_config
 from kafka_broker import TansuBroker
-from serve_process import ServeProcess, serve_processes_fixture  # noqa: F401
+from serve_process import Scrape, ServeProcess, serve_processes_fixture  # noqa: F401
 
 from pipeline import counting
 from pipeline.budget import (
@@ -208,6 +208,10 @@ def test_governed_cycles_spend_within_the_hours_budget_and_the_weighted_ratio_st
 
 # --- `ragpulse serve`: the governor across cycles of a real subprocess --------------------------
 
+def caught_up_with(seen: int) -> Callable[[Scrape], bool]:
+    return lambda m: m.total("ragpulse_seen_events_total") == seen
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_serve_lowers_the_rate_across_cycles_to_stay_within_the_budget_and_exports_spend(
@@ -228,13 +232,10 @@ def test_serve_lowers_the_rate_across_cycles_to_stay_within_the_budget_and_expor
             "--judge-min-sample-rate", "0",
         ]  # fmt: skip
         serve = serve_processes(broker.bootstrap, topic, tmp_path / "state.sqlite", args).start()
-        factors = []
+        factors: list[float | None] = []
         for n, batch in enumerate(batches, start=1):
             broker.produce(topic, [r.raw for r in batch], partition=0)
-            scrape = serve.wait_for(
-                lambda m, n=n: m.total("ragpulse_seen_events_total") == 120 * n, 60,
-                f"cycle {n}",
-            )
+            scrape = serve.wait_for(caught_up_with(120 * n), 60, f"cycle {n}")
             factors.append(scrape.value("ragpulse_judge_sample_factor"))
         spent = sum(r.prompt_tokens + r.completion_tokens for r in judge_server.requests)
         # Every token the stand-in counted is in the spend counter and the hour's gauge.
@@ -242,7 +243,8 @@ def test_serve_lowers_the_rate_across_cycles_to_stay_within_the_budget_and_expor
         assert scrape.value("ragpulse_judge_budget_spent_this_hour") == spent
         assert scrape.value("ragpulse_judge_budget_per_hour") == budget
         assert 0.5 * budget <= spent <= budget
-        assert factors[0] == PROBE_EVENTS / 120 and min(factors) < 1
+        assert factors[0] == PROBE_EVENTS / 120
+        assert any(f is not None and f < 0.5 for f in factors[1:])
         judged = scrape.total("ragpulse_events_judged_total")
         assert judged < 0.5 * 480
         # The weighted verdicts estimate all 480 events, however few were judged.
