@@ -3,8 +3,11 @@
 For operators paying per token: with `--judge-budget-per-hour N`, before each serve cycle the
 governor picks a factor in [0, 1] that scales every sampling stratum's rate
 (`pipeline.sampling.SamplingPlan.governed`) so that the cycle's expected spend fits what is left
-of the clock hour's budget; no stratum goes below `--judge-min-sample-rate` (so a budget that
-is spent still leaves a thin, weighted sample). The budget is tokens (prompt + completion), or,
+of the clock hour's budget, paced over the rest of the hour: the records still expected this hour
+(the arrival rate seen between cycles times the seconds left) are budgeted for at the same
+factor, so the budget is not spent in the first minutes, leaving the rest of the hour to a
+thin sample. No stratum goes below `--judge-min-sample-rate` (so a budget that is spent still
+leaves a weighted sample). The budget is tokens (prompt + completion), or,
 with `--judge-price-table FILE`, money: the table gives each judge model's prices per million
 prompt, cached prompt and completion tokens:
 
@@ -126,10 +129,16 @@ class BudgetGovernor:
         self._seen: Counter[str] = Counter()
         self._judged = 0
         self._spend = 0.0
+        # Pacing: when and over how many records the last cycle was planned, and the
+        # smoothed arrival rate of records per second they give.
+        self._last_plan: tuple[float, int] | None = None
+        self._arrivals: float | None = None
 
     def plan_for(self, plan: SamplingPlan, records: int) -> SamplingPlan:
         """`plan` governed for a cycle over `records` records; sets `factor`."""
         self._roll_hour()
+        now = self._clock()
+        to_come = self._records_to_come(now, records)
         left = self.settings.per_hour - self.spent_this_hour
         floor = self.settings.min_sample_rate
         if left <= 0:
@@ -147,16 +156,17 @@ class BudgetGovernor:
                 runs out must not overshoot it."""
                 governed = plan.governed(factor, floor)
                 rates = {s: governed.effective(rate) for s, rate in _rates(plan).items()}
-                mean = records * per_event * sum(shares[s] * rates[s] for s in shares)
-                return mean + 3 * math.sqrt(mean * per_event)
+                per_record = per_event * sum(shares[s] * rates[s] for s in shares)
+                cycle = records * per_record
+                return cycle + 3 * math.sqrt(cycle * per_event) + to_come * per_record
 
             self.factor = _largest_within(expected, left)
         if self.factor < 1:
             log.info(
-                "judge budget: sample rates x %.4g (not below %g) for %d records; %.6g of %.6g "
-                "%s spent this hour",
-                self.factor, floor, records, self.spent_this_hour, self.settings.per_hour,
-                self.settings.unit,
+                "judge budget: sample rates x %.4g (not below %g) for %d records (%.0f more "
+                "expected this hour); %.6g of %.6g %s spent this hour",
+                self.factor, floor, records, to_come, self.spent_this_hour,
+                self.settings.per_hour, self.settings.unit,
             )
         return plan.governed(self.factor, floor)
 
@@ -173,6 +183,19 @@ class BudgetGovernor:
                 self._judged += int(n)
         key = counting.key(SPEND, unit=self.settings.unit)
         return Counter({key: to_micros(spend)}) if spend else Counter()
+
+    def _records_to_come(self, now: float, records: int) -> float:
+        """Records expected in the rest of the clock hour after this cycle's: the arrival rate
+        (records per second between the starts of the last cycles, smoothed) times the
+        seconds left. 0 until two cycles have been planned."""
+        if self._last_plan is not None:
+            then, n = self._last_plan
+            if now > then:
+                rate = n / (now - then)
+                self._arrivals = rate if self._arrivals is None else (self._arrivals + rate) / 2
+        self._last_plan = (now, records)
+        seconds_left = max(0.0, (self._hour + 1) * 3600 - now)
+        return (self._arrivals or 0.0) * seconds_left
 
     def gauges(self) -> dict[str, float]:
         self._roll_hour()

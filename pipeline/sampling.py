@@ -96,7 +96,11 @@ class SamplingRule:
     when: tuple[tuple[str, frozenset[str]], ...]
 
     def matches(self, event: Any) -> bool:
-        return all(getattr(event, f) in values for f, values in self.when)
+        # A loop, not all(...) over a generator: this runs for every event and rule.
+        for field, values in self.when:
+            if getattr(event, field) not in values:
+                return False
+        return True
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

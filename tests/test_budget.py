@@ -87,15 +87,28 @@ def test_the_first_cycle_is_a_probe_then_the_factor_fits_the_rest_of_the_hours_b
     assert governor.factor == pytest.approx(0.0473, abs=1e-3)
     governor.record(cycle_counts({"default": 1000}, 68, 6800))
     assert governor.plan_for(plan, records=1000).effective(0.5) == 0.0  # spent: factor 0
-    # A new clock hour brings a new budget.
+    # A new clock hour brings a new budget, paced over the ~1,000 records an hour seen so far.
     clock.now = HOUR + 3600
     governor.plan_for(plan, records=10)
-    assert governor.factor == 1.0
+    assert governor.factor == pytest.approx(0.096, abs=0.002)
     assert governor.gauges() == {
         "ragpulse_judge_budget_per_hour": 10_000,
         "ragpulse_judge_budget_spent_this_hour": 0.0,
-        "ragpulse_judge_sample_factor": 1.0,
+        "ragpulse_judge_sample_factor": governor.factor,
     }
+
+
+def test_the_budget_is_paced_over_the_records_expected_in_the_rest_of_the_hour() -> None:
+    clock = Clock(HOUR)
+    governor = BudgetGovernor(BudgetSettings(per_hour=10_000, min_sample_rate=0.0), clock)
+    plan = plan_from_data({"rules": [{"name": "vip", "when": {"app": "vip"}, "rate": 1.0}]}, 1.0)
+    governor.plan_for(plan, records=100)
+    governor.record(cycle_counts({"default": 100}, 10, 1000))  # 100 tokens per judged event
+    # 100 records a minute: 5,900 more expected in the 59 minutes left of the hour, so the
+    # 9,000 tokens left cover about 1.5 % of the 6,000 records, not 90 % of these 100.
+    clock.now = HOUR + 60
+    governor.plan_for(plan, records=100)
+    assert governor.factor == pytest.approx(9000 / (6000 * 100), rel=0.1)
 
 
 def test_a_spent_budget_leaves_every_stratum_at_the_floor() -> None:
@@ -172,11 +185,13 @@ def test_governed_cycles_spend_within_the_hours_budget_and_the_weighted_ratio_st
     fake_openai.reset_log()
     cycles, per_cycle = 8, 400
     budget = cycles * per_cycle * per_event / 5
-    governor = BudgetGovernor(BudgetSettings(budget, min_sample_rate=0.01), Clock(HOUR + 60))
+    clock = Clock(HOUR)
+    governor = BudgetGovernor(BudgetSettings(budget, min_sample_rate=0.01), clock)
 
     totals: counting.Counts = Counter()
     passes = factors = spent_above_floor = 0.0
     for cycle in range(cycles):
+        clock.now = HOUR + 1 + cycle * 3500 / cycles  # the cycles span the hour
         records, ok = cycle_records(cycle, per_cycle)
         passes += ok
         config = dataclasses.replace(base, sampling=governor.plan_for(plan, len(records)))
@@ -191,9 +206,9 @@ def test_governed_cycles_spend_within_the_hours_budget_and_the_weighted_ratio_st
 
     spent = sum(r.prompt_tokens + r.completion_tokens for r in fake_openai.requests)
     assert spent == governor.spent_this_hour == totals[counting.key(SPEND, unit="tokens")] / 1e6
-    # Within the budget until it is spent; then the floor's 1 % sample adds a little.
-    assert 0.8 * budget <= spent_above_floor <= budget
-    assert spent - spent_above_floor < 0.05 * budget
+    # Within the budget, used for most of it, and paced: no cycle left to the floor alone.
+    assert 0.7 * budget <= spent <= budget
+    assert spent_above_floor == spent
     assert factors / cycles < 0.5  # ... by lowering the rate
 
     def ratio(metric: str) -> float:
@@ -221,7 +236,10 @@ def test_serve_lowers_the_rate_across_cycles_to_stay_within_the_budget_and_expor
     batches = [cycle_records(cycle, 120)[0] for cycle in range(4)]
     with TansuBroker() as broker, FakeOpenAI() as judge_server:
         broker.create_topic(topic, 1)
-        budget = 40_000  # tokens: about a fifth of what judging at the full rates would take
+        # Tokens: about a third of what judging at the full rates would take; how much of it
+        # the governor plans to use depends on the minute of the hour (it paces the budget
+        # over the rest of the hour), so only the bound is checked.
+        budget = 60_000
         args = [
             "--window", "1h",
             "--judges", "safety",
@@ -229,7 +247,7 @@ def test_serve_lowers_the_rate_across_cycles_to_stay_within_the_budget_and_expor
             "--judge-base-url", judge_server.base_url,
             "--judge-max-retries", "0",
             "--judge-budget-per-hour", str(budget),
-            "--judge-min-sample-rate", "0",
+            "--judge-min-sample-rate", "0.1",
         ]  # fmt: skip
         serve = serve_processes(broker.bootstrap, topic, tmp_path / "state.sqlite", args).start()
         factors: list[float | None] = []
@@ -242,7 +260,7 @@ def test_serve_lowers_the_rate_across_cycles_to_stay_within_the_budget_and_expor
         assert scrape.value("ragpulse_judge_spend_total", unit="tokens") == spent
         assert scrape.value("ragpulse_judge_budget_spent_this_hour") == spent
         assert scrape.value("ragpulse_judge_budget_per_hour") == budget
-        assert 0.5 * budget <= spent <= budget
+        assert spent <= budget
         assert factors[0] == PROBE_EVENTS / 120
         assert any(f is not None and f < 0.5 for f in factors[1:])
         judged = scrape.total("ragpulse_events_judged_total")
@@ -251,5 +269,5 @@ def test_serve_lowers_the_rate_across_cycles_to_stay_within_the_budget_and_expor
         weighted = scrape.total(
             "ragpulse_judge_verdicts_weighted_total", rating="yes"
         ) + scrape.total("ragpulse_judge_verdicts_weighted_total", rating="no")
-        assert weighted == pytest.approx(480, rel=0.25)
+        assert weighted == pytest.approx(480, rel=0.35)
         assert serve.terminate() == 0
