@@ -97,7 +97,7 @@ class SamplingRule:
 
     def matches(self, event: Any) -> bool:
         # A loop, not all(...) over a generator: this runs for every event and rule.
-        for field, values in self.when:
+        for field, values in self.when:  # noqa: SIM110
             if getattr(event, field) not in values:
                 return False
         return True
