@@ -39,6 +39,7 @@ from apache_beam.runners.worker import sdk_worker
 
 from judges import JudgeSpec
 from pipeline import counting
+from pipeline.cascade import CascadeSettings
 from pipeline.errors import SettingsError
 from pipeline.sampling import SamplingPlan, WeightedCounts
 from pipeline.service.canaries import CanaryEvent
@@ -78,6 +79,8 @@ class StageConfig:
     closed_before: float | None = None  # windows ending at or before this are final (serve)
     # Strata and rates (--sampling-rules, a judge budget); None samples at sample_rate alone.
     sampling: SamplingPlan | None = None
+    # The judge cascade (--cascade-llm-sample-rate); None: the backend's judges alone.
+    cascade: CascadeSettings | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +165,7 @@ def build_graph(
             p | "GoldenCanaries" >> beam.Create(list(canaries)),
         ) | "WithCanaries" >> beam.Flatten()
     judged = to_judge | "JudgeEvents" >> JudgeEvents(
-        config.judges, batch_size=config.judge_batch_size
+        config.judges, batch_size=config.judge_batch_size, cascade=config.cascade
     )
     if sinks.verdicts is not None:
         to_write = (

@@ -42,6 +42,7 @@ from judges.redaction import (
 )
 from judges.registry import judges_help
 from pipeline.budget import BudgetSettings
+from pipeline.cascade import CascadeSettings, add_cascade_arguments, cascade_settings
 from pipeline.errors import SettingsError
 from pipeline.kafka_security import PLAINTEXT, KafkaSecurity
 from pipeline.sampling import SamplingPlan, load_plan
@@ -216,6 +217,7 @@ class BatchSettings(BaseModel):
     sample_rate: float = Field(1.0, ge=0, le=1)
     # Strata from --sampling-rules FILE (a path is loaded and checked here, once); None: none.
     sampling: InstanceOf[SamplingPlan] | None = Field(None, title="--sampling-rules")
+    cascade: InstanceOf[CascadeSettings] | None = Field(None, title="--cascade-llm-sample-rate")
     window_seconds: float = Field(300.0, gt=0, title="--window")
     max_event_bytes: int = Field(1_048_576, ge=1024)
     labels: LabelLimits = LabelLimits()
@@ -252,6 +254,7 @@ class BatchSettings(BaseModel):
             judges=self.judges.spec(),
             sample_rate=self.sample_rate,
             sampling=self.sampling,
+            cascade=self.cascade,
             window_seconds=self.window_seconds,
             max_event_bytes=self.max_event_bytes,
             # Enough events in flight to keep every concurrent judge call busy.
@@ -375,6 +378,7 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
         "negative feedback, 5%% of the rest); judged events are weighted by 1 / rate in "
         "ragpulse_judge_verdicts_weighted_total (see pipeline/sampling.py) (default: none)",
     )
+    add_cascade_arguments(p)
     window = default_of(BatchSettings, "window_seconds")
     g.add_argument(
         "--window",
@@ -419,10 +423,12 @@ def batch_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The `BatchSettings` fields the shared flags set."""
     from pipeline.service.labels import label_limits
 
+    judges = judge_settings(args)
     return {
-        "judges": judge_settings(args),
+        "judges": judges,
         "sample_rate": args.sample_rate,
         "sampling": args.sampling_rules,
+        "cascade": cascade_settings(args, judges.names, judges.backend),
         "window_seconds": args.window,
         "max_event_bytes": args.max_event_bytes,
         "labels": label_limits(args),

@@ -31,6 +31,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from judges import JudgeSpec
 from judges.base import RATINGS, Verdict
 from pipeline import counting, sampling
+from pipeline.cascade import CascadePanel, CascadeSettings
 from pipeline.counting import COUNTER_NAMESPACE
 from pipeline.events import InferenceRecord, InvalidEvent, Rejected, SourceRecord, parse_event
 from pipeline.sampling import SamplingPlan
@@ -217,12 +218,15 @@ class _JudgeInBatches(beam.DoFn):
     most of them. Events are judged before they are windowed, so they are in the global window.
     """
 
-    def __init__(self, spec: JudgeSpec, batch_size: int) -> None:
+    def __init__(self, spec: JudgeSpec, batch_size: int, cascade: CascadeSettings | None) -> None:
         self._spec = spec
         self._batch_size = batch_size
+        self._cascade = cascade
 
     def setup(self) -> None:
-        self._panel = self._spec.build()
+        self._panel: Any = (
+            CascadePanel(self._spec, self._cascade) if self._cascade else self._spec.build()
+        )
         self._counters = _Counters()
 
     def start_bundle(self) -> None:
@@ -392,15 +396,20 @@ class JudgeEvents(beam.PTransform):
     counts leave as Beam counters (`pipeline.counting`).
     """
 
-    def __init__(self, spec: JudgeSpec, *, batch_size: int) -> None:
+    def __init__(
+        self, spec: JudgeSpec, *, batch_size: int, cascade: CascadeSettings | None = None
+    ) -> None:
         super().__init__()
         self._spec = spec
         self._batch_size = batch_size
+        self._cascade = cascade
 
     def expand(self, events: Any) -> Any:
         if not events.windowing.is_default():
             raise ValueError("JudgeEvents judges events before they are windowed")
-        return events | "Judge" >> beam.ParDo(_JudgeInBatches(self._spec, self._batch_size))
+        return events | "Judge" >> beam.ParDo(
+            _JudgeInBatches(self._spec, self._batch_size, self._cascade)
+        )
 
 
 def ratings_by_judge(judged: JudgedEvent) -> Iterable[tuple[tuple[str, str, str], str]]:

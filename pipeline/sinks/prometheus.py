@@ -29,7 +29,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from judges.base import RATINGS
-from pipeline import budget, counting, sampling
+from pipeline import budget, cascade, counting, sampling
 from pipeline.service.canaries import CANARY_OUTCOMES, CANARY_VERDICTS
 from pipeline.windows import RatingCounts, WindowKey, wilson_interval
 
@@ -67,6 +67,7 @@ COUNTER_HELP: dict[str, str] = {
     "value was beyond --max-label-values or not in --allowed-apps/--allowed-models.",
     **sampling.COUNTER_HELP,
     **budget.COUNTER_HELP,
+    **cascade.COUNTER_HELP,
 }
 # Counters whose label sets are known up front are exported at 0 before the first event,
 # so that rates and alerts have a series to work with from the first scrape.
