@@ -125,6 +125,6 @@ def test_a_cascade_needs_the_llm_backend_and_local_versions_of_its_judges() -> N
     assert cascade_settings(args, ("groundedness",), "openai") == CascadeSettings(0.1, 0.1)
     with pytest.raises(SettingsError, match="needs --judge-backend openai"):
         cascade_settings(args, ("groundedness",), "local")
-    with pytest.raises(SettingsError, match="no local implementation of judge.*guideline"):
+    with pytest.raises(SettingsError, match=r"no local implementation of judge.*guideline"):
         cascade_settings(args, ("groundedness", "guideline_adherence"), "openai")
     assert cascade_settings(cascade_flags(), ("groundedness",), "local") is None
