@@ -9,9 +9,13 @@ from typing import Any
 
 import orjson
 import pytest
+import yaml
+from cli import one_line_error
 from graph_runs import stage_config
+from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline import counting
+from pipeline.cli import main
 from pipeline.errors import SettingsError
 from pipeline.events import SourceRecord, parse_event
 from pipeline.graph import GraphResult, Sinks, run_graph
@@ -236,3 +240,38 @@ def test_a_bad_rules_file_is_one_settings_error_naming_the_flag_file_and_rule(
     )
     with pytest.raises(SamplingRulesError, match="cannot read sampling rules"):
         load_plan(tmp_path / "missing.yml", 1.0)
+
+
+def test_ragpulse_run_with_a_rules_file_prints_the_weighted_ratio_and_exports_the_families(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    records, _ = synthetic_traffic(400)
+    src = tmp_path / "events.jsonl"
+    src.write_bytes(b"\n".join(r.raw for r in records) + b"\n")
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump(RULES))
+    out = tmp_path / "out"
+    assert main(["run", str(src), "--output", str(out), "--judge-backend", "local",
+                 "--judges", "groundedness", "--window", "1h",
+                 "--sampling-rules", str(rules)]) == 0
+    printed = capsys.readouterr().out
+    assert "w = weighted by 1 / sample rate" in printed and " w=" in printed
+    families = {f.name: f for f in text_string_to_metric_families(
+        (out / "metrics.prom").read_text())}
+    seen = {s.labels["stratum"]: s.value for s in families["ragpulse_seen_events"].samples
+            if s.name.endswith("_total")}
+    assert seen == {"negative_feedback": 40, "new_model": 80, "default": 280}
+    assert "ragpulse_judge_verdicts_weighted" in families
+
+
+def test_ragpulse_run_refuses_a_bad_rules_file_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "events.jsonl"
+    src.write_bytes(synthetic_traffic(1)[0][0].raw + b"\n")
+    rules = tmp_path / "rules.yml"
+    rules.write_text("rules:\n  - name: vip\n    when: {user: bob}\n    rate: 1\n")
+    code = main(["run", str(src), "--output", str(tmp_path / "out"), "--judge-backend", "local",
+                 "--sampling-rules", str(rules)])
+    line = one_line_error(code, capsys.readouterr().err, allow_info=True)
+    assert line.endswith("rule 1 (vip): cannot match on 'user'; rules read app, model, feedback")
