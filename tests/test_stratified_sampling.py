@@ -156,6 +156,7 @@ def test_weighted_pass_ratio_estimates_the_true_ratio_where_the_stratified_sampl
     assert exported_yes == pytest.approx(verdicts(WEIGHTED_VERDICTS, "yes") / 1e6)
 
 
+@pytest.mark.slow
 def test_without_rules_no_weighted_series_exist_and_the_counts_are_unchanged(
     tmp_path: Path,
 ) -> None:
@@ -242,6 +243,7 @@ def test_a_bad_rules_file_is_one_settings_error_naming_the_flag_file_and_rule(
         load_plan(tmp_path / "missing.yml", 1.0)
 
 
+@pytest.mark.slow
 def test_ragpulse_run_with_a_rules_file_prints_the_weighted_ratio_and_exports_the_families(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
