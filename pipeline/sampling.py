@@ -25,7 +25,13 @@ events, which fail more often, are judged 20 times as often as the rest. The unw
 
 Weights are not integers and Beam counters and the state store hold integers, so weighted
 counts travel and are saved in millionths (`to_micros`) and exported divided back
-(`MICRO_COUNTERS`); with weights of at most 1 / 1e-6 the rounding is below 1e-6 per event.
+(`MICRO_COUNTERS`): the rounding is at most half a millionth per event.
+
+Where the weighted counts go: `ragpulse_judge_verdicts_weighted_total` (both commands; the
+recording rule `judge_app_model:ragpulse_judge_weighted_pass_ratio:ratio_rate<w>` sums it over
+strata into the pass ratio of all traffic), and per event-time window
+(`pipeline.weighted_windows`), which `ragpulse run` prints beside each window's ratio; `serve`
+does not save weighted windows in its state file.
 
 The budget governor (`pipeline.budget`) scales every stratum's rate for a serve cycle
 (`SamplingPlan.governed`); an event's weight is 1 over the rate it was sampled at, so windows
