@@ -130,3 +130,24 @@ class GroundednessJudge(LocalJudge):
             return "yes", f"All {n} claims of the answer are supported by the context."
         claim, reason = found
         return "no", f"The claim {_quote(claim.claim.text)!r} is unsupported: {reason}."
+
+    def margin(self, item: JudgeInput) -> float:
+        """How far the rating is from flipping, for the judge cascade (pipeline/cascade.py):
+        the distance of the deciding claim's unsupported share from `max_unsupported` (for
+        "yes", of the closest claim); 1 when a number or a name decided, or no claim had
+        enough words to be measured."""
+        chunks = [c.content for c in item.chunks if c.content and not c.content.isspace()]
+        supports = support_of_claims(item.answer, chunks, item.question)
+        found = first_unsupported(
+            supports, min_words=self.min_words, max_unsupported=self.max_unsupported
+        )
+        if found is not None:
+            claim = found[0]
+            if claim.unsupported_numbers or claim.unsupported_names:
+                return 1.0
+            return claim.unsupported_share - self.max_unsupported
+        return min(
+            (self.max_unsupported - s.unsupported_share
+             for s in supports if len(s.claim.words) >= self.min_words),
+            default=1.0,
+        )

@@ -123,3 +123,16 @@ class RelevanceToQueryJudge(LocalJudge):
             f"The answer takes up {len(shared)} of the question's {len(asked)} key words "
             f"({', '.join(repr(w) for w in shared[:4])}) and does not refuse."
         )
+
+    def margin(self, item: JudgeInput) -> float:
+        """How far the rating is from flipping, for the judge cascade (pipeline/cascade.py):
+        the distance of the share of the question's key words the answer takes up from
+        `min_overlap`; 1 for a refusal, 0 when the question has no key words to check."""
+        if refusal_in(item.answer) is not None:
+            return 1.0
+        asked = dict(_key_stems(item.question))
+        if not asked:
+            return 0.0
+        answered = _answered_stems(item.answer)
+        share = sum(s in answered for s in asked) / len(asked)
+        return abs(share - self.min_overlap)

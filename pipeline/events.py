@@ -5,7 +5,7 @@ An event is the Databricks Agent Evaluation input schema plus a production envel
 
     request_id, request, response, retrieved_context, expected_response, expected_facts,
     guidelines, expected_retrieved_context, trace          (Agent Evaluation input schema)
-    timestamp, app, model                                   (envelope)
+    timestamp, app, model, feedback                         (envelope)
 
 `parse_event` validates one raw line/record and returns an `InferenceRecord`, or raises
 `InvalidEvent` whose `reason` says what to fix; `dead_letter` turns a rejected line into a row
@@ -61,6 +61,11 @@ same sampling decision), whether it arrived as a file line or a Kafka record.
 `app`, `model`: strings naming the chatbot and its model/version; absent, null or blank means
 "unknown". They become Prometheus label values, so they are stripped and must be at most 128
 characters.
+
+`feedback`: the user's feedback on the answer as one string (e.g. "negative", "thumbs_down"),
+as the chatbot recorded it; absent, null or blank means none. ragpulse judges do not read it:
+stratified sampling rules match on it (pipeline/sampling.py), e.g. to judge every answer a user
+disliked. Stripped, at most 128 characters.
 
 `expected_response`, `expected_facts`, `guidelines`, `expected_retrieved_context`: the ground
 truth of the Agent Evaluation schema, validated for type and handed to the judges that read it
@@ -151,6 +156,11 @@ class InferenceRecord:
     app: str
     model: str
     judge_input: JudgeInput
+    feedback: str | None = None
+    # Set by sampling (pipeline/stages.py) under --sampling-rules or a judge budget: the
+    # event's stratum and its weight, 1 / the rate it was sampled at. None: not stratified.
+    stratum: str | None = None
+    weight: float = 1.0
 
 
 # --- boundary shapes (pydantic, strict: a number is not silently a string) ------------------
@@ -185,6 +195,7 @@ class _Envelope(BaseModel):
     timestamp: str | int | float | None = None
     app: str | None = None
     model: str | None = None
+    feedback: str | None = None
 
 
 class _ContentPart(TypedDict):
@@ -324,6 +335,7 @@ def parse_event(
             ),
             guidelines=_guidelines(env.guidelines),
         ),
+        feedback=_feedback(env.feedback),
     )
 
 
@@ -597,6 +609,16 @@ def _request_id(value: str | int | None, raw: bytes) -> str:
     if value is not None and value.strip():
         return value
     return "sha256:" + hashlib.sha256(raw.strip()).hexdigest()[:16]
+
+
+def _feedback(value: str | None) -> str | None:
+    feedback = (value or "").strip()
+    if len(feedback) > MAX_LABEL_CHARS:
+        raise InvalidEvent(
+            f"field 'feedback' is {len(feedback)} characters, over the {MAX_LABEL_CHARS}-character"
+            " limit (it is a short label such as 'negative', matched by sampling rules)"
+        )
+    return feedback or None
 
 
 def _label(value: str | None, field: str) -> str:

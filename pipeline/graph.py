@@ -39,7 +39,9 @@ from apache_beam.runners.worker import sdk_worker
 
 from judges import JudgeSpec
 from pipeline import counting
+from pipeline.cascade import CascadeSettings
 from pipeline.errors import SettingsError
+from pipeline.sampling import SamplingPlan, WeightedCounts
 from pipeline.service.canaries import CanaryEvent
 from pipeline.sinks.kafka import UNACKNOWLEDGED_NAMESPACE
 from pipeline.stages import (
@@ -54,6 +56,11 @@ from pipeline.stages import (
     ReportWindows,
     WindowRatings,
     decode_window,
+)
+from pipeline.weighted_windows import (
+    WEIGHTED_WINDOW_NAMESPACE,
+    ReportWeightedWindows,
+    decode_weighted_window,
 )
 from pipeline.windows import RatingCounts, WindowKey
 
@@ -70,6 +77,10 @@ class StageConfig:
     max_event_bytes: int
     judge_batch_size: int
     closed_before: float | None = None  # windows ending at or before this are final (serve)
+    # Strata and rates (--sampling-rules, a judge budget); None samples at sample_rate alone.
+    sampling: SamplingPlan | None = None
+    # The judge cascade (--cascade-llm-sample-rate); None: the backend's judges alone.
+    cascade: CascadeSettings | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +108,8 @@ class GraphResult:
     partition, the latest event time of the accepted records (the watermark's input);
     `exemplars`: the latest failing answer per verdict series; `unacknowledged`: per output
     topic, records it did not acknowledge for a reason that may clear up, and the first reason.
+    `weighted_windows`: with a sampling plan, each window's verdicts weighted by 1 / sample
+    rate (`pipeline.weighted_windows`); empty otherwise.
     """
 
     counts: counting.Counts
@@ -104,6 +117,7 @@ class GraphResult:
     latest_event_time: dict[int, float]
     exemplars: dict[counting.CounterKey, counting.FailingExample]
     unacknowledged: dict[str, tuple[int, str]]
+    weighted_windows: dict[WindowKey, WeightedCounts] = dataclasses.field(default_factory=dict)
 
     @property
     def dead_letters(self) -> int:
@@ -141,6 +155,7 @@ def build_graph(
         window_size=config.window_seconds,
         closed_before=config.closed_before,
         max_bytes=config.max_event_bytes,
+        sampling=config.sampling,
     )
     _ = parsed[ParseEvents.DEAD_LETTER] | "WriteDeadLetters" >> sinks.dead_letters
     to_judge = parsed.events
@@ -150,7 +165,7 @@ def build_graph(
             p | "GoldenCanaries" >> beam.Create(list(canaries)),
         ) | "WithCanaries" >> beam.Flatten()
     judged = to_judge | "JudgeEvents" >> JudgeEvents(
-        config.judges, batch_size=config.judge_batch_size
+        config.judges, batch_size=config.judge_batch_size, cascade=config.cascade
     )
     if sinks.verdicts is not None:
         to_write = (
@@ -163,6 +178,8 @@ def build_graph(
         _ = judged | "LatestFailing" >> ReportLatestFailing()
     windows = judged | "WindowRatings" >> WindowRatings(window_size=config.window_seconds)
     _ = windows | "ReportWindows" >> ReportWindows()
+    if config.sampling is not None:
+        _ = judged | "WeightedWindows" >> ReportWeightedWindows(window_size=config.window_seconds)
     if sinks.windows is not None:
         _ = windows | "WriteWindows" >> sinks.windows
 
@@ -200,6 +217,7 @@ def decode_metrics(metrics: MetricResults) -> GraphResult:
     counts: counting.Counts = Counter()
     windows: dict[WindowKey, RatingCounts] = {}
     unacknowledged: dict[str, tuple[int, str]] = {}
+    weighted: dict[WindowKey, WeightedCounts] = {}
     for c in query["counters"]:
         namespace, name, value = c.key.metric.namespace, c.key.metric.name, int(_final(c))
         if namespace == COUNTER_NAMESPACE:
@@ -213,6 +231,9 @@ def decode_metrics(metrics: MetricResults) -> GraphResult:
             topic, why = orjson.loads(name)
             n, first = unacknowledged.get(topic, (0, why))
             unacknowledged[topic] = (n + value, first)
+        elif namespace == WEIGHTED_WINDOW_NAMESPACE:
+            key, part = decode_weighted_window(name, value)
+            weighted[key] = weighted.get(key, WeightedCounts()) + part
     latest = {
         int(d.key.metric.name.removeprefix(LATEST_EVENT_TIME_PREFIX)): _final(d).max / 1000
         for d in query["distributions"]
@@ -229,7 +250,7 @@ def decode_metrics(metrics: MetricResults) -> GraphResult:
         exemplars[counting.decode(s.key.metric.name)] = counting.FailingExample(
             request_id, event_time
         )
-    return GraphResult(counts, windows, latest, exemplars, unacknowledged)
+    return GraphResult(counts, windows, latest, exemplars, unacknowledged, weighted)
 
 
 def _final(metric: MetricResult) -> Any:

@@ -21,6 +21,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    InstanceOf,
     SecretStr,
     ValidationError,
     ValidationInfo,
@@ -40,8 +41,11 @@ from judges.redaction import (
     is_loopback_url,
 )
 from judges.registry import judges_help
+from pipeline.budget import BudgetSettings
+from pipeline.cascade import CascadeSettings, add_cascade_arguments, cascade_settings
 from pipeline.errors import SettingsError
 from pipeline.kafka_security import PLAINTEXT, KafkaSecurity
+from pipeline.sampling import SamplingPlan, load_plan
 from pipeline.service.labels import LabelLimits
 from pipeline.windows import parse_duration
 
@@ -211,6 +215,9 @@ class BatchSettings(BaseModel):
 
     judges: JudgeSettings
     sample_rate: float = Field(1.0, ge=0, le=1)
+    # Strata from --sampling-rules FILE (a path is loaded and checked here, once); None: none.
+    sampling: InstanceOf[SamplingPlan] | None = Field(None, title="--sampling-rules")
+    cascade: InstanceOf[CascadeSettings] | None = Field(None, title="--cascade-llm-sample-rate")
     window_seconds: float = Field(300.0, gt=0, title="--window")
     max_event_bytes: int = Field(1_048_576, ge=1024)
     labels: LabelLimits = LabelLimits()
@@ -243,6 +250,14 @@ class BatchSettings(BaseModel):
             raise ValueError("choose the runner with --runner NAME, not as a Beam option")
         return args
 
+    @field_validator("sampling", mode="before")
+    @classmethod
+    def _load_sampling_rules(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, (str, Path)):
+            # Unmatched events keep --sample-rate unless the file sets default_rate.
+            return load_plan(Path(value), info.data.get("sample_rate", 1.0))
+        return value
+
     @field_validator("runner")
     @classmethod
     def _runner_works_here(cls, name: str | None) -> str | None:
@@ -256,6 +271,8 @@ class BatchSettings(BaseModel):
         return StageConfig(
             judges=self.judges.spec(),
             sample_rate=self.sample_rate,
+            sampling=self.sampling,
+            cascade=self.cascade,
             window_seconds=self.window_seconds,
             max_event_bytes=self.max_event_bytes,
             # Enough events in flight to keep every concurrent judge call busy.
@@ -391,6 +408,8 @@ class ServeSettings(BatchSettings):
     # that the check of `instance` sees `instances`.
     instances: int = Field(1, ge=1, title="--instances")
     instance: int = Field(0, ge=0, title="--instance")
+    # The judge budget governor (pipeline/budget.py); None: no budget.
+    budget: InstanceOf[BudgetSettings] | None = Field(None, title="--judge-budget-per-hour")
 
     @field_validator("instance")
     @classmethod
@@ -469,6 +488,16 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
         default=default_of(BatchSettings, "sample_rate"),
         help="share of events judged, chosen by a hash of request_id (default: %(default)s)",
     )
+    g.add_argument(
+        "--sampling-rules",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="YAML rules sampling strata of events at their own rates (e.g. every event with "
+        "negative feedback, 5%% of the rest); judged events are weighted by 1 / rate in "
+        "ragpulse_judge_verdicts_weighted_total (see pipeline/sampling.py) (default: none)",
+    )
+    add_cascade_arguments(p)
     window = default_of(BatchSettings, "window_seconds")
     g.add_argument(
         "--window",
@@ -524,9 +553,12 @@ def batch_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The `BatchSettings` fields the shared flags set."""
     from pipeline.service.labels import label_limits
 
+    judges = judge_settings(args)
     return {
-        "judges": judge_settings(args),
+        "judges": judges,
         "sample_rate": args.sample_rate,
+        "sampling": args.sampling_rules,
+        "cascade": cascade_settings(args, judges.names, judges.backend),
         "window_seconds": args.window,
         "max_event_bytes": args.max_event_bytes,
         "labels": label_limits(args),

@@ -30,9 +30,11 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from judges import JudgeSpec
 from judges.base import RATINGS, Verdict
-from pipeline import counting
+from pipeline import counting, sampling
+from pipeline.cascade import CascadePanel, CascadeSettings
 from pipeline.counting import COUNTER_NAMESPACE
 from pipeline.events import InferenceRecord, InvalidEvent, Rejected, SourceRecord, parse_event
+from pipeline.sampling import SamplingPlan
 from pipeline.service.canaries import CANARY_VERDICTS, CanaryEvent, outcome
 from pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_start
 
@@ -97,8 +99,10 @@ class _ParseAndSample(beam.DoFn):
         window_size: float,
         closed_before: float | None,
         max_bytes: int,
+        plan: SamplingPlan | None,
     ) -> None:
         self._sample_rate = sample_rate
+        self._plan = plan
         self._window_size = window_size
         self._closed_before = closed_before
         self._max_bytes = max_bytes
@@ -149,16 +153,36 @@ class _ParseAndSample(beam.DoFn):
                     late=True,
                 )
                 return
-        if is_sampled(event.request_id, self._sample_rate):
+        if self._plan is not None:
+            yield from self._sample_stratified(event, self._plan)
+        elif is_sampled(event.request_id, self._sample_rate):
             self._counters.inc(EVENTS_SAMPLED)
             yield event
+
+    def _sample_stratified(
+        self, event: InferenceRecord, plan: SamplingPlan
+    ) -> Iterator[InferenceRecord]:
+        """Samples at the rate of the event's stratum; a kept event carries weight 1 / rate."""
+        stratum, rate = plan.stratum_of(event)
+        self._counters.inc(counting.key(sampling.SEEN, stratum=stratum))
+        if not is_sampled(event.request_id, rate):
+            return
+        weight = 1.0 / rate
+        self._counters.inc(EVENTS_SAMPLED)
+        self._counters.inc(counting.key(sampling.SAMPLED, stratum=stratum))
+        self._counters.inc(
+            counting.key(sampling.WEIGHTS, stratum=stratum), sampling.to_micros(weight)
+        )
+        yield dataclasses.replace(event, stratum=stratum, weight=weight)
 
 
 class ParseEvents(beam.PTransform):
     """Parses, validates and samples records.
 
-    The main output holds sampled `InferenceRecord`s; the `dead_letter` output holds a
-    `Rejected` for every record that was invalid, or late for a window already closed
+    Sampling is by `sample_rate`, or, with a `sampling` plan (`--sampling-rules`, a judge
+    budget), by the rate of each event's stratum, kept events carrying their weight
+    (`pipeline.sampling`). The main output holds sampled `InferenceRecord`s; the `dead_letter`
+    output holds a `Rejected` for every record that was invalid, or late for a window already closed
     (`closed_before`, set by `serve`; a file run has no closed windows).
     """
 
@@ -171,9 +195,10 @@ class ParseEvents(beam.PTransform):
         window_size: float,
         closed_before: float | None = None,
         max_bytes: int = 1_048_576,
+        sampling: SamplingPlan | None = None,
     ) -> None:
         super().__init__()
-        self._fn = _ParseAndSample(sample_rate, window_size, closed_before, max_bytes)
+        self._fn = _ParseAndSample(sample_rate, window_size, closed_before, max_bytes, sampling)
 
     def expand(self, records: Any) -> Any:
         return records | "ParseAndSample" >> beam.ParDo(self._fn).with_outputs(
@@ -193,12 +218,15 @@ class _JudgeInBatches(beam.DoFn):
     most of them. Events are judged before they are windowed, so they are in the global window.
     """
 
-    def __init__(self, spec: JudgeSpec, batch_size: int) -> None:
+    def __init__(self, spec: JudgeSpec, batch_size: int, cascade: CascadeSettings | None) -> None:
         self._spec = spec
         self._batch_size = batch_size
+        self._cascade = cascade
 
     def setup(self) -> None:
-        self._panel = self._spec.build()
+        self._panel: Any = (
+            CascadePanel(self._spec, self._cascade) if self._cascade else self._spec.build()
+        )
         self._counters = _Counters()
 
     def start_bundle(self) -> None:
@@ -289,6 +317,8 @@ def _tally(
         tally["latency_bucket", judge, counting.latency_bucket(v.latency_seconds)] += 1
         tally["latency_count", judge] += 1
         tally["latency_sum_us", judge] += round(v.latency_seconds * 1e6)
+    if event.stratum is not None:
+        sampling.tally_weighted(tally, event.stratum, event.weight, verdicts, app, model)
     # Groundedness split by whether the retrieved context was sufficient, when both judges
     # ran: ungrounded answers with sufficient context point at generation, not retrieval.
     if grounded is not None and sufficient in ("yes", "no"):
@@ -353,6 +383,9 @@ def _counter_key(k: tuple[Any, ...], backend: str) -> counting.CounterKey:
                                 app=app, model=model)
         case ("canary", judge, result):
             return counting.key(CANARY_VERDICTS, judge=judge, outcome=result)
+    weighted = sampling.counter_key(k)
+    if weighted is not None:
+        return weighted
     raise ValueError(f"unknown tally key {k!r}")
 
 
@@ -363,15 +396,20 @@ class JudgeEvents(beam.PTransform):
     counts leave as Beam counters (`pipeline.counting`).
     """
 
-    def __init__(self, spec: JudgeSpec, *, batch_size: int) -> None:
+    def __init__(
+        self, spec: JudgeSpec, *, batch_size: int, cascade: CascadeSettings | None = None
+    ) -> None:
         super().__init__()
         self._spec = spec
         self._batch_size = batch_size
+        self._cascade = cascade
 
     def expand(self, events: Any) -> Any:
         if not events.windowing.is_default():
             raise ValueError("JudgeEvents judges events before they are windowed")
-        return events | "Judge" >> beam.ParDo(_JudgeInBatches(self._spec, self._batch_size))
+        return events | "Judge" >> beam.ParDo(
+            _JudgeInBatches(self._spec, self._batch_size, self._cascade)
+        )
 
 
 def ratings_by_judge(judged: JudgedEvent) -> Iterable[tuple[tuple[str, str, str], str]]:

@@ -24,6 +24,9 @@ FAILURES = "judge_app_model:ragpulse_judge_failures:increase{w}"  # "no" verdict
 PASS_RATIO = "judge_app_model:ragpulse_judge_pass_ratio:ratio_rate{w}"  # yes / (yes + no)
 WILSON = "judge_app_model:ragpulse_judge_pass_ratio:wilson_{side}_rate{w}"  # side: lower/upper
 ERROR_RATIO = "judge_app_model:ragpulse_judge_error_ratio:ratio_rate{w}"  # error / all
+# yes / (yes + no) of the verdicts weighted by 1 / sample rate (--sampling-rules, a judge
+# budget), summed over the strata: the pass ratio of all traffic, not of the judged sample.
+WEIGHTED_PASS_RATIO = "judge_app_model:ragpulse_judge_weighted_pass_ratio:ratio_rate{w}"
 BURN_RATE = "judge_app_model:ragpulse_judge_slo_burn_rate:ratio_rate{w}"  # (1-ratio)/(1-SLO)
 BUDGET_LEFT = "judge_app_model:ragpulse_judge_slo_budget_remaining:ratio{w}"  # < 0: overspent
 CANARY_DISAGREEMENT = "judge:ragpulse_canary_disagreement:ratio_rate{w}"
@@ -151,6 +154,15 @@ def _verdict_rules(config: Mapping[str, Any], w: str) -> dict[str, dict[str, Any
                             denominator=verdicts(), **common),
     }
     return {name: {"record": name.format(w=w), "expr": expr} for name, expr in exprs.items()}
+
+
+def _weighted_rule(config: Mapping[str, Any], w: str) -> dict[str, Any]:
+    def weighted(*matchers: str) -> str:
+        return selector("ragpulse_judge_verdicts_weighted_total", config, *matchers)
+
+    return {"record": WEIGHTED_PASS_RATIO.format(w=w), "expr": promql(
+        RATE_RATIO, numerator=weighted('rating="yes"'), denominator=weighted('rating=~"yes|no"'),
+        by=by(config), window=w)}
 
 
 def _wilson_rule(config: Mapping[str, Any], w: str, side: str) -> dict[str, Any]:
@@ -290,6 +302,7 @@ def recording_groups(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     # Later rules of a group see the earlier ones of the same evaluation.
     for w in quality_windows(config):
         rules += [_wilson_rule(config, w, "lower"), _wilson_rule(config, w, "upper")]
+    rules += [_weighted_rule(config, w) for w in quality_windows(config)]
     rules.append(_sufficient_rule(config))
     rules += _root_cause_rules(config)
     rules += _canary_rules(config)

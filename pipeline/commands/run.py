@@ -113,7 +113,8 @@ def summary(result: GraphResult, out_dir: Path, elapsed: float) -> str:
     """The table `ragpulse run` prints: events, then pass ratios per window, app and model.
 
     Each judge column shows yes / (yes + no) and, in brackets, the graded sample size and the
-    errors, so a ratio is never read without its sample.
+    errors, so a ratio is never read without its sample; with stratified sampling, `w=` the
+    weighted ratio, the estimate for all events.
     """
     c = result.counts
     accepted = c[counting.key("ragpulse_events_total", outcome="accepted")]
@@ -124,6 +125,9 @@ def summary(result: GraphResult, out_dir: Path, elapsed: float) -> str:
     for key, counts in result.windows.items():
         pct = f"{counts.yes / counts.graded:.0%}" if counts.graded else "-"
         cell = f"{pct} (n={counts.graded}" + (f", err={counts.error})" if counts.error else ")")
+        weighted = result.weighted_windows.get(key)
+        if weighted is not None and weighted.pass_ratio is not None:
+            cell += f" w={weighted.pass_ratio:.0%}"
         rows.setdefault((key.window_start, key.app, key.model), {})[key.judge] = cell
     head = f"{'window_start':<21} {'app':<16} {'model':<16}" + "".join(
         f" {j:<22}" for j in judges
@@ -132,7 +136,9 @@ def summary(result: GraphResult, out_dir: Path, elapsed: float) -> str:
         f"read {accepted + invalid} lines in {elapsed:.1f}s: {accepted} accepted, "
         f"{invalid} rejected (see {out_dir / DEAD_LETTER_FILE}), {sampled} sampled and judged",
         "",
-        "pass ratio per window: yes / (yes + no), n = yes + no, errors left out",
+        "pass ratio per window: yes / (yes + no), n = yes + no, errors left out"
+        + (", w = weighted by 1 / sample rate (--sampling-rules): the estimate for all events"
+           if result.weighted_windows else ""),
         head,
     ]
     for (start, app, model), cells in sorted(rows.items()):

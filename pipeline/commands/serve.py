@@ -16,6 +16,7 @@ from typing import Any
 
 from prometheus_client import make_wsgi_app
 
+from pipeline.budget import add_budget_arguments, budget_settings
 from pipeline.config_sources import add_config_arguments
 from pipeline.errors import SettingsError
 from pipeline.kafka_security import (
@@ -269,12 +270,14 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     )
     add_label_arguments(p)
     add_judge_arguments(p)
+    add_budget_arguments(p)
     add_beam_arguments(p)
     add_config_arguments(p)
 
 
 def settings_from_args(args: argparse.Namespace) -> ServeSettings:
     """`ServeSettings` from the command line; SettingsError says what is wrong."""
+    batch = batch_fields(args)
     return build(
         ServeSettings,
         bootstrap=args.kafka_bootstrap,
@@ -302,7 +305,8 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         state_reset=args.state_reset,
         instances=args.instances,
         instance=args.instance,
-        **batch_fields(args),
+        budget=budget_settings(args, batch["judges"].model, batch["judges"].backend),
+        **batch,
     )
 
 

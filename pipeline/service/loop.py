@@ -40,9 +40,11 @@ from collections import Counter
 from collections.abc import Mapping
 
 from pipeline import counting
+from pipeline.budget import BudgetGovernor
 from pipeline.calibration import by_judge
 from pipeline.errors import SettingsError
 from pipeline.graph import GraphResult, Sinks, pipeline_options, run_graph
+from pipeline.sampling import SPEND, SamplingPlan
 from pipeline.service.canaries import CanaryFeed
 from pipeline.service.labels import LabelBudget
 from pipeline.service.state import StateError, StateStore
@@ -113,6 +115,7 @@ class TopicWatcher:
         self._lock = threading.Lock()
         self._lag: dict[tuple[str, int], int] = {}
         self._cycles = CycleStats()
+        self._governor = BudgetGovernor(settings.budget) if settings.budget else None
         self._heartbeat = time.time()  # start-up counts as alive until the first cycle fails
         self._first_failure: float | None = None
         self._cycle_started: float | None = None
@@ -154,6 +157,9 @@ class TopicWatcher:
         if ranges:
             started = time.perf_counter()
             result = self._judge(ranges, closed_before(previous_wm, s.allowed_lateness_seconds))
+            if self._governor is not None:
+                # Spent even if the cycle fails from here on: the calls were made.
+                increments.update(self._governor.record(result.counts))
             increments.update(self._undeliverable(result))
             result = self._bound_labels(result)
             increments.update(result.counts)
@@ -236,9 +242,14 @@ class TopicWatcher:
             security=s.kafka_security,
             max_value_bytes=s.max_event_bytes,
         )
+        config = s.stage_config(closed_before=cutoff)
+        if self._governor is not None:
+            plan = config.sampling or SamplingPlan((), config.sample_rate)
+            records = sum(stop - start for start, stop in ranges.values())
+            config = dataclasses.replace(config, sampling=self._governor.plan_for(plan, records))
         return run_graph(
             source,
-            s.stage_config(closed_before=cutoff),
+            config,
             sinks,
             canaries=self._canaries.take(time.time()) if self._canaries else (),
             options=pipeline_options(s.beam_args, s.runner),
@@ -417,6 +428,8 @@ class TopicWatcher:
         gauges = {"ragpulse_heartbeat_timestamp_seconds": self._heartbeat}
         if wm is not None:
             gauges["ragpulse_watermark_timestamp_seconds"] = wm
+        if self._governor is not None:
+            gauges.update(self._governor.gauges())
         if complete:
             gauges["ragpulse_last_complete_window_end_timestamp_seconds"] = max(
                 k.window_end for k in complete
@@ -438,6 +451,8 @@ class TopicWatcher:
         keys.append(counting.key(UNDELIVERABLE, topic=s.dead_letter_topic))
         if s.publish_verdicts != "none":
             keys.append(counting.key(UNDELIVERABLE, topic=s.verdicts_topic))
+        if s.budget is not None:
+            keys.append(counting.key(SPEND, unit=s.budget.unit))
         return keys
 
     def _refresh_snapshot(self) -> None:

@@ -29,7 +29,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from judges.base import RATINGS
-from pipeline import counting
+from pipeline import budget, cascade, counting, sampling
 from pipeline.calibration import JudgeCalibration, corrected_ratio
 from pipeline.service.canaries import CANARY_OUTCOMES, CANARY_VERDICTS
 from pipeline.windows import RatingCounts, WindowKey, wilson_interval
@@ -66,6 +66,9 @@ COUNTER_HELP: dict[str, str] = {
     "--undeliverable-after, by the topic they were meant for.",
     "ragpulse_label_overflow_total": "Judged events counted under app or model 'other': their "
     "value was beyond --max-label-values or not in --allowed-apps/--allowed-models.",
+    **sampling.COUNTER_HELP,
+    **budget.COUNTER_HELP,
+    **cascade.COUNTER_HELP,
 }
 # Counters whose label sets are known up front are exported at 0 before the first event,
 # so that rates and alerts have a series to work with from the first scrape.
@@ -165,6 +168,7 @@ GAUGE_HELP: dict[str, str] = {
     "ragpulse_watermark_timestamp_seconds": "Event-time watermark: min over partitions of the "
     "latest event time read, minus the out-of-orderness bound.",
     "ragpulse_heartbeat_timestamp_seconds": "Unix time at which the last cycle completed.",
+    **budget.GAUGE_HELP,
 }
 
 
@@ -291,6 +295,10 @@ def _zero_series(
                 zeros.add(counting.key(metric, **{**lab, "rating": rating}))
             for per_app in _PER_APP_MODEL if event_counters else ():
                 zeros.add(counting.key(per_app, app=lab["app"], model=lab["model"]))
+        elif metric == sampling.WEIGHTED_VERDICTS:
+            lab = dict(labels)
+            for rating in RATINGS:
+                zeros.add(counting.key(metric, **{**lab, "rating": rating}))
         elif metric == CANARY_VERDICTS:
             judge = dict(labels)["judge"]
             for outcome in CANARY_OUTCOMES:
@@ -327,7 +335,9 @@ def _counter_families(
                 if example is not None and value > 0
                 else None
             )
-            family.add_metric([v for _, v in labels], value, exemplar=exemplar)
+            family.add_metric(
+                [v for _, v in labels], sampling.exported(metric, value), exemplar=exemplar
+            )
         yield family
 
 

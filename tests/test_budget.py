@@ -1,0 +1,273 @@
+"""The judge budget governor (pipeline/budget.py): spend, prices, the factor per cycle, and
+cycles of the real graph against the stand-in LLM endpoint staying within the budget while the
+weighted pass ratio stays on the truth."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import apache_beam as beam
+import orjson
+import pytest
+from fake_openai import MARKER, FakeOpenAI, fake_openai_fixture  # noqa: F401
+from graph_runs import stage_config
+from kafka_broker import TansuBroker
+from serve_process import Scrape, ServeProcess, serve_processes_fixture  # noqa: F401
+
+from pipeline import counting
+from pipeline.budget import (
+    PROBE_EVENTS,
+    BudgetGovernor,
+    BudgetSettings,
+    Prices,
+    add_budget_arguments,
+    budget_settings,
+    load_prices,
+    spend_of,
+)
+from pipeline.errors import SettingsError
+from pipeline.events import SourceRecord
+from pipeline.graph import Sinks, run_graph
+from pipeline.sampling import SAMPLED, SEEN, SPEND, WEIGHTED_VERDICTS, plan_from_data
+from pipeline.settings import JudgeSettings
+from pipeline.sinks.files import WriteDeadLetters
+
+HOUR = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+ServeFactory = Callable[..., ServeProcess]
+
+
+def tokens(prompt: int, completion: int, cached: int = 0) -> counting.Counts:
+    return Counter({
+        counting.key("ragpulse_judge_tokens_total", judge="safety", kind="prompt"): prompt,
+        counting.key("ragpulse_judge_tokens_total", judge="safety", kind="completion"): completion,
+        counting.key("ragpulse_judge_tokens_total", judge="safety", kind="cached_prompt"): cached,
+    })
+
+
+def test_spend_is_tokens_or_their_cost_with_cached_prompt_tokens_at_their_own_price() -> None:
+    counts = tokens(prompt=1_000_000, completion=200_000, cached=400_000)
+    assert spend_of(counts, None) == 1_200_000
+    prices = Prices(prompt=0.15, cached_prompt=0.075, completion=0.60)
+    assert spend_of(counts, prices) == pytest.approx(0.6 * 0.15 + 0.4 * 0.075 + 0.2 * 0.60)
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def cycle_counts(seen: dict[str, int], judged: int, spend_tokens: int) -> counting.Counts:
+    counts = tokens(spend_tokens, 0)
+    for stratum, n in seen.items():
+        counts[counting.key(SEEN, stratum=stratum)] = n
+    counts[counting.key(SAMPLED, stratum="default")] = judged
+    return counts
+
+
+def test_the_first_cycle_is_a_probe_then_the_factor_fits_the_rest_of_the_hours_budget() -> None:
+    clock = Clock(HOUR + 10)
+    governor = BudgetGovernor(BudgetSettings(per_hour=10_000, min_sample_rate=0.0), clock)
+    plan = plan_from_data({"rules": [{"name": "vip", "when": {"app": "vip"}, "rate": 1.0}]}, 1.0)
+    governed = governor.plan_for(plan, records=1000)
+    assert governor.factor == PROBE_EVENTS / 1000
+    assert governed.effective(1.0) == pytest.approx(PROBE_EVENTS / 1000)
+    # The probe: 32 events seen, all default, judged at 100 tokens each.
+    increments = governor.record(cycle_counts({"default": 32}, 32, 3200))
+    assert increments == Counter({counting.key(SPEND, unit="tokens"): 3200 * 10**6})
+    # 6,800 tokens left; 1,000 records at 100 tokens each would be 100,000. The factor keeps
+    # the expected spend m plus three standard deviations (sqrt(m * 100)) within 6,800.
+    governor.plan_for(plan, records=1000)
+    assert governor.factor == pytest.approx(0.0473, abs=1e-3)
+    governor.record(cycle_counts({"default": 1000}, 68, 6800))
+    assert governor.plan_for(plan, records=1000).effective(0.5) == 0.0  # spent: factor 0
+    # A new clock hour brings a new budget, paced over the ~1,000 records an hour seen so far.
+    clock.now = HOUR + 3600
+    governor.plan_for(plan, records=10)
+    assert governor.factor == pytest.approx(0.096, abs=0.002)
+    assert governor.gauges() == {
+        "ragpulse_judge_budget_per_hour": 10_000,
+        "ragpulse_judge_budget_spent_this_hour": 0.0,
+        "ragpulse_judge_sample_factor": governor.factor,
+    }
+
+
+def test_the_budget_is_paced_over_the_records_expected_in_the_rest_of_the_hour() -> None:
+    clock = Clock(HOUR)
+    governor = BudgetGovernor(BudgetSettings(per_hour=10_000, min_sample_rate=0.0), clock)
+    plan = plan_from_data({"rules": [{"name": "vip", "when": {"app": "vip"}, "rate": 1.0}]}, 1.0)
+    governor.plan_for(plan, records=100)
+    governor.record(cycle_counts({"default": 100}, 10, 1000))  # 100 tokens per judged event
+    # 100 records a minute: 5,900 more expected in the 59 minutes left of the hour, so the
+    # 9,000 tokens left cover about 1.5 % of the 6,000 records, not 90 % of these 100.
+    clock.now = HOUR + 60
+    governor.plan_for(plan, records=100)
+    assert governor.factor == pytest.approx(9000 / (6000 * 100), rel=0.1)
+
+
+def test_a_spent_budget_leaves_every_stratum_at_the_floor() -> None:
+    governor = BudgetGovernor(BudgetSettings(per_hour=100, min_sample_rate=0.02), Clock(HOUR))
+    governor.record(tokens(150, 0))
+    plan = governor.plan_for(plan_from_data(
+        {"rules": [{"name": "neg", "when": {"feedback": "negative"}, "rate": 1.0}],
+         "default_rate": 0.01}, 1.0), records=100)
+    assert (plan.effective(1.0), plan.effective(0.01)) == (0.02, 0.01)
+
+
+def parse_budget_flags(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_budget_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_budget_flags_are_checked_against_the_backend_and_the_price_table(tmp_path: Path) -> None:
+    table = tmp_path / "prices.yml"
+    table.write_text("gpt-4o-mini: {prompt: 0.15, completion: 0.6}\nother: {prompt: 1}\n")
+    args = parse_budget_flags("--judge-budget-per-hour", "2.5", "--judge-price-table", str(table))
+    budget = budget_settings(args, "gpt-4o-mini", "openai")
+    assert budget == BudgetSettings(2.5, 0.01, Prices(0.15, 0.15, 0.6))
+    assert budget.unit == "cost"
+    with pytest.raises(SettingsError, match="--judge-backend local spends nothing"):
+        budget_settings(args, "gpt-4o-mini", "local")
+    with pytest.raises(SettingsError, match=r"no prices for the judge model 'gpt-5' "
+                                            r"\(--judge-model\); it lists gpt-4o-mini, other"):
+        budget_settings(args, "gpt-5", "openai")
+    with pytest.raises(SettingsError, match="other: the completion price is missing"):
+        load_prices(table, "other")
+    with pytest.raises(SettingsError, match="--judge-price-table needs --judge-budget-per-hour"):
+        budget_settings(parse_budget_flags("--judge-price-table", str(table)), "m", "openai")
+    assert budget_settings(parse_budget_flags(), "m", "openai") is None
+
+
+# --- cycles of the real graph against the stand-in endpoint -----------------------------------
+
+RULES = {"rules": [{"name": "negative_feedback", "when": {"feedback": "negative"}, "rate": 1.0}],
+         "default_rate": 0.5}
+
+
+def cycle_records(cycle: int, n: int) -> tuple[list[SourceRecord], int]:
+    """`n` events: a quarter with negative feedback, of which 1 in 10 pass; of the rest, 14 in
+    15 pass (the stand-in rates an answer holding MARKER `no`). Returns them and the passes."""
+    records, passes = [], 0
+    for j in range(n):
+        i = cycle * n + j
+        disliked = j % 4 == 0
+        ok = (j // 4) % 10 == 0 if disliked else j % 20 != 1
+        passes += ok
+        answer = f"Refunds take {i} days." + ("" if ok else f" {MARKER}")
+        raw = orjson.dumps({
+            "request_id": f"req-{i}", "request": "How long do refunds take?",
+            "response": answer, "timestamp": int((HOUR + i) * 1000), "app": "shop",
+            "model": "m1", **({"feedback": "negative"} if disliked else {}),
+        })
+        records.append(SourceRecord(raw, "events", 0, i))
+    return records, passes
+
+
+@pytest.mark.slow
+def test_governed_cycles_spend_within_the_hours_budget_and_the_weighted_ratio_stays_unbiased(
+    fake_openai: FakeOpenAI, tmp_path: Path
+) -> None:
+    judges = JudgeSettings(backend="openai", names=("safety",), base_url=fake_openai.base_url,
+                           max_retries=0)
+    base = stage_config(judges=judges.spec(), window_seconds=3600.0)
+    plan = plan_from_data(RULES, 1.0)
+    # Measure one judged event's tokens, to set a budget of about a fifth of the traffic.
+    probe, _ = cycle_records(999, 8)
+    run_graph(beam.Create(probe), base, Sinks(WriteDeadLetters(tmp_path)))
+    per_event = sum(r.prompt_tokens + r.completion_tokens for r in fake_openai.requests) / 8
+    fake_openai.reset_log()
+    cycles, per_cycle = 8, 400
+    budget = cycles * per_cycle * per_event / 5
+    clock = Clock(HOUR)
+    governor = BudgetGovernor(BudgetSettings(budget, min_sample_rate=0.01), clock)
+
+    totals: counting.Counts = Counter()
+    passes = factors = spent_above_floor = 0.0
+    for cycle in range(cycles):
+        clock.now = HOUR + 1 + cycle * 3500 / cycles  # the cycles span the hour
+        records, ok = cycle_records(cycle, per_cycle)
+        passes += ok
+        config = dataclasses.replace(base, sampling=governor.plan_for(plan, len(records)))
+        factors += governor.factor
+        result = run_graph(beam.Create(records), config, Sinks(WriteDeadLetters(tmp_path)))
+        totals.update(governor.record(result.counts))
+        totals.update(result.counts)
+        if governor.factor > 0:
+            spent_above_floor = governor.spent_this_hour
+    truth = passes / (cycles * per_cycle)
+    assert truth == pytest.approx(0.25 * 0.1 + 0.75 * 14 / 15)
+
+    spent = sum(r.prompt_tokens + r.completion_tokens for r in fake_openai.requests)
+    assert spent == governor.spent_this_hour == totals[counting.key(SPEND, unit="tokens")] / 1e6
+    # Within the budget, used for most of it, and paced: no cycle left to the floor alone.
+    assert 0.7 * budget <= spent <= budget
+    assert spent_above_floor == spent
+    assert factors / cycles < 0.5  # ... by lowering the rate
+
+    def ratio(metric: str) -> float:
+        yes = sum(v for (m, lab), v in totals.items() if m == metric and ("rating", "yes") in lab)
+        no = sum(v for (m, lab), v in totals.items() if m == metric and ("rating", "no") in lab)
+        return yes / (yes + no)
+
+    # Disliked answers are judged at twice the rate of the rest: the raw ratio is too low.
+    assert ratio(counting.VERDICTS) < truth - 0.08
+    assert ratio(WEIGHTED_VERDICTS) == pytest.approx(truth, abs=0.05)
+
+
+# --- `ragpulse serve`: the governor across cycles of a real subprocess --------------------------
+
+def caught_up_with(seen: int) -> Callable[[Scrape], bool]:
+    return lambda m: m.total("ragpulse_seen_events_total") == seen
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_serve_lowers_the_rate_across_cycles_to_stay_within_the_budget_and_exports_spend(
+    serve_processes: ServeFactory, tmp_path: Path
+) -> None:
+    topic = "judge-budget"
+    batches = [cycle_records(cycle, 120)[0] for cycle in range(4)]
+    with TansuBroker() as broker, FakeOpenAI() as judge_server:
+        broker.create_topic(topic, 1)
+        # Tokens: about a third of what judging at the full rates would take; how much of it
+        # the governor plans to use depends on the minute of the hour (it paces the budget
+        # over the rest of the hour), so only the bound is checked.
+        budget = 60_000
+        args = [
+            "--window", "1h",
+            "--judges", "safety",
+            "--judge-backend", "openai",
+            "--judge-base-url", judge_server.base_url,
+            "--judge-max-retries", "0",
+            "--judge-budget-per-hour", str(budget),
+            "--judge-min-sample-rate", "0.1",
+        ]  # fmt: skip
+        serve = serve_processes(broker.bootstrap, topic, tmp_path / "state.sqlite", args).start()
+        factors: list[float | None] = []
+        for n, batch in enumerate(batches, start=1):
+            broker.produce(topic, [r.raw for r in batch], partition=0)
+            scrape = serve.wait_for(caught_up_with(120 * n), 60, f"cycle {n}")
+            factors.append(scrape.value("ragpulse_judge_sample_factor"))
+        spent = sum(r.prompt_tokens + r.completion_tokens for r in judge_server.requests)
+        # Every token the stand-in counted is in the spend counter and the hour's gauge.
+        assert scrape.value("ragpulse_judge_spend_total", unit="tokens") == spent
+        assert scrape.value("ragpulse_judge_budget_spent_this_hour") == spent
+        assert scrape.value("ragpulse_judge_budget_per_hour") == budget
+        assert spent <= budget
+        assert factors[0] == PROBE_EVENTS / 120
+        assert any(f is not None and f < 0.5 for f in factors[1:])
+        judged = scrape.total("ragpulse_events_judged_total")
+        assert judged < 0.5 * 480
+        # The weighted verdicts estimate all 480 events, however few were judged.
+        weighted = scrape.total(
+            "ragpulse_judge_verdicts_weighted_total", rating="yes"
+        ) + scrape.total("ragpulse_judge_verdicts_weighted_total", rating="no")
+        assert weighted == pytest.approx(480, rel=0.35)
+        assert serve.terminate() == 0
