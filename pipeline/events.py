@@ -127,6 +127,9 @@ class SourceRecord:
     position: int  # 1-based line number, or Kafka offset
     record_time: float | None = None  # Kafka record time (epoch seconds), used without `timestamp`
     oversize_bytes: int | None = None  # set when the reader refused to load an over-long record
+    # Set when the reader already found the record unusable (pipeline.traces: a trace that
+    # cannot be assembled, a malformed OTLP request): the dead-letter reason.
+    refused: str | None = None
 
     @property
     def source(self) -> str:
