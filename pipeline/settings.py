@@ -43,6 +43,7 @@ from judges.registry import judges_help
 from pipeline.errors import SettingsError
 from pipeline.kafka_security import PLAINTEXT, KafkaSecurity
 from pipeline.service.labels import LabelLimits
+from pipeline.traces import INPUT_FORMATS, InputFormat
 from pipeline.windows import parse_duration
 
 if TYPE_CHECKING:
@@ -216,6 +217,9 @@ class BatchSettings(BaseModel):
     labels: LabelLimits = LabelLimits()
     beam_args: tuple[str, ...] = Field((), title="--beam-arg")
     runner: str | None = Field(None, title="--runner")  # None: FnApiRunner in this process
+    # What a record is: ragpulse's event (pipeline/events.py) or an OTLP ExportTraceServiceRequest
+    # of the Collector's Kafka exporter, assembled into one event per trace (pipeline/traces.py).
+    input_format: InputFormat = "ragpulse"
 
     @field_validator("beam_args")
     @classmethod
@@ -291,6 +295,7 @@ class ServeSettings(BatchSettings):
     # that the check of `instance` sees `instances`.
     instances: int = Field(1, ge=1, title="--instances")
     instance: int = Field(0, ge=0, title="--instance")
+    trace_assembly_wait_seconds: float = Field(30.0, ge=0, title="--trace-assembly-wait")
 
     @field_validator("instance")
     @classmethod
@@ -365,6 +370,15 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="largest accepted event; larger ones are dead-lettered (default: %(default)s)",
     )
+    g.add_argument(
+        "--input-format",
+        choices=INPUT_FORMATS,
+        default=default_of(BatchSettings, "input_format"),
+        help="ragpulse: one inference-log event per record; otlp_json, otlp_proto: one "
+        "OpenTelemetry ExportTraceServiceRequest per record, as the Collector's Kafka exporter "
+        "publishes with that encoding (a file: OTLP JSON lines, or length-prefixed protobuf), "
+        "assembled into one answer per trace (default: %(default)s)",
+    )
 
 
 def add_beam_arguments(p: argparse.ArgumentParser) -> None:
@@ -402,6 +416,7 @@ def batch_fields(args: argparse.Namespace) -> dict[str, Any]:
         "labels": label_limits(args),
         "beam_args": tuple(args.beam_arg),
         "runner": args.runner,
+        "input_format": args.input_format,
     }
 
 

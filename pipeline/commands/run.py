@@ -11,6 +11,8 @@ import logging
 import time
 from pathlib import Path
 
+import apache_beam as beam
+
 from pipeline import counting
 from pipeline.config_sources import add_config_arguments
 from pipeline.graph import GraphResult, Sinks, pipeline_options, run_graph
@@ -34,6 +36,7 @@ from pipeline.sinks.files import (
 )
 from pipeline.sinks.prometheus import MetricsSnapshot, write_textfile
 from pipeline.sources.files import ReadLines
+from pipeline.sources.otlp import collect_traces, read_file
 from pipeline.windows import isoformat_utc
 
 log = logging.getLogger(__name__)
@@ -56,7 +59,7 @@ def run_file(settings: RunSettings) -> GraphResult:
         windows=WriteWindows(out_dir),
     )
     result = run_graph(
-        ReadLines(settings.input, settings.max_event_bytes),
+        _source(settings),
         settings.stage_config(),
         sinks,
         options=pipeline_options(settings.beam_args, settings.runner),
@@ -67,8 +70,29 @@ def run_file(settings: RunSettings) -> GraphResult:
     return result
 
 
+def _source(settings: RunSettings) -> beam.PTransform:
+    """The lines of the input file; with --input-format otlp_*, one event per trace of the
+    file, assembled here (every trace is complete once the whole file is read)."""
+    if settings.input_format == "ragpulse":
+        return ReadLines(settings.input, settings.max_event_bytes)
+    traces = collect_traces(
+        read_file(settings.input, settings.input_format, settings.max_event_bytes),
+        (),
+        encoding=settings.input_format,
+        now=time.time(),
+        wait=0.0,
+        origin=str(settings.input),
+        final=True,
+    )
+    return beam.Create(traces.records)
+
+
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", type=Path, help="JSON Lines file, one inference-log event per line")
+    p.add_argument(
+        "input",
+        type=Path,
+        help="JSON Lines file, one inference-log event per line (see --input-format)",
+    )
     p.add_argument(
         "--output",
         type=Path,

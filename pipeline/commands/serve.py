@@ -180,6 +180,15 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help=f"time between cycles when caught up (default: {_dur('trigger_interval_seconds')})",
     )
+    w.add_argument(
+        "--trace-assembly-wait",
+        type=duration,
+        default=default_of(ServeSettings, "trace_assembly_wait_seconds"),
+        metavar="DURATION",
+        help="with --input-format otlp_json|otlp_proto: how long the spans of a trace are "
+        "gathered, from the first one read, before the trace is judged or dead-lettered "
+        f"(default: {_dur('trace_assembly_wait_seconds')})",
+    )
     s = p.add_argument_group("service")
     s.add_argument(
         "--state",
@@ -302,6 +311,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         state_reset=args.state_reset,
         instances=args.instances,
         instance=args.instance,
+        trace_assembly_wait_seconds=args.trace_assembly_wait,
         **batch_fields(args),
     )
 

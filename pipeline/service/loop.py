@@ -39,6 +39,8 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 
+import apache_beam as beam
+
 from pipeline import counting
 from pipeline.errors import SettingsError
 from pipeline.graph import GraphResult, Sinks, pipeline_options, run_graph
@@ -63,6 +65,7 @@ from pipeline.sources.kafka import (
     plan_batch,
     reset_starts,
 )
+from pipeline.sources.otlp import TraceBatch, collect_traces, read_kafka_ranges
 from pipeline.windows import RatingCounts, WindowKey, isoformat_utc
 
 log = logging.getLogger(__name__)
@@ -150,9 +153,12 @@ class TopicWatcher:
         latest = self.state.latest_event_times(topic)
         result: GraphResult | None = None
         took: float | None = None
-        if ranges:
-            started = time.perf_counter()
-            result = self._judge(ranges, closed_before(previous_wm, s.allowed_lateness_seconds))
+        started = time.perf_counter()
+        traces = None if s.input_format == "ragpulse" else self._traces(ranges, increments)
+        if traces.records if traces is not None else ranges:
+            result = self._judge(
+                ranges, traces, closed_before(previous_wm, s.allowed_lateness_seconds)
+            )
             increments.update(self._undeliverable(result))
             result = self._bound_labels(result)
             increments.update(result.counts)
@@ -171,6 +177,8 @@ class TopicWatcher:
             watermark=watermark,
             latest_event_times=latest,
             reset_offsets=reset_to,
+            spans_added=traces.spans_added if traces else (),
+            traces_finished=traces.traces_finished if traces else (),
         )
         self._delivery_failing_since, self._delivery_failures = None, 0
         _log_completed(completed)
@@ -206,10 +214,50 @@ class TopicWatcher:
             frozenset(p for p in bounds.unconfirmed_ends if owns(p)),
         )
 
+    def _traces(
+        self, ranges: Mapping[int, tuple[int, int]], increments: counting.Counts
+    ) -> TraceBatch:
+        """--input-format otlp_*: read `ranges` here and assemble, with the spans pending in
+        the state, the traces whose --trace-assembly-wait is over (pipeline/traces.py)."""
+        s = self.settings
+        lost = counting.key(RECORDS_LOST, topic=s.topic, reason="retention")
+
+        def on_lost(n: int) -> None:
+            increments[lost] += n
+
+        records = read_kafka_ranges(
+            s.bootstrap,
+            s.topic,
+            ranges,
+            security=s.kafka_security,
+            stall_timeout_s=s.kafka_timeout_seconds,
+            max_value_bytes=s.max_event_bytes,
+            on_lost=on_lost,
+        )
+        batch = collect_traces(
+            records,
+            self.state.pending_spans(s.topic),
+            encoding=s.input_format,
+            now=time.time(),
+            wait=s.trace_assembly_wait_seconds,
+            origin=s.topic,
+        )
+        log.info(
+            "%d OTLP records read; %d traces assembled or refused, %d still pending",
+            len(records),
+            len(batch.traces_finished),
+            batch.pending_traces,
+        )
+        return batch
+
     def _judge(
-        self, ranges: Mapping[int, tuple[int, int]], cutoff: float | None
+        self,
+        ranges: Mapping[int, tuple[int, int]],
+        traces: TraceBatch | None,
+        cutoff: float | None,
     ) -> GraphResult:
-        """Run the graph over `ranges`: Kafka in, the dead-letter and verdicts topics out."""
+        """Run the graph over `ranges` (or the assembled `traces`, read already): Kafka in,
+        the dead-letter and verdicts topics out."""
         s = self.settings
 
         def topic(name: str) -> KafkaTopic:
@@ -227,13 +275,17 @@ class TopicWatcher:
             # An exemplar names a verdict row in the verdicts topic: none without them.
             exemplars=verdicts,
         )
-        source = ReadKafkaRanges(
-            s.bootstrap,
-            s.topic,
-            ranges,
-            stall_timeout_s=s.kafka_timeout_seconds,
-            security=s.kafka_security,
-            max_value_bytes=s.max_event_bytes,
+        source = (
+            beam.Create(traces.records)
+            if traces is not None
+            else ReadKafkaRanges(
+                s.bootstrap,
+                s.topic,
+                ranges,
+                stall_timeout_s=s.kafka_timeout_seconds,
+                security=s.kafka_security,
+                max_value_bytes=s.max_event_bytes,
+            )
         )
         return run_graph(
             source,

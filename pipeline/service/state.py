@@ -20,12 +20,13 @@ import os
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from pipeline import counting
+from pipeline.traces import Arrival, SpanPart
 from pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_row
 
 SCHEMA_VERSION = 1
@@ -89,6 +90,22 @@ CREATE TABLE IF NOT EXISTS exemplars (
 """
 
 
+# Spans of traces still being assembled (--input-format otlp_*, pipeline/traces.py), saved with
+# the offsets that read them; added like the exemplars table, with no schema bump.
+_TRACE_SPANS_TABLE = """
+CREATE TABLE IF NOT EXISTS trace_spans (
+    topic TEXT NOT NULL,
+    trace_id TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    position INTEGER NOT NULL,
+    span_id TEXT NOT NULL,
+    seen REAL NOT NULL,
+    part BLOB NOT NULL,
+    PRIMARY KEY (topic, trace_id, partition, position, span_id)
+)
+"""
+
+
 class StateError(RuntimeError):
     """The state file cannot be used (missing pieces, damaged, newer schema, not a file...),
     or a cycle contradicts it."""
@@ -111,6 +128,7 @@ class StateStore:
             _create(self.path)
         self._db = _open_checked(self.path)
         self._db.execute(_EXEMPLARS_TABLE)
+        self._db.execute(_TRACE_SPANS_TABLE)
 
     @staticmethod
     def move_aside(path: str | Path) -> Path:
@@ -150,6 +168,8 @@ class StateStore:
         watermark: float | None = None,
         latest_event_times: Mapping[int, float] | None = None,
         reset_offsets: Mapping[int, int] | None = None,
+        spans_added: Sequence[Arrival] = (),
+        traces_finished: Iterable[str] = (),
     ) -> dict[WindowKey, RatingCounts]:
         """Save one cycle atomically; returns the windows this cycle completed, with their counts.
 
@@ -159,7 +179,9 @@ class StateStore:
         store unchanged, if an offset would move backwards or a partial lands in a window
         that is already complete (late events must be left out before this point).
         `reset_offsets` are saved first and may move backwards: the partitions whose topic was
-        recreated or truncated, at the offset the cycle went on from.
+        recreated or truncated, at the offset the cycle went on from. `spans_added` are the
+        cycle's spans of traces still pending, `traces_finished` the traces it assembled or
+        dead-lettered (their saved spans are dropped): saved with the offsets that read them.
         """
         db = self._db
         db.execute("BEGIN IMMEDIATE")
@@ -230,6 +252,19 @@ class StateStore:
                     "latest_event_time = max(latest_event_time, excluded.latest_event_time)",
                     (topic, partition, event_time),
                 )
+            db.executemany(
+                "DELETE FROM trace_spans WHERE topic = ? AND trace_id = ?",
+                [(topic, t) for t in traces_finished],
+            )
+            db.executemany(
+                "INSERT OR IGNORE INTO trace_spans (topic, trace_id, partition, position, "
+                "span_id, seen, part) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (topic, a.part.trace_id, a.partition or 0, a.position, a.part.span_id,
+                     a.seen, a.part.to_json())
+                    for a in spans_added
+                ],
+            )
             completed: dict[WindowKey, RatingCounts] = {}
             if closed_before is not None:
                 rows = db.execute(
@@ -361,6 +396,16 @@ class StateStore:
             "SELECT watermark FROM watermarks WHERE topic = ?", (topic,)
         ).fetchone()
         return None if row is None else row["watermark"]
+
+    def pending_spans(self, topic: str) -> list[Arrival]:
+        """The saved spans of traces still being assembled (see `apply_cycle`)."""
+        rows = self._db.execute(
+            "SELECT partition, position, seen, part FROM trace_spans WHERE topic = ?", (topic,)
+        )
+        return [
+            Arrival(SpanPart.from_json(r["part"]), r["partition"], r["position"], r["seen"])
+            for r in rows
+        ]
 
     def latest_event_times(self, topic: str) -> dict[int, float]:
         """Latest event time read per partition (the watermark's inputs)."""
