@@ -58,6 +58,11 @@ derived from the event itself: "sha256:" + the first 16 hex digits of the SHA-25
 bytes with surrounding whitespace removed, so the same event always gets the same id (and the
 same sampling decision), whether it arrived as a file line or a Kafka record.
 
+`span_id`: the OpenTelemetry span id (16 hex digits) of the span that gave the answer, set by
+the trace assembler (pipeline/traces.py) along with the trace id as `request_id`; with it, serve's
+--evaluation-events-endpoint links each verdict to that span. Optional; a span id that is not
+16 hex digits is rejected.
+
 `app`, `model`: strings naming the chatbot and its model/version; absent, null or blank means
 "unknown". They become Prometheus label values, so they are stripped and must be at most 128
 characters.
@@ -154,6 +159,7 @@ class InferenceRecord:
     app: str
     model: str
     judge_input: JudgeInput
+    span_id: str | None = None  # OpenTelemetry span of the answer, when it came from a trace
 
 
 # --- boundary shapes (pydantic, strict: a number is not silently a string) ------------------
@@ -188,6 +194,7 @@ class _Envelope(BaseModel):
     timestamp: str | int | float | None = None
     app: str | None = None
     model: str | None = None
+    span_id: str | None = None
 
 
 class _ContentPart(TypedDict):
@@ -327,6 +334,7 @@ def parse_event(
             ),
             guidelines=_guidelines(env.guidelines),
         ),
+        span_id=_span_id(env.span_id),
     )
 
 
@@ -600,6 +608,14 @@ def _request_id(value: str | int | None, raw: bytes) -> str:
     if value is not None and value.strip():
         return value
     return "sha256:" + hashlib.sha256(raw.strip()).hexdigest()[:16]
+
+
+def _span_id(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if len(value) != 16 or any(c not in "0123456789abcdef" for c in value.lower()):
+        raise InvalidEvent(f"field 'span_id' must be 16 hex digits, not {_quote(value)}")
+    return value.lower()
 
 
 def _label(value: str | None, field: str) -> str:

@@ -167,9 +167,7 @@ class JudgeSettings(BaseModel):
     @field_validator("base_url")
     @classmethod
     def _http_url(cls, url: str | None) -> str | None:
-        if url is not None and not url.startswith(("http://", "https://")):
-            raise ValueError(f"must start with http:// or https://, got {url!r}")
-        return url
+        return http_url(url)
 
     def text_policy(self) -> TextPolicy:
         """What prompts and stored verdict text keep of the users' text."""
@@ -296,6 +294,13 @@ class ServeSettings(BatchSettings):
     instances: int = Field(1, ge=1, title="--instances")
     instance: int = Field(0, ge=0, title="--instance")
     trace_assembly_wait_seconds: float = Field(30.0, ge=0, title="--trace-assembly-wait")
+    # OTLP/HTTP logs URL for gen_ai.evaluation.result events (pipeline/sinks/otlp_evaluations.py).
+    evaluation_events_endpoint: str | None = None
+
+    @field_validator("evaluation_events_endpoint")
+    @classmethod
+    def _evaluation_url(cls, url: str | None) -> str | None:
+        return http_url(url)
 
     @field_validator("instance")
     @classmethod
@@ -312,6 +317,13 @@ class ServeSettings(BatchSettings):
         """Whether this instance reads, counts and commits `partition` (partitions added to
         the topic later are owned by the same rule)."""
         return partition % self.instances == self.instance
+
+
+def http_url(url: str | None) -> str | None:
+    """`url` when it is an http(s) URL (or None); ValueError otherwise."""
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise ValueError(f"must start with http:// or https://, got {url!r}")
+    return url
 
 
 def default_of(model: type[BaseModel], field: str) -> Any:

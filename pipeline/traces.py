@@ -27,8 +27,9 @@ answer, model and retrieved documents it carries. Attributes read, first found w
 cycles) by trace id and, once a trace has waited `wait` seconds since its first span
 arrived, turns it into one ragpulse event, which `parse_event` then validates like any other:
 request_id = the trace id, question and answer from the root span (else the first and last
-LLM span), chunks from the latest RETRIEVER span, model from the latest LLM span (else any
-span naming one), app = the root's service.name, timestamp = the root's start. A trace that
+LLM span; span_id names the span that gave the answer), chunks from the latest RETRIEVER span,
+model from the latest LLM span (else any span naming one), app = the root's service.name,
+timestamp = the root's start. A trace that
 cannot be assembled (no root span, no question or no answer, two different copies of one span,
 two roots) becomes a refused record whose reason says so; identical copies of a span (a
 Collector retry) count once.
@@ -544,9 +545,10 @@ def _event(
     question = root.part.question
     if question is None:
         question = next((p.question for p in llms if p.question is not None), None)
-    answer = root.part.answer
+    answer, answered_by = root.part.answer, root.part
     if answer is None:
-        answer = next((p.answer for p in reversed(llms) if p.answer is not None), None)
+        answered_by = next((p for p in reversed(llms) if p.answer is not None), root.part)
+        answer = answered_by.answer
     if question is None or answer is None:
         missing = " and ".join(
             w for w, v in (("question", question), ("answer", answer)) if v is None
@@ -560,6 +562,7 @@ def _event(
     )
     event: dict[str, Any] = {
         "request_id": trace_id,
+        "span_id": answered_by.span_id,
         "request": question,
         "response": answer,
         "timestamp": root.part.start_ns // 1_000_000,

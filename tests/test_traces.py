@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import orjson
 import pytest
 from otlp_spans import (
     ANSWER,
@@ -58,6 +59,7 @@ def test_an_openinference_trace_split_over_messages_in_reverse_order_is_one_judg
     root = next(s for s in spans if s.parent is None)
     assert event.event_time == pytest.approx((root.start_time or 0) / 1e9, abs=0.001)
     assert record.position == 0  # attributed to the root's message
+    assert event.span_id == f"{root.context.span_id:016x}"  # the span that gave the answer
 
 
 @pytest.mark.parametrize("deprecated_events", [False, True])
@@ -133,3 +135,10 @@ def test_malformed_requests_are_rejected_with_a_reason(
 def test_a_span_part_survives_its_json_round_trip_through_the_state_store() -> None:
     for part in decode_spans(otlp_proto(openinference_trace()), "otlp_proto"):
         assert SpanPart.from_json(part.to_json()) == part
+
+
+def test_an_event_with_a_span_id_that_is_not_16_hex_digits_is_rejected() -> None:
+    spans = openinference_trace()
+    event = orjson.loads(only_record(arrivals([otlp_json(spans)], "otlp_json")).raw)
+    with pytest.raises(InvalidEvent, match="'span_id' must be 16 hex digits"):
+        parse_event(orjson.dumps({**event, "span_id": "not-a-span"}))

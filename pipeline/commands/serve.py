@@ -189,6 +189,15 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "gathered, from the first one read, before the trace is judged or dead-lettered "
         f"(default: {_dur('trace_assembly_wait_seconds')})",
     )
+    w.add_argument(
+        "--evaluation-events-endpoint",
+        default=default_of(ServeSettings, "evaluation_events_endpoint"),
+        metavar="URL",
+        help="send each verdict on an answer from a trace as an OpenTelemetry "
+        "gen_ai.evaluation.result event, linked to its trace and span, to this OTLP/HTTP logs "
+        "URL (e.g. http://collector:4318/v1/logs); rationales as --store-text allows "
+        "(default: not sent)",
+    )
     s = p.add_argument_group("service")
     s.add_argument(
         "--state",
@@ -312,6 +321,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         instances=args.instances,
         instance=args.instance,
         trace_assembly_wait_seconds=args.trace_assembly_wait,
+        evaluation_events_endpoint=args.evaluation_events_endpoint,
         **batch_fields(args),
     )
 

@@ -50,6 +50,7 @@ from pipeline.service.state import StateError, StateStore
 from pipeline.service.watermark import closed_before, compute_watermark, merge_latest
 from pipeline.settings import ServeSettings
 from pipeline.sinks.kafka import UNDELIVERABLE, KafkaTopic, PublishDeadLetters, PublishVerdicts
+from pipeline.sinks.otlp_evaluations import ExportEvaluations
 from pipeline.sinks.prometheus import CycleStats, MetricsSnapshot
 from pipeline.sources.kafka import (
     RECORDS_LOST,
@@ -274,6 +275,13 @@ class TopicWatcher:
             only_failing_verdicts=s.publish_verdicts == "failing",
             # An exemplar names a verdict row in the verdicts topic: none without them.
             exemplars=verdicts,
+            evaluations=(
+                ExportEvaluations(
+                    s.evaluation_events_endpoint, s.judges.text_policy(), s.kafka_timeout_seconds
+                )
+                if s.evaluation_events_endpoint
+                else None
+            ),
         )
         source = (
             beam.Create(traces.records)
