@@ -5,16 +5,14 @@ stand-in for the Collector that decodes the protobuf request), its faults, and t
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
 import pytest
 from graph_runs import stage_config
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from otlp_receiver import OtlpReceiver, attributes
 from otlp_spans import openinference_trace, otlp_proto, trace_id
 
 from judges import TextPolicy
@@ -38,44 +36,10 @@ EMAIL = "jane.doe@example.com"
 UNGROUNDED = f"Refunds take 90 days; write to {EMAIL}."
 
 
-class Receiver(ThreadingHTTPServer):
-    """An OTLP/HTTP logs receiver on 127.0.0.1: keeps each decoded request, answers `status`."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.status = 200
-        self.requests: list[tuple[str, str, ExportLogsServiceRequest]] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1/logs"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: Receiver
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        request = ExportLogsServiceRequest.FromString(body)
-        self.server.requests.append((self.path, self.headers["Content-Type"], request))
-        self.send_response(self.server.status)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture()
-def receiver() -> Iterator[Receiver]:
-    server = Receiver()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+def receiver() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def traced_answer(answer: str) -> tuple[SourceRecord, Any]:
@@ -98,20 +62,16 @@ def judge(records: list[SourceRecord], url: str, tmp_path: Path) -> GraphResult:
     return run_graph(beam.Create(records), config, sinks)
 
 
-def attributes(record: Any) -> dict[str, Any]:
-    return {kv.key: getattr(kv.value, kv.value.WhichOneof("value")) for kv in record.attributes}
-
-
 @pytest.mark.slow
 def test_each_verdict_on_a_traced_answer_reaches_the_receiver_on_the_judged_span(
-    receiver: Receiver, tmp_path: Path
+    receiver: OtlpReceiver, tmp_path: Path
 ) -> None:
     record, root = traced_answer(UNGROUNDED)
     judge([record], receiver.url, tmp_path)
 
-    ((path, content_type, request),) = receiver.requests
+    ((path, content_type, _),) = receiver.requests
     assert (path, content_type) == ("/v1/logs", "application/x-protobuf")
-    logs = [r for rl in request.resource_logs for sl in rl.scope_logs for r in sl.log_records]
+    logs = receiver.log_records()
     by_judge = {attributes(r)["gen_ai.evaluation.name"]: r for r in logs}
     assert set(by_judge) == {"groundedness", "safety"}
     for r in logs:
@@ -129,7 +89,7 @@ def test_each_verdict_on_a_traced_answer_reaches_the_receiver_on_the_judged_span
 
 @pytest.mark.slow
 def test_a_receiver_that_is_down_leaves_the_events_unacknowledged_and_a_refusal_counts_them(
-    receiver: Receiver, tmp_path: Path
+    receiver: OtlpReceiver, tmp_path: Path
 ) -> None:
     record, _ = traced_answer(UNGROUNDED)
     where = describe_endpoint(receiver.url)

@@ -12,6 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 from kafka_broker import TansuBroker
+from otlp_receiver import OtlpReceiver, attributes
 from otlp_spans import openinference_trace, otlp_proto, trace_id
 from serve_process import Scrape, TopicFactory, saved_offsets
 
@@ -32,6 +33,12 @@ FLAGS = (
 def broker() -> Iterator[TansuBroker]:
     with TansuBroker() as shared:
         yield shared
+
+
+@pytest.fixture()
+def receiver() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as server:
+        yield server
 
 
 def wait_until(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
@@ -56,18 +63,21 @@ def accepted(m: Scrape) -> float:
 
 
 def test_spans_arriving_out_of_order_over_several_cycles_are_judged_as_one_answer(
-    served_topic: TopicFactory,
+    served_topic: TopicFactory, receiver: OtlpReceiver
 ) -> None:
     topic = served_topic("spans")
     # A wait long enough for the three steps below to happen inside it, however slow the
     # machine: the trace is judged once it is over, counted from its first span's read.
-    serve = topic.serve(*FLAGS, "--trace-assembly-wait", "15s")
+    serve = topic.serve(
+        *FLAGS, "--trace-assembly-wait", "15s", "--evaluation-events-endpoint", receiver.url
+    )
     retriever, llm, root = openinference_trace(answer=GROUNDED)  # the SDK's end order
     rootless = [s for s in openinference_trace() if s.parent is not None]
 
     topic.produce([otlp_proto([root])])
     wait_until("the root span saved as pending", read_up_to(topic.state, topic.name, 1))
     assert pending(topic.state, topic.name) == [f"{root.context.span_id:016x}"]
+    serve.wait_for(lambda m: m.value("ragpulse_traces_pending") == 1, 10, "the gauge")
 
     topic.produce([otlp_proto([llm]), b"\x0a\xff not protobuf", otlp_proto(rootless)])
     wait_until("the next records read", read_up_to(topic.state, topic.name, 4))
@@ -90,6 +100,15 @@ def test_spans_arriving_out_of_order_over_several_cycles_are_judged_as_one_answe
     assert reasons[0].startswith("record is not an OTLP protobuf ExportTraceServiceRequest")
     assert reasons[1].startswith(f"trace {trace_id(rootless)}: no root span arrived within 15s")
     assert pending(topic.state, topic.name) == []
+    serve.wait_for(lambda m: m.value("ragpulse_traces_pending") == 0, 10, "the gauge")
+    # The verdict, as a gen_ai.evaluation.result event on the span that gave the answer.
+    (event,) = receiver.wait_for_records(1)
+    assert (event.trace_id.hex(), event.span_id.hex()) == (
+        trace_id([root]),
+        f"{root.context.span_id:016x}",
+    )
+    assert attributes(event)["gen_ai.evaluation.name"] == "groundedness"
+    assert attributes(event)["gen_ai.evaluation.score.label"] == "yes"
     assert serve.terminate() == 0
 
 

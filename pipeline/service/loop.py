@@ -476,6 +476,8 @@ class TopicWatcher:
         gauges = {"ragpulse_heartbeat_timestamp_seconds": self._heartbeat}
         if wm is not None:
             gauges["ragpulse_watermark_timestamp_seconds"] = wm
+        if self.settings.input_format != "ragpulse":
+            gauges["ragpulse_traces_pending"] = self.state.pending_trace_count(self.settings.topic)
         if complete:
             gauges["ragpulse_last_complete_window_end_timestamp_seconds"] = max(
                 k.window_end for k in complete

@@ -407,6 +407,13 @@ class StateStore:
             for r in rows
         ]
 
+    def pending_trace_count(self, topic: str) -> int:
+        """How many traces have spans saved, waiting to be assembled."""
+        row = self._db.execute(
+            "SELECT COUNT(DISTINCT trace_id) FROM trace_spans WHERE topic = ?", (topic,)
+        ).fetchone()
+        return int(row[0])
+
     def latest_event_times(self, topic: str) -> dict[int, float]:
         """Latest event time read per partition (the watermark's inputs)."""
         rows = self._db.execute(

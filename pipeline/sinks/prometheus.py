@@ -162,6 +162,8 @@ GAUGE_HELP: dict[str, str] = {
     "ragpulse_watermark_timestamp_seconds": "Event-time watermark: min over partitions of the "
     "latest event time read, minus the out-of-orderness bound.",
     "ragpulse_heartbeat_timestamp_seconds": "Unix time at which the last cycle completed.",
+    "ragpulse_traces_pending": "Traces whose spans are held for assembly "
+    "(--input-format otlp_*), waiting for --trace-assembly-wait to pass.",
 }
 
 
