@@ -18,6 +18,12 @@ acknowledge after --undeliverable-after, are counted in
 `ragpulse_dead_letters_undeliverable_total` and the cycle moves on; a state file that cannot be
 used stops serve with one line saying what to do (--state-reset).
 
+With --input-format otlp_json|otlp_proto the topic holds the OpenTelemetry Collector's span
+batches: the cycle reads its ranges in this process, assembles the traces whose
+--trace-assembly-wait is over together with the spans pending in the state store, and runs the
+graph over the assembled events; the spans still waiting are saved in the cycle's transaction
+(pipeline/traces.py says why there). The exactly-once argument above holds for them too.
+
 Several instances split a topic's partitions by a fixed rule (--instance I of --instances N
 reads the partitions p with p % N == I, partitions added later included), each with its own
 state file, so each is exactly once on its own partitions as above and none reads, commits or
