@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
@@ -159,16 +160,23 @@ def decode_spans(raw: bytes, encoding: Literal["otlp_json", "otlp_proto"]) -> li
     return _decode_proto(raw)
 
 
-def _decode_proto(raw: bytes) -> list[SpanPart]:
-    # Imported here: only otlp_proto input pays for the protobuf classes.
+@functools.cache
+def _proto_classes() -> tuple[Any, type[Exception]]:
+    # Imported on first use: only otlp_proto input pays for the protobuf classes; cached, as
+    # an import statement per record cost more than decoding it.
     from google.protobuf.message import DecodeError
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
     )
 
+    return ExportTraceServiceRequest, DecodeError
+
+
+def _decode_proto(raw: bytes) -> list[SpanPart]:
+    request_class, decode_error = _proto_classes()
     try:
-        request = ExportTraceServiceRequest.FromString(raw)
-    except DecodeError as exc:
+        request = request_class.FromString(raw)
+    except decode_error as exc:
         raise InvalidEvent(
             f"record is not an OTLP protobuf ExportTraceServiceRequest ({exc})"
         ) from None

@@ -251,7 +251,7 @@ class TopicWatcher:
         )
         log.info(
             "%d OTLP records read; %d traces assembled or refused, %d still pending",
-            len(records),
+            batch.records_read,
             len(batch.traces_finished),
             batch.pending_traces,
         )

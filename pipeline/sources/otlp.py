@@ -35,6 +35,7 @@ class TraceBatch:
     spans_added: tuple[Arrival, ...]
     traces_finished: frozenset[str]
     pending_traces: int
+    records_read: int
 
 
 def collect_traces(
@@ -48,12 +49,17 @@ def collect_traces(
     final: bool = False,
 ) -> TraceBatch:
     """Decode `records` (seen at `now`), add the `pending` spans of earlier batches and
-    assemble every trace whose wait is over (all of them when `final`)."""
+    assemble every trace whose wait is over (all of them when `final`).
+
+    `records` is consumed as it comes: only the span parts of a record are kept, not its bytes
+    (a Collector batch is mostly ids, times and attributes no judge reads)."""
     if encoding == "ragpulse":
         raise ValueError("collect_traces reads OTLP records, not ragpulse events")
     passed_on: list[SourceRecord] = []
     arrived: list[Arrival] = []
+    read = 0
     for r in records:
+        read += 1
         if r.oversize_bytes is not None:
             passed_on.append(r)  # ParseEvents dead-letters it with its size
             continue
@@ -70,6 +76,7 @@ def collect_traces(
         spans_added=tuple(a for a in assembly.pending if id(a) in new),
         traces_finished=assembly.finished,
         pending_traces=len({a.part.trace_id for a in assembly.pending}),
+        records_read=read,
     )
 
 
@@ -82,13 +89,11 @@ def read_kafka_ranges(
     stall_timeout_s: float,
     max_value_bytes: int,
     on_lost: Callable[[int], None],
-) -> list[SourceRecord]:
+) -> Iterator[SourceRecord]:
     """The records of `ranges` ({partition: (start, stop)}), read with one consumer here."""
     consumer = range_consumer(bootstrap, security)
     try:
-        return [
-            SourceRecord(r.value, topic, r.partition, r.offset, r.timestamp_s, r.oversize_bytes)
-            for partition, (start, stop) in sorted(ranges.items())
+        for partition, (start, stop) in sorted(ranges.items()):
             for r in read_range(
                 consumer,
                 topic,
@@ -98,8 +103,10 @@ def read_kafka_ranges(
                 stall_timeout_s=stall_timeout_s,
                 max_value_bytes=max_value_bytes,
                 on_lost=on_lost,
-            )
-        ]
+            ):
+                yield SourceRecord(
+                    r.value, topic, r.partition, r.offset, r.timestamp_s, r.oversize_bytes
+                )
     finally:
         consumer.close(autocommit=False)
 
