@@ -11,6 +11,7 @@ from typing import Any
 
 import apache_beam as beam
 import pytest
+from cli import one_line_error
 from graph_runs import stage_config
 from otlp_receiver import OtlpReceiver, attributes
 from otlp_spans import openinference_trace, otlp_proto, trace_id
@@ -18,6 +19,7 @@ from otlp_spans import openinference_trace, otlp_proto, trace_id
 from judges import TextPolicy
 from judges.base import JudgeInput, Verdict
 from pipeline import counting
+from pipeline.cli import main
 from pipeline.events import InferenceRecord, SourceRecord, parse_event
 from pipeline.graph import GraphResult, Sinks, run_graph
 from pipeline.sinks.files import WriteDeadLetters
@@ -129,3 +131,13 @@ def test_credentials_in_the_endpoint_url_stay_out_of_logs_and_labels() -> None:
         describe_endpoint("https://user:s3cret@collector:4318/v1/logs?token=abc")
         == "https://collector:4318/v1/logs"
     )
+
+
+def test_an_endpoint_that_is_not_an_http_url_is_a_one_line_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    state = str(tmp_path / "s.sqlite")
+    flags = ["--state", state, "--evaluation-events-endpoint", "collector:4318/v1/logs"]
+    code = main(["serve", "--kafka-bootstrap", "127.0.0.1:9", "--topic", "t", *flags])
+    line = one_line_error(code, capsys.readouterr().err, allow_info=True)
+    assert "--evaluation-events-endpoint" in line and "http://" in line
