@@ -142,3 +142,62 @@ def test_an_event_with_a_span_id_that_is_not_16_hex_digits_is_rejected() -> None
     event = orjson.loads(only_record(arrivals([otlp_json(spans)], "otlp_json")).raw)
     with pytest.raises(InvalidEvent, match="'span_id' must be 16 hex digits"):
         parse_event(orjson.dumps({**event, "span_id": "not-a-span"}))
+
+
+def _one_span(attributes: dict[str, str]) -> list[Arrival]:
+    """A trace of one root span with `attributes`, made by the SDK, as it arrives."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with provider.get_tracer("t").start_as_current_span("answer", attributes=attributes):
+        pass
+    return arrivals([otlp_proto(exporter.get_finished_spans())], "otlp_proto")
+
+
+@pytest.mark.parametrize(
+    "attributes",
+    [
+        {  # OpenInference, JSON input and output
+            "openinference.span.kind": "CHAIN",
+            "input.value": orjson.dumps({"question": QUESTION}).decode(),
+            "input.mime_type": "application/json",
+            "output.value": orjson.dumps({"output": ANSWER}).decode(),
+            "output.mime_type": "application/json",
+        },
+        {  # OpenInference flattened messages on an LLM span
+            "openinference.span.kind": "LLM",
+            "llm.input_messages.0.message.role": "system",
+            "llm.input_messages.0.message.content": "Be brief.",
+            "llm.input_messages.1.message.role": "user",
+            "llm.input_messages.1.message.content": QUESTION,
+            "llm.output_messages.0.message.role": "assistant",
+            "llm.output_messages.0.message.content": ANSWER,
+        },
+        {  # flattened gen_ai.prompt.N / gen_ai.completion.N (OpenLLMetry)
+            "gen_ai.operation.name": "chat",
+            "gen_ai.prompt.0.role": "user",
+            "gen_ai.prompt.0.content": QUESTION,
+            "gen_ai.completion.0.role": "assistant",
+            "gen_ai.completion.0.content": ANSWER,
+        },
+    ],
+    ids=["openinference-json", "openinference-messages", "genai-flattened"],
+)
+def test_other_attribute_shapes_give_the_same_question_and_answer(
+    attributes: dict[str, str],
+) -> None:
+    event = parse_event(only_record(_one_span(attributes)).raw)
+    assert (event.judge_input.question, event.judge_input.answer) == (QUESTION, ANSWER)
+    assert event.app == "unknown_service:python"  # the SDK default when none is set
+
+
+def test_a_trace_with_two_root_spans_is_refused() -> None:
+    parts = arrivals([otlp_proto(openinference_trace())], "otlp_proto")
+    root = next(a for a in parts if a.part.parent_span_id is None)
+    second = Arrival(dataclasses.replace(root.part, span_id="00000000000000ff"), 0, 1, 0.0)
+    record = only_record([*parts, second])
+    assert record.refused is not None and "2 root spans" in record.refused
