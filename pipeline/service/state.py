@@ -260,8 +260,15 @@ class StateStore:
                 "INSERT OR IGNORE INTO trace_spans (topic, trace_id, partition, position, "
                 "span_id, seen, part) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (topic, a.part.trace_id, a.partition or 0, a.position, a.part.span_id,
-                     a.seen, a.part.to_json())
+                    (
+                        topic,
+                        a.part.trace_id,
+                        a.partition or 0,
+                        a.position,
+                        a.part.span_id,
+                        a.seen,
+                        a.part.to_json(),
+                    )
                     for a in spans_added
                 ],
             )
