@@ -32,7 +32,8 @@ model from the latest LLM span (else any span naming one), app = the root's serv
 timestamp = the root's start. A trace that
 cannot be assembled (no root span, no question or no answer, two different copies of one span,
 two roots) becomes a refused record whose reason says so; identical copies of a span (a
-Collector retry) count once.
+Collector retry) count once, and spans of a trace that was already assembled or refused (a
+retry after the wait, a span later than it) are refused at once: a trace is judged once.
 
 Why a fixed wait rather than "as soon as the root arrived": nothing in a span says how many
 children its trace has, and the root (which ends last, so is usually exported last) can reach
@@ -59,7 +60,7 @@ import base64
 import dataclasses
 import functools
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import orjson
@@ -475,12 +476,21 @@ def _documents(attrs: Mapping[str, Any]) -> tuple[Document, ...] | None:
 
 
 def assemble(
-    arrived: Iterable[Arrival], *, now: float, wait: float, origin: str, final: bool = False
+    arrived: Iterable[Arrival],
+    *,
+    now: float,
+    wait: float,
+    origin: str,
+    final: bool = False,
+    done_before: Container[str] = frozenset(),
 ) -> Assembly:
     """Assemble every trace whose first part arrived at least `wait` seconds before `now`
     (every trace when `final`, e.g. at the end of a file); the rest stays pending.
 
-    `origin` names the source (the topic or file) in the records made.
+    `origin` names the source (the topic or file) in the records made. `done_before` holds
+    the traces already assembled or refused in an earlier batch: spans of theirs that arrive
+    now (a Collector re-sending a batch, a span later than the wait) are refused at once, so
+    that a trace is never judged twice.
     """
     by_trace: dict[str, list[Arrival]] = defaultdict(list)
     for a in arrived:
@@ -489,6 +499,9 @@ def assemble(
     pending: list[Arrival] = []
     finished: set[str] = set()
     for trace_id, arrivals in by_trace.items():
+        if trace_id in done_before:
+            records.append(_refused(trace_id, arrivals, _late_reason(trace_id, arrivals), origin))
+            continue
         if not final and now - min(a.seen for a in arrivals) < wait:
             pending.extend(arrivals)
             continue
@@ -500,15 +513,28 @@ def assemble(
 def _trace_record(
     trace_id: str, arrivals: Sequence[Arrival], origin: str, wait: float
 ) -> SourceRecord:
-    first = min(arrivals, key=lambda a: (a.seen, a.partition or 0, a.position))
     try:
         event, at = _event(trace_id, arrivals, wait)
     except InvalidEvent as exc:
-        summary = {"trace_id": trace_id, "spans": [_summary(a) for a in arrivals]}
-        return SourceRecord(
-            orjson.dumps(summary), origin, first.partition, first.position, refused=exc.reason
-        )
+        return _refused(trace_id, arrivals, exc.reason, origin)
     return SourceRecord(orjson.dumps(event), origin, at.partition, at.position)
+
+
+def _refused(trace_id: str, arrivals: Sequence[Arrival], reason: str, origin: str) -> SourceRecord:
+    """The dead letter of a trace: its spans' ids, names and places, not their text."""
+    first = min(arrivals, key=lambda a: (a.seen, a.partition or 0, a.position))
+    summary = {"trace_id": trace_id, "spans": [_summary(a) for a in arrivals]}
+    return SourceRecord(
+        orjson.dumps(summary), origin, first.partition, first.position, refused=reason
+    )
+
+
+def _late_reason(trace_id: str, arrivals: Sequence[Arrival]) -> str:
+    return (
+        f"trace {trace_id}: {len(arrivals)} spans arrived after the trace was assembled or "
+        "refused (a Collector retry, or spans later than --trace-assembly-wait); they are not "
+        "judged again"
+    )
 
 
 def _summary(a: Arrival) -> dict[str, Any]:

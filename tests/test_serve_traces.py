@@ -109,6 +109,13 @@ def test_spans_arriving_out_of_order_over_several_cycles_are_judged_as_one_answe
     )
     assert attributes(event)["gen_ai.evaluation.name"] == "groundedness"
     assert attributes(event)["gen_ai.evaluation.score.label"] == "yes"
+
+    # The Collector sends the root again (a retry after the wait): not judged twice.
+    topic.produce([otlp_proto([root])])
+    m = serve.wait_for(lambda m: m.total("ragpulse_events_total") >= 4, 30, "the repeat")
+    assert accepted(m) == 1 and m.value("ragpulse_events_total", outcome="invalid") == 3
+    last = topic.read("dlq", 3)[-1]
+    assert b"arrived after the trace was assembled" in dict(last.headers)["reason"]
     assert serve.terminate() == 0
 
 

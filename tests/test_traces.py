@@ -201,3 +201,15 @@ def test_a_trace_with_two_root_spans_is_refused() -> None:
     second = Arrival(dataclasses.replace(root.part, span_id="00000000000000ff"), 0, 1, 0.0)
     record = only_record([*parts, second])
     assert record.refused is not None and "2 root spans" in record.refused
+
+
+def test_spans_of_a_trace_already_assembled_are_refused_at_once_not_judged_again() -> None:
+    spans = openinference_trace()
+    again = arrivals([otlp_proto(spans)], "otlp_proto", seen=100.0)
+    done = assemble(again, now=100.0, wait=30.0, origin="spans", done_before={trace_id(spans)})
+    assert done.pending == () and done.finished == frozenset()
+    (record,) = done.records
+    assert record.refused is not None
+    assert record.refused.startswith(
+        f"trace {trace_id(spans)}: 3 spans arrived after the trace was assembled or refused"
+    )

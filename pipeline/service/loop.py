@@ -161,7 +161,8 @@ class TopicWatcher:
         result: GraphResult | None = None
         took: float | None = None
         started = time.perf_counter()
-        traces = None if s.input_format == "ragpulse" else self._traces(ranges, increments)
+        now = time.time()
+        traces = None if s.input_format == "ragpulse" else self._traces(ranges, increments, now)
         if traces.records if traces is not None else ranges:
             result = self._judge(
                 ranges, traces, closed_before(previous_wm, s.allowed_lateness_seconds)
@@ -186,6 +187,16 @@ class TopicWatcher:
             reset_offsets=reset_to,
             spans_added=traces.spans_added if traces else (),
             traces_finished=traces.traces_finished if traces else (),
+            finished_at=now,
+            # A finished trace is remembered as long as a span of it could still be counted:
+            # its wait, then its window until the watermark closes it.
+            forget_finished_before=now
+            - (
+                s.trace_assembly_wait_seconds
+                + s.window_seconds
+                + s.out_of_orderness_seconds
+                + s.allowed_lateness_seconds
+            ),
         )
         self._delivery_failing_since, self._delivery_failures = None, 0
         _log_completed(completed)
@@ -222,7 +233,7 @@ class TopicWatcher:
         )
 
     def _traces(
-        self, ranges: Mapping[int, tuple[int, int]], increments: counting.Counts
+        self, ranges: Mapping[int, tuple[int, int]], increments: counting.Counts, now: float
     ) -> TraceBatch:
         """--input-format otlp_*: read `ranges` here and assemble, with the spans pending in
         the state, the traces whose --trace-assembly-wait is over (pipeline/traces.py)."""
@@ -245,9 +256,10 @@ class TopicWatcher:
             records,
             self.state.pending_spans(s.topic),
             encoding=s.input_format,
-            now=time.time(),
+            now=now,
             wait=s.trace_assembly_wait_seconds,
             origin=s.topic,
+            finished=lambda ids: self.state.finished_traces(s.topic, ids),
         )
         log.info(
             "%d OTLP records read; %d traces assembled or refused, %d still pending",

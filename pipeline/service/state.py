@@ -91,7 +91,8 @@ CREATE TABLE IF NOT EXISTS exemplars (
 
 
 # Spans of traces still being assembled (--input-format otlp_*, pipeline/traces.py), saved with
-# the offsets that read them; added like the exemplars table, with no schema bump.
+# the offsets that read them, and the traces assembled or refused lately, so that spans of
+# theirs arriving later are not judged again; added like the exemplars table, no schema bump.
 _TRACE_SPANS_TABLE = """
 CREATE TABLE IF NOT EXISTS trace_spans (
     topic TEXT NOT NULL,
@@ -102,7 +103,14 @@ CREATE TABLE IF NOT EXISTS trace_spans (
     seen REAL NOT NULL,
     part BLOB NOT NULL,
     PRIMARY KEY (topic, trace_id, partition, position, span_id)
-)
+);
+CREATE TABLE IF NOT EXISTS finished_traces (
+    topic TEXT NOT NULL,
+    trace_id TEXT NOT NULL,
+    finished_at REAL NOT NULL,
+    PRIMARY KEY (topic, trace_id)
+);
+CREATE INDEX IF NOT EXISTS finished_traces_age ON finished_traces (finished_at)
 """
 
 
@@ -128,7 +136,8 @@ class StateStore:
             _create(self.path)
         self._db = _open_checked(self.path)
         self._db.execute(_EXEMPLARS_TABLE)
-        self._db.execute(_TRACE_SPANS_TABLE)
+        for statement in _TRACE_SPANS_TABLE.split(";"):
+            self._db.execute(statement)
 
     @staticmethod
     def move_aside(path: str | Path) -> Path:
@@ -170,6 +179,8 @@ class StateStore:
         reset_offsets: Mapping[int, int] | None = None,
         spans_added: Sequence[Arrival] = (),
         traces_finished: Iterable[str] = (),
+        finished_at: float = 0.0,
+        forget_finished_before: float | None = None,
     ) -> dict[WindowKey, RatingCounts]:
         """Save one cycle atomically; returns the windows this cycle completed, with their counts.
 
@@ -181,7 +192,9 @@ class StateStore:
         `reset_offsets` are saved first and may move backwards: the partitions whose topic was
         recreated or truncated, at the offset the cycle went on from. `spans_added` are the
         cycle's spans of traces still pending, `traces_finished` the traces it assembled or
-        dead-lettered (their saved spans are dropped): saved with the offsets that read them.
+        dead-lettered (their saved spans are dropped, and the trace is remembered as finished
+        at `finished_at` until `forget_finished_before` passes it): saved with the offsets that
+        read them.
         """
         db = self._db
         db.execute("BEGIN IMMEDIATE")
@@ -252,10 +265,18 @@ class StateStore:
                     "latest_event_time = max(latest_event_time, excluded.latest_event_time)",
                     (topic, partition, event_time),
                 )
+            finished = [(topic, t) for t in traces_finished]
+            db.executemany("DELETE FROM trace_spans WHERE topic = ? AND trace_id = ?", finished)
             db.executemany(
-                "DELETE FROM trace_spans WHERE topic = ? AND trace_id = ?",
-                [(topic, t) for t in traces_finished],
+                "INSERT OR REPLACE INTO finished_traces (topic, trace_id, finished_at) "
+                "VALUES (?, ?, ?)",
+                [(topic, t, finished_at) for _, t in finished],
             )
+            if forget_finished_before is not None:
+                db.execute(
+                    "DELETE FROM finished_traces WHERE topic = ? AND finished_at < ?",
+                    (topic, forget_finished_before),
+                )
             db.executemany(
                 "INSERT OR IGNORE INTO trace_spans (topic, trace_id, partition, position, "
                 "span_id, seen, part) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -413,6 +434,20 @@ class StateStore:
             Arrival(SpanPart.from_json(r["part"]), r["partition"], r["position"], r["seen"])
             for r in rows
         ]
+
+    def finished_traces(self, topic: str, trace_ids: Iterable[str]) -> set[str]:
+        """Those of `trace_ids` that were assembled or refused lately (see `apply_cycle`)."""
+        ids = list(trace_ids)
+        found: set[str] = set()
+        for i in range(0, len(ids), 500):  # SQLite's limit on bound parameters is 999+
+            chunk = ids[i : i + 500]
+            rows = self._db.execute(
+                "SELECT trace_id FROM finished_traces WHERE topic = ? AND trace_id IN "
+                f"({','.join('?' * len(chunk))})",
+                (topic, *chunk),
+            )
+            found.update(r["trace_id"] for r in rows)
+        return found
 
     def pending_trace_count(self, topic: str) -> int:
         """How many traces have spans saved, waiting to be assembled."""

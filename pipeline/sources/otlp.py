@@ -11,7 +11,7 @@ returns goes to the Beam graph as a list of `SourceRecord`s and, in serve, to th
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from pipeline.events import HEAD_BYTES, InvalidEvent, SourceRecord
@@ -47,9 +47,11 @@ def collect_traces(
     wait: float,
     origin: str,
     final: bool = False,
+    finished: Callable[[set[str]], Collection[str]] = lambda _: (),
 ) -> TraceBatch:
     """Decode `records` (seen at `now`), add the `pending` spans of earlier batches and
-    assemble every trace whose wait is over (all of them when `final`).
+    assemble every trace whose wait is over (all of them when `final`). `finished` tells
+    which of the given trace ids were assembled or refused in an earlier batch.
 
     `records` is consumed as it comes: only the span parts of a record are kept, not its bytes
     (a Collector batch is mostly ids, times and attributes no judge reads)."""
@@ -69,7 +71,14 @@ def collect_traces(
             passed_on.append(dataclasses.replace(r, refused=exc.reason))
             continue
         arrived.extend(Arrival(p, r.partition, r.position, now) for p in parts)
-    assembly = assemble([*pending, *arrived], now=now, wait=wait, origin=origin, final=final)
+    assembly = assemble(
+        [*pending, *arrived],
+        now=now,
+        wait=wait,
+        origin=origin,
+        final=final,
+        done_before=finished({a.part.trace_id for a in arrived}),
+    )
     new = set(map(id, arrived))
     return TraceBatch(
         records=(*passed_on, *assembly.records),
