@@ -2,8 +2,8 @@
 
 For whoever sizes serve with --input-format otlp_json|otlp_proto. N traces made by the
 OpenTelemetry SDK (tests/otlp_spans.py: a CHAIN root, a RETRIEVER with two documents and an LLM
-span), each span in its own Kafka-sized message, shuffled; medians of R runs, in microseconds
-per span:
+span), shuffled, M spans per Kafka message (1: the worst case; a Collector batch holds up to
+its send_batch_size); medians of R runs, in microseconds per span:
 
     decode      `decode_spans` of every message (otlp_json, otlp_proto)
     assemble    `assemble` over all the parts, every trace due (pipeline/traces.py)
@@ -11,7 +11,7 @@ per span:
     state       one pending span's round trip through the state store's form
                 (`SpanPart.to_json` + `from_json`), as a trace held over cycles pays it
 
-    .venv/bin/python tests/bench/bench_traces.py [--traces N] [--repeats R]
+    .venv/bin/python tests/bench/bench_traces.py [--traces N] [--per-message M] [--repeats R]
 """
 
 from __future__ import annotations
@@ -44,15 +44,17 @@ def median_us_per_span(run: Callable[[], object], spans: int, repeats: int) -> f
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--traces", type=int, default=2000)
+    ap.add_argument("--per-message", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
 
     spans = [s for _ in range(args.traces) for s in openinference_trace()]
     random.Random(1).shuffle(spans)
     n = len(spans)
-    print(f"{args.traces} traces, {n} spans, one span per message; median of {args.repeats}")
+    per = args.per_message
+    print(f"{args.traces} traces, {n} spans, {per} per message; median of {args.repeats}")
     for name, encode in (("otlp_json", otlp_json), ("otlp_proto", otlp_proto)):
-        messages = [encode([s]) for s in spans]
+        messages = [encode(spans[i : i + per]) for i in range(0, n, per)]
         size = statistics.median(len(m) for m in messages)
         us = median_us_per_span(
             lambda m=messages, e=name: [decode_spans(x, e) for x in m],  # type: ignore[misc]
