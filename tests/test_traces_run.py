@@ -28,7 +28,7 @@ def _file(path: Path, encoding: str, messages: list[bytes]) -> Path:
 
 @pytest.mark.parametrize("encoding", ["otlp_json", "otlp_proto"])
 def test_a_file_of_shuffled_spans_gives_one_verdict_per_trace_and_dead_letters_the_rest(
-    tmp_path: Path, encoding: str
+    tmp_path: Path, encoding: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     encode = otlp_json if encoding == "otlp_json" else otlp_proto
     grounded, ungrounded, rootless = (
@@ -44,6 +44,7 @@ def test_a_file_of_shuffled_spans_gives_one_verdict_per_trace_and_dead_letters_t
     out = tmp_path / "out"
     flags = ["--input-format", encoding, "--judges", "groundedness", "--judge-backend", "local"]
     assert main(["run", str(src), "--output", str(out), *flags]) == 0
+    assert "read 4 traces and unreadable records" in capsys.readouterr().out
 
     lines = (out / "verdicts.jsonl").read_bytes().splitlines()
     verdicts = {r["request_id"]: r for r in map(orjson.loads, lines)}

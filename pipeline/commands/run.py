@@ -125,12 +125,15 @@ def main(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     result = run_file(settings)
     elapsed = time.perf_counter() - started
-    print(summary(result, settings.output, elapsed))
+    read = "lines" if settings.input_format == "ragpulse" else "traces and unreadable records"
+    print(summary(result, settings.output, elapsed, read=read))
     return 0
 
 
-def summary(result: GraphResult, out_dir: Path, elapsed: float) -> str:
+def summary(result: GraphResult, out_dir: Path, elapsed: float, read: str = "lines") -> str:
     """The table `ragpulse run` prints: events, then pass ratios per window, app and model.
+
+    `read` names what was counted: lines, or (OTLP input) traces and unreadable records.
 
     Each judge column shows yes / (yes + no) and, in brackets, the graded sample size and the
     errors, so a ratio is never read without its sample.
@@ -149,7 +152,7 @@ def summary(result: GraphResult, out_dir: Path, elapsed: float) -> str:
         f" {j:<22}" for j in judges
     )
     lines = [
-        f"read {accepted + invalid} lines in {elapsed:.1f}s: {accepted} accepted, "
+        f"read {accepted + invalid} {read} in {elapsed:.1f}s: {accepted} accepted, "
         f"{invalid} rejected (see {out_dir / DEAD_LETTER_FILE}), {sampled} sampled and judged",
         "",
         "pass ratio per window: yes / (yes + no), n = yes + no, errors left out",
