@@ -58,6 +58,11 @@ derived from the event itself: "sha256:" + the first 16 hex digits of the SHA-25
 bytes with surrounding whitespace removed, so the same event always gets the same id (and the
 same sampling decision), whether it arrived as a file line or a Kafka record.
 
+`span_id`: the OpenTelemetry span id (16 hex digits) of the span that gave the answer, set by
+the trace assembler (pipeline/traces.py) along with the trace id as `request_id`; with it, serve's
+--evaluation-events-endpoint links each verdict to that span. Optional; a span id that is not
+16 hex digits is rejected.
+
 `app`, `model`: strings naming the chatbot and its model/version; absent, null or blank means
 "unknown". They become Prometheus label values, so they are stripped and must be at most 128
 characters.
@@ -132,6 +137,9 @@ class SourceRecord:
     position: int  # 1-based line number, or Kafka offset
     record_time: float | None = None  # Kafka record time (epoch seconds), used without `timestamp`
     oversize_bytes: int | None = None  # set when the reader refused to load an over-long record
+    # Set when the reader already found the record unusable (pipeline.traces: a trace that
+    # cannot be assembled, a malformed OTLP request): the dead-letter reason.
+    refused: str | None = None
 
     @property
     def source(self) -> str:
@@ -161,6 +169,7 @@ class InferenceRecord:
     # event's stratum and its weight, 1 / the rate it was sampled at. None: not stratified.
     stratum: str | None = None
     weight: float = 1.0
+    span_id: str | None = None  # OpenTelemetry span of the answer, when it came from a trace
 
 
 # --- boundary shapes (pydantic, strict: a number is not silently a string) ------------------
@@ -196,6 +205,7 @@ class _Envelope(BaseModel):
     app: str | None = None
     model: str | None = None
     feedback: str | None = None
+    span_id: str | None = None
 
 
 class _ContentPart(TypedDict):
@@ -336,6 +346,7 @@ def parse_event(
             guidelines=_guidelines(env.guidelines),
         ),
         feedback=_feedback(env.feedback),
+        span_id=_span_id(env.span_id),
     )
 
 
@@ -619,6 +630,12 @@ def _feedback(value: str | None) -> str | None:
             " limit (it is a short label such as 'negative', matched by sampling rules)"
         )
     return feedback or None
+def _span_id(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if len(value) != 16 or any(c not in "0123456789abcdef" for c in value.lower()):
+        raise InvalidEvent(f"field 'span_id' must be 16 hex digits, not {_quote(value)}")
+    return value.lower()
 
 
 def _label(value: str | None, field: str) -> str:

@@ -97,6 +97,7 @@ class Sinks:
     only_failing_verdicts: bool = False
     windows: beam.PTransform | None = None
     exemplars: bool = False
+    evaluations: beam.PTransform | None = None  # every JudgedEvent (OTLP evaluation events)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +175,8 @@ def build_graph(
             else judged
         )
         _ = to_write | "WriteVerdicts" >> sinks.verdicts
+    if sinks.evaluations is not None:
+        _ = judged | "ExportEvaluations" >> sinks.evaluations
     if sinks.exemplars:
         _ = judged | "LatestFailing" >> ReportLatestFailing()
     windows = judged | "WindowRatings" >> WindowRatings(window_size=config.window_seconds)

@@ -47,6 +47,7 @@ from pipeline.errors import SettingsError
 from pipeline.kafka_security import PLAINTEXT, KafkaSecurity
 from pipeline.sampling import SamplingPlan, load_plan
 from pipeline.service.labels import LabelLimits
+from pipeline.traces import INPUT_FORMATS, InputFormat
 from pipeline.windows import parse_duration
 
 if TYPE_CHECKING:
@@ -170,9 +171,7 @@ class JudgeSettings(BaseModel):
     @field_validator("base_url")
     @classmethod
     def _http_url(cls, url: str | None) -> str | None:
-        if url is not None and not url.startswith(("http://", "https://")):
-            raise ValueError(f"must start with http:// or https://, got {url!r}")
-        return url
+        return http_url(url)
 
     def text_policy(self) -> TextPolicy:
         """What prompts and stored verdict text keep of the users' text."""
@@ -241,6 +240,9 @@ class BatchSettings(BaseModel):
         if judges is not None:
             check_calibrations(loaded, judges.names, judges.backend, judges.model)
         return loaded
+    # What a record is: ragpulse's event (pipeline/events.py) or an OTLP ExportTraceServiceRequest
+    # of the Collector's Kafka exporter, assembled into one event per trace (pipeline/traces.py).
+    input_format: InputFormat = "ragpulse"
 
     @field_validator("beam_args")
     @classmethod
@@ -410,6 +412,14 @@ class ServeSettings(BatchSettings):
     instance: int = Field(0, ge=0, title="--instance")
     # The judge budget governor (pipeline/budget.py); None: no budget.
     budget: InstanceOf[BudgetSettings] | None = Field(None, title="--judge-budget-per-hour")
+    trace_assembly_wait_seconds: float = Field(30.0, ge=0, title="--trace-assembly-wait")
+    # OTLP/HTTP logs URL for gen_ai.evaluation.result events (pipeline/sinks/otlp_evaluations.py).
+    evaluation_events_endpoint: str | None = None
+
+    @field_validator("evaluation_events_endpoint")
+    @classmethod
+    def _evaluation_url(cls, url: str | None) -> str | None:
+        return http_url(url)
 
     @field_validator("instance")
     @classmethod
@@ -445,6 +455,11 @@ class CalibrateSettings(BaseModel):
         if not path.is_file():
             raise ValueError(f"labelled file not found: {path}")
         return path
+def http_url(url: str | None) -> str | None:
+    """`url` when it is an http(s) URL (or None); ValueError otherwise."""
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise ValueError(f"must start with http:// or https://, got {url!r}")
+    return url
 
 
 def default_of(model: type[BaseModel], field: str) -> Any:
@@ -524,6 +539,15 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
         "get the pass ratio corrected for its errors, with a 95 %% interval "
         "(ragpulse_judge_pass_ratio_corrected*, windows.jsonl corrected_*) (default: none)",
     )
+    g.add_argument(
+        "--input-format",
+        choices=INPUT_FORMATS,
+        default=default_of(BatchSettings, "input_format"),
+        help="ragpulse: one inference-log event per record; otlp_json, otlp_proto: one "
+        "OpenTelemetry ExportTraceServiceRequest per record, as the Collector's Kafka exporter "
+        "publishes with that encoding (a file: OTLP JSON lines, or length-prefixed protobuf), "
+        "assembled into one answer per trace (default: %(default)s)",
+    )
 
 
 def add_beam_arguments(p: argparse.ArgumentParser) -> None:
@@ -565,6 +589,7 @@ def batch_fields(args: argparse.Namespace) -> dict[str, Any]:
         "beam_args": tuple(args.beam_arg),
         "runner": args.runner,
         "judge_calibrations": tuple(args.judge_calibration),
+        "input_format": args.input_format,
     }
 
 

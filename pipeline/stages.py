@@ -134,6 +134,9 @@ class _ParseAndSample(beam.DoFn):
                 f"record is {record.oversize_bytes} bytes, over the {self._max_bytes}-byte limit",
             )
             return
+        if record.refused is not None:
+            yield self._reject(record, record.refused)
+            return
         try:
             event = parse_event(
                 record.raw, record_time=record.record_time, max_bytes=self._max_bytes

@@ -11,6 +11,8 @@ import logging
 import time
 from pathlib import Path
 
+import apache_beam as beam
+
 from pipeline import counting
 from pipeline.calibration import by_judge
 from pipeline.config_sources import add_config_arguments
@@ -35,6 +37,7 @@ from pipeline.sinks.files import (
 )
 from pipeline.sinks.prometheus import MetricsSnapshot, write_textfile
 from pipeline.sources.files import ReadLines
+from pipeline.sources.otlp import collect_traces, read_file
 from pipeline.windows import isoformat_utc
 
 log = logging.getLogger(__name__)
@@ -58,7 +61,7 @@ def run_file(settings: RunSettings) -> GraphResult:
         windows=WriteWindows(out_dir, calibrations),
     )
     result = run_graph(
-        ReadLines(settings.input, settings.max_event_bytes),
+        _source(settings),
         settings.stage_config(),
         sinks,
         options=pipeline_options(settings.beam_args, settings.runner),
@@ -71,8 +74,29 @@ def run_file(settings: RunSettings) -> GraphResult:
     return result
 
 
+def _source(settings: RunSettings) -> beam.PTransform:
+    """The lines of the input file; with --input-format otlp_*, one event per trace of the
+    file, assembled here (every trace is complete once the whole file is read)."""
+    if settings.input_format == "ragpulse":
+        return ReadLines(settings.input, settings.max_event_bytes)
+    traces = collect_traces(
+        read_file(settings.input, settings.input_format, settings.max_event_bytes),
+        (),
+        encoding=settings.input_format,
+        now=time.time(),
+        wait=0.0,
+        origin=str(settings.input),
+        final=True,
+    )
+    return beam.Create(traces.records)
+
+
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", type=Path, help="JSON Lines file, one inference-log event per line")
+    p.add_argument(
+        "input",
+        type=Path,
+        help="JSON Lines file, one inference-log event per line (see --input-format)",
+    )
     p.add_argument(
         "--output",
         type=Path,
@@ -105,12 +129,15 @@ def main(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     result = run_file(settings)
     elapsed = time.perf_counter() - started
-    print(summary(result, settings.output, elapsed))
+    read = "lines" if settings.input_format == "ragpulse" else "traces and unreadable records"
+    print(summary(result, settings.output, elapsed, read=read))
     return 0
 
 
-def summary(result: GraphResult, out_dir: Path, elapsed: float) -> str:
+def summary(result: GraphResult, out_dir: Path, elapsed: float, read: str = "lines") -> str:
     """The table `ragpulse run` prints: events, then pass ratios per window, app and model.
+
+    `read` names what was counted: lines, or (OTLP input) traces and unreadable records.
 
     Each judge column shows yes / (yes + no) and, in brackets, the graded sample size and the
     errors, so a ratio is never read without its sample; with stratified sampling, `w=` the
@@ -133,7 +160,7 @@ def summary(result: GraphResult, out_dir: Path, elapsed: float) -> str:
         f" {j:<22}" for j in judges
     )
     lines = [
-        f"read {accepted + invalid} lines in {elapsed:.1f}s: {accepted} accepted, "
+        f"read {accepted + invalid} {read} in {elapsed:.1f}s: {accepted} accepted, "
         f"{invalid} rejected (see {out_dir / DEAD_LETTER_FILE}), {sampled} sampled and judged",
         "",
         "pass ratio per window: yes / (yes + no), n = yes + no, errors left out"

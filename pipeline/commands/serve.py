@@ -116,6 +116,15 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "none (default: %(default)s)",
     )
     k.add_argument(
+        "--evaluation-events-endpoint",
+        default=default_of(ServeSettings, "evaluation_events_endpoint"),
+        metavar="URL",
+        help="send each verdict on an answer from a trace as an OpenTelemetry "
+        "gen_ai.evaluation.result event, linked to its trace and span, to this OTLP/HTTP logs "
+        "URL (e.g. http://collector:4318/v1/logs); rationales as --store-text allows "
+        "(default: not sent)",
+    )
+    k.add_argument(
         "--group-id",
         default=default_of(ServeSettings, "group_id"),
         help="consumer group the processed offsets are committed to, for lag tools "
@@ -180,6 +189,15 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         default=default_of(ServeSettings, "trigger_interval_seconds"),
         metavar="DURATION",
         help=f"time between cycles when caught up (default: {_dur('trigger_interval_seconds')})",
+    )
+    w.add_argument(
+        "--trace-assembly-wait",
+        type=duration,
+        default=default_of(ServeSettings, "trace_assembly_wait_seconds"),
+        metavar="DURATION",
+        help="with --input-format otlp_json|otlp_proto: how long the spans of a trace are "
+        "gathered, from the first one read, before the trace is judged or dead-lettered "
+        f"(default: {_dur('trace_assembly_wait_seconds')})",
     )
     s = p.add_argument_group("service")
     s.add_argument(
@@ -306,6 +324,8 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         instances=args.instances,
         instance=args.instance,
         budget=budget_settings(args, batch["judges"].model, batch["judges"].backend),
+        trace_assembly_wait_seconds=args.trace_assembly_wait,
+        evaluation_events_endpoint=args.evaluation_events_endpoint,
         **batch,
     )
 

@@ -18,6 +18,12 @@ acknowledge after --undeliverable-after, are counted in
 `ragpulse_dead_letters_undeliverable_total` and the cycle moves on; a state file that cannot be
 used stops serve with one line saying what to do (--state-reset).
 
+With --input-format otlp_json|otlp_proto the topic holds the OpenTelemetry Collector's span
+batches: the cycle reads its ranges in this process, assembles the traces whose
+--trace-assembly-wait is over together with the spans pending in the state store, and runs the
+graph over the assembled events; the spans still waiting are saved in the cycle's transaction
+(pipeline/traces.py says why there). The exactly-once argument above holds for them too.
+
 Several instances split a topic's partitions by a fixed rule (--instance I of --instances N
 reads the partitions p with p % N == I, partitions added later included), each with its own
 state file, so each is exactly once on its own partitions as above and none reads, commits or
@@ -39,6 +45,8 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 
+import apache_beam as beam
+
 from pipeline import counting
 from pipeline.budget import BudgetGovernor
 from pipeline.calibration import by_judge
@@ -51,6 +59,7 @@ from pipeline.service.state import StateError, StateStore
 from pipeline.service.watermark import closed_before, compute_watermark, merge_latest
 from pipeline.settings import ServeSettings
 from pipeline.sinks.kafka import UNDELIVERABLE, KafkaTopic, PublishDeadLetters, PublishVerdicts
+from pipeline.sinks.otlp_evaluations import ExportEvaluations
 from pipeline.sinks.prometheus import CycleStats, MetricsSnapshot
 from pipeline.sources.kafka import (
     RECORDS_LOST,
@@ -66,6 +75,7 @@ from pipeline.sources.kafka import (
     plan_batch,
     reset_starts,
 )
+from pipeline.sources.otlp import TraceBatch, collect_traces, read_kafka_ranges
 from pipeline.windows import RatingCounts, WindowKey, isoformat_utc
 
 log = logging.getLogger(__name__)
@@ -154,9 +164,13 @@ class TopicWatcher:
         latest = self.state.latest_event_times(topic)
         result: GraphResult | None = None
         took: float | None = None
-        if ranges:
-            started = time.perf_counter()
-            result = self._judge(ranges, closed_before(previous_wm, s.allowed_lateness_seconds))
+        started = time.perf_counter()
+        now = time.time()
+        traces = None if s.input_format == "ragpulse" else self._traces(ranges, increments, now)
+        if traces.records if traces is not None else ranges:
+            result = self._judge(
+                ranges, traces, closed_before(previous_wm, s.allowed_lateness_seconds)
+            )
             if self._governor is not None:
                 # Spent even if the cycle fails from here on: the calls were made.
                 increments.update(self._governor.record(result.counts))
@@ -178,6 +192,18 @@ class TopicWatcher:
             watermark=watermark,
             latest_event_times=latest,
             reset_offsets=reset_to,
+            spans_added=traces.spans_added if traces else (),
+            traces_finished=traces.traces_finished if traces else (),
+            finished_at=now,
+            # A finished trace is remembered as long as a span of it could still be counted:
+            # its wait, then its window until the watermark closes it.
+            forget_finished_before=now
+            - (
+                s.trace_assembly_wait_seconds
+                + s.window_seconds
+                + s.out_of_orderness_seconds
+                + s.allowed_lateness_seconds
+            ),
         )
         self._delivery_failing_since, self._delivery_failures = None, 0
         _log_completed(completed)
@@ -213,10 +239,51 @@ class TopicWatcher:
             frozenset(p for p in bounds.unconfirmed_ends if owns(p)),
         )
 
+    def _traces(
+        self, ranges: Mapping[int, tuple[int, int]], increments: counting.Counts, now: float
+    ) -> TraceBatch:
+        """--input-format otlp_*: read `ranges` here and assemble, with the spans pending in
+        the state, the traces whose --trace-assembly-wait is over (pipeline/traces.py)."""
+        s = self.settings
+        lost = counting.key(RECORDS_LOST, topic=s.topic, reason="retention")
+
+        def on_lost(n: int) -> None:
+            increments[lost] += n
+
+        records = read_kafka_ranges(
+            s.bootstrap,
+            s.topic,
+            ranges,
+            security=s.kafka_security,
+            stall_timeout_s=s.kafka_timeout_seconds,
+            max_value_bytes=s.max_event_bytes,
+            on_lost=on_lost,
+        )
+        batch = collect_traces(
+            records,
+            self.state.pending_spans(s.topic),
+            encoding=s.input_format,
+            now=now,
+            wait=s.trace_assembly_wait_seconds,
+            origin=s.topic,
+            finished=lambda ids: self.state.finished_traces(s.topic, ids),
+        )
+        log.info(
+            "%d OTLP records read; %d traces assembled or refused, %d still pending",
+            batch.records_read,
+            len(batch.traces_finished),
+            batch.pending_traces,
+        )
+        return batch
+
     def _judge(
-        self, ranges: Mapping[int, tuple[int, int]], cutoff: float | None
+        self,
+        ranges: Mapping[int, tuple[int, int]],
+        traces: TraceBatch | None,
+        cutoff: float | None,
     ) -> GraphResult:
-        """Run the graph over `ranges`: Kafka in, the dead-letter and verdicts topics out."""
+        """Run the graph over `ranges` (or the assembled `traces`, read already): Kafka in,
+        the dead-letter and verdicts topics out."""
         s = self.settings
 
         def topic(name: str) -> KafkaTopic:
@@ -233,19 +300,34 @@ class TopicWatcher:
             only_failing_verdicts=s.publish_verdicts == "failing",
             # An exemplar names a verdict row in the verdicts topic: none without them.
             exemplars=verdicts,
+            evaluations=(
+                ExportEvaluations(
+                    s.evaluation_events_endpoint, s.judges.text_policy(), s.kafka_timeout_seconds
+                )
+                if s.evaluation_events_endpoint
+                else None
+            ),
         )
-        source = ReadKafkaRanges(
-            s.bootstrap,
-            s.topic,
-            ranges,
-            stall_timeout_s=s.kafka_timeout_seconds,
-            security=s.kafka_security,
-            max_value_bytes=s.max_event_bytes,
+        source = (
+            beam.Create(traces.records)
+            if traces is not None
+            else ReadKafkaRanges(
+                s.bootstrap,
+                s.topic,
+                ranges,
+                stall_timeout_s=s.kafka_timeout_seconds,
+                security=s.kafka_security,
+                max_value_bytes=s.max_event_bytes,
+            )
         )
         config = s.stage_config(closed_before=cutoff)
         if self._governor is not None:
             plan = config.sampling or SamplingPlan((), config.sample_rate)
-            records = sum(stop - start for start, stop in ranges.values())
+            records = (
+                len(traces.records)
+                if traces is not None
+                else sum(stop - start for start, stop in ranges.values())
+            )
             config = dataclasses.replace(config, sampling=self._governor.plan_for(plan, records))
         return run_graph(
             source,
@@ -430,6 +512,8 @@ class TopicWatcher:
             gauges["ragpulse_watermark_timestamp_seconds"] = wm
         if self._governor is not None:
             gauges.update(self._governor.gauges())
+        if self.settings.input_format != "ragpulse":
+            gauges["ragpulse_traces_pending"] = self.state.pending_trace_count(self.settings.topic)
         if complete:
             gauges["ragpulse_last_complete_window_end_timestamp_seconds"] = max(
                 k.window_end for k in complete

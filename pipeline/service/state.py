@@ -20,12 +20,13 @@ import os
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from pipeline import counting
+from pipeline.traces import Arrival, SpanPart
 from pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_row
 
 SCHEMA_VERSION = 1
@@ -89,6 +90,30 @@ CREATE TABLE IF NOT EXISTS exemplars (
 """
 
 
+# Spans of traces still being assembled (--input-format otlp_*, pipeline/traces.py), saved with
+# the offsets that read them, and the traces assembled or refused lately, so that spans of
+# theirs arriving later are not judged again; added like the exemplars table, no schema bump.
+_TRACE_SPANS_TABLE = """
+CREATE TABLE IF NOT EXISTS trace_spans (
+    topic TEXT NOT NULL,
+    trace_id TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    position INTEGER NOT NULL,
+    span_id TEXT NOT NULL,
+    seen REAL NOT NULL,
+    part BLOB NOT NULL,
+    PRIMARY KEY (topic, trace_id, partition, position, span_id)
+);
+CREATE TABLE IF NOT EXISTS finished_traces (
+    topic TEXT NOT NULL,
+    trace_id TEXT NOT NULL,
+    finished_at REAL NOT NULL,
+    PRIMARY KEY (topic, trace_id)
+);
+CREATE INDEX IF NOT EXISTS finished_traces_age ON finished_traces (finished_at)
+"""
+
+
 class StateError(RuntimeError):
     """The state file cannot be used (missing pieces, damaged, newer schema, not a file...),
     or a cycle contradicts it."""
@@ -111,6 +136,8 @@ class StateStore:
             _create(self.path)
         self._db = _open_checked(self.path)
         self._db.execute(_EXEMPLARS_TABLE)
+        for statement in _TRACE_SPANS_TABLE.split(";"):
+            self._db.execute(statement)
 
     @staticmethod
     def move_aside(path: str | Path) -> Path:
@@ -150,6 +177,10 @@ class StateStore:
         watermark: float | None = None,
         latest_event_times: Mapping[int, float] | None = None,
         reset_offsets: Mapping[int, int] | None = None,
+        spans_added: Sequence[Arrival] = (),
+        traces_finished: Iterable[str] = (),
+        finished_at: float = 0.0,
+        forget_finished_before: float | None = None,
     ) -> dict[WindowKey, RatingCounts]:
         """Save one cycle atomically; returns the windows this cycle completed, with their counts.
 
@@ -159,7 +190,11 @@ class StateStore:
         store unchanged, if an offset would move backwards or a partial lands in a window
         that is already complete (late events must be left out before this point).
         `reset_offsets` are saved first and may move backwards: the partitions whose topic was
-        recreated or truncated, at the offset the cycle went on from.
+        recreated or truncated, at the offset the cycle went on from. `spans_added` are the
+        cycle's spans of traces still pending, `traces_finished` the traces it assembled or
+        dead-lettered (their saved spans are dropped, and the trace is remembered as finished
+        at `finished_at` until `forget_finished_before` passes it): saved with the offsets that
+        read them.
         """
         db = self._db
         db.execute("BEGIN IMMEDIATE")
@@ -230,6 +265,34 @@ class StateStore:
                     "latest_event_time = max(latest_event_time, excluded.latest_event_time)",
                     (topic, partition, event_time),
                 )
+            finished = [(topic, t) for t in traces_finished]
+            db.executemany("DELETE FROM trace_spans WHERE topic = ? AND trace_id = ?", finished)
+            db.executemany(
+                "INSERT OR REPLACE INTO finished_traces (topic, trace_id, finished_at) "
+                "VALUES (?, ?, ?)",
+                [(topic, t, finished_at) for _, t in finished],
+            )
+            if forget_finished_before is not None:
+                db.execute(
+                    "DELETE FROM finished_traces WHERE topic = ? AND finished_at < ?",
+                    (topic, forget_finished_before),
+                )
+            db.executemany(
+                "INSERT OR IGNORE INTO trace_spans (topic, trace_id, partition, position, "
+                "span_id, seen, part) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        topic,
+                        a.part.trace_id,
+                        a.partition or 0,
+                        a.position,
+                        a.part.span_id,
+                        a.seen,
+                        a.part.to_json(),
+                    )
+                    for a in spans_added
+                ],
+            )
             completed: dict[WindowKey, RatingCounts] = {}
             if closed_before is not None:
                 rows = db.execute(
@@ -361,6 +424,37 @@ class StateStore:
             "SELECT watermark FROM watermarks WHERE topic = ?", (topic,)
         ).fetchone()
         return None if row is None else row["watermark"]
+
+    def pending_spans(self, topic: str) -> list[Arrival]:
+        """The saved spans of traces still being assembled (see `apply_cycle`)."""
+        rows = self._db.execute(
+            "SELECT partition, position, seen, part FROM trace_spans WHERE topic = ?", (topic,)
+        )
+        return [
+            Arrival(SpanPart.from_json(r["part"]), r["partition"], r["position"], r["seen"])
+            for r in rows
+        ]
+
+    def finished_traces(self, topic: str, trace_ids: Iterable[str]) -> set[str]:
+        """Those of `trace_ids` that were assembled or refused lately (see `apply_cycle`)."""
+        ids = list(trace_ids)
+        found: set[str] = set()
+        for i in range(0, len(ids), 500):  # SQLite's limit on bound parameters is 999+
+            chunk = ids[i : i + 500]
+            rows = self._db.execute(
+                "SELECT trace_id FROM finished_traces WHERE topic = ? AND trace_id IN "
+                f"({','.join('?' * len(chunk))})",
+                (topic, *chunk),
+            )
+            found.update(r["trace_id"] for r in rows)
+        return found
+
+    def pending_trace_count(self, topic: str) -> int:
+        """How many traces have spans saved, waiting to be assembled."""
+        row = self._db.execute(
+            "SELECT COUNT(DISTINCT trace_id) FROM trace_spans WHERE topic = ?", (topic,)
+        ).fetchone()
+        return int(row[0])
 
     def latest_event_times(self, topic: str) -> dict[int, float]:
         """Latest event time read per partition (the watermark's inputs)."""

@@ -169,6 +169,8 @@ GAUGE_HELP: dict[str, str] = {
     "latest event time read, minus the out-of-orderness bound.",
     "ragpulse_heartbeat_timestamp_seconds": "Unix time at which the last cycle completed.",
     **budget.GAUGE_HELP,
+    "ragpulse_traces_pending": "Traces whose spans are held for assembly "
+    "(--input-format otlp_*), waiting for --trace-assembly-wait to pass.",
 }
 
 

@@ -411,6 +411,23 @@ def _log_skipped(topic: str, partition: int, first: int, end: int) -> None:
         )
 
 
+def range_consumer(bootstrap: str, security: KafkaSecurity) -> KafkaConsumer:
+    """A consumer for `read_range`: assigned partitions, no group, no offset reset of its own."""
+    return _consumer(
+        bootstrap,
+        DEFAULT_TIMEOUT_S,
+        security,
+        # read_range handles an offset out of range itself: it must count what it skips.
+        auto_offset_reset="none",
+        max_poll_records=5000,
+        # A record larger than these limits is still returned whole (the broker sends the
+        # first batch of a partition whatever its size, KIP-74), so they bound memory per
+        # fetch without ever stalling on a big record.
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+        fetch_max_bytes=64 * 1024 * 1024,
+    )
+
+
 class _ReadRangeFn(beam.DoFn):
     """Reads one (partition, start, stop) element; one consumer per DoFn instance."""
 
@@ -430,19 +447,7 @@ class _ReadRangeFn(beam.DoFn):
         self._consumer: KafkaConsumer | None = None
 
     def setup(self) -> None:
-        self._consumer = _consumer(
-            self._bootstrap,
-            DEFAULT_TIMEOUT_S,
-            self._security,
-            # read_range handles an offset out of range itself: it must count what it skips.
-            auto_offset_reset="none",
-            max_poll_records=5000,
-            # A record larger than these limits is still returned whole (the broker sends the
-            # first batch of a partition whatever its size, KIP-74), so they bound memory per
-            # fetch without ever stalling on a big record.
-            max_partition_fetch_bytes=8 * 1024 * 1024,
-            fetch_max_bytes=64 * 1024 * 1024,
-        )
+        self._consumer = range_consumer(self._bootstrap, self._security)
         # Counted like every other ragpulse counter: a Beam counter, saved with the cycle.
         self._lost = Metrics.counter(
             counting.COUNTER_NAMESPACE,

@@ -1,0 +1,158 @@
+"""The trace source of `--input-format otlp_json|otlp_proto`: OTLP records in, assembled
+events out, read in the calling process (see pipeline/traces.py for why not in the graph).
+
+`read_kafka_ranges` reads a serve cycle's offset ranges, `read_file` the records of a file
+(`ragpulse run`): OTLP JSON lines, as the Collector's file exporter writes them, or protobuf
+messages each behind a 4-byte big-endian length (its `format: proto`). `collect_traces` decodes
+them, adds the spans still pending from earlier cycles and assembles what is due; what it
+returns goes to the Beam graph as a list of `SourceRecord`s and, in serve, to the state store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from pathlib import Path
+
+from pipeline.events import HEAD_BYTES, InvalidEvent, SourceRecord
+from pipeline.kafka_security import KafkaSecurity
+from pipeline.sources.files import numbered_lines
+from pipeline.sources.kafka import range_consumer, read_range
+from pipeline.traces import Arrival, InputFormat, assemble, decode_spans
+
+__all__ = ["TraceBatch", "collect_traces", "read_file", "read_kafka_ranges"]
+
+_LENGTH_BYTES = 4
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TraceBatch:
+    """One batch's outcome: `records` for the graph (assembled events, refused traces and
+    records that are not OTLP), the new spans still pending (`spans_added`) and the traces
+    that left (`traces_finished`), for the state store; `pending_traces` still waiting."""
+
+    records: tuple[SourceRecord, ...]
+    spans_added: tuple[Arrival, ...]
+    traces_finished: frozenset[str]
+    pending_traces: int
+    records_read: int
+
+
+def collect_traces(
+    records: Iterable[SourceRecord],
+    pending: Iterable[Arrival],
+    *,
+    encoding: InputFormat,
+    now: float,
+    wait: float,
+    origin: str,
+    final: bool = False,
+    finished: Callable[[set[str]], Collection[str]] = lambda _: (),
+) -> TraceBatch:
+    """Decode `records` (seen at `now`), add the `pending` spans of earlier batches and
+    assemble every trace whose wait is over (all of them when `final`). `finished` tells
+    which of the given trace ids were assembled or refused in an earlier batch.
+
+    `records` is consumed as it comes: only the span parts of a record are kept, not its bytes
+    (a Collector batch is mostly ids, times and attributes no judge reads)."""
+    if encoding == "ragpulse":
+        raise ValueError("collect_traces reads OTLP records, not ragpulse events")
+    passed_on: list[SourceRecord] = []
+    arrived: list[Arrival] = []
+    read = 0
+    for r in records:
+        read += 1
+        if r.oversize_bytes is not None:
+            passed_on.append(r)  # ParseEvents dead-letters it with its size
+            continue
+        try:
+            parts = decode_spans(r.raw, encoding)
+        except InvalidEvent as exc:
+            passed_on.append(dataclasses.replace(r, refused=exc.reason))
+            continue
+        arrived.extend(Arrival(p, r.partition, r.position, now) for p in parts)
+    assembly = assemble(
+        [*pending, *arrived],
+        now=now,
+        wait=wait,
+        origin=origin,
+        final=final,
+        done_before=finished({a.part.trace_id for a in arrived}),
+    )
+    new = set(map(id, arrived))
+    return TraceBatch(
+        records=(*passed_on, *assembly.records),
+        spans_added=tuple(a for a in assembly.pending if id(a) in new),
+        traces_finished=assembly.finished,
+        pending_traces=len({a.part.trace_id for a in assembly.pending}),
+        records_read=read,
+    )
+
+
+def read_kafka_ranges(
+    bootstrap: str,
+    topic: str,
+    ranges: Mapping[int, tuple[int, int]],
+    *,
+    security: KafkaSecurity,
+    stall_timeout_s: float,
+    max_value_bytes: int,
+    on_lost: Callable[[int], None],
+) -> Iterator[SourceRecord]:
+    """The records of `ranges` ({partition: (start, stop)}), read with one consumer here."""
+    consumer = range_consumer(bootstrap, security)
+    try:
+        for partition, (start, stop) in sorted(ranges.items()):
+            for r in read_range(
+                consumer,
+                topic,
+                partition,
+                start,
+                stop,
+                stall_timeout_s=stall_timeout_s,
+                max_value_bytes=max_value_bytes,
+                on_lost=on_lost,
+            ):
+                yield SourceRecord(
+                    r.value, topic, r.partition, r.offset, r.timestamp_s, r.oversize_bytes
+                )
+    finally:
+        consumer.close(autocommit=False)
+
+
+def read_file(path: Path, encoding: InputFormat, max_bytes: int) -> Iterator[SourceRecord]:
+    """The OTLP records of a file: JSON lines (numbered from 1) or length-prefixed protobuf
+    messages (numbered from 1); a record over `max_bytes` comes as its head."""
+    with open(path, "rb") as f:
+        if encoding == "otlp_json":
+            yield from numbered_lines(f, str(path), max_bytes)
+            return
+        number = 0
+        while head := f.read(_LENGTH_BYTES):
+            number += 1
+            size = int.from_bytes(head, "big")
+            if len(head) < _LENGTH_BYTES:
+                yield SourceRecord(
+                    head,
+                    str(path),
+                    None,
+                    number,
+                    refused=f"the file ends inside the length of message {number}",
+                )
+                return
+            if size > max_bytes:
+                kept = f.read(min(size, HEAD_BYTES))
+                yield SourceRecord(kept, str(path), None, number, oversize_bytes=size)
+                f.seek(size - len(kept), 1)
+                continue
+            raw = f.read(size)
+            if len(raw) < size:
+                yield SourceRecord(
+                    raw,
+                    str(path),
+                    None,
+                    number,
+                    refused=f"the file ends inside message {number} ({len(raw)} of {size} bytes)",
+                )
+                return
+            yield SourceRecord(raw, str(path), None, number)

@@ -1,0 +1,139 @@
+"""Traces of a RAG chatbot made by the OpenTelemetry Python SDK, encoded as the Collector's
+Kafka exporter publishes them (one ExportTraceServiceRequest per message).
+
+`otlp_proto` is the SDK's own OTLP encoder (opentelemetry-exporter-otlp-proto-common), the
+bytes of `encoding: otlp_proto`. `otlp_json` is the same request in OTLP JSON as the
+Collector's `encoding: otlp_json` writes it: protobuf JSON with lowerCamelCase names, int64 as
+strings, enums as integers, and trace and span ids as hex (where protobuf JSON would use base64).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+QUESTION = "How long are QP-1457 quality records kept?"
+ANSWER = "Quality records under QP-1457 are kept for 10 years."
+DOCS = (
+    ("kb/qp-1457#retention", "QP-1457: quality records are retained for ten years."),
+    ("kb/qp-1457#owner", "The quality manager owns QP-1457."),
+)
+
+
+def _tracer(service: str) -> tuple[Any, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider.get_tracer("ragpulse-tests"), exporter
+
+
+def openinference_trace(
+    question: str = QUESTION,
+    answer: str | None = ANSWER,
+    *,
+    service: str = "support-bot",
+    model: str = "gpt-4o-mini",
+    docs: Sequence[tuple[str, str]] = DOCS,
+) -> list[ReadableSpan]:
+    """A CHAIN root with a RETRIEVER and an LLM child, attributes as OpenInference (Phoenix)
+    instrumentations set them; in the order the SDK ends them (children first, root last).
+    Without `answer` the root and the LLM span carry no output."""
+    tracer, exporter = _tracer(service)
+    with tracer.start_as_current_span("rag-query") as root:
+        root.set_attribute("openinference.span.kind", "CHAIN")
+        root.set_attribute("input.value", question)
+        with tracer.start_as_current_span("retrieve") as retriever:
+            retriever.set_attribute("openinference.span.kind", "RETRIEVER")
+            retriever.set_attribute("input.value", question)
+            for i, (doc_id, content) in enumerate(docs):
+                retriever.set_attribute(f"retrieval.documents.{i}.document.id", doc_id)
+                retriever.set_attribute(f"retrieval.documents.{i}.document.content", content)
+                retriever.set_attribute(
+                    f"retrieval.documents.{i}.document.metadata", '{"source": "kb"}'
+                )
+        with tracer.start_as_current_span("llm") as llm:
+            llm.set_attribute("openinference.span.kind", "LLM")
+            llm.set_attribute("llm.model_name", model)
+            llm.set_attribute("input.value", f"Context: ... Question: {question}")
+            if answer is not None:
+                llm.set_attribute("output.value", answer)
+        if answer is not None:
+            root.set_attribute("output.value", answer)
+    return list(exporter.get_finished_spans())
+
+
+def genai_trace(
+    question: str = QUESTION,
+    answer: str = ANSWER,
+    *,
+    service: str = "genai-bot",
+    model: str = "gpt-4.1",
+    deprecated_events: bool = False,
+) -> list[ReadableSpan]:
+    """One `chat` span following the GenAI semantic conventions: gen_ai.input.messages and
+    gen_ai.output.messages (JSON strings), or with `deprecated_events` the older
+    gen_ai.content.prompt / gen_ai.content.completion events."""
+    tracer, exporter = _tracer(service)
+    with tracer.start_as_current_span(f"chat {model}") as span:
+        span.set_attribute("gen_ai.operation.name", "chat")
+        span.set_attribute("gen_ai.request.model", model)
+        if deprecated_events:
+            span.add_event(
+                "gen_ai.content.prompt",
+                {"gen_ai.prompt": orjson.dumps([{"role": "user", "content": question}]).decode()},
+            )
+            span.add_event("gen_ai.content.completion", {"gen_ai.completion": answer})
+        else:
+            span.set_attribute(
+                "gen_ai.input.messages",
+                orjson.dumps(
+                    [
+                        {"role": "system", "parts": [{"type": "text", "content": "Be brief."}]},
+                        {"role": "user", "parts": [{"type": "text", "content": question}]},
+                    ]
+                ).decode(),
+            )
+            span.set_attribute(
+                "gen_ai.output.messages",
+                orjson.dumps(
+                    [
+                        {
+                            "role": "assistant",
+                            "parts": [{"type": "text", "content": answer}],
+                            "finish_reason": "stop",
+                        }
+                    ]
+                ).decode(),
+            )
+    return list(exporter.get_finished_spans())
+
+
+def otlp_proto(spans: Sequence[ReadableSpan]) -> bytes:
+    """The ExportTraceServiceRequest of `spans`, as `encoding: otlp_proto` publishes it."""
+    return encode_spans(spans).SerializeToString()
+
+
+def otlp_json(spans: Sequence[ReadableSpan]) -> bytes:
+    """The same request as `encoding: otlp_json` publishes it (OTLP JSON)."""
+    data = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
+    for rs in data.get("resourceSpans", ()):
+        for ss in rs.get("scopeSpans", ()):
+            for span in ss.get("spans", ()):
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in span:
+                        span[key] = base64.b64decode(span[key]).hex()
+    return orjson.dumps(data)
+
+
+def trace_id(spans: Sequence[ReadableSpan]) -> str:
+    """The trace id of `spans` as ragpulse names it (32 hex digits): the request id."""
+    return f"{spans[0].context.trace_id:032x}"
