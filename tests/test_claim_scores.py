@@ -15,6 +15,7 @@ from test_llm_judges import endpoint_for
 from judges.base import Chunk, JudgeInput, JudgePanel, Verdict
 from judges.claim_scores import ClaimVerdict, CorrectnessReply, claim_f1, cosine
 from judges.llm import build_llm_judges
+from judges.redaction import TextPolicy
 from pipeline.settings import SettingsError, add_judge_arguments, judge_settings
 
 CONTEXT = (Chunk("Deleted files stay in the trash for 30 days, then they are removed."),)
@@ -149,6 +150,18 @@ def test_claims_are_read_with_the_other_reply_formats(
     assert verdict.rationale is not None and verdict.rationale.startswith("faithfulness 0.67")
     (body,) = chats(fake_openai)
     assert body.get("response_format", {}).get("type", "text") == reply_format  # type: ignore[attr-defined]
+
+
+def test_with_redaction_no_email_of_the_event_reaches_the_claims_prompt(
+    fake_openai: FakeOpenAI,
+) -> None:
+    redact = TextPolicy(redact_pii="on").redactor().judge_input
+    item = JudgeInput(QUESTION, "Write to alice@example.com. Files stay 30 days.", CONTEXT)
+    verdict = judge_one(fake_openai, item, "faithfulness", redact=redact)
+    assert verdict.rating == "yes"
+    (body,) = chats(fake_openai)
+    user = body["messages"][-1]["content"]  # type: ignore[index]
+    assert "alice@example.com" not in user and "[EMAIL]" in user
 
 
 # -- answer_correctness -------------------------------------------------------------------------

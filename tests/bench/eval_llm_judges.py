@@ -114,15 +114,15 @@ def pick_rows(rows: list[dict[str, object]], task: str, count: int) -> list[dict
 
 def sample_inputs(count: int | None, path: Path = SAMPLE_EVENTS) -> list[JudgeInput]:
     """The judge inputs of the first `count` (None: all) valid events of a JSON Lines file."""
-    inputs = []
+    inputs: list[JudgeInput] = []
     for line in path.read_bytes().splitlines():
+        if len(inputs) == count:
+            break
         try:
             # Golden canaries have no timestamp (they never enter a window): any valid time.
             inputs.append(parse_event(line, record_time=1e9).judge_input)
         except InvalidEvent:
             continue
-        if len(inputs) == count:
-            break
     return inputs
 
 
@@ -165,10 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--rows", type=int, default=40, help="RAGTruth QA rows (0: none)")
     parser.add_argument("--events", type=int, default=12, help="sample events for token counts")
+    parser.add_argument("--canaries", type=int, default=None, help="canaries (default: all)")
     parser.add_argument(
         "--judges",
         default=",".join(LLM_JUDGES),
-        help="LLM judges whose tokens are counted on the canaries (default: all)",
+        help="LLM judges whose tokens are counted on the canaries (default: all; '': none)",
     )
     parser.add_argument("--base-url", default=None, help="use this server instead of starting one")
     parser.add_argument("--model", default=None, help="model name at --base-url")
@@ -187,8 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     truth = [bool(r["label_pass"]) for r in rows]
     inputs = [to_input(r) for r in rows]
     events = sample_inputs(args.events)
-    canaries = sample_inputs(None, CANARIES)
     names = [n.strip() for n in args.judges.split(",") if n.strip()]
+    canaries = sample_inputs(args.canaries, CANARIES) if names else []
     settings = {
         "reply_format": args.reply_format,
         "concurrency": args.concurrency,
@@ -205,8 +206,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             print(f"judging {len(events)} sample events, default judges", flush=True)
             sampled, sample_seconds = judge_all(base_url, model, DEFAULT_JUDGES, events, **settings)
-            print(f"judging {len(canaries)} canaries with {', '.join(names)}", flush=True)
-            golden, golden_seconds = judge_all(base_url, model, names, canaries, **settings)
+            golden: list[tuple[Verdict, ...]] = []
+            golden_seconds = 0.0
+            if canaries:
+                print(f"judging {len(canaries)} canaries with {', '.join(names)}", flush=True)
+                golden, golden_seconds = judge_all(base_url, model, names, canaries, **settings)
     except MissingLlamaServer as exc:
         print(exc, file=sys.stderr)
         return 2
