@@ -224,8 +224,9 @@ def test_the_catalogue_and_claim_score_judges_real_replies_parse_and_their_token
     predicted_before = server_counter(real_model, "llamacpp:tokens_predicted")
     rows, counters = judge_with(
         real_model, events, tmp_path / "out",
-        # Room for a claims list; the 135M model still rambles past it now and then.
-        "--judge-reply-format", "json_schema", "--judge-max-tokens", "384",
+        # A claims reply cut off at 256 tokens takes minutes on a busy 2-core machine: a
+        # timed-out attempt would be retried, and the server's tokens for it never reported.
+        "--judge-reply-format", "json_schema", "--judge-timeout", "10m",
         judges=CATALOGUE,
     )  # fmt: skip
     counts = outcomes(rows, CATALOGUE)
