@@ -223,7 +223,7 @@ class ClaimScoreJudge:
         await self.endpoint.aclose()
 
     def messages(self, item: JudgeInput, nonce: str) -> list[dict[str, str]]:
-        """The chat messages for one event (redacted when configured, fenced with `nonce`)."""
+        """The chat messages for one (already redacted) event, fenced with `nonce`."""
         return [
             {"role": "system", "content": self._system},
             {"role": "user", "content": f"{fenced_inputs(self.inputs, item, nonce)}\n"
