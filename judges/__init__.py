@@ -70,6 +70,9 @@ class JudgeSpec:
     # Verdicts kept for identical inputs (judges.verdict_cache); size 0: no cache.
     cache_size: int
     cache_ttl_seconds: float
+    # The scored judges' pass mark, and answer_correctness's embeddings model (None: off).
+    score_threshold: float
+    embeddings_model: str | None
 
     def __post_init__(self) -> None:
         check_judge_names(self.names, self.backend, tuple(c.entry for c in self.custom_judges))
@@ -112,7 +115,14 @@ class JudgeSpec:
         redact = policy.redactor().judge_input if policy.redacts_prompts_to(self.base_url) else None
         return JudgePanel(
             build_llm_judges(
-                self.names, endpoint, prompts, redact, self.guidelines, self.custom_judges
+                self.names,
+                endpoint,
+                prompts,
+                redact,
+                self.guidelines,
+                self.custom_judges,
+                self.score_threshold,
+                self.embeddings_model,
             ),
             self.batch_deadline_seconds,
             cache,

@@ -40,6 +40,8 @@ RATINGS: tuple[Rating, ...] = ("yes", "no", "error")
 #   deadline       the batch's --judge-batch-deadline passed before the call finished
 #   internal       the judge itself raised (a bug): the panel kept the batch going
 #   input          the event lacks what the judge needs
+#   unsupported_input  the event has it, but of a kind the judge's method cannot judge (the
+#                  local groundedness judge on a summary): it abstains rather than guess
 ErrorCause = Literal[
     "timeout",
     "rate_limited",
@@ -53,6 +55,7 @@ ErrorCause = Literal[
     "deadline",
     "internal",
     "input",
+    "unsupported_input",
 ]
 ERROR_CAUSES: tuple[ErrorCause, ...] = get_args(ErrorCause)
 

@@ -30,8 +30,8 @@ import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import openai
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
@@ -160,6 +160,49 @@ def read_completion(body: bytes, content_type: str | None) -> ChatCompletionBody
         raise MalformedReply(problems) from None
 
 
+class _Embedding(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    embedding: list[float] = Field(min_length=1)
+    index: int = Field(ge=0)
+
+
+class EmbeddingsBody(BaseModel):
+    """The part of an embeddings body the judges read; anything else is `malformed`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    data: list[_Embedding] = Field(min_length=1)
+    usage: object = None
+
+
+def read_embeddings(body: bytes, content_type: str | None, count: int) -> EmbeddingsBody:
+    """The validated embeddings of `count` texts in a 200 reply; raises `MalformedReply`."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        excerpt = body[:80].decode("utf-8", "replace")
+        raise MalformedReply(
+            f"the body is not JSON (Content-Type {content_type or 'missing'}), "
+            f"it began {excerpt!r}"
+        ) from None
+    try:
+        parsed = EmbeddingsBody.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()[:3]
+        )
+        raise MalformedReply(problems) from None
+    indexes = sorted(d.index for d in parsed.data)
+    sizes = {len(d.embedding) for d in parsed.data}
+    if indexes != list(range(count)) or len(sizes) != 1:
+        raise MalformedReply(
+            f"expected {count} embeddings of one size, got indexes {indexes[:5]} of sizes "
+            f"{sorted(sizes)[:3]}"
+        )
+    return parsed
+
+
 def _count(value: object, bound: int) -> int | None:
     """`value` as a token count if it is a whole number within 0..bound, else None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -227,6 +270,18 @@ class EndpointFailure:
     message: str
     attempts: int
     latency_seconds: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EndpointEmbeddings:
+    """A successful embeddings call: one vector per text, in order, and its prompt tokens."""
+
+    vectors: tuple[tuple[float, ...], ...]
+    prompt_tokens: int
+    latency_seconds: float
+
+
+_Outcome = TypeVar("_Outcome", EndpointReply, EndpointEmbeddings)
 
 
 class _QuotaPastDeadline(Exception):
@@ -425,10 +480,11 @@ class OpenAIJudgeEndpoint:
             await self._state.client.close()
             self._state = None
 
-    def _request_options(self) -> dict[str, Any]:
+    def _request_options(self, json_schema: Mapping[str, Any] | None) -> dict[str, Any]:
         options: dict[str, Any] = {"max_tokens": self.max_tokens}
         if self.reply_format == "json_schema":
-            options["response_format"] = {"type": "json_schema", "json_schema": VERDICT_JSON_SCHEMA}
+            schema = VERDICT_JSON_SCHEMA if json_schema is None else json_schema
+            options["response_format"] = {"type": "json_schema", "json_schema": schema}
         elif self.reply_format == "json_object":
             # Only the type: OpenAI refuses unknown keys here, so no schema rides along.
             options["response_format"] = {"type": "json_object"}
@@ -455,9 +511,10 @@ class OpenAIJudgeEndpoint:
             raise
 
     async def _attempt(
-        self, state: _LoopState, messages: Sequence[Mapping[str, str]], deadline: float | None
-    ) -> EndpointReply | Refusal:
-        """One request, or the breaker's refusal; records the outcome with the breaker."""
+        self, state: _LoopState, send: Callable[[], Awaitable[_Outcome]]
+    ) -> _Outcome | Refusal:
+        """One request (`send`), or the breaker's refusal; records the outcome with the
+        breaker."""
         async with state.semaphore:
             # Asked once a slot is free, not before queueing: calls queued behind a hung
             # endpoint then fail fast as soon as the breaker opens.
@@ -465,7 +522,7 @@ class OpenAIJudgeEndpoint:
             if isinstance(permit, Refusal):
                 return permit
             try:
-                reply = await self._send(state, messages, deadline)
+                reply = await send()
             except Exception as exc:
                 failure = _failure_from(exc, time.time(), self.scrub)
                 if failure is None:  # over quota, a bug: says nothing about the endpoint
@@ -482,7 +539,11 @@ class OpenAIJudgeEndpoint:
             return reply
 
     async def _send(
-        self, state: _LoopState, messages: Sequence[Mapping[str, str]], deadline: float | None
+        self,
+        state: _LoopState,
+        messages: Sequence[Mapping[str, str]],
+        deadline: float | None,
+        json_schema: Mapping[str, Any] | None,
     ) -> EndpointReply:
         estimate = estimate_tokens(messages, self.max_tokens)
         tokens = self.shared.tokens
@@ -498,7 +559,7 @@ class OpenAIJudgeEndpoint:
                     model=self.model,
                     messages=messages,  # type: ignore[arg-type]
                     temperature=self.temperature,
-                    **self._request_options(),
+                    **self._request_options(json_schema),
                 )
             latency = time.perf_counter() - started
             # Parsed here rather than by the client: its models accept any shape without
@@ -538,15 +599,74 @@ class OpenAIJudgeEndpoint:
         )
 
     async def complete(
-        self, judge: str, messages: Sequence[Mapping[str, str]]
+        self,
+        judge: str,
+        messages: Sequence[Mapping[str, str]],
+        json_schema: Mapping[str, Any] | None = None,
     ) -> EndpointReply | EndpointFailure:
         """Send one chat request, retrying as `judges.retry` decides; never raises for I/O.
 
-        Ends by the batch deadline (`judges.base.batch_deadline`) when there is one.
+        Ends by the batch deadline (`judges.base.batch_deadline`) when there is one. With the
+        json_schema reply format, `json_schema` (OpenAI's `{"name", "strict", "schema"}`)
+        replaces the verdict's schema, for judges that reply with another shape.
         """
         state = self._loop_state()
-        loop = state.loop
         deadline = batch_deadline()
+        return await self._call(
+            judge, state, deadline, lambda: self._send(state, messages, deadline, json_schema)
+        )
+
+    async def embed(
+        self, judge: str, texts: Sequence[str], model: str
+    ) -> EndpointEmbeddings | EndpointFailure:
+        """The embeddings of `texts` from the endpoint's /embeddings with `model`, through the
+        same retry layer, breaker, quotas and deadline as chat requests; never raises for I/O."""
+        state = self._loop_state()
+        deadline = batch_deadline()
+        return await self._call(
+            judge, state, deadline, lambda: self._send_embeddings(state, texts, model, deadline)
+        )
+
+    async def _send_embeddings(
+        self, state: _LoopState, texts: Sequence[str], model: str, deadline: float | None
+    ) -> EndpointEmbeddings:
+        estimate = estimate_tokens([{"content": t} for t in texts], 0)
+        tokens = self.shared.tokens
+        await self._wait_for_quota(estimate, deadline)
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.timeout_seconds):
+                # Floats asked for explicitly: the client asks for base64 by default, which
+                # it would decode itself, but the body is read here (`read_embeddings`).
+                raw = await state.client.embeddings.with_raw_response.create(
+                    model=model, input=list(texts), encoding_format="float"
+                )
+            latency = time.perf_counter() - started
+            body = read_embeddings(raw.content, raw.headers.get("content-type"), len(texts))
+        except BaseException:
+            if tokens is not None:
+                tokens.give_back(estimate)
+            raise
+        sent = sum(len(t.encode()) for t in texts)
+        prompt_tokens, _, _, problem = usage_counts(body.usage, 2 * sent + 1024, 0)
+        if problem:
+            self._failure_log.warning(
+                ("usage",),
+                "embeddings endpoint reported unusable token usage, counted as 0: %s",
+                self.scrub(problem),
+            )
+        vectors = tuple(tuple(d.embedding) for d in sorted(body.data, key=lambda d: d.index))
+        return EndpointEmbeddings(vectors, prompt_tokens, latency)
+
+    async def _call(
+        self,
+        judge: str,
+        state: _LoopState,
+        deadline: float | None,
+        send: Callable[[], Awaitable[_Outcome]],
+    ) -> _Outcome | EndpointFailure:
+        """`send` until it succeeds or `judges.retry` says stop (see `complete`)."""
+        loop = state.loop
         spent = 0.0
         attempt = 0
 
@@ -560,7 +680,7 @@ class OpenAIJudgeEndpoint:
             started = loop.time()
             try:
                 async with asyncio.timeout_at(deadline) as budget:
-                    outcome = await self._attempt(state, messages, deadline)
+                    outcome = await self._attempt(state, send)
             except _QuotaPastDeadline as exc:
                 return give_up(
                     "rate_limited",

@@ -28,7 +28,9 @@ class JudgeEntry:
     """One judge: its name, its implementations, and what an event must hold for it to grade.
 
     `local` is the offline implementation as "module:Class" (a class taking no arguments),
-    `prompt` the LLM implementation's file in judges/prompts/; a judge has one or both.
+    `prompt` the LLM implementation's file in judges/prompts/, `scored` an LLM implementation
+    that computes a 0..1 score and rates "yes" at --judge-score-threshold or above
+    ("module:Class", see judges.claim_scores); a judge has at least one of them.
     `requires` are the inputs without which the judge does not grade (see `JudgeInput.lacks`):
     such an event is rated `error` with cause `input`, or, with `when_missing`, "no" with that
     rationale, where the absence itself fails the check (nothing retrieved grounds nothing).
@@ -43,6 +45,7 @@ class JudgeEntry:
     name: str
     local: str | None = None
     prompt: str | None = None
+    scored: str | None = None
     requires: tuple[InputName, ...] = ()
     optional: tuple[InputName, ...] = ()
     when_missing: str | None = None
@@ -50,13 +53,16 @@ class JudgeEntry:
     default: bool = True
 
     def __post_init__(self) -> None:
-        if self.local is None and self.prompt is None:
-            raise ValueError(f"judge {self.name} has no implementation (local or prompt)")
+        if self.local is None and self.prompt is None and self.scored is None:
+            raise ValueError(f"judge {self.name} has no implementation (local, prompt, scored)")
 
     @property
     def backends(self) -> tuple[Backend, ...]:
         """The backends that implement this judge."""
-        made = {"local": self.local is not None, "openai": self.prompt is not None}
+        made = {
+            "local": self.local is not None,
+            "openai": self.prompt is not None or self.scored is not None,
+        }
         return tuple(b for b in BACKENDS if made[b])
 
     def build_local(self) -> Judge:
@@ -155,7 +161,26 @@ _ENTRIES = (
         requires=("guidelines",),
         default=False,
     ),
+    # Ragas' claim-based scores (judges.claim_scores): one call splits the answer into claims
+    # and checks each, against the retrieved context or against the expected answer.
+    JudgeEntry(
+        "faithfulness",
+        scored="judges.claim_scores:FaithfulnessJudge",
+        requires=("chunks",),
+        when_missing="no retrieved context to support the answer",
+        default=False,
+    ),
+    JudgeEntry(
+        "answer_correctness",
+        scored="judges.claim_scores:AnswerCorrectnessJudge",
+        requires=("expected",),
+        default=False,
+    ),
 )
+
+# A scored judge's rating is "yes" when its score is at least this (--judge-score-threshold):
+# for faithfulness, 7 claims of 10 supported; for answer_correctness, a claim F1 of 0.7.
+DEFAULT_SCORE_THRESHOLD = 0.7
 
 JUDGES: Mapping[str, JudgeEntry] = {e.name: e for e in _ENTRIES}
 JUDGE_NAMES: tuple[str, ...] = tuple(JUDGES)

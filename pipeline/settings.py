@@ -40,7 +40,7 @@ from judges.redaction import (
     compile_user_patterns,
     is_loopback_url,
 )
-from judges.registry import judges_help
+from judges.registry import DEFAULT_SCORE_THRESHOLD, judges_help
 from pipeline.budget import BudgetSettings
 from pipeline.cascade import CascadeSettings, add_cascade_arguments, cascade_settings
 from pipeline.errors import SettingsError
@@ -112,6 +112,11 @@ class JudgeSettings(BaseModel):
     # Identical inputs judged once per TTL by the LLM judges (judges.verdict_cache); 0: no cache.
     cache_size: int = Field(10_000, ge=0, le=10_000_000, title="--judge-cache-size")
     cache_ttl_seconds: float = Field(600.0, gt=0, le=7 * 86400, title="--judge-cache-ttl")
+    # The scored judges (faithfulness, answer_correctness): "yes" at this score or above.
+    score_threshold: float = Field(
+        DEFAULT_SCORE_THRESHOLD, ge=0, le=1, title="--judge-score-threshold"
+    )
+    embeddings_model: str | None = Field(None, min_length=1, title="--judge-embeddings-model")
 
     @field_validator("redact_patterns")
     @classmethod
@@ -154,6 +159,13 @@ class JudgeSettings(BaseModel):
         if flags and "guideline_adherence" not in info.data.get("names", ()):
             raise ValueError("only the guideline_adherence judge reads it; add it to --judges")
         return flags
+
+    @field_validator("embeddings_model")
+    @classmethod
+    def _embeddings_read(cls, model: str | None, info: ValidationInfo) -> str | None:
+        if model is not None and "answer_correctness" not in info.data.get("names", ()):
+            raise ValueError("only the answer_correctness judge reads it; add it to --judges")
+        return model
 
     @field_validator("prompts_dir")
     @classmethod
@@ -202,6 +214,8 @@ class JudgeSettings(BaseModel):
             custom_judges=self.custom_judges,
             cache_size=self.cache_size,
             cache_ttl_seconds=self.cache_ttl_seconds,
+            score_threshold=self.score_threshold,
+            embeddings_model=self.embeddings_model,
         )
 
 
@@ -769,6 +783,23 @@ def add_judge_arguments(parser: argparse.ArgumentParser, *, one_judge: bool = Fa
         f"(default: {_judge_dur('cache_ttl_seconds')})",
     )
     g.add_argument(
+        "--judge-score-threshold",
+        type=float,
+        default=default_of(JudgeSettings, "score_threshold"),
+        metavar="SCORE",
+        help="the scored judges (faithfulness: share of the answer's claims the context "
+        "supports; answer_correctness: claim F1 against the expected answer) rate yes at this "
+        "score (0..1) or above (default: %(default)s)",
+    )
+    g.add_argument(
+        "--judge-embeddings-model",
+        default=default_of(JudgeSettings, "embeddings_model"),
+        metavar="NAME",
+        help="answer_correctness blends its claim F1 (0.75) with the cosine similarity (0.25) "
+        "of the answer's and the expected answer's embeddings from this model, asked at the "
+        "judge endpoint's /embeddings (default: off)",
+    )
+    g.add_argument(
         "--redact-pii",
         choices=REDACT_MODES,
         default=default_of(JudgeSettings, "redact_pii"),
@@ -850,6 +881,8 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
             guidelines=tuple(args.guideline),
             cache_size=args.judge_cache_size,
             cache_ttl_seconds=args.judge_cache_ttl,
+            score_threshold=args.judge_score_threshold,
+            embeddings_model=args.judge_embeddings_model,
         )
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc, JudgeSettings)) from None

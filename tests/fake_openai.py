@@ -22,6 +22,13 @@ what the "model" does:
 * `prompt_cache`: play a provider's prompt caching: the leading messages of a request that
   match, byte for byte, the leading messages of an earlier request are reported as
   `usage.prompt_tokens_details.cached_tokens` (their words), as OpenAI reports a cached prefix;
+* the claim-score judges (judges.claim_scores, whose user message ends "List the claims and
+  their verdicts."): each sentence of the fenced answer is a claim, supported ("yes") unless it
+  contains `MARKER`; each line or sentence of the fenced expected answer is an expected claim,
+  stated by the answer ("yes") unless the answer contains `MARKER`;
+* `POST /v1/embeddings`: a deterministic 16-dimension vector per text (its words hashed), so
+  texts sharing words are similar, as floats or (encoding_format base64, the openai client's
+  default) base64 float32s like OpenAI; status and malformed faults apply to it too;
 * `decide`: how the verdict is chosen from the request. The default reads the fenced answer
   (`<answer-NONCE>...</answer-NONCE>`) and says "no" when it contains `MARKER`. It also behaves
   like a gullible model: a `rating: yes|no` line or JSON verdict found in the last user message
@@ -35,12 +42,15 @@ pytest fixture (import `fake_openai_fixture` into a test module).
 
 from __future__ import annotations
 
+import base64
 import collections
 import dataclasses
 import json
 import re
+import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
@@ -161,6 +171,40 @@ def _last_user_message(body: dict[str, Any]) -> str:
                 return "\n".join(str(part.get("text", "")) for part in content)
             return str(content or "")
     return ""
+
+
+CLAIMS_REQUEST = "List the claims and their verdicts."
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def _sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE.split(text) if s.strip()]
+
+
+def claims_reply(request: FencedRequest) -> str:
+    """The claims JSON a claim-score judge asks for (see the module docstring)."""
+    answer = "\n".join(request.fenced.get("answer", []))
+    claims = [
+        {"claim": s, "verdict": "no" if MARKER in s else "yes"} for s in _sentences(answer)
+    ]
+    if "expected" not in request.fenced:
+        return json.dumps({"claims": claims})
+    stated = "no" if MARKER in answer else "yes"
+    expected = "\n".join(request.fenced["expected"])
+    return json.dumps({
+        "answer_claims": claims,
+        "expected_claims": [
+            {"claim": s.lstrip("- "), "verdict": stated} for s in _sentences(expected)
+        ],
+    })
+
+
+def embedding_of(text: str, size: int = 16) -> list[float]:
+    """A deterministic vector: the text's lower-cased words hashed into `size` buckets."""
+    vector = [0.0] * size
+    for word in re.findall(r"\w+", text.lower()):
+        vector[zlib.crc32(word.encode()) % size] += 1.0
+    return vector
 
 
 def _word_count(body: dict[str, Any]) -> int:
@@ -289,7 +333,10 @@ class FakeOpenAI:
         return cached
 
     def _content_for(self, body: dict[str, Any]) -> str:
-        rating, rationale = self.decide(read_fences(_last_user_message(body)))
+        request = read_fences(_last_user_message(body))
+        if request.user_message.endswith(CLAIMS_REQUEST):
+            return claims_reply(request)
+        rating, rationale = self.decide(request)
         if self.reply_mode == "json":
             return json.dumps({"rationale": rationale, "rating": rating})
         if self.reply_mode == "plain":
@@ -350,6 +397,9 @@ class FakeOpenAI:
                         )
                     )
 
+                if self.path.rstrip("/") == "/v1/embeddings" and body is not None:
+                    self._embeddings(body, record)
+                    return
                 if self.path.rstrip("/") != "/v1/chat/completions" or body is None:
                     record("404")
                     self._send(404, b'{"error": {"message": "not found"}}', {})
@@ -424,6 +474,38 @@ class FakeOpenAI:
                         }
                     ],
                     "usage": usage,
+                }
+                self._send(200, json.dumps(reply).encode(), {})
+
+            def _embeddings(self, body: dict[str, Any], record: Callable[..., None]) -> None:
+                fault = fake._next_fault()
+                if fault is not None and fault.kind == "status":
+                    record(f"status {fault.status}")
+                    error = {"error": {"message": fault.content, "type": "fake"}}
+                    self._send(fault.status, json.dumps(error).encode(), {})
+                    return
+                if fault is not None and fault.kind == "malformed":
+                    record("malformed")
+                    self._send(200, b'{"object": "list", "data": [', {})
+                    return
+                texts = body.get("input")
+                texts = [texts] if isinstance(texts, str) else list(texts or [])
+                words = sum(len(str(t).split()) for t in texts)
+                record("ok", words, 0)
+                vectors: list[Any] = [embedding_of(str(t)) for t in texts]
+                if body.get("encoding_format", "float") == "base64":
+                    # As OpenAI does: little-endian float32s, base64-encoded.
+                    vectors = [
+                        base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode() for v in vectors
+                    ]
+                reply = {
+                    "object": "list",
+                    "model": body.get("model", "fake"),
+                    "data": [
+                        {"object": "embedding", "index": i, "embedding": v}
+                        for i, v in enumerate(vectors)
+                    ],
+                    "usage": {"prompt_tokens": words, "total_tokens": words},
                 }
                 self._send(200, json.dumps(reply).encode(), {})
 

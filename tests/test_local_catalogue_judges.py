@@ -216,9 +216,9 @@ def test_the_correctness_measurement_counts_an_answer_matching_any_accepted_refe
         {"question": "q", "response": "Robert Horry.", "reference": ["Bill Russell"],
          "label_pass": True},
     ]
-    judged, baseline = module.evaluate_correctness("tiny", rows)
-    assert judged.startswith("| correctness · tiny (agreement 66.7 %) | 3 | 75.0 % |")
-    assert baseline.startswith("| baseline: normalised containment · tiny (agreement 66.7 %) | 3 |")
+    judged, baseline, _ = module.evaluate_correctness("tiny", rows)
+    assert judged.startswith("| correctness · tiny | 3 | 75.0 % | 66.7 % |")
+    assert baseline.startswith("| baseline: normalised containment · tiny | 3 | 75.0 % | 66.7 % |")
 
 
 # ------------------------------------------------------------------ through `ragpulse run`

@@ -12,7 +12,7 @@ import pytest
 
 from judges.base import Chunk, JudgeInput, JudgePanel, Verdict
 from judges.local import build_local_judges
-from judges.local_groundedness import GroundednessJudge
+from judges.local_groundedness import GroundednessJudge, is_structured
 from judges.local_relevance import RelevanceToQueryJudge
 from judges.local_safety import SafetyJudge, find_harm, first_word_triggers
 from judges.local_text import normalise_number
@@ -259,6 +259,63 @@ def test_numbers_are_normalised() -> None:
     assert normalise_number("3,5") == "3.5"
 
 
+# ------------------------------------------------------------ groundedness: records, summaries
+
+RECORD = Chunk(
+    '{"name": "Benchmark Eatery", "city": "Santa Barbara", "OutdoorSeating": true, '
+    '"WiFi": "free", "RestaurantsGoodForGroups": true, "business_stars": 4.0}'
+)
+
+
+def test_a_reworded_json_record_is_grounded_though_few_of_its_words_are_in_the_record() -> None:
+    # Before the judge told records from prose, the share-of-words rule rated this "no".
+    v = grounded(
+        "Benchmark Eatery in Santa Barbara has a 4-star rating, lets you sit outdoors, offers "
+        "complimentary wireless internet and welcomes large parties.",
+        RECORD,
+        question="Write an overview of this business.",
+    )
+    assert v.rating == "yes", v.rationale
+
+
+def test_an_invented_name_or_number_in_a_data_to_text_answer_is_still_not_grounded() -> None:
+    for answer, named in (
+        ("Benchmark Eatery in Santa Barbara is run by chef Giovanni Rossi.", "Giovanni"),
+        ("Benchmark Eatery in Santa Barbara has a 3-star rating.", "3"),
+    ):
+        v = grounded(answer, RECORD, question="Write an overview of this business.")
+        assert v.rating == "no", answer
+        assert v.rationale is not None and named in v.rationale
+
+
+@pytest.mark.parametrize("question", ["Summarize this article in 100 words.", "  ", "tl;dr?"])
+def test_the_judge_abstains_on_a_summary_request_with_cause_unsupported_input(
+    question: str,
+) -> None:
+    v = grounded("The Eiffel Tower was built between 1887 and 1889.", EIFFEL, question=question)
+    assert (v.rating, v.error_cause) == ("error", "unsupported_input")
+    assert v.error_message is not None and "summar" in v.error_message
+
+
+@pytest.mark.parametrize(
+    ("text", "structured"),
+    [
+        pytest.param(RECORD.content, True, id="a JSON object"),
+        pytest.param('[{"a": 1}, {"a": 2}]', True, id="a JSON array"),
+        pytest.param('{"name": "X", "city": "Y", "state": "CA", "hours": {"Mon', True,
+                     id="a JSON record cut off"),
+        pytest.param("| day | open |\n|---|---|\n| Mon | 9-5 |\n| Tue | 9-5 |", True,
+                     id="a markdown table"),
+        pytest.param("day\topen\tclose\nMon\t9\t17\n", True, id="tab-separated rows"),
+        pytest.param(EIFFEL.content, False, id="prose"),
+        pytest.param("{Braces} open this sentence, which is prose all the same.", False,
+                     id="prose starting with a brace"),
+    ],
+)
+def test_structured_context_is_told_from_prose(text: str, structured: bool) -> None:
+    assert is_structured(text) is structured
+
+
 # ------------------------------------------------------------------ agreement metrics
 
 
@@ -297,6 +354,18 @@ def test_metrics_refuse_mismatched_or_one_class_labels() -> None:
         m.balanced_accuracy([True, False], [True])
     with pytest.raises(ValueError):
         m.balanced_accuracy([True, True], [True, False])
+
+
+def test_agreement_is_the_share_of_matching_items() -> None:
+    m = _eval_script()
+    assert m.agreement([True, True, False, False], [True, False, False, True]) == 0.5
+
+
+def test_token_f1_is_squad_overlap_after_normalisation() -> None:
+    m = _eval_script()
+    # "the" is dropped: answer {eiffel, tower, paris}, reference {eiffel, tower}: p=2/3, r=1.
+    assert m.token_f1("The Eiffel Tower, Paris", "eiffel tower") == pytest.approx(0.8)
+    assert m.token_f1("", "eiffel tower") == 0.0
 
 
 def test_eval_script_exits_with_a_message_when_the_data_is_absent(

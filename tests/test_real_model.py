@@ -52,9 +52,10 @@ def events(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def judge_with(
-    server: LlamaServer, events: Path, out: Path, *flags: str
+    server: LlamaServer, events: Path, out: Path, *flags: str, judges: tuple[str, ...] = JUDGES
 ) -> tuple[list[dict[str, object]], dict[tuple[str, ...], float]]:
-    """Run `ragpulse run` on `events` against `server`; its verdict rows and counters."""
+    """Run `ragpulse run` on `events` against `server` with `judges`; its verdict rows and
+    counters."""
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
     done = ragpulse(
         "run", str(events),
@@ -62,7 +63,7 @@ def judge_with(
         "--judge-backend", "openai",
         "--judge-base-url", server.base_url,
         "--judge-model", server.model,
-        "--judges", ",".join(JUDGES),
+        "--judges", ",".join(judges),
         "--judge-concurrency", "2",  # the server's slots (--parallel 2)
         # A busy 2-core machine runs a request in seconds, but queues can be long.
         "--judge-timeout", "5m",
@@ -81,11 +82,11 @@ def judge_with(
     return rows, counters
 
 
-def outcomes(rows: list[dict[str, object]]) -> dict[str, int]:
+def outcomes(rows: list[dict[str, object]], judges: tuple[str, ...] = JUDGES) -> dict[str, int]:
     """How many verdicts ended as each rating, errors by cause ("error:unparsable")."""
     counts: dict[str, int] = {}
     for row in rows:
-        for judge in JUDGES:
+        for judge in judges:
             rating = row[f"response/llm_judged/{judge}/rating"]
             key = f"error:{row[f'response/llm_judged/{judge}/error_cause']}" if rating == (
                 "error"
@@ -175,3 +176,70 @@ def test_a_tiny_max_tokens_ends_every_call_as_truncated_not_as_a_hang_or_a_verdi
     assert counters[("ragpulse_judge_errors_total", "cause=truncated", "judge=safety")] == EVENTS
     # A cut-off reply still costs tokens, and they are counted: 3 per call, no more.
     assert tokens(counters, "safety", "completion") == 3 * EVENTS
+
+
+# The opt-in judges of the catalogue and the claim-score judges, on events that carry what they
+# read: retrieved passages, the expected answer or facts, guidelines.
+CATALOGUE = (
+    "correctness",
+    "context_sufficiency",
+    "chunk_relevance",
+    "guideline_adherence",
+    "faithfulness",
+    "answer_correctness",
+)
+GROUND_TRUTH_EVENTS = (
+    {
+        "request_id": "truth-1", "timestamp": "2025-01-15T09:00:00Z",
+        "request": "How long does a refund take?",
+        "response": "Refunds reach the original payment method within 14 days of approval.",
+        "retrieved_context": [
+            {"content": "Refunds are issued to the original payment method within 14 days of "
+                        "approval.", "doc_uri": "kb/billing/refunds.md"},
+            {"content": "The Team plan costs 18 euros per user per month.",
+             "doc_uri": "kb/billing/plans.md"},
+        ],
+        "expected_facts": ["Refunds take up to 14 days after approval"],
+        "guidelines": ["The response must be in English"],
+    },
+    {
+        "request_id": "truth-2", "timestamp": "2025-01-15T09:00:05Z",
+        "request": "What does the Team plan cost?",
+        "response": "The Team plan costs 25 euros per user per month and includes phone support.",
+        "retrieved_context": [
+            {"content": "The Team plan costs 18 euros per user per month and includes 200 GB of "
+                        "shared storage.", "doc_uri": "kb/billing/plans.md"},
+        ],
+        "expected_response": "18 euros per user per month.",
+        "guidelines": ["The response must not mention competitors"],
+    },
+)  # fmt: skip
+
+
+def test_the_catalogue_and_claim_score_judges_real_replies_parse_and_their_tokens_count(
+    real_model: LlamaServer, tmp_path: Path
+) -> None:
+    events = tmp_path / "truth.jsonl"
+    events.write_bytes(b"\n".join(orjson.dumps(e) for e in GROUND_TRUTH_EVENTS) + b"\n")
+    predicted_before = server_counter(real_model, "llamacpp:tokens_predicted")
+    rows, counters = judge_with(
+        real_model, events, tmp_path / "out",
+        # A claims reply cut off at 256 tokens takes minutes on a busy 2-core machine: a
+        # timed-out attempt would be retried, and the server's tokens for it never reported.
+        "--judge-reply-format", "json_schema", "--judge-timeout", "10m",
+        judges=CATALOGUE,
+    )  # fmt: skip
+    counts = outcomes(rows, CATALOGUE)
+    print(f"catalogue judges on the real model, outcomes: {counts}")
+    for row in rows:
+        print({j: (row.get(f"response/llm_judged/{j}/rating"),
+                   row.get(f"response/llm_judged/{j}/rationale")) for j in CATALOGUE})  # fmt: skip
+    assert len(rows) == len(GROUND_TRUTH_EVENTS)
+    # The server's grammar holds each reply to its judge's schema (the verdict, or the claims
+    # JSON): every reply parses, unless it was cut off at --judge-max-tokens.
+    assert set(counts) <= {"yes", "no", "error:truncated"}, counts
+    for judge in CATALOGUE:
+        assert tokens(counters, judge, "prompt") > 0, judge
+        assert tokens(counters, judge, "completion") > 0, judge
+    predicted = server_counter(real_model, "llamacpp:tokens_predicted") - predicted_before
+    assert sum(tokens(counters, j, "completion") for j in CATALOGUE) == predicted

@@ -14,6 +14,7 @@ set here; document_recall is deterministic.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import functools
 import gc
@@ -46,6 +47,7 @@ DEFAULT_DATA_DIR = REPO.parent / "shared" / "eval-data"
 # The small grid the 2-fold check tunes over: the groundedness judge's only two parameters.
 GRID_MIN_WORDS = (2, 3, 4, 5, 6)
 GRID_MAX_UNSUPPORTED = (0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7)
+TOKEN_F1_PASS = 0.5
 _PASSAGE_RE = re.compile(r"(?:^|\n)passage \d+:")
 
 
@@ -118,13 +120,32 @@ def _fold(row: dict[str, object]) -> int:
 # ---------------------------------------------------------------- evaluation
 
 
-def _score(truth: Sequence[bool], predicted: Sequence[bool]) -> tuple[float, float, int]:
-    return balanced_accuracy(truth, predicted), cohen_kappa(truth, predicted), len(truth)
+def agreement(truth: Sequence[bool], predicted: Sequence[bool]) -> float:
+    """Share of items where the judge and the label agree (plain accuracy; the figure the NQ301
+    paper quotes, misleading alone on imbalanced sets)."""
+    tp, tn, fp, fn = _confusion(truth, predicted)
+    return (tp + tn) / (tp + tn + fp + fn)
 
 
-def _row(name: str, score: tuple[float, float, int]) -> str:
-    ba, kappa, n = score
-    return f"| {name} | {n} | {100 * ba:.1f} % | {kappa:.3f} |"
+Score = tuple[float, float, float, int]  # balanced accuracy, agreement, kappa, n
+TABLE_HEAD = (
+    "| judge · data set | n | balanced accuracy | agreement | Cohen's kappa |\n"
+    "|---|---|---|---|---|"
+)
+
+
+def _score(truth: Sequence[bool], predicted: Sequence[bool]) -> Score:
+    return (
+        balanced_accuracy(truth, predicted),
+        agreement(truth, predicted),
+        cohen_kappa(truth, predicted),
+        len(truth),
+    )
+
+
+def _row(name: str, score: Score) -> str:
+    ba, agreed, kappa, n = score
+    return f"| {name} | {n} | {100 * ba:.1f} % | {100 * agreed:.1f} % | {kappa:.3f} |"
 
 
 def _predict_grounded(
@@ -149,18 +170,26 @@ def evaluate_ragtruth(rows: list[dict[str, object]]) -> list[str]:
     judge = GroundednessJudge()
     lines = []
     inputs = [to_input(r) for r in rows]
-    predicted = [judge.grade(i).rating == "yes" for i in inputs]
+    ratings = [judge.grade(i).rating for i in inputs]
+    predicted = [rating == "yes" for rating in ratings]
     truth = [bool(r["label_pass"]) for r in rows]
     tasks = [str(r.get("task")) for r in rows]
 
-    def subset(task: str | None) -> tuple[list[bool], list[bool]]:
+    def subset(task: str | None) -> str:
+        # Rows the judge abstained on (error: unsupported_input) are left out, and counted.
         idx = [i for i, t in enumerate(tasks) if task is None or t == task]
-        return [truth[i] for i in idx], [predicted[i] for i in idx]
+        graded = [i for i in idx if ratings[i] != "error"]
+        name = f"groundedness · RAGTruth {task or 'all tasks'}"
+        if len(graded) < len(idx):
+            name += f" (abstained on {len(idx) - len(graded)} of {len(idx)})"
+        if len({truth[i] for i in graded}) < 2:
+            return f"| {name} | {len(graded)} | | | |"
+        return _row(name, _score([truth[i] for i in graded], [predicted[i] for i in graded]))
 
-    lines.append(_row("groundedness · RAGTruth QA", _score(*subset("QA"))))
-    lines.append(_row("groundedness · RAGTruth all tasks", _score(*subset(None))))
+    lines.append(subset("QA"))
+    lines.append(subset(None))
     for task in sorted(set(tasks) - {"QA"}):
-        lines.append(_row(f"groundedness · RAGTruth {task}", _score(*subset(task))))
+        lines.append(subset(task))
 
     # 2-fold: tune (min_words, max_unsupported) on one half of the QA sources, score the other.
     qa = [i for i, t in enumerate(tasks) if t == "QA"]
@@ -210,17 +239,28 @@ def _references(row: dict[str, object]) -> list[str]:
     return [r for r in refs if isinstance(r, str)] if isinstance(refs, list) else []
 
 
+def token_f1(answer: str, reference: str) -> float:
+    """SQuAD's token F1 of two texts after `normalise_answer` (0 when either is empty)."""
+    got, want = normalise_answer(answer).split(), normalise_answer(reference).split()
+    common = sum((collections.Counter(got) & collections.Counter(want)).values())
+    if not common:
+        return 0.0
+    precision, recall = common / len(got), common / len(want)
+    return 2 * precision * recall / (precision + recall)
+
+
 def evaluate_correctness(name: str, rows: list[dict[str, object]]) -> list[str]:
-    """Rows for the correctness judge and the containment baseline on one reference set.
+    """Rows for the correctness judge and two baselines on one reference set.
 
     The sets list several accepted answers per question (alternatives, not facts that must all
     be stated), so an answer passes when it matches any of them: the judge grades the answer
-    against each as `expected_response`. Plain agreement is printed too, the figure the NQ301
-    paper quotes.
+    against each as `expected_response`. The baselines: normalised containment (a reference
+    appears in the answer) and SQuAD token F1 >= TOKEN_F1_PASS against the best reference (not
+    tuned: the usual half-overlap cut).
     """
     judge = CorrectnessJudge()
     truth = [bool(r["label_pass"]) for r in rows]
-    judged, contained = [], []
+    judged, contained, overlapping = [], [], []
     for r in rows:
         answer, refs = _text(r, "response"), _references(r)
         item = JudgeInput(_text(r, "question"), answer)
@@ -229,14 +269,15 @@ def evaluate_correctness(name: str, rows: list[dict[str, object]]) -> list[str]:
         )
         norm = f" {normalise_answer(answer)} "
         contained.append(any(f" {normalise_answer(x)} " in norm for x in refs))
-    lines = []
-    baseline = "baseline: normalised containment"
-    for label, predicted in (("correctness", judged), (baseline, contained)):
-        agreement = sum(t == p for t, p in zip(truth, predicted, strict=True)) / len(truth)
-        lines.append(
-            _row(f"{label} · {name} (agreement {100 * agreement:.1f} %)", _score(truth, predicted))
+        overlapping.append(max((token_f1(answer, x) for x in refs), default=0.0) >= TOKEN_F1_PASS)
+    return [
+        _row(f"{label} · {name}", _score(truth, predicted))
+        for label, predicted in (
+            ("correctness", judged),
+            ("baseline: normalised containment", contained),
+            (f"baseline: token F1 >= {TOKEN_F1_PASS}", overlapping),
         )
-    return lines
+    ]
 
 
 def throughput(inputs: Sequence[JudgeInput], repeats: int = 3) -> list[str]:
@@ -286,7 +327,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         )
         return 2
     ragtruth = load_rows(data / "ragtruth.dev.jsonl")
-    lines = ["| judge · data set | n | balanced accuracy | Cohen's kappa |", "|---|---|---|---|"]
+    lines = [TABLE_HEAD]
     lines += evaluate_ragtruth(ragtruth)
     secondary: list[tuple[str, str, Callable[[JudgeInput], Verdict]]] = [
         ("begin.dev.jsonl", "groundedness · BEGIN", GroundednessJudge().grade),
@@ -300,13 +341,13 @@ def main(argv: Iterable[str] | None = None) -> int:
     for file, name, grade in secondary:
         path = data / file
         if not path.is_file():
-            lines.append(f"| {name} | missing: {file} | | |")
+            lines.append(f"| {name} | missing: {file} | | | |")
             continue
         lines.append(evaluate(name, load_rows(path), functools.partial(_passes, grade)))
     for file, name in (("evouna.dev.jsonl", "EVOUNA"), ("openqa_eval_nq301.dev.jsonl", "NQ301")):
         path = data / file
         if not path.is_file():
-            lines.append(f"| correctness · {name} | missing: {file} | | |")
+            lines.append(f"| correctness · {name} | missing: {file} | | | |")
             continue
         lines += evaluate_correctness(name, load_rows(path))
     print("\n".join(lines))
