@@ -28,6 +28,10 @@ this instance does not own was written under another assignment and is refused a
 a change of N (with --state-reset, which moves it aside) and for a partition a state file has
 never seen, a sharded instance goes on from the consumer group's committed offsets, the only
 record the instances share of where each partition has got to.
+
+Judge calls keep flowing between cycles: while a cycle runs, `pipeline.service.lookahead`
+starts the calls for the events after its ranges, which the next cycle's judge stage takes over
+and counts as its own; only calls are shared, so the guarantees above hold as they are.
 """
 
 from __future__ import annotations
@@ -39,11 +43,13 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 
+from judges import shared_panel
 from pipeline import counting
 from pipeline.errors import SettingsError
 from pipeline.graph import GraphResult, Sinks, pipeline_options, run_graph
 from pipeline.service.canaries import CanaryFeed
 from pipeline.service.labels import LabelBudget
+from pipeline.service.lookahead import Lookahead, runs_here
 from pipeline.service.state import StateError, StateStore
 from pipeline.service.watermark import closed_before, compute_watermark, merge_latest
 from pipeline.settings import ServeSettings
@@ -117,6 +123,7 @@ class TopicWatcher:
         self._cycle_started: float | None = None
         self._snapshot = self._load_snapshot()
         self.labels = LabelBudget(settings.labels)
+        self._lookahead = _lookahead(settings)
         if settings.instances > 1:
             log.info(
                 "instance %d of %d: reading the partitions p of %s with p %% %d == %d",
@@ -147,12 +154,17 @@ class TopicWatcher:
         starts.update(reset_to)
         ranges = plan_batch(starts, ends, s.max_batch_events, bounds.beginnings)
         previous_wm = self.state.watermark(topic)
+        cutoff = closed_before(previous_wm, s.allowed_lateness_seconds)
+        if self._lookahead is not None:
+            self._lookahead.cycle_started(
+                starts, {p: stop for p, (_, stop) in ranges.items()}, cutoff
+            )
         latest = self.state.latest_event_times(topic)
         result: GraphResult | None = None
         took: float | None = None
         if ranges:
             started = time.perf_counter()
-            result = self._judge(ranges, closed_before(previous_wm, s.allowed_lateness_seconds))
+            result = self._judge(ranges, cutoff)
             increments.update(self._undeliverable(result))
             result = self._bound_labels(result)
             increments.update(result.counts)
@@ -504,6 +516,8 @@ class TopicWatcher:
         log.info("stop requested (%s): the cycle in flight has finished and is saved", stop.why)
 
     def close(self) -> None:
+        if self._lookahead is not None:
+            self._lookahead.close()
         self.state.close()
 
 
@@ -533,6 +547,15 @@ class StopRequest:
             if left <= 0:
                 return
             time.sleep(min(left, self.POLL_SECONDS))
+
+
+def _lookahead(settings: ServeSettings) -> Lookahead | None:
+    """Calls started ahead of each cycle, where judging waits on an endpoint and the judge
+    stage runs in this process (see `pipeline.service.lookahead`)."""
+    config = settings.stage_config()
+    if not runs_here(settings) or settings.judges.backend == "local":
+        return None
+    return Lookahead(settings, shared_panel(config.judges), config.judge_batch_size)
 
 
 def open_state(settings: ServeSettings) -> tuple[StateStore, bool]:
