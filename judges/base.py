@@ -292,8 +292,8 @@ class JudgePanel:
     TTL: repeats get the kept verdict marked `cached` (no call, no tokens, latency 0).
     """
 
-    # Calls started ahead and not yet taken over are kept for at most this many pairs; the
-    # oldest are cancelled beyond it (serve's lookahead stays far below).
+    # Calls started ahead and not yet taken over are kept for at most this many distinct
+    # pairs; the oldest are cancelled beyond it (serve's lookahead stays far below).
     AHEAD_LIMIT = 20_000
 
     def __init__(
@@ -320,7 +320,9 @@ class JudgePanel:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         # Read and written on the loop's thread only.
-        self._ahead: collections.OrderedDict[tuple[int, bytes], asyncio.Task[Verdict]] = (
+        # Calls started ahead by (judge number, input digest): one per event, or one per
+        # distinct input with a cache (which answers the repeats).
+        self._ahead: collections.OrderedDict[tuple[int, bytes], list[asyncio.Task[Verdict]]] = (
             collections.OrderedDict()
         )
         self.calls_in_flight = 0  # calls started and not finished (read from any thread)
@@ -531,19 +533,27 @@ class JudgePanel:
 
     def _take_over(self, j: int, item: JudgeInput) -> asyncio.Task[Verdict]:
         """The call of judge number j on `item` started ahead, or a new one."""
-        task = self._ahead.pop((j, _digest(item)), None) if self._ahead else None
-        return task if task is not None else self._call(j, item)
+        if self._ahead:
+            key = (j, _digest(item))
+            tasks = self._ahead.get(key)
+            if tasks:
+                task = tasks.pop(0)
+                if not tasks:
+                    del self._ahead[key]
+                return task
+        return self._call(j, item)
 
     async def _start(self, pairs: Sequence[tuple[int, JudgeInput]]) -> None:
         self._set_deadline()
         ahead = self._ahead
         for j, item in pairs:
             key = (j, _digest(item))
-            if key not in ahead:
-                ahead[key] = self._call(j, item)
+            tasks = ahead.setdefault(key, [])
+            if not tasks or self.cache is None:
+                tasks.append(self._call(j, item))
         while len(ahead) > self.AHEAD_LIMIT:
-            _, stale = ahead.popitem(last=False)
-            stale.cancel()
+            for stale in ahead.popitem(last=False)[1]:
+                stale.cancel()
 
     async def _judge_all(
         self, pairs: Sequence[tuple[int, JudgeInput]], own: Collection[int] = ()

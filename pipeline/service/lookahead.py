@@ -30,23 +30,24 @@ judge stage runs in other processes, where calls started here would be made a se
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Mapping
 
-from kafka import KafkaConsumer
+from kafka import KafkaConsumer, TopicPartition
 
 from judges.base import JudgeInput, JudgePanel, ThrottledLog
 from pipeline.events import InvalidEvent, parse_event
 from pipeline.settings import ServeSettings
-from pipeline.sources.kafka import _consumer, end_offsets, read_range
+from pipeline.sources.kafka import _consumer
 from pipeline.stages import is_sampled
 from pipeline.windows import window_start
 
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.05
-# Records read from one partition per look at it: a few reads cover a judge batch even at low
-# sample rates, and each read stays small.
+# Records read at most per poll: a few polls cover a judge batch even at low sample rates, and
+# each stays small.
 READ_CHUNK = 2000
 
 
@@ -67,14 +68,17 @@ class Lookahead:
         self._settings = settings
         self._panel = panel
         self._batch_events = batch_events
-        # Calls kept queued beyond the endpoint's slots, so that none waits for this thread.
-        self._queued_calls = 2 * settings.judges.concurrency
+        # Calls are added when fewer than `_low` are in flight or queued, up to `_high`: the
+        # endpoint's slots never wait for this thread, which adds in chunks, not call by call.
+        self._low = 2 * settings.judges.concurrency
+        self._high = 4 * settings.judges.concurrency
         self._lock = threading.Lock()
         self._next: dict[int, int] = {}  # per partition, the next offset to read ahead
         self._cutoff: float | None = None
         self._started = 0  # events started ahead since the cycle began
         self._stop = threading.Event()
         self._consumer: KafkaConsumer | None = None
+        self._polled_to: dict[int, int] = {}  # where the consumer's positions are
         self._failure_log = ThrottledLog(log, 30.0)
         self._thread = threading.Thread(target=self._run, name="ragpulse-lookahead", daemon=True)
         self._thread.start()
@@ -104,13 +108,13 @@ class Lookahead:
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_SECONDS):
-            if self._panel.calls_in_flight >= self._queued_calls:
+            if self._panel.calls_in_flight >= self._low:
                 continue  # the cycle's own calls fill the endpoint
             with self._lock:
                 room = self._batch_events - self._started
             if room <= 0:
                 continue
-            free = self._queued_calls - self._panel.calls_in_flight
+            free = self._high - self._panel.calls_in_flight
             wanted = min(room, -(-free // len(self._panel.judges)))  # events, rounded up
             try:
                 items = self._read_ahead(wanted)
@@ -124,6 +128,9 @@ class Lookahead:
                 continue
             if items:
                 self._panel.start_ahead(items)
+                log.debug(
+                    "started the calls of %d events ahead, read up to %s", len(items), self._next
+                )
 
     def _read_ahead(self, wanted: int) -> list[JudgeInput]:
         """Up to `wanted` sampled events after the read-ahead positions, which move past every
@@ -134,41 +141,36 @@ class Lookahead:
             cutoff = self._cutoff
         if not positions:
             return []
-        ends = end_offsets(
-            s.bootstrap, s.topic, timeout_s=s.kafka_timeout_seconds, security=s.kafka_security
-        )
         if self._consumer is None:
             self._consumer = _consumer(
-                s.bootstrap, s.kafka_timeout_seconds, s.kafka_security, auto_offset_reset="none"
+                s.bootstrap,
+                s.kafka_timeout_seconds,
+                s.kafka_security,
+                # Not ListOffsets: Tansu answers it with the last batch's base offset + 1
+                # (see `log_bounds`); a poll returns whatever the partitions hold.
+                auto_offset_reset="none",
+                fetch_max_wait_ms=10,
+                max_poll_records=READ_CHUNK,
             )
+        consumer = self._consumer
+        # Assigned and sought only when the positions are not where the last poll left them:
+        # each seek drops the fetch under way, and under load one may take longer than a poll.
+        if positions != self._polled_to:
+            consumer.assign([TopicPartition(s.topic, p) for p in positions])
+            for p, offset in positions.items():
+                consumer.seek(TopicPartition(s.topic, p), offset)
+        # Records the sampling will likely keep `wanted` of, and never more than a chunk.
+        records = min(READ_CHUNK, max(wanted, math.ceil(wanted / max(s.sample_rate, 1e-9))))
+        polled = consumer.poll(timeout_ms=500, max_records=records)
         items: list[JudgeInput] = []
         moved: dict[int, int] = {}
-        for p, start in sorted(positions.items()):
-            stop = min(ends.get(p, start), start + READ_CHUNK)
-            if stop <= start:
-                continue
-            records = read_range(
-                self._consumer,
-                s.topic,
-                p,
-                start,
-                stop,
-                stall_timeout_s=s.kafka_timeout_seconds,
-                max_value_bytes=s.max_event_bytes,
-            )
-            for record in records:
-                moved[p] = record.offset + 1
-                if record.oversize_bytes is not None:
-                    continue  # dead-lettered by the cycle, never judged
-                item = self._judge_input(record.value, record.timestamp_s, cutoff)
+        for tp, batch in polled.items():
+            for record in batch:
+                moved[tp.partition] = record.offset + 1
+                item = self._judge_input(record.value or b"", record.timestamp / 1000.0, cutoff)
                 if item is not None:
                     items.append(item)
-                    if len(items) >= wanted:
-                        break
-            else:
-                moved[p] = stop
-            if len(items) >= wanted:
-                break
+        self._polled_to = {**positions, **moved}
         with self._lock:
             for p, offset in moved.items():
                 # A cycle that started meanwhile may have moved the position on already.
@@ -182,6 +184,8 @@ class Lookahead:
     ) -> JudgeInput | None:
         """The judge input `ParseEvents` makes of this record, or None where it judges none."""
         s = self._settings
+        if len(raw) > s.max_event_bytes:
+            return None  # dead-lettered by the cycle, never judged
         try:
             event = parse_event(raw, record_time=record_time, max_bytes=s.max_event_bytes)
         except InvalidEvent:
