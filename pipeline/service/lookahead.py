@@ -124,6 +124,10 @@ class Lookahead:
                     "could not read ahead of the cycle (calls not started early): %s",
                     exc,
                 )
+                # Positions a read failed at (a topic recreated, records deleted) are dropped;
+                # the next cycle sets them again from its own ranges.
+                with self._lock:
+                    self._next.clear()
                 self._stop.wait(1.0)
                 continue
             if items:
@@ -149,7 +153,6 @@ class Lookahead:
                 # Not ListOffsets: Tansu answers it with the last batch's base offset + 1
                 # (see `log_bounds`); a poll returns whatever the partitions hold.
                 auto_offset_reset="none",
-                fetch_max_wait_ms=10,
                 max_poll_records=READ_CHUNK,
             )
         consumer = self._consumer

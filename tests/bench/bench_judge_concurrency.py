@@ -118,8 +118,8 @@ def ragpulse_run(server: FakeOpenAI, events: Path, concurrency: int, judge: str)
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=640)
-    parser.add_argument("--latency", type=float, default=0.2, help="seconds per reply")
+    parser.add_argument("--events", type=int, default=480)
+    parser.add_argument("--latency", type=float, default=0.5, help="seconds per reply")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[16, 32])
     parser.add_argument("--judge", default="groundedness")

@@ -652,7 +652,7 @@ def llm_drain_once(
         "--judge-backend", "openai", "--judge-base-url", fake.base_url,
         "--judge-concurrency", str(args.concurrency), "--judges", "groundedness",
         "--judge-cache-size", "0", "--sample-rate", "1",
-        "--max-batch-events", str(args.max_batch), "--trigger-interval", "1s", *args.extra,
+        "--max-batch-events", str(args.max_batch), "--trigger-interval", "1s",
     ], code)
     serve.start()
     try:
