@@ -91,9 +91,9 @@ def test_a_batch_submitted_before_the_last_is_waited_for_queues_behind_it_in_one
             panel.close()
     assert [v.rating for row in rows for v in row] == ["yes"] * 8
     # One endpoint bound across both batches: never more than 4 in flight, and the second
-    # batch's calls started as the first one's ended, not after the whole batch was collected.
+    # batch's calls went out as the first one's ended (a wave boundary, not a wait).
     assert server.max_concurrent == 4
-    assert server.occupancy().longest_idle < 0.25
+    assert server.occupancy().longest_idle < 0.5
 
 
 # --- serve -----------------------------------------------------------------------------------
