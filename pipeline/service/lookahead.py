@@ -132,9 +132,7 @@ class Lookahead:
                 continue
             if items:
                 self._panel.start_ahead(items)
-                log.debug(
-                    "started the calls of %d events ahead, read up to %s", len(items), self._next
-                )
+                log.debug("started the calls of %d events ahead of the next cycle", len(items))
 
     def _read_ahead(self, wanted: int) -> list[JudgeInput]:
         """Up to `wanted` sampled events after the read-ahead positions, which move past every
