@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -129,6 +131,38 @@ class JudgeSpec:
         )
 
 
+_PANELS: list[tuple[JudgeSpec, JudgePanel]] = []
+_PANELS_LOCK = threading.Lock()
+
+
+def shared_panel(spec: JudgeSpec) -> JudgePanel:
+    """The one panel of this process for `spec` (equal specs share it), built on first use
+    and kept until the process exits.
+
+    Kept for the process on purpose: `serve` builds a new Beam pipeline every cycle, and the
+    judge stage of each finds the same panel here, so its loop, HTTP connections and calls in
+    flight outlive a cycle, and calls that serve started ahead for the next cycle's events
+    (`pipeline.service.lookahead`) are there for that cycle's judge stage to take over.
+    """
+    with _PANELS_LOCK:
+        for known, panel in _PANELS:
+            if known == spec:
+                return panel
+        panel = spec.build()
+        _PANELS.append((spec, panel))
+        return panel
+
+
+@atexit.register
+def close_shared_panels() -> None:
+    """Close every shared panel (their HTTP clients); the next `shared_panel` builds anew."""
+    with _PANELS_LOCK:
+        panels = [panel for _, panel in _PANELS]
+        _PANELS.clear()
+    for panel in panels:
+        panel.close()
+
+
 __all__ = [
     "DEFAULT_JUDGES",
     "ERROR_CAUSES",
@@ -150,5 +184,7 @@ __all__ = [
     "Turn",
     "Verdict",
     "check_judge_names",
+    "close_shared_panels",
     "judge_entry",
+    "shared_panel",
 ]

@@ -8,11 +8,14 @@ it is left out of pass ratios and counted by cause so a broken judge is visible.
 from __future__ import annotations
 
 import asyncio
+import collections
+import concurrent.futures
 import contextvars
 import dataclasses
 import logging
 import math
 import re
+import threading
 import time
 import traceback
 from collections.abc import Callable, Collection, Sequence
@@ -265,7 +268,7 @@ def judge_version(judge: Judge) -> str:
 
 
 class JudgePanel:
-    """Runs several judges over a batch of inputs on one private event loop.
+    """Runs several judges over batches of inputs on one event loop of its own.
 
     Concurrency bounds live with the judges that need them (the LLM endpoint's semaphore);
     the panel only starts every (input, judge) pair and waits for all of them. When every judge
@@ -273,16 +276,28 @@ class JudgePanel:
     coroutine, a task and two event-loop callbacks per (input, judge) pair cost about as much as
     a local judge itself, and they buy nothing when there is no I/O to overlap.
 
+    The loop runs in a thread of its own, for as long as the panel lives, so that calls keep
+    flowing between batches: `submit` hands a batch over and returns at once, and a caller that
+    submits the next batch before waiting for the last one (`pipeline.stages.JudgeEvents`) keeps
+    the endpoint's slots busy across the boundary. `judge_batch` is `submit` and wait; any
+    thread may call either. `start_ahead` starts calls for inputs that a later batch will bring
+    (`pipeline.service.lookahead`, in serve): that batch takes their outcome over as its own.
+
     A batch always comes back whole: a judge that raises on one input gets an `error` verdict
     with cause `internal` for it (the exception type in the message, never its text, which may
     quote anything), and with `deadline_seconds` every call still running that long after the
-    batch started is cancelled and rated `error` with cause `deadline`. The deadline is also
-    published to the judges (`batch_deadline`) so the ones that wait on I/O can stop in time
-    and say why. (The synchronous path has no I/O to wait on, and no deadline.)
+    batch started (after `start_ahead` for one started ahead) is cancelled and rated `error`
+    with cause `deadline`. The deadline is also published to the judges (`batch_deadline`) so
+    the ones that wait on I/O can stop in time and say why. (The synchronous path has no I/O to
+    wait on, and no deadline.)
 
     With a `cache` (judges.verdict_cache), a judge is asked about each distinct input once per
     TTL: repeats get the kept verdict marked `cached` (no call, no tokens, latency 0).
     """
+
+    # Calls started ahead and not yet taken over are kept for at most this many distinct
+    # pairs; the oldest are cancelled beyond it (serve's lookahead stays far below).
+    AHEAD_LIMIT = 20_000
 
     def __init__(
         self,
@@ -298,16 +313,31 @@ class JudgePanel:
         self.deadline_seconds = deadline_seconds
         self.cache = cache
         self._versions = tuple(judge_version(j) for j in self.judges)
-        self._loop = asyncio.new_event_loop()
         graders = tuple(j.grade for j in self.judges if isinstance(j, SyncJudge))
         self._graders: tuple[Callable[[JudgeInput], Verdict], ...] | None = (
             graders if len(graders) == len(self.judges) else None
         )
         self._failure_log = ThrottledLog(log, 10.0)
+        # Made on first use: a panel of local judges never needs a loop or a thread.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        # Read and written on the loop's thread only.
+        # Calls started ahead by (judge number, input digest): one per event, or one per
+        # distinct input with a cache (which answers the repeats).
+        self._ahead: collections.OrderedDict[tuple[int, bytes], list[asyncio.Task[Verdict]]] = (
+            collections.OrderedDict()
+        )
+        self.calls_in_flight = 0  # calls started and not finished (read from any thread)
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(j.name for j in self.judges)
+
+    @property
+    def waits_on_io(self) -> bool:
+        """Whether judging waits on I/O (an LLM endpoint): only then is starting ahead useful."""
+        return self._graders is None
 
     def judge_batch(
         self, items: Sequence[JudgeInput], fresh: Collection[int] = ()
@@ -320,15 +350,82 @@ class JudgePanel:
         the positions in `fresh` are always judged and their verdicts not kept (canaries,
         which are there to test the judges themselves).
         """
-        if self.cache is not None:
-            return self._judge_through(self.cache, items, fresh)
-        return self._judge_every_pair(items)
+        return self.submit(items, fresh).result()
 
-    def _judge_through(
+    def submit(
+        self, items: Sequence[JudgeInput], fresh: Collection[int] = ()
+    ) -> concurrent.futures.Future[list[tuple[Verdict, ...]]]:
+        """`judge_batch` without waiting: the calls start now, the verdicts come in the future
+        (at once on the synchronous path)."""
+        if self._graders is not None and self.cache is None:
+            done: concurrent.futures.Future[list[tuple[Verdict, ...]]] = concurrent.futures.Future()
+            done.set_result(self._grade_every_pair(self._graders, items))
+            return done
+        n = len(self.judges)
+        # Pairs of the `fresh` inputs never take over a call started ahead.
+        own = {i * n + j for i in fresh for j in range(n)}
+        if self.cache is not None:
+            pairs, assemble, own = self._through_cache(self.cache, items, fresh)
+        else:
+            pairs = [(j, item) for item in items for j in range(n)]
+
+            def assemble(flat: list[Verdict]) -> list[tuple[Verdict, ...]]:
+                return [tuple(flat[i * n : (i + 1) * n]) for i in range(len(items))]
+
+        rows: concurrent.futures.Future[list[tuple[Verdict, ...]]] = concurrent.futures.Future()
+        if self._graders is not None:
+            rows.set_result(assemble(self._grade_pairs(self._graders, pairs)))
+            return rows
+        verdicts = asyncio.run_coroutine_threadsafe(
+            self._judge_all(pairs, own), self._running_loop()
+        )
+
+        def finished(f: concurrent.futures.Future[list[Verdict]]) -> None:
+            try:
+                rows.set_result(assemble(f.result()))
+            except BaseException as exc:  # a bug in assembling; the caller sees it
+                rows.set_exception(exc)
+
+        verdicts.add_done_callback(finished)
+        return rows
+
+    def start_ahead(self, items: Sequence[JudgeInput]) -> None:
+        """Start every judge's call on each input now, for a later batch holding the same input
+        to take over (judged once, counted by that batch). Inputs the cache holds are skipped;
+        nothing happens on the synchronous path."""
+        if self._graders is not None or not items:
+            return
+        cache = self.cache
+        pairs = [
+            (j, item)
+            for item in items
+            for j, (judge, version) in enumerate(zip(self.judges, self._versions, strict=True))
+            if cache is None or cache.get((judge.name, version, _digest(item))) is None
+        ]
+        asyncio.run_coroutine_threadsafe(self._start(pairs), self._running_loop())
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        with self._start_lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(
+                    target=loop.run_forever, name="ragpulse-judge-panel", daemon=True
+                )
+                thread.start()
+                self._loop, self._thread = loop, thread
+            return self._loop
+
+    def _through_cache(
         self, cache: VerdictCache, items: Sequence[JudgeInput], fresh: Collection[int]
-    ) -> list[tuple[Verdict, ...]]:
+    ) -> tuple[
+        list[tuple[int, JudgeInput]],
+        Callable[[list[Verdict]], list[tuple[Verdict, ...]]],
+        set[int],
+    ]:
+        """The pairs to judge, how to make the rows from their verdicts (keeping them), and
+        the pairs of `fresh` inputs."""
         # Imported here: judges.verdict_cache reads this module's types.
-        from judges.verdict_cache import as_cached, input_digest
+        from judges.verdict_cache import as_cached
 
         keyed = [(self.judges[j].name, version) for j, version in enumerate(self._versions)]
         rows: list[list[Verdict | None]] = []
@@ -339,7 +436,7 @@ class JudgePanel:
         places: list[list[tuple[int, int]]] = []
         pending: dict[CacheKey, int] = {}
         for i, item in enumerate(items):
-            digest = None if i in fresh else input_digest(item)
+            digest = None if i in fresh else _digest(item)
             row: list[Verdict | None] = []
             for j, (name, version) in enumerate(keyed):
                 key = None if digest is None else (name, version, digest)
@@ -356,40 +453,39 @@ class JudgePanel:
                         places[n].append((i, j))
                 row.append(verdict)
             rows.append(row)
-        judged = self._judge_pairs(pairs)
-        for key, (first, *repeats), verdict in zip(keys, places, judged, strict=True):
-            if key is not None:
-                cache.put(key, verdict)
-            rows[first[0]][first[1]] = verdict
-            # Repeats within the batch share the one call's outcome, an error included (it
-            # is not kept for later batches): no call of their own, so no cost.
-            for i, j in repeats:
-                rows[i][j] = as_cached(verdict)
-        return [tuple(v for v in row if v is not None) for row in rows]
 
-    def _judge_pairs(self, pairs: Sequence[tuple[int, JudgeInput]]) -> list[Verdict]:
-        """The verdict of judge number j on each (j, input), in order."""
-        graders = self._graders
-        if graders is not None:
-            return [self._graded(self.judges[j].name, graders[j], item) for j, item in pairs]
-        return self._loop.run_until_complete(self._judge_all(pairs))
+        def assemble(judged: list[Verdict]) -> list[tuple[Verdict, ...]]:
+            for key, (first, *repeats), verdict in zip(keys, places, judged, strict=True):
+                if key is not None:
+                    cache.put(key, verdict)
+                rows[first[0]][first[1]] = verdict
+                # Repeats within the batch share the one call's outcome, an error included
+                # (it is not kept for later batches): no call of their own, so no cost.
+                for i, j in repeats:
+                    rows[i][j] = as_cached(verdict)
+            return [tuple(v for v in row if v is not None) for row in rows]
 
-    def _judge_every_pair(self, items: Sequence[JudgeInput]) -> list[tuple[Verdict, ...]]:
-        graders = self._graders
-        if graders is not None:
-            try:
-                return [tuple(grade(item) for grade in graders) for item in items]
-            except Exception:
-                # Rare; grade again pair by pair so only the failing pairs become errors
-                # (local judges are pure, so grading twice changes nothing). The fast path
-                # above stays free of a wrapper call per pair.
-                pairs = list(zip(self.judges, graders, strict=True))
-                return [tuple(self._graded(j.name, g, item) for j, g in pairs) for item in items]
-        n = len(self.judges)
-        flat = self._loop.run_until_complete(
-            self._judge_all([(j, item) for item in items for j in range(n)])
-        )
-        return [tuple(flat[i * n : (i + 1) * n]) for i in range(len(items))]
+        return pairs, assemble, {n for n, key in enumerate(keys) if key is None}
+
+    def _grade_pairs(
+        self,
+        graders: Sequence[Callable[[JudgeInput], Verdict]],
+        pairs: Sequence[tuple[int, JudgeInput]],
+    ) -> list[Verdict]:
+        """The verdict of judge number j on each (j, input), in order (synchronous path)."""
+        return [self._graded(self.judges[j].name, graders[j], item) for j, item in pairs]
+
+    def _grade_every_pair(
+        self, graders: Sequence[Callable[[JudgeInput], Verdict]], items: Sequence[JudgeInput]
+    ) -> list[tuple[Verdict, ...]]:
+        try:
+            return [tuple(grade(item) for grade in graders) for item in items]
+        except Exception:
+            # Rare; grade again pair by pair so only the failing pairs become errors
+            # (local judges are pure, so grading twice changes nothing). The fast path
+            # above stays free of a wrapper call per pair.
+            pairs = list(zip(self.judges, graders, strict=True))
+            return [tuple(self._graded(j.name, g, item) for j, g in pairs) for item in items]
 
     def _graded(
         self, name: str, grade: Callable[[JudgeInput], Verdict], item: JudgeInput
@@ -423,14 +519,58 @@ class JudgePanel:
             error_cause="internal",
         )
 
-    async def _judge_all(self, pairs: Sequence[tuple[int, JudgeInput]]) -> list[Verdict]:
-        loop = asyncio.get_running_loop()
+    def _set_deadline(self) -> None:
+        """Publish the deadline of calls started now to the tasks this coroutine creates."""
         budget = self.deadline_seconds
         # Copied into each task's context as the task is created.
-        _BATCH_DEADLINE.set(None if budget is None else loop.time() + budget)
-        tasks = [loop.create_task(self._judged(self.judges[j], item)) for j, item in pairs]
+        _BATCH_DEADLINE.set(None if budget is None else asyncio.get_running_loop().time() + budget)
+
+    def _call(self, j: int, item: JudgeInput) -> asyncio.Task[Verdict]:
+        self.calls_in_flight += 1
+        task = asyncio.get_running_loop().create_task(self._judged(self.judges[j], item))
+        task.add_done_callback(self._call_ended)
+        return task
+
+    def _call_ended(self, _: asyncio.Task[Verdict]) -> None:
+        self.calls_in_flight -= 1
+
+    def _take_over(self, j: int, item: JudgeInput) -> asyncio.Task[Verdict]:
+        """The call of judge number j on `item` started ahead, or a new one."""
+        if self._ahead:
+            key = (j, _digest(item))
+            tasks = self._ahead.get(key)
+            if tasks:
+                task = tasks.pop(0)
+                if not tasks:
+                    del self._ahead[key]
+                return task
+        return self._call(j, item)
+
+    async def _start(self, pairs: Sequence[tuple[int, JudgeInput]]) -> None:
+        self._set_deadline()
+        ahead = self._ahead
+        for j, item in pairs:
+            key = (j, _digest(item))
+            tasks = ahead.setdefault(key, [])
+            if not tasks or self.cache is None:
+                tasks.append(self._call(j, item))
+        while len(ahead) > self.AHEAD_LIMIT:
+            for stale in ahead.popitem(last=False)[1]:
+                stale.cancel()
+
+    async def _judge_all(
+        self, pairs: Sequence[tuple[int, JudgeInput]], own: Collection[int] = ()
+    ) -> list[Verdict]:
+        """The verdict of judge number j on each (j, input), in order; a pair whose call was
+        started ahead takes that call over, except the pairs numbered in `own`."""
+        self._set_deadline()
+        tasks = [
+            self._call(j, item) if n in own else self._take_over(j, item)
+            for n, (j, item) in enumerate(pairs)
+        ]
         if not tasks:
             return []
+        budget = self.deadline_seconds
         timeout = None if budget is None else budget + DEADLINE_GRACE_SECONDS
         _, pending = await asyncio.wait(tasks, timeout=timeout)
         for task in pending:
@@ -451,13 +591,26 @@ class JudgePanel:
         ]
 
     def close(self) -> None:
-        """Let judges release what they hold on the panel's loop (HTTP clients), then close it.
+        """Let judges release what they hold on the panel's loop (HTTP clients), then stop it.
 
         A judge may offer `async aclose()`; pooled connections left to a closed loop raise
         "Event loop is closed" when they are collected.
         """
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
         for judge in self.judges:
             aclose = getattr(judge, "aclose", None)
             if aclose is not None:
-                self._loop.run_until_complete(aclose())
-        self._loop.close()
+                asyncio.run_coroutine_threadsafe(aclose(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+        self._loop = self._thread = None
+
+
+def _digest(item: JudgeInput) -> bytes:
+    # Imported here: judges.verdict_cache reads this module's types.
+    from judges.verdict_cache import input_digest
+
+    return input_digest(item)

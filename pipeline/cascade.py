@@ -27,6 +27,7 @@ import argparse
 import dataclasses
 from collections import Counter
 from collections.abc import Collection, Sequence
+from concurrent.futures import Future
 from typing import Any, Protocol, runtime_checkable
 
 from judges import JudgeSpec
@@ -112,6 +113,15 @@ class CascadePanel:
                 self._counters[k] = counter
             counter.inc(n)
         return verdicts
+
+    def submit(
+        self, items: Sequence[JudgeInput], fresh: Collection[int] = ()
+    ) -> Future[list[tuple[Verdict, ...]]]:
+        """`judge_batch` as a finished future: the interface the judge stage hands batches to.
+        (The cascade judges each batch whole; its LLM calls run concurrently within it.)"""
+        done: Future[list[tuple[Verdict, ...]]] = Future()
+        done.set_result(self.judge_batch(items, fresh))
+        return done
 
     def _why_llm(self, item: JudgeInput, canary: bool) -> str | None:
         """Why `item` goes to the LLM (canary, sample, uncertain), or None."""

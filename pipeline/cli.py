@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     # so below DEBUG they only bury it.
     root_level = logging.getLogger().level
     logging.getLogger("apache_beam").setLevel(max(logging.WARNING, root_level))
+    # The OpenAI client's HTTP library (httpx2) logs every judge call at INFO: a line per call
+    # buries the cycle lines and costs CPU on the judge loop's thread.
+    logging.getLogger("httpx2").setLevel(max(logging.WARNING, root_level))
     if root_level > logging.DEBUG:
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
     try:

@@ -15,11 +15,13 @@ Counts that become Prometheus counters leave the workers as Beam counters (see `
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import apache_beam as beam
@@ -28,7 +30,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms import window
 from apache_beam.utils.windowed_value import WindowedValue
 
-from judges import JudgeSpec
+from judges import JudgeSpec, shared_panel
 from judges.base import RATINGS, Verdict
 from pipeline import counting, sampling
 from pipeline.cascade import CascadePanel, CascadeSettings
@@ -219,6 +221,12 @@ class _JudgeInBatches(beam.DoFn):
     Batching inside the DoFn, rather than `BatchElements` and a PCollection of lists: Beam's
     size sampling pickles every event of a sampled list, and with few, large batches it samples
     most of them. Events are judged before they are windowed, so they are in the global window.
+
+    A full batch is handed to the panel and the next one is collected and handed over before
+    the first is waited for, so the endpoint always has the next batch's calls queued when a
+    batch's last calls end: waiting for each batch whole left its slots draining at every
+    boundary. The panel is the process's (`judges.shared_panel`), kept across bundles and
+    serve's cycles.
     """
 
     def __init__(self, spec: JudgeSpec, batch_size: int, cascade: CascadeSettings | None) -> None:
@@ -227,41 +235,60 @@ class _JudgeInBatches(beam.DoFn):
         self._cascade = cascade
 
     def setup(self) -> None:
+        # The cascade's panel is the bundle's own; the plain panel is the process's, kept
+        # across bundles and cycles (and taking over calls serve's lookahead started).
         self._panel: Any = (
-            CascadePanel(self._spec, self._cascade) if self._cascade else self._spec.build()
+            CascadePanel(self._spec, self._cascade) if self._cascade else shared_panel(self._spec)
         )
         self._counters = _Counters()
 
     def start_bundle(self) -> None:
         self._batch: list[InferenceRecord | CanaryEvent] = []
+        self._judging: collections.deque[tuple[list[Any], Future[list[tuple[Verdict, ...]]]]] = (
+            collections.deque()
+        )
 
     def process(self, event: InferenceRecord | CanaryEvent) -> Iterator[Any]:
         self._batch.append(event)
         if len(self._batch) >= self._batch_size:
-            yield from self._flush()
+            self._submit()
+            if len(self._judging) > 1:
+                yield from self._emit()
 
     def finish_bundle(self) -> Iterator[Any]:
         if self._batch:
-            yield from self._flush()
+            self._submit()
+        while self._judging:
+            yield from self._emit()
 
-    def _flush(self) -> Iterator[Any]:
+    def _submit(self) -> None:
         batch, self._batch = self._batch, []
-        for judged in self._judge(batch):
+        # Canaries are judged afresh every time: they test the judges, not the cache.
+        verdicts = self._panel.submit(
+            [(e.record if isinstance(e, CanaryEvent) else e).judge_input for e in batch],
+            fresh={i for i, e in enumerate(batch) if isinstance(e, CanaryEvent)},
+        )
+        self._judging.append((batch, verdicts))
+
+    def _emit(self) -> Iterator[Any]:
+        """The judged events of the oldest batch handed over, once it is judged."""
+        batch, verdicts = self._judging.popleft()
+        for judged in self._judge(batch, verdicts.result()):
             # What `GlobalWindows.windowed_value_at_end_of_window` builds, with the window and
             # timestamp made once (Beam re-reads them from a proto constant on every call).
             yield WindowedValue(judged, _END_OF_GLOBAL_WINDOW, _GLOBAL_WINDOWS)
 
-    def _judge(self, batch: list[InferenceRecord | CanaryEvent]) -> list[JudgedEvent]:
-        """Judges events and canaries together; returns only the events' results.
+    def _judge(
+        self,
+        batch: list[InferenceRecord | CanaryEvent],
+        all_verdicts: list[tuple[Verdict, ...]],
+    ) -> list[JudgedEvent]:
+        """Counts the verdicts of events and canaries judged together; returns only the events'
+        results.
 
         A canary's verdicts are compared with its labels and counted in
         `ragpulse_canary_verdicts_total` alone, so no production count or window sees them.
         """
-        # Canaries are judged afresh every time: they test the judges, not the cache.
-        all_verdicts = self._panel.judge_batch(
-            [(e.record if isinstance(e, CanaryEvent) else e).judge_input for e in batch],
-            fresh={i for i, e in enumerate(batch) if isinstance(e, CanaryEvent)},
-        )
         # Tally the batch with cheap tuple keys first and touch each Beam counter once per
         # batch: building a sorted counter key and looking it up 19 times per event cost a
         # tenth of a local judge's time.
@@ -280,8 +307,9 @@ class _JudgeInBatches(beam.DoFn):
         return judged
 
     def teardown(self) -> None:
+        # Only the cascade's panel is this DoFn's to close; the shared one lives on.
         panel = getattr(self, "_panel", None)
-        if panel is not None:
+        if isinstance(panel, CascadePanel):
             panel.close()
 
 

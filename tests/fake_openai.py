@@ -35,9 +35,11 @@ what the "model" does:
   *outside* every fence is obeyed. A judge that fails to fence untrusted text therefore gets
   the injected verdict back, which is what makes the prompt-injection test able to fail.
 
-Every request is logged (`requests`) and the peak number of requests in flight is kept
-(`max_concurrent`). Use `FakeOpenAI` as a context manager in scripts, or the `fake_openai`
-pytest fixture (import `fake_openai_fixture` into a test module).
+Every request is logged (`requests`), the peak number of requests in flight is kept
+(`max_concurrent`), and every change of that number with its time (`in_flight_log`), from which
+`occupancy()` says how busy the server was kept: calls per second, the mean number in flight
+and the longest stretch with none in flight. Use `FakeOpenAI` as a context manager in scripts,
+or the `fake_openai` pytest fixture (import `fake_openai_fixture` into a test module).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from __future__ import annotations
 import base64
 import collections
 import dataclasses
+import itertools
 import json
 import re
 import struct
@@ -114,6 +117,21 @@ class Fault:
         """Answer 200 with this exact assistant message content (and finish_reason, and usage
         in place of the counted one when given)."""
         return cls("content", content=content, finish_reason=finish_reason, usage=usage)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Occupancy:
+    """How busy a `FakeOpenAI` was kept over `seconds` (first request's start to last end)."""
+
+    seconds: float
+    ok_calls: int
+    mean_in_flight: float
+    longest_idle: float  # the longest stretch with no request in flight
+    idle_gaps: list[float]
+
+    @property
+    def calls_per_second(self) -> float:
+        return self.ok_calls / self.seconds if self.seconds else 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -242,6 +260,8 @@ class FakeOpenAI:
         self.requests: list[RecordedRequest] = []
         self.max_concurrent = 0
         self._in_flight = 0
+        # (time.monotonic(), requests in flight just after) at every request's start and end.
+        self.in_flight_log: list[tuple[float, int]] = []
         self._faults: collections.deque[Fault] = collections.deque()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -260,6 +280,7 @@ class FakeOpenAI:
         with self._lock:
             self.requests.clear()
             self.max_concurrent = 0
+            self.in_flight_log = [(time.monotonic(), self._in_flight)] if self._in_flight else []
 
     @property
     def base_url(self) -> str:
@@ -309,10 +330,29 @@ class FakeOpenAI:
         with self._lock:
             self._in_flight += 1
             self.max_concurrent = max(self.max_concurrent, self._in_flight)
+            self.in_flight_log.append((time.monotonic(), self._in_flight))
 
     def _leave(self) -> None:
         with self._lock:
             self._in_flight -= 1
+            self.in_flight_log.append((time.monotonic(), self._in_flight))
+
+    def occupancy(self) -> Occupancy:
+        """How busy the server was kept from the first request's start to the last one's end
+        (since the last `reset_log`)."""
+        with self._lock:
+            changes = list(self.in_flight_log)
+            done = sum(1 for r in self.requests if r.outcome == "ok")
+        if len(changes) < 2:
+            return Occupancy(0.0, done, 0.0, 0.0, [])
+        area = 0.0
+        idle: list[float] = []
+        for (t, n), (t_next, _) in itertools.pairwise(changes):
+            area += n * (t_next - t)
+            if n == 0:
+                idle.append(t_next - t)
+        span = changes[-1][0] - changes[0][0]
+        return Occupancy(span, done, area / span if span else 0.0, max(idle, default=0.0), idle)
 
     def _record(self, entry: RecordedRequest) -> None:
         with self._lock:

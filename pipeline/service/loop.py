@@ -34,6 +34,10 @@ this instance does not own was written under another assignment and is refused a
 a change of N (with --state-reset, which moves it aside) and for a partition a state file has
 never seen, a sharded instance goes on from the consumer group's committed offsets, the only
 record the instances share of where each partition has got to.
+
+Judge calls keep flowing between cycles: while a cycle runs, `pipeline.service.lookahead`
+starts the calls for the events after its ranges, which the next cycle's judge stage takes over
+and counts as its own; only calls are shared, so the guarantees above hold as they are.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from collections.abc import Mapping
 
 import apache_beam as beam
 
+from judges import shared_panel
 from pipeline import counting
 from pipeline.budget import BudgetGovernor
 from pipeline.calibration import by_judge
@@ -55,6 +60,7 @@ from pipeline.graph import GraphResult, Sinks, pipeline_options, run_graph
 from pipeline.sampling import SPEND, SamplingPlan
 from pipeline.service.canaries import CanaryFeed
 from pipeline.service.labels import LabelBudget
+from pipeline.service.lookahead import Lookahead, runs_here
 from pipeline.service.state import StateError, StateStore
 from pipeline.service.watermark import closed_before, compute_watermark, merge_latest
 from pipeline.settings import ServeSettings
@@ -131,6 +137,7 @@ class TopicWatcher:
         self._cycle_started: float | None = None
         self._snapshot = self._load_snapshot()
         self.labels = LabelBudget(settings.labels)
+        self._lookahead = _lookahead(settings)
         if settings.instances > 1:
             log.info(
                 "instance %d of %d: reading the partitions p of %s with p %% %d == %d",
@@ -161,6 +168,11 @@ class TopicWatcher:
         starts.update(reset_to)
         ranges = plan_batch(starts, ends, s.max_batch_events, bounds.beginnings)
         previous_wm = self.state.watermark(topic)
+        cutoff = closed_before(previous_wm, s.allowed_lateness_seconds)
+        if self._lookahead is not None:
+            self._lookahead.cycle_started(
+                starts, {p: stop for p, (_, stop) in ranges.items()}, cutoff
+            )
         latest = self.state.latest_event_times(topic)
         result: GraphResult | None = None
         took: float | None = None
@@ -168,9 +180,7 @@ class TopicWatcher:
         now = time.time()
         traces = None if s.input_format == "ragpulse" else self._traces(ranges, increments, now)
         if traces.records if traces is not None else ranges:
-            result = self._judge(
-                ranges, traces, closed_before(previous_wm, s.allowed_lateness_seconds)
-            )
+            result = self._judge(ranges, traces, cutoff)
             if self._governor is not None:
                 # Spent even if the cycle fails from here on: the calls were made.
                 increments.update(self._governor.record(result.counts))
@@ -605,6 +615,8 @@ class TopicWatcher:
         log.info("stop requested (%s): the cycle in flight has finished and is saved", stop.why)
 
     def close(self) -> None:
+        if self._lookahead is not None:
+            self._lookahead.close()
         self.state.close()
 
 
@@ -634,6 +646,24 @@ class StopRequest:
             if left <= 0:
                 return
             time.sleep(min(left, self.POLL_SECONDS))
+
+
+def _lookahead(settings: ServeSettings) -> Lookahead | None:
+    """Calls started ahead of each cycle, where judging waits on an endpoint and the judge
+    stage runs in this process (see `pipeline.service.lookahead`)."""
+    config = settings.stage_config()
+    if not runs_here(settings) or settings.judges.backend == "local":
+        return None
+    # It samples as a plain --sample-rate does: with strata, a budget, a cascade or assembled
+    # traces it would start calls the cycle does not take over, spending for nothing.
+    if (
+        settings.sampling is not None
+        or settings.budget is not None
+        or settings.cascade is not None
+        or settings.input_format != "ragpulse"
+    ):
+        return None
+    return Lookahead(settings, shared_panel(config.judges), config.judge_batch_size)
 
 
 def open_state(settings: ServeSettings) -> tuple[StateStore, bool]:

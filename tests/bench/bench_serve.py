@@ -18,6 +18,11 @@ is bounded in time and stops what it started. Each prints a markdown table.
     llm        LLM judges on the fake server (300 ms replies), traffic at 200 events/s; per
                sample rate the judged events/s, backlog growth and the server's peak concurrency,
                against the bound concurrency / latency.
+    llm-drain  LLM judges on the fake server (fixed --latency per reply) drain a pre-loaded
+               backlog in cycles of --max-batch events: the calls/s the server saw from
+               serve's first call to its last, against the bound --concurrency / --latency,
+               the mean number of calls in flight and the longest stretch with none;
+               `--code A --code B` measures checkouts side by side, interleaved.
     freshness  paced traffic (500 events/s), --trigger-interval 1s, /metrics scraped every
                0.2 s: seconds from an event's production to the first scrape whose counters
                (and in-progress window) include it; median and p95.
@@ -29,6 +34,7 @@ is bounded in time and stops what it started. Each prints a markdown table.
     .venv/bin/python tests/bench/bench_serve.py scale [--events 100000] [--repeats 3]
     .venv/bin/python tests/bench/bench_serve.py paced [--rates 3000,5000] [--duration 60]
     .venv/bin/python tests/bench/bench_serve.py llm [--sample-rates 0.1,0.25,0.5,0.75]
+    .venv/bin/python tests/bench/bench_serve.py llm-drain [--events 2000] [--code DIR --code DIR]
     .venv/bin/python tests/bench/bench_serve.py freshness [--rate 500] [--duration 60]
     .venv/bin/python tests/bench/bench_serve.py memory [--events 1800000] [--realtime 600]
 
@@ -636,6 +642,68 @@ def cmd_llm(args: argparse.Namespace) -> None:
                  "calls served", "lag"], rows))
 
 
+def llm_drain_once(
+    broker: TansuBroker, fake: FakeOpenAI, topic: str, args: argparse.Namespace, workdir: Path,
+    code: Path | None,
+) -> dict[str, float]:
+    """Drain the backlog of `topic` with LLM judges; how busy serve kept the fake server."""
+    fake.reset_log()
+    serve = Serve(broker.bootstrap, topic, workdir, [
+        "--judge-backend", "openai", "--judge-base-url", fake.base_url,
+        "--judge-concurrency", str(args.concurrency), "--judges", "groundedness",
+        "--judge-cache-size", "0", "--sample-rate", "1",
+        "--max-batch-events", str(args.max_batch), "--trigger-interval", "1s",
+    ], code)
+    serve.start()
+    try:
+        if not wait_until(lambda: total(serve.scrape(), "ragpulse_events_judged_total")
+                          >= args.events, args.events * args.latency / args.concurrency * 4 + 120):
+            raise RuntimeError(f"serve did not judge the backlog in time:\n{serve.log_tail()}")
+        cycles = total(serve.scrape(), "ragpulse_cycle_duration_seconds_count")
+    finally:
+        serve.stop()
+    occ = fake.occupancy()
+    return {"calls_s": occ.calls_per_second, "in_flight": occ.mean_in_flight,
+            "longest_idle": occ.longest_idle, "idle_s": sum(occ.idle_gaps),
+            "seconds": occ.seconds, "cycles": cycles}
+
+
+def cmd_llm_drain(args: argparse.Namespace) -> None:
+    bound = args.concurrency / args.latency
+    codes: list[Path | None] = [c.resolve() for c in args.code] or [None]
+    results: dict[str, list[dict[str, float]]] = collections.defaultdict(list)
+    with broker_and_dir() as (broker, tmp), FakeOpenAI(latency=args.latency) as fake:
+        n = 0
+        for r in range(args.repeats):
+            for code in codes:  # interleaved, so drift hits every checkout alike
+                topic = f"llm-drain-{n}"
+                n += 1
+                broker.create_topic(topic, args.partitions)
+                preload(broker.bootstrap, topic, args.events, args.partitions,
+                        event_rate=50, start=time.time() - args.events / 50)
+                name = "this checkout" if code is None else str(code)
+                res = llm_drain_once(broker, fake, topic, args, tmp, code)
+                results[name].append(res)
+                print(f"  repeat {r + 1} {name}: {res['calls_s']:.1f} calls/s "
+                      f"({res['calls_s'] / bound:.1%} of {bound:.0f}), mean in flight "
+                      f"{res['in_flight']:.1f}, longest idle {res['longest_idle']:.2f} s, "
+                      f"{res['cycles']:.0f} cycles; {busy_elsewhere()}", flush=True)
+    rows = []
+    for name, rs in results.items():
+
+        def med(key: str, rs: list[dict[str, float]] = rs) -> float:
+            return statistics.median(x[key] for x in rs)
+
+        rows.append((name, med("calls_s"), f"{med('calls_s') / bound:.1%}", med("in_flight"),
+                     med("longest_idle"), med("idle_s"), med("seconds"), int(med("cycles"))))
+    print(f"\n### LLM judges draining {args.events:,} events (groundedness, sample rate 1, "
+          f"--max-batch-events {args.max_batch}): fake server {args.latency * 1000:.0f} ms per "
+          f"reply, --judge-concurrency {args.concurrency}, bound {bound:.0f} calls/s; medians "
+          f"of {args.repeats}\n")
+    print(table(["code", "calls/s", "of bound", "mean in flight", "longest idle s",
+                 "idle s in all", "first call to last s", "cycles"], rows))
+
+
 # --------------------------------------------------------------------------------------------
 # freshness
 # --------------------------------------------------------------------------------------------
@@ -798,6 +866,10 @@ SCENARIOS: dict[str, tuple[Callable[[argparse.Namespace], None], str, dict[str, 
         "sample_rates": "0.1,0.25,0.5,0.75", "rate": 200.0, "duration": 60.0, "latency": 0.3,
         "concurrency": 32, "partitions": 4, "trigger_interval": 1.0,
     }),
+    "llm-drain": (cmd_llm_drain, "LLM judge calls/s against concurrency / latency", {
+        "events": 2000, "partitions": 4, "max_batch": 500, "latency": 1.0, "concurrency": 32,
+        "repeats": 3,
+    }),
     "freshness": (cmd_freshness, "production-to-/metrics delay", {
         "rate": 500.0, "duration": 60.0, "trigger_interval": 1.0, "scrape": 0.2, "window": 300.0,
         "partitions": 4,
@@ -825,10 +897,11 @@ def main(argv: list[str] | None = None) -> int:
             scenario.add_argument(f"--{option.replace('_', '-')}", type=type(default),
                                   default=default, metavar=metavar, help=text)
         scenario.set_defaults(run=run)
-    sub.choices["drain"].add_argument(
-        "--code", action="append", default=[], type=Path, metavar="DIR",
-        help="a checkout of ragpulse whose serve to run (repeatable: checkouts are measured "
-        "side by side, interleaved); default: this one")
+    for name in ("drain", "llm-drain"):
+        sub.choices[name].add_argument(
+            "--code", action="append", default=[], type=Path, metavar="DIR",
+            help="a checkout of ragpulse whose serve to run (repeatable: checkouts are "
+            "measured side by side, interleaved); default: this one")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # start-up retries are not news

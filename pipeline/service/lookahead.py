@@ -1,0 +1,200 @@
+"""Judge calls started ahead of serve's next cycle, so that calls keep flowing between cycles.
+
+For whoever changes the serve cycle. A cycle's Beam graph judges the events it reads and ends
+when they are judged; then the cycle saves its counts and commits its offsets, and the next
+cycle plans, builds and starts its graph and reads before its first events reach the judges.
+Left alone, the judge endpoint sits idle all that time (about 2 s a cycle here: a fifth of a
+500-event cycle at 32 calls in flight).
+
+`Lookahead` fills that gap. A thread of its own watches the process's judge panel
+(`judges.shared_panel`, the one the graph's judge stage uses); whenever fewer than twice the
+endpoint's concurrency of calls are in flight or queued, the graph's calls are running out,
+and it reads the records after the ones the running cycle covers from Kafka (a consumer of its
+own, which commits nothing), parses, filters and samples them as `ParseEvents` does, and starts
+the judge calls for them (`JudgePanel.start_ahead`): at most one judge batch of events per
+cycle. The next cycle's judge stage takes those calls over, running or finished, by judge and
+input digest (`JudgePanel.submit`), and counts them as its own.
+
+Only calls are shared, never counts. Everything that is counted, saved and committed is still
+done by the cycle whose graph read the event, in the order the state module requires (counts,
+windows, watermark and offsets in one transaction, then the group commit), so a crash still
+replays at most the cycle in flight and nothing is counted twice. What a crash loses is the
+calls started ahead: they are made again after the restart, and since no cycle took them over
+their cost is counted nowhere. The same goes for calls on events the next cycle does not judge
+after all (an offset reset, an event late by the next cycle's watermark): at most one batch.
+
+Only with the graph in this process (no --runner, no multi-processing): on other runners the
+judge stage runs in other processes, where calls started here would be made a second time.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Mapping
+
+from kafka import KafkaConsumer, TopicPartition
+
+from judges.base import JudgeInput, JudgePanel, ThrottledLog
+from pipeline.events import InvalidEvent, parse_event
+from pipeline.settings import ServeSettings
+from pipeline.sources.kafka import _consumer
+from pipeline.stages import is_sampled
+from pipeline.windows import window_start
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.05
+# Records read at most per poll: a few polls cover a judge batch even at low sample rates, and
+# each stays small.
+READ_CHUNK = 2000
+
+
+def runs_here(settings: ServeSettings) -> bool:
+    """Whether the graph's judge stage runs in this process, where calls started ahead can be
+    taken over (FnApiRunner, threads at most)."""
+    return settings.runner is None and not any(
+        "multi_processing" in arg for arg in settings.beam_args
+    )
+
+
+class Lookahead:
+    """Starts judge calls on the events after the running cycle's ranges (module docstring)."""
+
+    def __init__(self, settings: ServeSettings, panel: JudgePanel, batch_events: int) -> None:
+        """`panel`: the process's shared panel; `batch_events`: the most events started ahead
+        for one cycle (the judge batch size)."""
+        self._settings = settings
+        self._panel = panel
+        self._batch_events = batch_events
+        # Calls are added when fewer than `_low` are in flight or queued, up to `_high`: the
+        # endpoint's slots never wait for this thread, which adds in chunks, not call by call.
+        self._low = 2 * settings.judges.concurrency
+        self._high = 4 * settings.judges.concurrency
+        self._lock = threading.Lock()
+        self._next: dict[int, int] = {}  # per partition, the next offset to read ahead
+        self._cutoff: float | None = None
+        self._started = 0  # events started ahead since the cycle began
+        self._stop = threading.Event()
+        self._consumer: KafkaConsumer | None = None
+        self._polled_to: dict[int, int] = {}  # where the consumer's positions are
+        self._failure_log = ThrottledLog(log, 30.0)
+        self._thread = threading.Thread(target=self._run, name="ragpulse-lookahead", daemon=True)
+        self._thread.start()
+
+    def cycle_started(
+        self, starts: Mapping[int, int], stops: Mapping[int, int], closed_before: float | None
+    ) -> None:
+        """The cycle now running reads [starts[p], stops[p]) (stops only where it reads
+        anything) and drops events of windows ending at or before `closed_before`: look ahead
+        from its stops, or from further on where this thread has already read."""
+        with self._lock:
+            for p, start in starts.items():
+                stop = stops.get(p, start)
+                seen = self._next.get(p, stop)
+                self._next[p] = max(seen, stop) if seen >= start else stop
+            for p in [p for p in self._next if p not in starts]:
+                del self._next[p]
+            self._cutoff = closed_before
+            self._started = 0
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        if self._consumer is not None:
+            self._consumer.close(autocommit=False)
+            self._consumer = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_SECONDS):
+            if self._panel.calls_in_flight >= self._low:
+                continue  # the cycle's own calls fill the endpoint
+            with self._lock:
+                room = self._batch_events - self._started
+            if room <= 0:
+                continue
+            free = self._high - self._panel.calls_in_flight
+            wanted = min(room, -(-free // len(self._panel.judges)))  # events, rounded up
+            try:
+                items = self._read_ahead(wanted)
+            except Exception as exc:  # only a missed head start: the cycle reads for itself
+                self._failure_log.warning(
+                    ("read",),
+                    "could not read ahead of the cycle (calls not started early): %s",
+                    exc,
+                )
+                # Positions a read failed at (a topic recreated, records deleted) are dropped;
+                # the next cycle sets them again from its own ranges.
+                with self._lock:
+                    self._next.clear()
+                self._stop.wait(1.0)
+                continue
+            if items:
+                self._panel.start_ahead(items)
+                log.debug("started the calls of %d events ahead of the next cycle", len(items))
+
+    def _read_ahead(self, wanted: int) -> list[JudgeInput]:
+        """Up to `wanted` sampled events after the read-ahead positions, which move past every
+        record read (judged or not)."""
+        s = self._settings
+        with self._lock:
+            positions = dict(self._next)
+            cutoff = self._cutoff
+        if not positions:
+            return []
+        if self._consumer is None:
+            self._consumer = _consumer(
+                s.bootstrap,
+                s.kafka_timeout_seconds,
+                s.kafka_security,
+                # Not ListOffsets: Tansu answers it with the last batch's base offset + 1
+                # (see `log_bounds`); a poll returns whatever the partitions hold.
+                auto_offset_reset="none",
+                max_poll_records=READ_CHUNK,
+            )
+        consumer = self._consumer
+        # Assigned and sought only when the positions are not where the last poll left them:
+        # each seek drops the fetch under way, and under load one may take longer than a poll.
+        if positions != self._polled_to:
+            consumer.assign([TopicPartition(s.topic, p) for p in positions])
+            for p, offset in positions.items():
+                consumer.seek(TopicPartition(s.topic, p), offset)
+        # Records the sampling will likely keep `wanted` of, and never more than a chunk.
+        records = min(READ_CHUNK, max(wanted, math.ceil(wanted / max(s.sample_rate, 1e-9))))
+        polled = consumer.poll(timeout_ms=500, max_records=records)
+        items: list[JudgeInput] = []
+        moved: dict[int, int] = {}
+        for tp, batch in polled.items():
+            for record in batch:
+                moved[tp.partition] = record.offset + 1
+                item = self._judge_input(record.value or b"", record.timestamp / 1000.0, cutoff)
+                if item is not None:
+                    items.append(item)
+        self._polled_to = {**positions, **moved}
+        with self._lock:
+            for p, offset in moved.items():
+                # A cycle that started meanwhile may have moved the position on already.
+                if self._next.get(p) == positions[p]:
+                    self._next[p] = offset
+            self._started += len(items)
+        return items
+
+    def _judge_input(
+        self, raw: bytes, record_time: float, cutoff: float | None
+    ) -> JudgeInput | None:
+        """The judge input `ParseEvents` makes of this record, or None where it judges none."""
+        s = self._settings
+        if len(raw) > s.max_event_bytes:
+            return None  # dead-lettered by the cycle, never judged
+        try:
+            event = parse_event(raw, record_time=record_time, max_bytes=s.max_event_bytes)
+        except InvalidEvent:
+            return None
+        if cutoff is not None:
+            size = s.window_seconds
+            if window_start(event.event_time, size) + size <= cutoff:
+                return None
+        if not is_sampled(event.request_id, s.sample_rate):
+            return None
+        return event.judge_input

@@ -1,0 +1,179 @@
+"""Judge calls keep flowing: between the batches of the judge panel and between serve's cycles.
+
+Against the local stand-in endpoint (tests/fake_openai.py) answering after a fixed latency,
+which records every change of the number of calls in flight. The library tests drive the
+shared panel directly; the serve tests run `ragpulse serve` as a subprocess on a real (Tansu)
+broker, where the calls for the next cycle's events are started ahead by
+`pipeline.service.lookahead` and taken over by that cycle's judge stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from fake_openai import FakeOpenAI
+from kafka_broker import TansuBroker
+from serve_process import Scrape, ServeProcess, serve_processes_fixture  # noqa: F401
+
+from judges.base import Chunk, JudgeInput, JudgePanel
+from judges.endpoint import OpenAIJudgeEndpoint
+from judges.llm import build_llm_judges
+from pipeline.commands.simulate import simulate
+
+T0 = 1_763_632_800.0
+ServeFactory = Callable[..., ServeProcess]
+
+ITEM = JudgeInput(
+    question="How do I rotate a token?",
+    answer="Open Settings, choose Tokens, then Rotate.",
+    chunks=(Chunk("Tokens are rotated from Settings > Tokens.", "tokens.md"),),
+)
+
+
+def llm_panel(server: FakeOpenAI, concurrency: int) -> JudgePanel:
+    endpoint = OpenAIJudgeEndpoint(
+        base_url=server.base_url, api_key="test", concurrency=concurrency, max_retries=0
+    )
+    return JudgePanel(build_llm_judges(["groundedness"], endpoint))
+
+
+def wait_until(done: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_batch_takes_over_the_calls_started_ahead_for_its_inputs_without_calling_again() -> None:
+    items = [dataclasses.replace(ITEM, question=f"How do I rotate token {i}?") for i in range(6)]
+    with FakeOpenAI(latency=0.2) as server:
+        panel = llm_panel(server, concurrency=3)
+        try:
+            panel.start_ahead(items[:4])
+            wait_until(lambda: len(server.requests) >= 3, 10)  # the first ones have answered
+            rows = panel.judge_batch(items)
+        finally:
+            panel.close()
+    assert len(server.requests) == 6  # four taken over, two called by the batch
+    verdicts = [v for row in rows for v in row]
+    assert [v.rating for v in verdicts] == ["yes"] * 6
+    # Taken over as real calls (counted by the batch), not as cached verdicts.
+    assert all(not v.cached and v.latency_seconds > 0 and v.prompt_tokens > 0 for v in verdicts)
+
+
+def test_a_canary_never_takes_over_a_call_started_ahead_for_the_same_input() -> None:
+    with FakeOpenAI(latency=0.1) as server:
+        panel = llm_panel(server, concurrency=2)
+        try:
+            panel.start_ahead([ITEM])
+            wait_until(lambda: len(server.requests) == 1, 10)
+            panel.judge_batch([ITEM], fresh={0})
+            assert len(server.requests) == 2  # the canary was judged by a call of its own
+            panel.judge_batch([ITEM])
+            assert len(server.requests) == 2  # the call started ahead is still there to take
+        finally:
+            panel.close()
+
+
+def test_a_batch_submitted_before_the_last_is_waited_for_queues_behind_it_in_one_loop() -> None:
+    first = [dataclasses.replace(ITEM, question=f"first {i}") for i in range(4)]
+    second = [dataclasses.replace(ITEM, question=f"second {i}") for i in range(4)]
+    with FakeOpenAI(latency=0.3) as server:
+        panel = llm_panel(server, concurrency=4)
+        try:
+            a, b = panel.submit(first), panel.submit(second)
+            rows = a.result(timeout=30) + b.result(timeout=30)
+        finally:
+            panel.close()
+    assert [v.rating for row in rows for v in row] == ["yes"] * 8
+    # One endpoint bound across both batches: never more than 4 in flight, and the second
+    # batch's calls went out as the first one's ended (a wave boundary, not a wait).
+    assert server.max_concurrent == 4
+    assert server.occupancy().longest_idle < 0.5
+
+
+# --- serve -----------------------------------------------------------------------------------
+
+EVENTS = 60
+FIRST = 12  # judged before the measured part: start-up is not a gap between cycles
+SERVE_ARGS = [
+    "--window", "10s",
+    "--allowed-lateness", "1h",
+    "--judges", "groundedness",
+    "--judge-backend", "openai",
+    "--judge-concurrency", "4",
+    "--judge-max-retries", "0",
+    "--judge-cache-size", "0",
+    "--max-batch-events", "12",  # cycles of 3 s of calls each (4 in flight, 1 s each)
+    "--trigger-interval", "0.2s",
+]  # fmt: skip
+
+
+def produce(broker: TansuBroker, topic: str, payloads: list[bytes]) -> None:
+    broker.produce(topic, payloads[0::2], partition=0)
+    broker.produce(topic, payloads[1::2], partition=1)
+
+
+def judged(n: int) -> Callable[[Scrape], bool]:
+    return lambda m: m.total("ragpulse_events_judged_total") == n
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_judge_calls_keep_flowing_between_serve_cycles_and_each_event_costs_one_call(
+    serve_processes: ServeFactory, tmp_path: Path
+) -> None:
+    payloads = [e.payload for e in simulate(8, EVENTS, T0, rate=10)]
+    with TansuBroker() as broker, FakeOpenAI(latency=1.0) as server:
+        broker.create_topic("flow", 2)
+        args = [*SERVE_ARGS, "--judge-base-url", server.base_url]
+        serve = serve_processes(broker.bootstrap, "flow", tmp_path / "state.sqlite", args).start()
+        produce(broker, "flow", payloads[:FIRST])
+        serve.wait_for(judged(FIRST), 120, "the first events judged")
+        server.reset_log()
+        produce(broker, "flow", payloads[FIRST:])  # four more cycles' worth
+        m = serve.wait_for(judged(EVENTS), 180, "every event judged")
+        assert serve.terminate() == 0
+        occupancy = server.occupancy()
+    assert m.total("ragpulse_cycles_total", outcome="ok") >= 5
+    # Every event judged by exactly one call, counted once: the calls started ahead of a
+    # cycle were taken over by it, none was made twice and none left uncounted.
+    assert occupancy.ok_calls == EVENTS - FIRST
+    assert m.total("ragpulse_judge_calls_total", judge="groundedness") == EVENTS
+    assert m.total("ragpulse_judge_verdicts_total", judge="groundedness") == EVENTS
+    # While events were waiting, the endpoint never sat idle for as long as a cycle's graph
+    # takes to end, save and start again (about 2 s when calls stopped between cycles).
+    assert occupancy.longest_idle < 1.0, occupancy.idle_gaps
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_sigkill_while_calls_run_ahead_of_the_next_cycle_loses_and_double_counts_nothing(
+    serve_processes: ServeFactory, tmp_path: Path
+) -> None:
+    state = tmp_path / "state.sqlite"
+    with TansuBroker() as broker, FakeOpenAI(latency=1.0) as server:
+        broker.create_topic("flow-kill", 2)
+        produce(broker, "flow-kill", [e.payload for e in simulate(8, EVENTS, T0, rate=10)])
+        args = [*SERVE_ARGS, "--judge-base-url", server.base_url]
+        serve = serve_processes(broker.bootstrap, "flow-kill", state, args).start()
+        first = serve.wait_for(
+            lambda m: m.total("ragpulse_cycles_total", outcome="ok") >= 1, 120, "a cycle saved"
+        )
+        counted = first.total("ragpulse_events_judged_total")
+        # Calls beyond the saved cycles' events are running: the next cycle's, started ahead.
+        wait_until(lambda: len(server.requests) > counted + 4, 60)
+        assert serve.kill() != 0
+        called_before_kill = len(server.requests)
+
+        again = serve_processes(broker.bootstrap, "flow-kill", state, args).start()
+        m = again.wait_for(judged(EVENTS), 180, "every event judged after the restart")
+        assert again.terminate() == 0
+    assert m.total("ragpulse_judge_verdicts_total", judge="groundedness") == EVENTS
+    assert m.total("ragpulse_events_total", outcome="accepted") == EVENTS
+    # The calls started ahead and lost with the process were made again after the restart.
+    assert len(server.requests) > EVENTS and called_before_kill > counted
