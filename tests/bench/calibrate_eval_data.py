@@ -129,6 +129,10 @@ def main() -> int:
                                folder / "target.json")
             judged_yes = sum(row.get("yes", 0) for row in report["confusion"].values())
             n = report["graded"]
+            if not n:
+                # The local judge abstains on summaries (error, cause unsupported_input).
+                print(f"| {cal} ({len(sets[cal])}) | {target} (0 graded) | | | judge abstained |")
+                continue
             corrected = corrected_ratio(judged_yes, n, load_calibration(cal_file))
             shown = (
                 "undefined"
