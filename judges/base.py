@@ -24,7 +24,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Rating = Literal["yes", "no", "error"]
+Rating = Literal["yes", "no", "error", "skipped"]
+# The ratings a verdict counter and a window count. `skipped` is not one of them: a judge that
+# is not meant to run on an event (it lacks the judge's required field, e.g. correctness
+# without an expected answer) neither passes nor fails nor errs; it is counted apart
+# (ragpulse_judge_skipped_total) and stays out of every window and ratio.
 RATINGS: tuple[Rating, ...] = ("yes", "no", "error")
 
 # Why a verdict is `error`; a closed set so it can label a metric (ragpulse_judge_errors_total).
@@ -39,7 +43,9 @@ RATINGS: tuple[Rating, ...] = ("yes", "no", "error")
 #   circuit_open   the endpoint's circuit breaker is open: not called, failed fast
 #   deadline       the batch's --judge-batch-deadline passed before the call finished
 #   internal       the judge itself raised (a bug): the panel kept the batch going
-#   input          the event lacks what the judge needs
+#   input          the event holds what the judge needs in a form it cannot grade (both
+#                  expected_response and expected_facts, an empty answer ...); an event that
+#                  lacks a required field altogether is `skipped`, not an error
 ErrorCause = Literal[
     "timeout",
     "rate_limited",
@@ -173,10 +179,14 @@ class Verdict:
     # Given earlier to an identical input and taken from the panel's verdict cache
     # (judges.verdict_cache): no call was made, no tokens spent, latency 0.
     cached: bool = False
+    # Of a `skipped` verdict: the required inputs the event lacks (JudgeInput.lacks).
+    missing: tuple[InputName, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.rating == "error") != (self.error_message is not None):
             raise ValueError("a verdict has an error_message exactly when its rating is 'error'")
+        if (self.rating == "skipped") != bool(self.missing):
+            raise ValueError("a verdict names missing inputs exactly when its rating is 'skipped'")
         # These feed Prometheus counters, which must only grow: checked here, where every
         # verdict is made, so the pipeline can add them up without looking.
         prompt, completion = self.prompt_tokens, self.completion_tokens

@@ -8,7 +8,7 @@ rating), plus what the registry says of a shipped judge:
 
     requires: [question, answer]      # inputs an event must have (JudgeInput.lacks); default none
     when_missing: "no pricing text"   # optional: rate such an event "no" with this rationale;
-                                      # without it the event is rated error with cause `input`
+                                      # without it the judge is skipped for such an event
 
 `name` ([a-z0-9_]+) must not be a shipped judge's. The judge runs on the openai backend only,
 when `--judges` names it; its prompt is built, fenced and redacted like every LLM judge's

@@ -39,6 +39,8 @@ LATENCY_BUCKETS: tuple[float, ...] = (
 # The Beam metric namespace of counters that become Prometheus counters.
 COUNTER_NAMESPACE = "ragpulse"
 VERDICTS = "ragpulse_judge_verdicts_total"
+# Judges not run on an event that lacks their required field (`missing`: the input names).
+SKIPPED = "ragpulse_judge_skipped_total"
 # Groundedness verdicts by the context_sufficiency verdict of the same answer.
 GROUNDED_BY_CONTEXT = "ragpulse_groundedness_by_context_total"
 # OpenMetrics caps an exemplar's label names and values at 128 characters together; Prometheus

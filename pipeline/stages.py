@@ -272,6 +272,11 @@ def _tally(
             grounded = v.rating
         elif judge == "context_sufficiency":
             sufficient = v.rating
+        if v.missing:
+            # Skipped: the event lacks the judge's required field. No verdict counted, and
+            # nothing was called.
+            tally["skipped", judge, "+".join(v.missing), app, model] += 1
+            continue
         tally["verdict", judge, v.rating, app, model] += 1
         if v.error_cause is not None:
             tally["error", judge, v.error_cause] += 1
@@ -303,7 +308,7 @@ def _tally_canary(
     labels = dict(canary.labels)
     for v in verdicts:
         label = labels.get(v.judge)
-        if label is None:
+        if label is None or v.rating == "skipped":
             continue
         result = outcome(v, label)
         tally["canary", v.judge, result] += 1
@@ -330,6 +335,9 @@ def _counter_key(k: tuple[Any, ...], backend: str) -> counting.CounterKey:
         case ("verdict", judge, rating, app, model):
             return counting.key("ragpulse_judge_verdicts_total", judge=judge, rating=rating,
                              app=app, model=model)
+        case ("skipped", judge, missing, app, model):
+            return counting.key(counting.SKIPPED, judge=judge, missing=missing, app=app,
+                                model=model)
         case ("calls", judge):
             return counting.key("ragpulse_judge_calls_total", judge=judge, backend=backend)
         case ("error", judge, cause):
@@ -375,9 +383,10 @@ class JudgeEvents(beam.PTransform):
 
 
 def ratings_by_judge(judged: JudgedEvent) -> Iterable[tuple[tuple[str, str, str], str]]:
-    """((judge, app, model), rating) for each verdict of a judged event."""
+    """((judge, app, model), rating) for each verdict of a judged event (skipped judges have
+    none: they stay out of the window's counts)."""
     app, model = judged.record.app, judged.record.model
-    return [((v.judge, app, model), v.rating) for v in judged.verdicts]
+    return [((v.judge, app, model), v.rating) for v in judged.verdicts if not v.missing]
 
 
 class CountRatings(beam.CombineFn):
@@ -486,7 +495,7 @@ def _failing_series(
     if len(record.request_id) > counting.MAX_EXEMPLAR_REQUEST_ID_CHARS:
         return
     for v in judged.verdicts:
-        if v.rating != "yes":
+        if v.rating in ("no", "error"):
             k = counting.key(
                 counting.VERDICTS,
                 judge=v.judge,

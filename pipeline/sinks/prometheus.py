@@ -46,6 +46,8 @@ COUNTER_HELP: dict[str, str] = {
     "ragpulse_judge_cache_hits_total": "Verdicts given again from the verdict cache for an "
     "identical input (same judge, prompt version, event), without a call, by judge.",
     "ragpulse_judge_errors_total": "Verdicts with rating 'error', by cause.",
+    counting.SKIPPED: "Judges skipped for an event that lacks their required field (missing: "
+    "the inputs, e.g. expected for correctness); not verdicts, in no ratio or window.",
     "ragpulse_judge_tokens_total": "Tokens used by LLM judges, by kind (prompt, completion; "
     "cached_prompt: the part of prompt the provider read from its prompt cache).",
     "ragpulse_retrieved_chunks_total": "Retrieved chunks summed over judged events.",

@@ -90,9 +90,9 @@ def failing_verdicts(row: Mapping[str, Any]) -> Iterator[FailingVerdict]:
     for field, rating in row.items():
         if not field.endswith(_RATING_SUFFIX) or not field.startswith(_PREFIX):
             continue
-        if rating not in ("yes", "no", "error"):
-            raise InvalidVerdictRow(f"{field} is {rating!r}, not yes, no or error")
-        if rating == "yes":
+        if rating not in ("yes", "no", "error", "skipped"):
+            raise InvalidVerdictRow(f"{field} is {rating!r}, not yes, no, error or skipped")
+        if rating in ("yes", "skipped"):
             continue
         base = field.removesuffix(_RATING_SUFFIX)
         yield FailingVerdict(
