@@ -181,6 +181,9 @@ class Verdict:
     cached: bool = False
     # Of a `skipped` verdict: the required inputs the event lacks (JudgeInput.lacks).
     missing: tuple[InputName, ...] = ()
+    # Of a judge on a graded scale (0-3, 1-5, a composite): the score; `rating` is then "yes"
+    # when it is at or above the judge's pass score. None on the binary scale.
+    score: float | None = None
 
     def __post_init__(self) -> None:
         if (self.rating == "error") != (self.error_message is not None):
@@ -195,6 +198,10 @@ class Verdict:
         cached = self.cached_prompt_tokens
         if type(cached) is not int or not 0 <= cached <= prompt:
             raise ValueError(f"cached prompt tokens must be an int in 0..{prompt}, got {cached!r}")
+        if self.score is not None and (
+            self.rating not in ("yes", "no") or not math.isfinite(self.score)
+        ):
+            raise ValueError(f"a score must be finite, on a yes or no verdict, got {self.score!r}")
         if not 0.0 <= self.latency_seconds < math.inf:
             raise ValueError(f"latency must be finite and >= 0, got {self.latency_seconds!r}")
 
@@ -271,6 +278,18 @@ def judge_version(judge: Judge) -> str:
     return f"{type(judge).__module__}.{type(judge).__qualname__}"
 
 
+def prompt_version(judge: Judge) -> str:
+    """The short version of a judge's prompt, for the `version` label of its metric series: the
+    judge's `prompt_version` when it has one (LLM judges: the prompt file's `version` and the
+    frame's, "v1f2"), else "local" (the local judges, whose method is the release's).
+
+    Few values by design (one per prompt edit): a prompt change starts new series, so rates of
+    two prompts are never added up, and a dashboard shows when the prompt changed.
+    """
+    version = getattr(judge, "prompt_version", None)
+    return version if isinstance(version, str) else "local"
+
+
 class JudgePanel:
     """Runs several judges over a batch of inputs on one private event loop.
 
@@ -305,6 +324,8 @@ class JudgePanel:
         self.deadline_seconds = deadline_seconds
         self.cache = cache
         self._versions = tuple(judge_version(j) for j in self.judges)
+        # The `version` label of each judge's verdicts, in the order of `judges`.
+        self.prompt_versions = tuple(prompt_version(j) for j in self.judges)
         self._loop = asyncio.new_event_loop()
         graders = tuple(j.grade for j in self.judges if isinstance(j, SyncJudge))
         self._graders: tuple[Callable[[JudgeInput], Verdict], ...] | None = (

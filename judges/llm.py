@@ -402,6 +402,7 @@ class LLMJudge:
         self.guidelines = guidelines if "guidelines" in prompt.inputs else ()
         self._system = system_prompt(prompt)
         self.version = self._version()
+        self.prompt_version = f"v{prompt.version}f{FRAME_VERSION}"
 
     def _version(self) -> str:
         """What this judge's verdicts depend on besides the event, for the verdict cache

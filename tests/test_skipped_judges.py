@@ -60,7 +60,8 @@ def test_a_judge_without_its_required_field_is_skipped_not_failed_and_left_out_o
     write_textfile(prom, MetricsSnapshot(result.counts, result.windows))
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in text_string_to_metric_families(prom.read_text()) for s in f.samples}
-    labels = {"judge": "correctness", "missing": "expected", "app": "faq", "model": "m1"}
+    labels = {"judge": "correctness", "version": "local", "missing": "expected", "app": "faq",
+              "model": "m1"}
     assert samples[("ragpulse_judge_skipped_total", tuple(sorted(labels.items())))] == 2
     assert not any(n == "ragpulse_judge_verdicts_total" and dict(lab).get("rating") == "skipped"
                    for n, lab in samples)
