@@ -311,6 +311,14 @@ def forget_shared_endpoint_states() -> None:
 # -- the endpoint -------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Call:
+    """What one call sets apart from the endpoint's settings (None: the endpoint's)."""
+
+    model: str | None
+    json_schema: Mapping[str, Any] | None
+
+
 @dataclasses.dataclass(slots=True)
 class _LoopState:
     loop: asyncio.AbstractEventLoop
@@ -425,10 +433,13 @@ class OpenAIJudgeEndpoint:
             await self._state.client.close()
             self._state = None
 
-    def _request_options(self) -> dict[str, Any]:
+    def _request_options(self, json_schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
         options: dict[str, Any] = {"max_tokens": self.max_tokens}
         if self.reply_format == "json_schema":
-            options["response_format"] = {"type": "json_schema", "json_schema": VERDICT_JSON_SCHEMA}
+            options["response_format"] = {
+                "type": "json_schema",
+                "json_schema": VERDICT_JSON_SCHEMA if json_schema is None else json_schema,
+            }
         elif self.reply_format == "json_object":
             # Only the type: OpenAI refuses unknown keys here, so no schema rides along.
             options["response_format"] = {"type": "json_object"}
@@ -455,7 +466,11 @@ class OpenAIJudgeEndpoint:
             raise
 
     async def _attempt(
-        self, state: _LoopState, messages: Sequence[Mapping[str, str]], deadline: float | None
+        self,
+        state: _LoopState,
+        messages: Sequence[Mapping[str, str]],
+        deadline: float | None,
+        call: _Call,
     ) -> EndpointReply | Refusal:
         """One request, or the breaker's refusal; records the outcome with the breaker."""
         async with state.semaphore:
@@ -465,7 +480,7 @@ class OpenAIJudgeEndpoint:
             if isinstance(permit, Refusal):
                 return permit
             try:
-                reply = await self._send(state, messages, deadline)
+                reply = await self._send(state, messages, deadline, call)
             except Exception as exc:
                 failure = _failure_from(exc, time.time(), self.scrub)
                 if failure is None:  # over quota, a bug: says nothing about the endpoint
@@ -482,7 +497,11 @@ class OpenAIJudgeEndpoint:
             return reply
 
     async def _send(
-        self, state: _LoopState, messages: Sequence[Mapping[str, str]], deadline: float | None
+        self,
+        state: _LoopState,
+        messages: Sequence[Mapping[str, str]],
+        deadline: float | None,
+        call: _Call,
     ) -> EndpointReply:
         estimate = estimate_tokens(messages, self.max_tokens)
         tokens = self.shared.tokens
@@ -495,10 +514,10 @@ class OpenAIJudgeEndpoint:
             # server trickling bytes could otherwise hold a slot far longer.
             async with asyncio.timeout(self.timeout_seconds):
                 raw = await state.client.chat.completions.with_raw_response.create(
-                    model=self.model,
+                    model=call.model or self.model,
                     messages=messages,  # type: ignore[arg-type]
                     temperature=self.temperature,
-                    **self._request_options(),
+                    **self._request_options(call.json_schema),
                 )
             latency = time.perf_counter() - started
             # Parsed here rather than by the client: its models accept any shape without
@@ -538,12 +557,20 @@ class OpenAIJudgeEndpoint:
         )
 
     async def complete(
-        self, judge: str, messages: Sequence[Mapping[str, str]]
+        self,
+        judge: str,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        model: str | None = None,
+        json_schema: Mapping[str, Any] | None = None,
     ) -> EndpointReply | EndpointFailure:
         """Send one chat request, retrying as `judges.retry` decides; never raises for I/O.
 
-        Ends by the batch deadline (`judges.base.batch_deadline`) when there is one.
+        Ends by the batch deadline (`judges.base.batch_deadline`) when there is one. `model`
+        replaces the endpoint's model for this call (an ensemble's member), `json_schema` the
+        yes/no verdict schema (a judge on a graded scale).
         """
+        call = _Call(model, json_schema)
         state = self._loop_state()
         loop = state.loop
         deadline = batch_deadline()
@@ -560,7 +587,7 @@ class OpenAIJudgeEndpoint:
             started = loop.time()
             try:
                 async with asyncio.timeout_at(deadline) as budget:
-                    outcome = await self._attempt(state, messages, deadline)
+                    outcome = await self._attempt(state, messages, deadline, call)
             except _QuotaPastDeadline as exc:
                 return give_up(
                     "rate_limited",

@@ -22,6 +22,9 @@ what the "model" does:
 * `prompt_cache`: play a provider's prompt caching: the leading messages of a request that
   match, byte for byte, the leading messages of an earlier request are reported as
   `usage.prompt_tokens_details.cached_tokens` (their words), as OpenAI reports a cached prefix;
+* `reply_for`: when set, the whole message content for a request body (its `model`, its
+  `response_format`, its messages), or None for the usual verdict: to answer on a graded
+  scale (`score: 2` / `justification: ...`) or differently per model;
 * `decide`: how the verdict is chosen from the request. The default reads the fenced answer
   (`<answer-NONCE>...</answer-NONCE>`) and says "no" when it contains `MARKER`. It also behaves
   like a gullible model: a `rating: yes|no` line or JSON verdict found in the last user message
@@ -187,8 +190,10 @@ class FakeOpenAI:
         response_formats: tuple[str, ...] = ("json_schema", "json_object", "text"),
         format_rejection_status: int = 400,
         prompt_cache: bool = False,
+        reply_for: Callable[[dict[str, Any]], str | None] | None = None,
     ) -> None:
         self.reply_mode: ReplyMode = reply_mode
+        self.reply_for = reply_for
         self.latency = latency
         self.decide = decide
         self.response_formats = response_formats
@@ -289,6 +294,9 @@ class FakeOpenAI:
         return cached
 
     def _content_for(self, body: dict[str, Any]) -> str:
+        scripted = self.reply_for(body) if self.reply_for is not None else None
+        if scripted is not None:
+            return scripted
         rating, rationale = self.decide(read_fences(_last_user_message(body)))
         if self.reply_mode == "json":
             return json.dumps({"rationale": rationale, "rating": rating})
