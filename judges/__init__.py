@@ -19,6 +19,7 @@ from judges.base import (
     Turn,
     Verdict,
 )
+from judges.composite import Composite, check_composites
 from judges.redaction import TextPolicy
 from judges.registry import (
     DEFAULT_JUDGES,
@@ -70,9 +71,12 @@ class JudgeSpec:
     # Verdicts kept for identical inputs (judges.verdict_cache); size 0: no cache.
     cache_size: int
     cache_ttl_seconds: float
+    # --composite: weighted composites of the judges' grades (judges.composite).
+    composites: tuple[Composite, ...] = ()
 
     def __post_init__(self) -> None:
         check_judge_names(self.names, self.backend, tuple(c.entry for c in self.custom_judges))
+        check_composites(self.composites, self.names)
 
     def build(self) -> JudgePanel:
         """A panel of the named judges on this backend."""
@@ -81,7 +85,10 @@ class JudgeSpec:
 
             # No verdict cache: a local judge grades an event faster than the cache finds it
             # (tests/bench/bench_verdict_cache.py).
-            return JudgePanel(build_local_judges(self.names), self.batch_deadline_seconds)
+            return JudgePanel(
+                build_local_judges(self.names), self.batch_deadline_seconds,
+                composites=self.composites,
+            )
         from judges.verdict_cache import shared_verdict_cache
 
         cache = (
@@ -116,6 +123,7 @@ class JudgeSpec:
             ),
             self.batch_deadline_seconds,
             cache,
+            self.composites,
         )
 
 

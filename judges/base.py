@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, get_args, runtime_checkable
 
 if TYPE_CHECKING:
+    from judges.composite import Composite
     from judges.verdict_cache import CacheKey, VerdictCache
 
 log = logging.getLogger(__name__)
@@ -184,6 +185,8 @@ class Verdict:
     # Of a judge on a graded scale (0-3, 1-5, a composite): the score; `rating` is then "yes"
     # when it is at or above the judge's pass score. None on the binary scale.
     score: float | None = None
+    # Computed from other verdicts of the event (a composite, judges.composite): no call.
+    derived: bool = False
 
     def __post_init__(self) -> None:
         if (self.rating == "error") != (self.error_message is not None):
@@ -315,6 +318,7 @@ class JudgePanel:
         judges: Sequence[Judge],
         deadline_seconds: float | None = None,
         cache: VerdictCache | None = None,
+        composites: Sequence[Composite] = (),
     ) -> None:
         if not judges:
             raise ValueError("a judge panel needs at least one judge")
@@ -324,8 +328,14 @@ class JudgePanel:
         self.deadline_seconds = deadline_seconds
         self.cache = cache
         self._versions = tuple(judge_version(j) for j in self.judges)
-        # The `version` label of each judge's verdicts, in the order of `judges`.
-        self.prompt_versions = tuple(prompt_version(j) for j in self.judges)
+        # Imported here: judges.composite reads this module's types.
+        from judges.composite import composite_graders
+
+        self._composites = composite_graders(composites, self.judges)
+        # The `version` label of each verdict of a row: the judges', then the composites'.
+        self.prompt_versions = tuple(prompt_version(j) for j in self.judges) + tuple(
+            c.prompt_version for c in self._composites
+        )
         self._loop = asyncio.new_event_loop()
         graders = tuple(j.grade for j in self.judges if isinstance(j, SyncJudge))
         self._graders: tuple[Callable[[JudgeInput], Verdict], ...] | None = (
@@ -335,7 +345,8 @@ class JudgePanel:
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(j.name for j in self.judges)
+        """The names of each verdict of a row: the judges', then the composites'."""
+        return tuple(j.name for j in self.judges) + tuple(c.name for c in self._composites)
 
     def judge_batch(
         self, items: Sequence[JudgeInput], fresh: Collection[int] = ()
@@ -346,11 +357,16 @@ class JudgePanel:
         With a cache, a (judge, input) pair judged within its TTL, or earlier in this batch,
         gets that verdict back marked `cached` instead of being judged again. The inputs at
         the positions in `fresh` are always judged and their verdicts not kept (canaries,
-        which are there to test the judges themselves).
+        which are there to test the judges themselves). Each composite's verdict follows the
+        judges' (`judges.composite`).
         """
         if self.cache is not None:
-            return self._judge_through(self.cache, items, fresh)
-        return self._judge_every_pair(items)
+            rows = self._judge_through(self.cache, items, fresh)
+        else:
+            rows = self._judge_every_pair(items)
+        if self._composites:
+            rows = [row + tuple(c.grade(row) for c in self._composites) for row in rows]
+        return rows
 
     def _judge_through(
         self, cache: VerdictCache, items: Sequence[JudgeInput], fresh: Collection[int]

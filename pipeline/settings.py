@@ -30,6 +30,7 @@ from pydantic_core import PydanticUndefined
 
 from judges import DEFAULT_JUDGES, JudgeSpec, ReplyFormat, check_judge_names
 from judges.base import global_guidelines
+from judges.composite import parse_composite
 from judges.redaction import (
     REDACT_MODES,
     STORE_TEXT_MODES,
@@ -107,6 +108,8 @@ class JudgeSettings(BaseModel):
     # Identical inputs judged once per TTL by the LLM judges (judges.verdict_cache); 0: no cache.
     cache_size: int = Field(10_000, ge=0, le=10_000_000, title="--judge-cache-size")
     cache_ttl_seconds: float = Field(600.0, gt=0, le=7 * 86400, title="--judge-cache-ttl")
+    # NAME=JUDGE:WEIGHT,... weighted composites of the judges' grades (judges.composite).
+    composites: tuple[str, ...] = Field((), title="--composite")
 
     @field_validator("redact_patterns")
     @classmethod
@@ -148,6 +151,14 @@ class JudgeSettings(BaseModel):
         global_guidelines(flags)  # ValueError: one line
         if flags and "guideline_adherence" not in info.data.get("names", ()):
             raise ValueError("only the guideline_adherence judge reads it; add it to --judges")
+        return flags
+
+    @field_validator("composites")
+    @classmethod
+    def _composites_read(cls, flags: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        from judges.composite import check_composites, parse_composite
+
+        check_composites([parse_composite(f) for f in flags], info.data.get("names", ()))
         return flags
 
     @field_validator("prompts_dir")
@@ -199,6 +210,7 @@ class JudgeSettings(BaseModel):
             custom_judges=self.custom_judges,
             cache_size=self.cache_size,
             cache_ttl_seconds=self.cache_ttl_seconds,
+            composites=tuple(parse_composite(f) for f in self.composites),
         )
 
 
@@ -597,6 +609,16 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
         "e.g. --guideline 'english=The response must be in English'",
     )
     g.add_argument(
+        "--composite",
+        action="append",
+        default=[],
+        metavar="NAME=JUDGE:WEIGHT,...",
+        help="a weighted composite of the judges' grades, exported like a judge on a graded "
+        "scale: each member's grade on 0..1 (yes 1, no 0; a 0-3 or 1-5 score scaled), their "
+        "weighted mean passes at pass:SCORE (default 0.5) (repeatable), e.g. "
+        "--composite quality=correctness:0.6,comprehensiveness:0.2,readability:0.2",
+    )
+    g.add_argument(
         "--store-text",
         choices=STORE_TEXT_MODES,
         default=default_of(JudgeSettings, "store_text"),
@@ -651,6 +673,7 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
             redact_patterns=tuple(args.redact_pattern),
             store_text=args.store_text,
             guidelines=tuple(args.guideline),
+            composites=tuple(args.composite),
             cache_size=args.judge_cache_size,
             cache_ttl_seconds=args.judge_cache_ttl,
         )

@@ -298,6 +298,8 @@ def _tally(
             # Given again from the verdict cache: no call, no tokens, no latency to count.
             tally["cache_hit", judge] += 1
             continue
+        if v.derived:
+            continue  # a composite of the other verdicts: no call either
         tally["calls", judge] += 1
         if v.prompt_tokens:
             tally["prompt_tokens", judge] += v.prompt_tokens
