@@ -20,6 +20,7 @@ from judges.base import (
     Verdict,
 )
 from judges.composite import Composite, check_composites
+from judges.ensemble import Ensemble
 from judges.redaction import TextPolicy
 from judges.registry import (
     DEFAULT_JUDGES,
@@ -73,6 +74,8 @@ class JudgeSpec:
     cache_ttl_seconds: float
     # --composite: weighted composites of the judges' grades (judges.composite).
     composites: tuple[Composite, ...] = ()
+    # --ensemble: judges graded by the majority of several models (judges.ensemble).
+    ensembles: tuple[Ensemble, ...] = ()
 
     def __post_init__(self) -> None:
         check_judge_names(self.names, self.backend, tuple(c.entry for c in self.custom_judges))
@@ -119,7 +122,8 @@ class JudgeSpec:
         redact = policy.redactor().judge_input if policy.redacts_prompts_to(self.base_url) else None
         return JudgePanel(
             build_llm_judges(
-                self.names, endpoint, prompts, redact, self.guidelines, self.custom_judges
+                self.names, endpoint, prompts, redact, self.guidelines, self.custom_judges,
+                self.ensembles,
             ),
             self.batch_deadline_seconds,
             cache,

@@ -187,6 +187,8 @@ class Verdict:
     score: float | None = None
     # Computed from other verdicts of the event (a composite, judges.composite): no call.
     derived: bool = False
+    # Of an ensemble (judges.ensemble): each member's rating, whose majority is `rating`.
+    votes: tuple[Rating, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.rating == "error") != (self.error_message is not None):

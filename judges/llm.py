@@ -55,6 +55,7 @@ from judges.registry import JUDGES, JudgeEntry, judge_entry
 
 if TYPE_CHECKING:
     from judges.custom import CustomJudge
+    from judges.ensemble import Ensemble
 
 BinaryRating = Literal["yes", "no"]
 # The grading scale of a prompt: binary (yes/no, the default) or a low-precision graded scale
@@ -581,11 +582,12 @@ class LLMJudge:
             {"role": "user", "content": user_prompt(self.prompt, item, nonce)},
         ]
 
-    async def judge(self, item: JudgeInput) -> Verdict:
+    async def judge(self, item: JudgeInput, model: str | None = None) -> Verdict:
         """Grade one event; failures come back as rating "error" with a cause, never "no".
 
         A per-chunk judge asks once per retrieved chunk, concurrently (within the endpoint's
-        bound), and maps the chunks' ratings to one verdict (`judges.chunk_verdicts`).
+        bound), and maps the chunks' ratings to one verdict (`judges.chunk_verdicts`). `model`
+        replaces the endpoint's model (an ensemble's member, judges.ensemble).
         """
         if self.guidelines:
             item = dataclasses.replace(item, guidelines=item.guidelines + self.guidelines)
@@ -593,21 +595,22 @@ class LLMJudge:
         if missing is not None:
             return missing
         if not self.entry.per_chunk:
-            return await self._ask(item)
+            return await self._ask(item, model)
         start = time.perf_counter()
         verdicts = await asyncio.gather(
-            *(self._ask_chunk(dataclasses.replace(item, chunks=(c,))) for c in item.chunks)
+            *(self._ask_chunk(dataclasses.replace(item, chunks=(c,)), model) for c in item.chunks)
         )
         return event_verdict(self.name, verdicts, time.perf_counter() - start)
 
-    async def _ask_chunk(self, item: JudgeInput) -> Verdict:
+    async def _ask_chunk(self, item: JudgeInput, model: str | None) -> Verdict:
         if item.lacks(("chunks",)):
             return Verdict(self.name, "no", "The chunk has no text.")
-        return await self._ask(item)
+        return await self._ask(item, model)
 
-    async def _ask(self, item: JudgeInput) -> Verdict:
+    async def _ask(self, item: JudgeInput, model: str | None) -> Verdict:
         outcome = await self.endpoint.complete(
-            self.name, self.messages(item, new_nonce()), json_schema=self._reply_schema
+            self.name, self.messages(item, new_nonce()), model=model,
+            json_schema=self._reply_schema,
         )
         if isinstance(outcome, EndpointFailure):
             return Verdict(
@@ -663,20 +666,27 @@ def build_llm_judges(
     redact: Callable[[JudgeInput], JudgeInput] | None = None,
     guidelines: tuple[Guideline, ...] = (),
     custom: Sequence[CustomJudge] = (),
+    ensembles: Sequence[Ensemble] = (),
 ) -> list[Judge]:
     """One `LLMJudge` per name, all sharing `endpoint`; ValueError names an unknown judge.
 
     `prompts_dir` replaces the shipped prompt files (e.g. a mounted ConfigMap); `redact`
     (e.g. `judges.redaction.Redactor.judge_input`) rewrites each event before it is prompted;
     `guidelines` are added to every event's own (for the judges whose prompt shows them);
-    `custom` are the operator's judges (`--custom-judge`), already loaded and validated.
+    `custom` are the operator's judges (`--custom-judge`), already loaded and validated;
+    `ensembles` (`--ensemble`) make a judge the majority of several models (judges.ensemble).
     """
+    from judges.ensemble import EnsembleJudge
+
     by_name = {c.entry.name: c for c in custom}
+    members = {e.judge: e.models for e in ensembles}
     judges: list[Judge] = []
     for name in names:
         mine = by_name.get(name)
         if mine is not None:
-            judges.append(LLMJudge(mine.prompt, endpoint, redact, guidelines, mine.entry))
+            judge = LLMJudge(mine.prompt, endpoint, redact, guidelines, mine.entry)
         else:
-            judges.append(LLMJudge(load_prompt(name, prompts_dir), endpoint, redact, guidelines))
+            judge = LLMJudge(load_prompt(name, prompts_dir), endpoint, redact, guidelines)
+        models = members.get(name)
+        judges.append(judge if models is None else EnsembleJudge(judge, models))
     return judges

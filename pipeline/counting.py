@@ -41,6 +41,8 @@ COUNTER_NAMESPACE = "ragpulse"
 VERDICTS = "ragpulse_judge_verdicts_total"
 # Judges not run on an event that lacks their required field (`missing`: the input names).
 SKIPPED = "ragpulse_judge_skipped_total"
+# Verdicts of ensembles (judges.ensemble) by their members' agreement.
+ENSEMBLE_VOTES = "ragpulse_judge_ensemble_votes_total"
 # Scores of judges on a graded scale, exported as the summary `ragpulse_judge_score`
 # (_sum and _count); the sum is kept in thousandths so that it adds up as an integer.
 SCORE_COUNT = "ragpulse_judge_score_count"

@@ -31,6 +31,7 @@ from pydantic_core import PydanticUndefined
 from judges import DEFAULT_JUDGES, JudgeSpec, ReplyFormat, check_judge_names
 from judges.base import global_guidelines
 from judges.composite import parse_composite
+from judges.ensemble import parse_ensemble
 from judges.redaction import (
     REDACT_MODES,
     STORE_TEXT_MODES,
@@ -110,6 +111,8 @@ class JudgeSettings(BaseModel):
     cache_ttl_seconds: float = Field(600.0, gt=0, le=7 * 86400, title="--judge-cache-ttl")
     # NAME=JUDGE:WEIGHT,... weighted composites of the judges' grades (judges.composite).
     composites: tuple[str, ...] = Field((), title="--composite")
+    # JUDGE=MODEL,MODEL,MODEL or JUDGE=N: a judge graded by a majority vote (judges.ensemble).
+    ensembles: tuple[str, ...] = Field((), title="--ensemble")
 
     @field_validator("redact_patterns")
     @classmethod
@@ -159,6 +162,22 @@ class JudgeSettings(BaseModel):
         from judges.composite import check_composites, parse_composite
 
         check_composites([parse_composite(f) for f in flags], info.data.get("names", ()))
+        return flags
+
+    @field_validator("ensembles")
+    @classmethod
+    def _ensembles_read(cls, flags: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        from judges.ensemble import parse_ensemble
+
+        ensembles = [parse_ensemble(f) for f in flags]  # ValueError: one line
+        if ensembles and info.data.get("backend") != "openai":
+            raise ValueError("an ensemble asks LLMs: use it with --judge-backend openai")
+        judges = [e.judge for e in ensembles]
+        for judge in judges:
+            if judge not in info.data.get("names", ()):
+                raise ValueError(f"judge {judge} is not among --judges; add it")
+            if judges.count(judge) > 1:
+                raise ValueError(f"judge {judge} has more than one ensemble")
         return flags
 
     @field_validator("prompts_dir")
@@ -211,6 +230,7 @@ class JudgeSettings(BaseModel):
             cache_size=self.cache_size,
             cache_ttl_seconds=self.cache_ttl_seconds,
             composites=tuple(parse_composite(f) for f in self.composites),
+            ensembles=tuple(parse_ensemble(f) for f in self.ensembles),
         )
 
 
@@ -619,6 +639,15 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
         "--composite quality=correctness:0.6,comprehensiveness:0.2,readability:0.2",
     )
     g.add_argument(
+        "--ensemble",
+        action="append",
+        default=[],
+        metavar="JUDGE=MODEL,MODEL,MODEL",
+        help="grade JUDGE by the majority of an odd number (>= 3) of models on the endpoint, "
+        "or JUDGE=N: N samples of --judge-model; agreement counted in "
+        "ragpulse_judge_ensemble_votes_total (repeatable; openai backend)",
+    )
+    g.add_argument(
         "--store-text",
         choices=STORE_TEXT_MODES,
         default=default_of(JudgeSettings, "store_text"),
@@ -674,6 +703,7 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
             store_text=args.store_text,
             guidelines=tuple(args.guideline),
             composites=tuple(args.composite),
+            ensembles=tuple(args.ensemble),
             cache_size=args.judge_cache_size,
             cache_ttl_seconds=args.judge_cache_ttl,
         )

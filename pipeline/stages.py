@@ -30,6 +30,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from judges import JudgeSpec
 from judges.base import RATINGS, Verdict
+from judges.ensemble import agreement
 from pipeline import counting
 from pipeline.counting import COUNTER_NAMESPACE
 from pipeline.events import InferenceRecord, InvalidEvent, Rejected, SourceRecord, parse_event
@@ -289,6 +290,8 @@ def _tally(
             tally["skipped", judge, version, "+".join(v.missing), app, model] += 1
             continue
         tally["verdict", judge, version, v.rating, app, model] += 1
+        if v.votes:
+            tally["ensemble", judge, version, agreement(v.votes)] += 1
         if v.score is not None:
             tally["score_count", judge, version, app, model] += 1
             tally["score_sum", judge, version, app, model] += counting.milli(v.score)
@@ -360,6 +363,9 @@ def _counter_key(k: tuple[Any, ...], backend: str) -> counting.CounterKey:
         case ("score_sum", judge, version, app, model):
             return counting.key(counting.SCORE_SUM_MILLI, judge=judge, version=version, app=app,
                                 model=model)
+        case ("ensemble", judge, version, agreed):
+            return counting.key(counting.ENSEMBLE_VOTES, judge=judge, version=version,
+                                agreement=agreed)
         case ("calls", judge):
             return counting.key("ragpulse_judge_calls_total", judge=judge, backend=backend)
         case ("error", judge, cause):

@@ -47,6 +47,9 @@ COUNTER_HELP: dict[str, str] = {
     "ragpulse_judge_cache_hits_total": "Verdicts given again from the verdict cache for an "
     "identical input (same judge, prompt version, event), without a call, by judge.",
     "ragpulse_judge_errors_total": "Verdicts with rating 'error', by cause.",
+    counting.ENSEMBLE_VOTES: "Verdicts of ensemble judges (--ensemble) by how their members "
+    "voted: unanimous, split (the majority decided) or incomplete (some member could not "
+    "grade).",
     counting.SKIPPED: "Judges skipped for an event that lacks their required field (missing: "
     "the inputs, e.g. expected for correctness); not verdicts, in no ratio or window.",
     "ragpulse_judge_tokens_total": "Tokens used by LLM judges, by kind (prompt, completion; "
