@@ -122,3 +122,13 @@ def test_once_a_prompt_changes_only_the_new_versions_window_gauges_are_exported(
     series = {"judge": "safety", "app": "faq", "model": "m1"}
     assert reg.get_sample_value("ragpulse_judge_pass_ratio", {**series, "version": "v2f2"}) == 0
     assert reg.get_sample_value("ragpulse_judge_pass_ratio", {**series, "version": "v1f2"}) is None
+
+
+def test_the_label_budget_bounds_app_and_model_but_keeps_each_windows_prompt_version() -> None:
+    from pipeline.service.labels import LabelBudget, LabelLimits
+
+    windows = {WindowKey(START, END, "safety", app, "m1", "v3f2"): RatingCounts(yes=1)
+               for app in ("a", "b")}
+    bounded, _ = LabelBudget(LabelLimits(max_values=1)).bound(windows, {})
+    assert set(bounded) == {WindowKey(START, END, "safety", "a", "m1", "v3f2"),
+                            WindowKey(START, END, "safety", "other", "m1", "v3f2")}
