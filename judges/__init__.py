@@ -21,6 +21,8 @@ from judges.base import (
     Turn,
     Verdict,
 )
+from judges.composite import Composite, check_composites
+from judges.ensemble import Ensemble
 from judges.redaction import TextPolicy
 from judges.registry import (
     DEFAULT_JUDGES,
@@ -75,9 +77,14 @@ class JudgeSpec:
     # The scored judges' pass mark, and answer_correctness's embeddings model (None: off).
     score_threshold: float
     embeddings_model: str | None
+    # --composite: weighted composites of the judges' grades (judges.composite).
+    composites: tuple[Composite, ...] = ()
+    # --ensemble: judges graded by the majority of several models (judges.ensemble).
+    ensembles: tuple[Ensemble, ...] = ()
 
     def __post_init__(self) -> None:
         check_judge_names(self.names, self.backend, tuple(c.entry for c in self.custom_judges))
+        check_composites(self.composites, self.names)
 
     def build(self) -> JudgePanel:
         """A panel of the named judges on this backend."""
@@ -86,7 +93,10 @@ class JudgeSpec:
 
             # No verdict cache: a local judge grades an event faster than the cache finds it
             # (tests/bench/bench_verdict_cache.py).
-            return JudgePanel(build_local_judges(self.names), self.batch_deadline_seconds)
+            return JudgePanel(
+                build_local_judges(self.names), self.batch_deadline_seconds,
+                composites=self.composites,
+            )
         from judges.verdict_cache import shared_verdict_cache
 
         cache = (
@@ -125,9 +135,11 @@ class JudgeSpec:
                 self.custom_judges,
                 self.score_threshold,
                 self.embeddings_model,
+                self.ensembles,
             ),
             self.batch_deadline_seconds,
             cache,
+            self.composites,
         )
 
 

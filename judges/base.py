@@ -23,11 +23,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, get_args, runtime_checkable
 
 if TYPE_CHECKING:
+    from judges.composite import Composite
     from judges.verdict_cache import CacheKey, VerdictCache
 
 log = logging.getLogger(__name__)
 
-Rating = Literal["yes", "no", "error"]
+Rating = Literal["yes", "no", "error", "skipped"]
+# The ratings a verdict counter and a window count. `skipped` is not one of them: a judge that
+# is not meant to run on an event (it lacks the judge's required field, e.g. correctness
+# without an expected answer) neither passes nor fails nor errs; it is counted apart
+# (ragpulse_judge_skipped_total) and stays out of every window and ratio.
 RATINGS: tuple[Rating, ...] = ("yes", "no", "error")
 
 # Why a verdict is `error`; a closed set so it can label a metric (ragpulse_judge_errors_total).
@@ -42,7 +47,9 @@ RATINGS: tuple[Rating, ...] = ("yes", "no", "error")
 #   circuit_open   the endpoint's circuit breaker is open: not called, failed fast
 #   deadline       the batch's --judge-batch-deadline passed before the call finished
 #   internal       the judge itself raised (a bug): the panel kept the batch going
-#   input          the event lacks what the judge needs
+#   input          the event holds what the judge needs in a form it cannot grade (both
+#                  expected_response and expected_facts, an empty answer ...); an event that
+#                  lacks a required field altogether is `skipped`, not an error
 #   unsupported_input  the event has it, but of a kind the judge's method cannot judge (the
 #                  local groundedness judge on a summary): it abstains rather than guess
 ErrorCause = Literal[
@@ -179,10 +186,21 @@ class Verdict:
     # Given earlier to an identical input and taken from the panel's verdict cache
     # (judges.verdict_cache): no call was made, no tokens spent, latency 0.
     cached: bool = False
+    # Of a `skipped` verdict: the required inputs the event lacks (JudgeInput.lacks).
+    missing: tuple[InputName, ...] = ()
+    # Of a judge on a graded scale (0-3, 1-5, a composite): the score; `rating` is then "yes"
+    # when it is at or above the judge's pass score. None on the binary scale.
+    score: float | None = None
+    # Computed from other verdicts of the event (a composite, judges.composite): no call.
+    derived: bool = False
+    # Of an ensemble (judges.ensemble): each member's rating, whose majority is `rating`.
+    votes: tuple[Rating, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.rating == "error") != (self.error_message is not None):
             raise ValueError("a verdict has an error_message exactly when its rating is 'error'")
+        if (self.rating == "skipped") != bool(self.missing):
+            raise ValueError("a verdict names missing inputs exactly when its rating is 'skipped'")
         # These feed Prometheus counters, which must only grow: checked here, where every
         # verdict is made, so the pipeline can add them up without looking.
         prompt, completion = self.prompt_tokens, self.completion_tokens
@@ -191,6 +209,10 @@ class Verdict:
         cached = self.cached_prompt_tokens
         if type(cached) is not int or not 0 <= cached <= prompt:
             raise ValueError(f"cached prompt tokens must be an int in 0..{prompt}, got {cached!r}")
+        if self.score is not None and (
+            self.rating not in ("yes", "no") or not math.isfinite(self.score)
+        ):
+            raise ValueError(f"a score must be finite, on a yes or no verdict, got {self.score!r}")
         if not 0.0 <= self.latency_seconds < math.inf:
             raise ValueError(f"latency must be finite and >= 0, got {self.latency_seconds!r}")
 
@@ -267,6 +289,18 @@ def judge_version(judge: Judge) -> str:
     return f"{type(judge).__module__}.{type(judge).__qualname__}"
 
 
+def prompt_version(judge: Judge) -> str:
+    """The short version of a judge's prompt, for the `version` label of its metric series: the
+    judge's `prompt_version` when it has one (LLM judges: the prompt file's `version` and the
+    frame's, "v1f2"), else "local" (the local judges, whose method is the release's).
+
+    Few values by design (one per prompt edit): a prompt change starts new series, so rates of
+    two prompts are never added up, and a dashboard shows when the prompt changed.
+    """
+    version = getattr(judge, "prompt_version", None)
+    return version if isinstance(version, str) else "local"
+
+
 class JudgePanel:
     """Runs several judges over batches of inputs on one event loop of its own.
 
@@ -304,6 +338,7 @@ class JudgePanel:
         judges: Sequence[Judge],
         deadline_seconds: float | None = None,
         cache: VerdictCache | None = None,
+        composites: Sequence[Composite] = (),
     ) -> None:
         if not judges:
             raise ValueError("a judge panel needs at least one judge")
@@ -313,6 +348,14 @@ class JudgePanel:
         self.deadline_seconds = deadline_seconds
         self.cache = cache
         self._versions = tuple(judge_version(j) for j in self.judges)
+        # Imported here: judges.composite reads this module's types.
+        from judges.composite import composite_graders
+
+        self._composites = composite_graders(composites, self.judges)
+        # The `version` label of each verdict of a row: the judges', then the composites'.
+        self.prompt_versions = tuple(prompt_version(j) for j in self.judges) + tuple(
+            c.prompt_version for c in self._composites
+        )
         graders = tuple(j.grade for j in self.judges if isinstance(j, SyncJudge))
         self._graders: tuple[Callable[[JudgeInput], Verdict], ...] | None = (
             graders if len(graders) == len(self.judges) else None
@@ -332,7 +375,8 @@ class JudgePanel:
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(j.name for j in self.judges)
+        """The names of each verdict of a row: the judges', then the composites'."""
+        return tuple(j.name for j in self.judges) + tuple(c.name for c in self._composites)
 
     @property
     def waits_on_io(self) -> bool:
@@ -348,7 +392,8 @@ class JudgePanel:
         With a cache, a (judge, input) pair judged within its TTL, or earlier in this batch,
         gets that verdict back marked `cached` instead of being judged again. The inputs at
         the positions in `fresh` are always judged and their verdicts not kept (canaries,
-        which are there to test the judges themselves).
+        which are there to test the judges themselves). Each composite's verdict follows the
+        judges' (`judges.composite`).
         """
         return self.submit(items, fresh).result()
 
@@ -359,7 +404,7 @@ class JudgePanel:
         (at once on the synchronous path)."""
         if self._graders is not None and self.cache is None:
             done: concurrent.futures.Future[list[tuple[Verdict, ...]]] = concurrent.futures.Future()
-            done.set_result(self._grade_every_pair(self._graders, items))
+            done.set_result(self._with_composites(self._grade_every_pair(self._graders, items)))
             return done
         n = len(self.judges)
         # Pairs of the `fresh` inputs never take over a call started ahead.
@@ -374,7 +419,8 @@ class JudgePanel:
 
         rows: concurrent.futures.Future[list[tuple[Verdict, ...]]] = concurrent.futures.Future()
         if self._graders is not None:
-            rows.set_result(assemble(self._grade_pairs(self._graders, pairs)))
+            graded = assemble(self._grade_pairs(self._graders, pairs))
+            rows.set_result(self._with_composites(graded))
             return rows
         verdicts = asyncio.run_coroutine_threadsafe(
             self._judge_all(pairs, own), self._running_loop()
@@ -382,12 +428,18 @@ class JudgePanel:
 
         def finished(f: concurrent.futures.Future[list[Verdict]]) -> None:
             try:
-                rows.set_result(assemble(f.result()))
+                rows.set_result(self._with_composites(assemble(f.result())))
             except BaseException as exc:  # a bug in assembling; the caller sees it
                 rows.set_exception(exc)
 
         verdicts.add_done_callback(finished)
         return rows
+
+    def _with_composites(self, rows: list[tuple[Verdict, ...]]) -> list[tuple[Verdict, ...]]:
+        """Each row with its composites' verdicts after the judges' (`judges.composite`)."""
+        if not self._composites:
+            return rows
+        return [row + tuple(c.grade(row) for c in self._composites) for row in rows]
 
     def start_ahead(self, items: Sequence[JudgeInput]) -> None:
         """Start every judge's call on each input now, for a later batch holding the same input

@@ -8,7 +8,11 @@ rating), plus what the registry says of a shipped judge:
 
     requires: [question, answer]      # inputs an event must have (JudgeInput.lacks); default none
     when_missing: "no pricing text"   # optional: rate such an event "no" with this rationale;
-                                      # without it the event is rated error with cause `input`
+                                      # without it the judge is skipped for such an event
+
+A file may grade on a scale (`scale: "0-3"` or `"1-5"`, a `pass_score` on it, and one example
+per score, as deploy/samples/comprehensiveness.yaml; judges.llm): its verdict is "yes" at or
+above the pass score, and its score is counted for the mean (ragpulse_judge_score).
 
 `name` ([a-z0-9_]+) must not be a shipped judge's. The judge runs on the openai backend only,
 when `--judges` names it; its prompt is built, fenced and redacted like every LLM judge's

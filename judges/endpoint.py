@@ -366,6 +366,14 @@ def forget_shared_endpoint_states() -> None:
 # -- the endpoint -------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Call:
+    """What one call sets apart from the endpoint's settings (None: the endpoint's)."""
+
+    model: str | None
+    json_schema: Mapping[str, Any] | None
+
+
 @dataclasses.dataclass(slots=True)
 class _LoopState:
     loop: asyncio.AbstractEventLoop
@@ -543,7 +551,7 @@ class OpenAIJudgeEndpoint:
         state: _LoopState,
         messages: Sequence[Mapping[str, str]],
         deadline: float | None,
-        json_schema: Mapping[str, Any] | None,
+        call: _Call,
     ) -> EndpointReply:
         estimate = estimate_tokens(messages, self.max_tokens)
         tokens = self.shared.tokens
@@ -556,10 +564,10 @@ class OpenAIJudgeEndpoint:
             # server trickling bytes could otherwise hold a slot far longer.
             async with asyncio.timeout(self.timeout_seconds):
                 raw = await state.client.chat.completions.with_raw_response.create(
-                    model=self.model,
+                    model=call.model or self.model,
                     messages=messages,  # type: ignore[arg-type]
                     temperature=self.temperature,
-                    **self._request_options(json_schema),
+                    **self._request_options(call.json_schema),
                 )
             latency = time.perf_counter() - started
             # Parsed here rather than by the client: its models accept any shape without
@@ -603,17 +611,22 @@ class OpenAIJudgeEndpoint:
         judge: str,
         messages: Sequence[Mapping[str, str]],
         json_schema: Mapping[str, Any] | None = None,
+        *,
+        model: str | None = None,
     ) -> EndpointReply | EndpointFailure:
         """Send one chat request, retrying as `judges.retry` decides; never raises for I/O.
 
         Ends by the batch deadline (`judges.base.batch_deadline`) when there is one. With the
         json_schema reply format, `json_schema` (OpenAI's `{"name", "strict", "schema"}`)
-        replaces the verdict's schema, for judges that reply with another shape.
+        replaces the verdict's schema, for judges that reply with another shape (a graded
+        scale, claims); `model` replaces the endpoint's model for this call (an ensemble's
+        member).
         """
+        call = _Call(model, json_schema)
         state = self._loop_state()
         deadline = batch_deadline()
         return await self._call(
-            judge, state, deadline, lambda: self._send(state, messages, deadline, json_schema)
+            judge, state, deadline, lambda: self._send(state, messages, deadline, call)
         )
 
     async def embed(

@@ -35,7 +35,7 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -56,8 +56,14 @@ from judges.registry import DEFAULT_SCORE_THRESHOLD, JUDGES, JudgeEntry, judge_e
 
 if TYPE_CHECKING:
     from judges.custom import CustomJudge
+    from judges.ensemble import Ensemble
 
 BinaryRating = Literal["yes", "no"]
+# The grading scale of a prompt: binary (yes/no, the default) or a low-precision graded scale
+# with a rubric and one example per score (the Databricks study: 0-3 agrees with humans as
+# well as finer scales and is cheaper to get right; MLflow's judges grade 1-5).
+Scale = Literal["binary", "0-3", "1-5"]
+SCALE_SCORES: dict[Scale, tuple[int, ...]] = {"0-3": (0, 1, 2, 3), "1-5": (1, 2, 3, 4, 5)}
 
 # Bumped when the frame below (fence rules, reply format) changes; each prompt file has its own
 # `version` for its rubric and examples. The frame lives in code because the fencer and the
@@ -96,11 +102,13 @@ _SUBJECT_WORDS: dict[Subject, tuple[str, str, str]] = {
 
 
 class FewShotExample(BaseModel):
-    """One worked example: inputs, the expected one-sentence rationale, and its rating."""
+    """One worked example: inputs, the expected one-sentence rationale, and its rating (binary
+    scale) or its score (graded scales)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    rating: BinaryRating
+    rating: BinaryRating | None = None
+    score: int | None = None
     rationale: str = Field(min_length=1)
     question: str | None = None
     answer: str | None = None
@@ -117,7 +125,10 @@ class JudgePrompt(BaseModel):
 
     name: str = Field(pattern=r"^[a-z0-9_]+$")
     version: int = Field(ge=1)
-    ratings: tuple[BinaryRating, ...]
+    scale: Scale = "binary"
+    # Graded scales: the lowest score rated "yes" (what the pass ratio counts).
+    pass_score: int | None = Field(None, validate_default=True)
+    ratings: tuple[BinaryRating, ...] = ("yes", "no")
     subject: Subject = "answer"
     inputs: tuple[InputName, ...] = Field(min_length=1)
     task: str = Field(min_length=1)
@@ -157,15 +168,75 @@ class JudgePrompt(BaseModel):
             )
         return inputs
 
+    @field_validator("pass_score")
+    @classmethod
+    def _pass_score_on_the_scale(cls, score: int | None, info: ValidationInfo) -> int | None:
+        scale: Scale = info.data.get("scale", "binary")
+        if scale == "binary":
+            if score is not None:
+                raise ValueError("only a graded scale (0-3, 1-5) has a pass score")
+            return score
+        scores = SCALE_SCORES[scale]
+        if score not in scores:
+            raise ValueError(f"a {scale} judge needs a pass score among {list(scores)}")
+        return score
+
+    @field_validator("subject")
+    @classmethod
+    def _whole_subject_on_graded_scales(cls, subject: Subject, info: ValidationInfo) -> Subject:
+        if subject == "passage" and info.data.get("scale", "binary") != "binary":
+            raise ValueError("a judge of each passage is binary (its chunks' ratings make one)")
+        return subject
+
     @field_validator("examples")
     @classmethod
     def _one_example_per_rating(
-        cls, examples: tuple[FewShotExample, ...]
+        cls, examples: tuple[FewShotExample, ...], info: ValidationInfo
     ) -> tuple[FewShotExample, ...]:
-        shown = sorted(e.rating for e in examples)
-        if shown != ["no", "yes"]:
-            raise ValueError(f"need exactly one example per rating ['yes', 'no'], got {shown}")
+        scale: Scale = info.data.get("scale", "binary")
+        if scale == "binary":
+            if any(e.score is not None for e in examples):
+                raise ValueError("a binary judge's examples have a rating, not a score")
+            shown = sorted(str(e.rating) for e in examples)
+            if shown != ["no", "yes"]:
+                raise ValueError(f"need exactly one example per rating ['yes', 'no'], got {shown}")
+            return examples
+        if any(e.rating is not None for e in examples):
+            raise ValueError(f"a {scale} judge's examples have a score, not a rating")
+        scores = sorted(-1 if e.score is None else e.score for e in examples)
+        if scores != list(SCALE_SCORES[scale]):
+            raise ValueError(
+                f"need exactly one example per score {list(SCALE_SCORES[scale])}, got {scores}"
+            )
         return examples
+
+    @property
+    def scores(self) -> tuple[int, ...] | None:
+        """The scores of a graded scale, or None for binary."""
+        return SCALE_SCORES[self.scale] if self.scale != "binary" else None
+
+    def rating_of(self, score: int) -> BinaryRating:
+        """"yes" at or above the pass score."""
+        return "yes" if self.pass_score is not None and score >= self.pass_score else "no"
+
+    def reply_schema(self) -> dict[str, Any] | None:
+        """The json_schema response format of a graded scale (None: the yes/no schema)."""
+        scores = self.scores
+        if scores is None:
+            return None
+        return {
+            "name": "judge_score",
+            "strict": True,
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "rationale": {"type": "string"},
+                    "score": {"type": "integer", "enum": list(scores)},
+                },
+                "required": ["rationale", "score"],
+                "additionalProperties": False,
+            },
+        }
 
 
 def load_prompt_file(path: Path) -> JudgePrompt:
@@ -277,25 +348,45 @@ def fenced_inputs(inputs: Sequence[InputName], item: JudgeInput, nonce: str) -> 
     return "\n".join(fence(n, _input_text(n, item), nonce) for n in inputs)
 
 
+def _reply_instructions(prompt: JudgePrompt) -> tuple[str, str]:
+    """What to grade with and the reply format, on the prompt's scale; and what the examples
+    are one of."""
+    scores = prompt.scores
+    if scores is None:
+        return (
+            'then the rating, which is exactly "yes" or "no".\n'
+            'Reply with only a JSON object: {"rationale": "<one sentence>", "rating": "<yes or '
+            'no>"}\nIf you cannot produce JSON, reply with exactly two lines:\n'
+            "rationale: <one sentence>\nrating: <yes or no>",
+            "rating",
+        )
+    low, high = scores[0], scores[-1]
+    return (
+        f"then the score, a whole number from {low} to {high} as the rubric defines them.\n"
+        f'Reply with only a JSON object: {{"rationale": "<one sentence>", "score": '
+        f"<{low}-{high}>}}\nIf you cannot produce JSON, reply with exactly two lines:\n"
+        f"justification: <one sentence>\nscore: <{low}-{high}>",
+        "score",
+    )
+
+
 def system_prompt(prompt: JudgePrompt) -> str:
     """The fixed instructions of a judge: task, rubric, fence rules, reply format, examples."""
     examples = []
     for number, example in enumerate(prompt.examples, start=1):
         fenced = "\n".join(fence(n, _example_text(n, example), "example") for n in prompt.inputs)
-        reply = json.dumps({"rationale": example.rationale, "rating": example.rating})
+        grade = {"rating": example.rating} if example.score is None else {"score": example.score}
+        reply = json.dumps({"rationale": example.rationale, **grade})
         examples.append(f"Example {number}:\n{fenced}\nReply: {reply}")
+    reply_format, per = _reply_instructions(prompt)
     graded, how, _ = _SUBJECT_WORDS[prompt.subject]
     return (
         f"You are an impartial judge grading {graded}.\n"
         f"Task: {prompt.task.strip()}\n\n"
         f"Rubric:\n{prompt.rubric.strip()}\n\n"
         f"{fence_rules(prompt.inputs)}\n\n"
-        f"Grade {how}. Think first: write a one-sentence rationale, "
-        'then the rating, which is exactly "yes" or "no".\n'
-        'Reply with only a JSON object: {"rationale": "<one sentence>", "rating": "<yes or no>"}'
-        "\nIf you cannot produce JSON, reply with exactly two lines:\n"
-        "rationale: <one sentence>\nrating: <yes or no>\n\n"
-        "One example per rating:\n\n" + "\n\n".join(examples)
+        f"Grade {how}. Think first: write a one-sentence rationale, {reply_format}\n\n"
+        f"One example per {per}:\n\n" + "\n\n".join(examples)
     )
 
 
@@ -338,12 +429,45 @@ class UnparsableReply(ValueError):
 # Linear: `(.*)` backtracks once from the end to the last fence; the old `\s*\n?(.*?)` retried
 # the lazy group from every split of a long white-space run (quadratic).
 _CODE_BLOCK = re.compile(r"^```[a-zA-Z]*+(.*)```$", re.DOTALL)
-_LABEL = re.compile(r"^[\s*#>_-]*(rationale|rating)[\s*_]*:[\s*_]*(.*)$", re.IGNORECASE)
+_LABEL = re.compile(
+    r"^[\s*#>_-]*(rationale|justification|rating|score)[\s*_]*:[\s*_]*(.*)$", re.IGNORECASE
+)
 
 
-def _validated(data: object) -> JudgeReply:
+class ScoredReply(BaseModel):
+    """A judge model's reply on a graded scale: the rationale, then a whole-number score."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rationale: str = Field(min_length=1)
+    score: int
+
+    @field_validator("rationale", mode="before")
+    @classmethod
+    def _strip(cls, value: object) -> object:
+        return value.strip() if isinstance(value, str) else value
+
+    @field_validator("score", mode="before")
+    @classmethod
+    def _whole_number(cls, value: object) -> object:
+        # "3", "**3**", "3/5" and "3." are a 3; a bool (JSON true) is not a score.
+        if isinstance(value, bool):
+            raise ValueError("a score is a whole number, not true or false")
+        if isinstance(value, str):
+            number = _LEADING_NUMBER.match(value.strip().strip(".*\"'").strip())
+            return int(number.group(1)) if number else value
+        return value
+
+
+_LEADING_NUMBER = re.compile(r"^(\d+)(?:\.0*)?(?:\s*/\s*\d+)?$")
+
+
+_Reply = TypeVar("_Reply", JudgeReply, ScoredReply)
+
+
+def _validated(model: type[_Reply], data: object) -> _Reply:
     try:
-        return JudgeReply.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'reply'}: {e['msg']}" for e in exc.errors()
@@ -351,12 +475,9 @@ def _validated(data: object) -> JudgeReply:
         raise UnparsableReply(problems) from exc
 
 
-def parse_reply(text: str | None) -> JudgeReply:
-    """Read a verdict from a model reply: a JSON object, or `rationale:` / `rating:` lines.
-
-    Only the reply is read (never the prompt), and a reply with more than one rating line is
-    refused rather than guessed at. Raises `UnparsableReply` otherwise.
-    """
+def _reply_fields(text: str | None, key: Literal["rating", "score"]) -> dict[str, Any]:
+    """The rationale and the `key` of a reply: a JSON object, or labelled lines (`rationale:`
+    or MLflow's `justification:`, and `rating:` or `score:`); UnparsableReply otherwise."""
     body = (text or "").strip()
     if not body:
         raise UnparsableReply("the reply is empty")
@@ -370,25 +491,50 @@ def parse_reply(text: str | None) -> JudgeReply:
             raise UnparsableReply(f"the reply looks like JSON but is not valid: {exc}") from exc
         if not isinstance(data, dict):
             raise UnparsableReply("the JSON reply is not an object")
-        return _validated(data)
+        if "rationale" not in data and "justification" in data:
+            data["rationale"] = data["justification"]
+        return data
     rationale: list[str] = []
-    ratings: list[str] = []
+    grades: list[str] = []
     collecting = False
     for line in body.splitlines():
         labelled = _LABEL.match(line)
-        if labelled and labelled.group(1).lower() == "rating":
-            ratings.append(labelled.group(2))
+        label = labelled.group(1).lower() if labelled else None
+        if labelled and label == key:
+            grades.append(labelled.group(2))
             collecting = False
-        elif labelled:
+        elif labelled and label in ("rationale", "justification"):
             rationale.append(labelled.group(2))
             collecting = True
+        elif labelled:
+            collecting = False  # the other scale's label: not part of the rationale
         elif collecting and line.strip():
             rationale.append(line.strip())
-    if not ratings:
-        raise UnparsableReply("the reply has neither a JSON verdict nor a 'rating:' line")
-    if len(ratings) > 1:
-        raise UnparsableReply(f"the reply has {len(ratings)} 'rating:' lines; expected one")
-    return _validated({"rationale": " ".join(rationale), "rating": ratings[0]})
+    if not grades:
+        raise UnparsableReply(f"the reply has neither a JSON verdict nor a '{key}:' line")
+    if len(grades) > 1:
+        raise UnparsableReply(f"the reply has {len(grades)} '{key}:' lines; expected one")
+    return {"rationale": " ".join(rationale), key: grades[0]}
+
+
+def parse_reply(text: str | None) -> JudgeReply:
+    """Read a yes/no verdict from a model reply: a JSON object, or `rationale:` (or
+    `justification:`) / `rating:` lines.
+
+    Only the reply is read (never the prompt), and a reply with more than one rating line is
+    refused rather than guessed at. Raises `UnparsableReply` otherwise.
+    """
+    return _validated(JudgeReply, _reply_fields(text, "rating"))
+
+
+def parse_scored_reply(text: str | None, scores: tuple[int, ...]) -> ScoredReply:
+    """Read a score on a graded scale from a model reply: a JSON object with `score`, or
+    MLflow's `score:` / `justification:` lines (either order; `rationale:` too). Raises
+    `UnparsableReply` unless there is exactly one score, and it is one of `scores`."""
+    reply = _validated(ScoredReply, _reply_fields(text, "score"))
+    if reply.score not in scores:
+        raise UnparsableReply(f"score {reply.score} is not on the scale {list(scores)}")
+    return reply
 
 
 # -- judges -------------------------------------------------------------------------------------
@@ -414,7 +560,9 @@ class LLMJudge:
         # Guidelines for every event (--guideline), for a prompt that shows guidelines.
         self.guidelines = guidelines if "guidelines" in prompt.inputs else ()
         self._system = system_prompt(prompt)
+        self._reply_schema = prompt.reply_schema()
         self.version = self._version()
+        self.prompt_version = f"v{prompt.version}f{FRAME_VERSION}"
 
     def _version(self) -> str:
         return settings_version(
@@ -438,11 +586,12 @@ class LLMJudge:
             {"role": "user", "content": user_prompt(self.prompt, item, nonce)},
         ]
 
-    async def judge(self, item: JudgeInput) -> Verdict:
+    async def judge(self, item: JudgeInput, model: str | None = None) -> Verdict:
         """Grade one event; failures come back as rating "error" with a cause, never "no".
 
         A per-chunk judge asks once per retrieved chunk, concurrently (within the endpoint's
-        bound), and maps the chunks' ratings to one verdict (`judges.chunk_verdicts`).
+        bound), and maps the chunks' ratings to one verdict (`judges.chunk_verdicts`). `model`
+        replaces the endpoint's model (an ensemble's member, judges.ensemble).
         """
         if self.guidelines:
             item = dataclasses.replace(item, guidelines=item.guidelines + self.guidelines)
@@ -450,38 +599,46 @@ class LLMJudge:
         if missing is not None:
             return missing
         if not self.entry.per_chunk:
-            return await self._ask(item)
+            return await self._ask(item, model)
         start = time.perf_counter()
         verdicts = await asyncio.gather(
-            *(self._ask_chunk(dataclasses.replace(item, chunks=(c,))) for c in item.chunks)
+            *(self._ask_chunk(dataclasses.replace(item, chunks=(c,)), model) for c in item.chunks)
         )
         return event_verdict(self.name, verdicts, time.perf_counter() - start)
 
-    async def _ask_chunk(self, item: JudgeInput) -> Verdict:
+    async def _ask_chunk(self, item: JudgeInput, model: str | None) -> Verdict:
         if item.lacks(("chunks",)):
             return Verdict(self.name, "no", "The chunk has no text.")
-        return await self._ask(item)
+        return await self._ask(item, model)
 
-    async def _ask(self, item: JudgeInput) -> Verdict:
-        outcome = await self.endpoint.complete(self.name, self.messages(item, new_nonce()))
-        return reply_verdict(self.name, outcome, self.endpoint.max_tokens, _read_verdict)
+    async def _ask(self, item: JudgeInput, model: str | None) -> Verdict:
+        outcome = await self.endpoint.complete(
+            self.name,
+            self.messages(item, new_nonce()),
+            json_schema=self._reply_schema,
+            model=model,
+        )
+        return reply_verdict(self.name, outcome, self.endpoint.max_tokens, self._read_verdict)
 
-
-def _read_verdict(content: str | None) -> tuple[BinaryRating, str]:
-    reply = parse_reply(content)
-    return reply.rating, reply.rationale
+    def _read_verdict(self, content: str | None) -> tuple[BinaryRating, str, float | None]:
+        scores = self.prompt.scores
+        if scores is None:
+            reply = parse_reply(content)
+            return reply.rating, reply.rationale, None
+        scored = parse_scored_reply(content, scores)
+        return self.prompt.rating_of(scored.score), scored.rationale, float(scored.score)
 
 
 def reply_verdict(
     name: str,
     outcome: EndpointReply | EndpointFailure,
     max_tokens: int,
-    read: Callable[[str | None], tuple[BinaryRating, str]],
+    read: Callable[[str | None], tuple[BinaryRating, str] | tuple[BinaryRating, str, float | None]],
 ) -> Verdict:
-    """The verdict of one call to the endpoint: `read` turns the reply's text into a rating and
-    a rationale (raising `UnparsableReply`); a failed call, a reply cut off at `max_tokens`, a
-    refusal or a reply `read` cannot parse become `error` with their cause, never "no". The
-    call's latency and tokens are kept either way."""
+    """The verdict of one call to the endpoint: `read` turns the reply's text into a rating, a
+    rationale and, on a graded scale, the score (raising `UnparsableReply`); a failed call, a
+    reply cut off at `max_tokens`, a refusal or a reply `read` cannot parse become `error` with
+    their cause, never "no". The call's latency and tokens are kept either way."""
     if isinstance(outcome, EndpointFailure):
         return Verdict(
             name,
@@ -510,7 +667,7 @@ def reply_verdict(
     try:
         if outcome.content is None and outcome.refusal:
             raise UnparsableReply(f"the model refused: {outcome.refusal[:200]}")
-        rating, rationale = read(outcome.content)
+        rating, rationale, *score = read(outcome.content)  # a score only on a graded scale
     except UnparsableReply as exc:
         excerpt = (outcome.content or "")[:120]
         return Verdict(
@@ -521,7 +678,9 @@ def reply_verdict(
             error_cause="unparsable",
             **cost,
         )
-    return Verdict(name, rating, rationale=rationale, **cost)
+    return Verdict(
+        name, rating, rationale=rationale, score=score[0] if score else None, **cost
+    )
 
 
 def settings_version(
@@ -555,6 +714,7 @@ def build_llm_judges(
     custom: Sequence[CustomJudge] = (),
     score_threshold: float = DEFAULT_SCORE_THRESHOLD,
     embeddings_model: str | None = None,
+    ensembles: Sequence[Ensemble] = (),
 ) -> list[Judge]:
     """One LLM judge per name, all sharing `endpoint`; ValueError names an unknown judge.
 
@@ -563,23 +723,30 @@ def build_llm_judges(
     `guidelines` are added to every event's own (for the judges whose prompt shows them);
     `custom` are the operator's judges (`--custom-judge`), already loaded and validated. The
     scored judges (judges.claim_scores) rate "yes" at `score_threshold` or above, and
-    answer_correctness blends in the similarity of `embeddings_model`'s embeddings when given.
+    answer_correctness blends in the similarity of `embeddings_model`'s embeddings when given;
+    `ensembles` (`--ensemble`) make a judge the majority of several models (judges.ensemble).
     """
+    from judges.ensemble import EnsembleJudge
+
     by_name = {c.entry.name: c for c in custom}
+    members = {e.judge: e.models for e in ensembles}
     judges: list[Judge] = []
     for name in names:
         mine = by_name.get(name)
         if mine is not None:
-            judges.append(LLMJudge(mine.prompt, endpoint, redact, guidelines, mine.entry))
-            continue
-        scored = judge_entry(name).scored
-        if scored is not None:
+            judge: Judge = LLMJudge(mine.prompt, endpoint, redact, guidelines, mine.entry)
+        elif (scored := judge_entry(name).scored) is not None:
             module, _, cls = scored.partition(":")
-            judges.append(
-                getattr(importlib.import_module(module), cls)(
-                    endpoint, redact, threshold=score_threshold, embeddings_model=embeddings_model
-                )
+            judge = getattr(importlib.import_module(module), cls)(
+                endpoint, redact, threshold=score_threshold, embeddings_model=embeddings_model
             )
         else:
-            judges.append(LLMJudge(load_prompt(name, prompts_dir), endpoint, redact, guidelines))
+            judge = LLMJudge(load_prompt(name, prompts_dir), endpoint, redact, guidelines)
+        models = members.get(name)
+        if models is None:
+            judges.append(judge)
+        elif isinstance(judge, LLMJudge):
+            judges.append(EnsembleJudge(judge, models))
+        else:  # refused in the settings already
+            raise ValueError(f"--ensemble: {name} grades claims, not one verdict: no ensemble")
     return judges

@@ -32,7 +32,8 @@ class JudgeEntry:
     that computes a 0..1 score and rates "yes" at --judge-score-threshold or above
     ("module:Class", see judges.claim_scores); a judge has at least one of them.
     `requires` are the inputs without which the judge does not grade (see `JudgeInput.lacks`):
-    such an event is rated `error` with cause `input`, or, with `when_missing`, "no" with that
+    the judge is `skipped` for such an event (counted in ragpulse_judge_skipped_total, never a
+    yes, no or error, never in a window), or, with `when_missing`, rated "no" with that
     rationale, where the absence itself fails the check (nothing retrieved grounds nothing).
     `optional` are inputs the judge reads when the event has them. A judge that reads the
     expected answer ("expected", required or optional) rates an event giving both
@@ -90,15 +91,17 @@ class JudgeEntry:
         if self.when_missing is not None:
             return Verdict(self.name, "no", self.when_missing)
         fields = " and ".join(_FIELDS.get(name, name) for name in missing)
+        # Not an error: most production events carry no ground truth, and a judge against it
+        # that "failed" on each of them would drown its real errors and bend no ratio.
         return Verdict(
             self.name,
-            "error",
-            error_message=f"{self.name} needs {fields}; the event has none",
-            error_cause="input",
+            "skipped",
+            f"skipped: {self.name} needs {fields}; the event has none",
+            missing=tuple(missing),
         )
 
 
-# Inputs whose event field has another name, as error messages name them.
+# Inputs whose event field has another name, as rationales name them.
 _FIELDS: Mapping[str, str] = {
     "expected": "expected_response or expected_facts",
     "expected_chunks": "expected_retrieved_context with doc_uri",

@@ -86,12 +86,13 @@ def parse_label(value: Any) -> Value | None:
 def verdict_value(verdict: Verdict) -> Value | None:
     """What a verdict says, comparable with a label; None when the judge could not grade.
 
-    A graded judge's verdict carries an integer `score` (or a rating that is a number)."""
-    if verdict.rating == "error":
+    A graded judge's verdict carries a whole-number `score` (or a rating that is a number). A
+    judge skipped for a missing field did not grade either."""
+    if verdict.rating in ("error", "skipped"):
         return None
-    score = getattr(verdict, "score", None)
-    if isinstance(score, int) and not isinstance(score, bool):
-        return score
+    score = verdict.score
+    if score is not None and float(score).is_integer():
+        return int(score)
     rating: str = verdict.rating
     return int(rating) if rating.lstrip("-").isdigit() else rating
 
@@ -194,8 +195,7 @@ def agreement_report(
         pass_threshold=pass_threshold,
         unlabelled=unlabelled,
         graded=len(pairs),
-        errors_by_cause=dict(sorted(Counter(j.verdict.error_cause or "internal"
-                                            for j in errors).items())),
+        errors_by_cause=dict(sorted(Counter(_cause(j.verdict) for j in errors).items())),
         exact_agreement=_share(agrees(label, value) for label, value in pairs),
         within_one=_share(agrees(label, value, 1) for label, value in pairs) if scores else None,
         balanced_accuracy=balanced_accuracy(pairs),
@@ -221,12 +221,19 @@ def agreement_report(
             {
                 "request_id": j.request_id,
                 "label": j.label,
-                "cause": j.verdict.error_cause,
+                "cause": _cause(j.verdict),
                 "error_message": rationale(j.verdict.error_message),
             }
             for j in errors
         ],
     )
+
+
+def _cause(verdict: Verdict) -> str:
+    """Why a verdict has no value: its error cause, or `skipped` (a required field missing)."""
+    if verdict.rating == "skipped":
+        return "skipped"
+    return verdict.error_cause or "internal"
 
 
 def _share(hits: Iterable[bool]) -> float | None:

@@ -39,6 +39,19 @@ LATENCY_BUCKETS: tuple[float, ...] = (
 # The Beam metric namespace of counters that become Prometheus counters.
 COUNTER_NAMESPACE = "ragpulse"
 VERDICTS = "ragpulse_judge_verdicts_total"
+# Judges not run on an event that lacks their required field (`missing`: the input names).
+SKIPPED = "ragpulse_judge_skipped_total"
+# Verdicts of ensembles (judges.ensemble) by their members' agreement.
+ENSEMBLE_VOTES = "ragpulse_judge_ensemble_votes_total"
+# Scores of judges on a graded scale, exported as the summary `ragpulse_judge_score`
+# (_sum and _count); the sum is kept in thousandths so that it adds up as an integer.
+SCORE_COUNT = "ragpulse_judge_score_count"
+SCORE_SUM_MILLI = "ragpulse_judge_score_sum_milli"
+
+
+def milli(score: float) -> int:
+    """A score in thousandths (how score sums are counted)."""
+    return round(score * 1000)
 # Groundedness verdicts by the context_sufficiency verdict of the same answer.
 GROUNDED_BY_CONTEXT = "ragpulse_groundedness_by_context_total"
 # OpenMetrics caps an exemplar's label names and values at 128 characters together; Prometheus

@@ -127,7 +127,7 @@ class GraphResult:
 
 def is_failing(judged: JudgedEvent) -> bool:
     """True when some judge rated the event `no` or `error`."""
-    return any(v.rating != "yes" for v in judged.verdicts)
+    return any(v.rating in ("no", "error") for v in judged.verdicts)
 
 
 def pipeline_options(beam_args: Sequence[str] = (), runner: str | None = None) -> PipelineOptions:

@@ -31,6 +31,8 @@ from pydantic_core import PydanticUndefined
 
 from judges import DEFAULT_JUDGES, JudgeSpec, ReplyFormat, check_judge_names
 from judges.base import global_guidelines
+from judges.composite import parse_composite
+from judges.ensemble import parse_ensemble
 from judges.redaction import (
     REDACT_MODES,
     STORE_TEXT_MODES,
@@ -40,7 +42,7 @@ from judges.redaction import (
     compile_user_patterns,
     is_loopback_url,
 )
-from judges.registry import DEFAULT_SCORE_THRESHOLD, judges_help
+from judges.registry import DEFAULT_SCORE_THRESHOLD, judge_entry, judges_help
 from pipeline.budget import BudgetSettings
 from pipeline.cascade import CascadeSettings, add_cascade_arguments, cascade_settings
 from pipeline.errors import SettingsError
@@ -117,6 +119,10 @@ class JudgeSettings(BaseModel):
         DEFAULT_SCORE_THRESHOLD, ge=0, le=1, title="--judge-score-threshold"
     )
     embeddings_model: str | None = Field(None, min_length=1, title="--judge-embeddings-model")
+    # NAME=JUDGE:WEIGHT,... weighted composites of the judges' grades (judges.composite).
+    composites: tuple[str, ...] = Field((), title="--composite")
+    # JUDGE=MODEL,MODEL,MODEL or JUDGE=N: a judge graded by a majority vote (judges.ensemble).
+    ensembles: tuple[str, ...] = Field((), title="--ensemble")
 
     @field_validator("redact_patterns")
     @classmethod
@@ -167,6 +173,32 @@ class JudgeSettings(BaseModel):
             raise ValueError("only the answer_correctness judge reads it; add it to --judges")
         return model
 
+    @field_validator("composites")
+    @classmethod
+    def _composites_read(cls, flags: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        from judges.composite import check_composites, parse_composite
+
+        check_composites([parse_composite(f) for f in flags], info.data.get("names", ()))
+        return flags
+
+    @field_validator("ensembles")
+    @classmethod
+    def _ensembles_read(cls, flags: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        from judges.ensemble import parse_ensemble
+
+        ensembles = [parse_ensemble(f) for f in flags]  # ValueError: one line
+        if ensembles and info.data.get("backend") != "openai":
+            raise ValueError("an ensemble asks LLMs: use it with --judge-backend openai")
+        judges = [e.judge for e in ensembles]
+        for judge in judges:
+            if judge not in info.data.get("names", ()):
+                raise ValueError(f"judge {judge} is not among --judges; add it")
+            if judges.count(judge) > 1:
+                raise ValueError(f"judge {judge} has more than one ensemble")
+            if judge_entry(judge).scored is not None:
+                raise ValueError(f"judge {judge} grades claims, not one verdict: no ensemble")
+        return flags
+
     @field_validator("prompts_dir")
     @classmethod
     def _prompt_files_load(cls, folder: Path | None) -> Path | None:
@@ -216,6 +248,8 @@ class JudgeSettings(BaseModel):
             cache_ttl_seconds=self.cache_ttl_seconds,
             score_threshold=self.score_threshold,
             embeddings_model=self.embeddings_model,
+            composites=tuple(parse_composite(f) for f in self.composites),
+            ensembles=tuple(parse_ensemble(f) for f in self.ensembles),
         )
 
 
@@ -825,6 +859,25 @@ def add_judge_arguments(parser: argparse.ArgumentParser, *, one_judge: bool = Fa
         "e.g. --guideline 'english=The response must be in English'",
     )
     g.add_argument(
+        "--composite",
+        action="append",
+        default=[],
+        metavar="NAME=JUDGE:WEIGHT,...",
+        help="a weighted composite of the judges' grades, exported like a judge on a graded "
+        "scale: each member's grade on 0..1 (yes 1, no 0; a 0-3 or 1-5 score scaled), their "
+        "weighted mean passes at pass:SCORE (default 0.5) (repeatable), e.g. "
+        "--composite quality=correctness:0.6,comprehensiveness:0.2,readability:0.2",
+    )
+    g.add_argument(
+        "--ensemble",
+        action="append",
+        default=[],
+        metavar="JUDGE=MODEL,MODEL,MODEL",
+        help="grade JUDGE by the majority of an odd number (>= 3) of models on the endpoint, "
+        "or JUDGE=N: N samples of --judge-model; agreement counted in "
+        "ragpulse_judge_ensemble_votes_total (repeatable; openai backend)",
+    )
+    g.add_argument(
         "--store-text",
         choices=STORE_TEXT_MODES,
         default=default_of(JudgeSettings, "store_text"),
@@ -879,6 +932,8 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
             redact_patterns=tuple(args.redact_pattern),
             store_text=args.store_text,
             guidelines=tuple(args.guideline),
+            composites=tuple(args.composite),
+            ensembles=tuple(args.ensemble),
             cache_size=args.judge_cache_size,
             cache_ttl_seconds=args.judge_cache_ttl,
             score_threshold=args.judge_score_threshold,

@@ -32,6 +32,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from judges import JudgeSpec, shared_panel
 from judges.base import RATINGS, Verdict
+from judges.ensemble import agreement
 from pipeline import counting, sampling
 from pipeline.cascade import CascadePanel, CascadeSettings
 from pipeline.counting import COUNTER_NAMESPACE
@@ -45,10 +46,17 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class JudgedEvent:
-    """An event and one verdict per judge of the panel."""
+    """An event and one verdict per judge of the panel, with each judge's prompt version."""
 
     record: InferenceRecord
     verdicts: tuple[Verdict, ...]
+    # The `version` label of each verdict (the panel's `prompt_versions`, one shared tuple).
+    versions: tuple[str, ...] = ()
+
+    def versioned(self) -> Iterator[tuple[Verdict, str]]:
+        """Each verdict with its judge's prompt version ("" when none was recorded)."""
+        versions = self.versions or ("",) * len(self.verdicts)
+        return zip(self.verdicts, versions, strict=True)
 
 
 class _Counters:
@@ -294,12 +302,13 @@ class _JudgeInBatches(beam.DoFn):
         # tenth of a local judge's time.
         tally: Counter[tuple[Any, ...]] = Counter()
         judged = []
+        versions = self._panel.prompt_versions
         for event, verdicts in zip(batch, all_verdicts, strict=True):
             if isinstance(event, CanaryEvent):
                 _tally_canary(tally, event, verdicts)
                 continue
-            _tally(tally, event, verdicts)
-            judged.append(JudgedEvent(event, verdicts))
+            _tally(tally, event, verdicts, versions)
+            judged.append(JudgedEvent(event, verdicts, versions))
         inc = self._counters.inc
         backend = self._spec.backend
         for k, n in tally.items():
@@ -314,7 +323,10 @@ class _JudgeInBatches(beam.DoFn):
 
 
 def _tally(
-    tally: Counter[tuple[Any, ...]], event: InferenceRecord, verdicts: tuple[Verdict, ...]
+    tally: Counter[tuple[Any, ...]],
+    event: InferenceRecord,
+    verdicts: tuple[Verdict, ...],
+    versions: tuple[str, ...],
 ) -> None:
     """Adds one judged event's counts to `tally`, keyed as `_counter_key` reads them."""
     app, model = event.app, event.model
@@ -325,19 +337,31 @@ def _tally(
     else:
         tally["without_context", app, model] += 1
     grounded = sufficient = None
-    for v in verdicts:
+    for v, version in zip(verdicts, versions, strict=True):
         judge = v.judge
         if judge == "groundedness":
             grounded = v.rating
         elif judge == "context_sufficiency":
             sufficient = v.rating
-        tally["verdict", judge, v.rating, app, model] += 1
+        if v.missing:
+            # Skipped: the event lacks the judge's required field. No verdict counted, and
+            # nothing was called.
+            tally["skipped", judge, version, "+".join(v.missing), app, model] += 1
+            continue
+        tally["verdict", judge, version, v.rating, app, model] += 1
+        if v.votes:
+            tally["ensemble", judge, version, agreement(v.votes)] += 1
+        if v.score is not None:
+            tally["score_count", judge, version, app, model] += 1
+            tally["score_sum", judge, version, app, model] += counting.milli(v.score)
         if v.error_cause is not None:
             tally["error", judge, v.error_cause] += 1
         if v.cached:
             # Given again from the verdict cache: no call, no tokens, no latency to count.
             tally["cache_hit", judge] += 1
             continue
+        if v.derived:
+            continue  # a composite of the other verdicts: no call either
         tally["calls", judge] += 1
         if v.prompt_tokens:
             tally["prompt_tokens", judge] += v.prompt_tokens
@@ -364,7 +388,7 @@ def _tally_canary(
     labels = dict(canary.labels)
     for v in verdicts:
         label = labels.get(v.judge)
-        if label is None:
+        if label is None or v.rating == "skipped":
             continue
         result = outcome(v, label)
         tally["canary", v.judge, result] += 1
@@ -388,9 +412,21 @@ def _counter_key(k: tuple[Any, ...], backend: str) -> counting.CounterKey:
             return counting.key("ragpulse_retrieved_chunks_total", app=app, model=model)
         case ("without_context", app, model):
             return counting.key("ragpulse_events_without_context_total", app=app, model=model)
-        case ("verdict", judge, rating, app, model):
-            return counting.key("ragpulse_judge_verdicts_total", judge=judge, rating=rating,
-                             app=app, model=model)
+        case ("verdict", judge, version, rating, app, model):
+            return counting.key(counting.VERDICTS, judge=judge, version=version, rating=rating,
+                                app=app, model=model)
+        case ("skipped", judge, version, missing, app, model):
+            return counting.key(counting.SKIPPED, judge=judge, version=version, missing=missing,
+                                app=app, model=model)
+        case ("score_count", judge, version, app, model):
+            return counting.key(counting.SCORE_COUNT, judge=judge, version=version, app=app,
+                                model=model)
+        case ("score_sum", judge, version, app, model):
+            return counting.key(counting.SCORE_SUM_MILLI, judge=judge, version=version, app=app,
+                                model=model)
+        case ("ensemble", judge, version, agreed):
+            return counting.key(counting.ENSEMBLE_VOTES, judge=judge, version=version,
+                                agreement=agreed)
         case ("calls", judge):
             return counting.key("ragpulse_judge_calls_total", judge=judge, backend=backend)
         case ("error", judge, cause):
@@ -443,26 +479,39 @@ class JudgeEvents(beam.PTransform):
         )
 
 
-def ratings_by_judge(judged: JudgedEvent) -> Iterable[tuple[tuple[str, str, str], str]]:
-    """((judge, app, model), rating) for each verdict of a judged event."""
+def ratings_by_judge(
+    judged: JudgedEvent,
+) -> Iterable[tuple[tuple[str, str, str, str], tuple[str, int | None]]]:
+    """((judge, version, app, model), (rating, score in thousandths or None)) for each verdict
+    of a judged event (skipped judges have none: they stay out of the window's counts)."""
     app, model = judged.record.app, judged.record.model
-    return [((v.judge, app, model), v.rating) for v in judged.verdicts]
+    return [
+        ((v.judge, version, app, model),
+         (v.rating, None if v.score is None else counting.milli(v.score)))
+        for v, version in judged.versioned()
+        if not v.missing
+    ]
 
 
 class CountRatings(beam.CombineFn):
-    """Counts yes / no / error ratings; partial counts add up (`RatingCounts.__add__`)."""
+    """Counts yes / no / error ratings, and scored verdicts with their score sum; partial
+    counts add up (`RatingCounts.__add__`)."""
 
     def create_accumulator(self) -> list[int]:
-        return [0, 0, 0]
+        return [0, 0, 0, 0, 0]
 
-    def add_input(self, acc: list[int], rating: str) -> list[int]:
+    def add_input(self, acc: list[int], rated: tuple[str, int | None]) -> list[int]:
+        rating, score = rated
         acc[RATINGS.index(rating)] += 1
+        if score is not None:
+            acc[3] += 1
+            acc[4] += score
         return acc
 
     def merge_accumulators(self, accs: Iterable[list[int]]) -> list[int]:
-        total = [0, 0, 0]
+        total = [0, 0, 0, 0, 0]
         for acc in accs:
-            for i in range(3):
+            for i in range(5):
                 total[i] += acc[i]
         return total
 
@@ -473,11 +522,11 @@ class CountRatings(beam.CombineFn):
 class _KeyByWindow(beam.DoFn):
     def process(
         self,
-        element: tuple[tuple[str, str, str], RatingCounts],
+        element: tuple[tuple[str, str, str, str], RatingCounts],
         win: Any = beam.DoFn.WindowParam,
     ) -> Iterator[tuple[WindowKey, RatingCounts]]:
-        (judge, app, model), counts = element
-        yield WindowKey(float(win.start), float(win.end), judge, app, model), counts
+        (judge, version, app, model), counts = element
+        yield WindowKey(float(win.start), float(win.end), judge, app, model, version), counts
 
 
 def at_event_time(judged: JudgedEvent) -> window.TimestampedValue:
@@ -515,7 +564,8 @@ WINDOW_NAMESPACE = "ragpulse.windows"
 
 
 class _ReportWindow(beam.DoFn):
-    """Hands each window's counts to the caller as three Beam counters (yes, no, error).
+    """Hands each window's counts to the caller as Beam counters (yes, no, error, scored,
+    score_milli: the fields of `RatingCounts`).
 
     Beam's metric results are how small aggregates get from the workers (in this process or
     others) back to the program that ran the pipeline, without a file in between.
@@ -523,22 +573,26 @@ class _ReportWindow(beam.DoFn):
 
     def process(self, element: tuple[WindowKey, RatingCounts]) -> None:
         key, counts = element
-        for rating, n in zip(RATINGS, (counts.yes, counts.no, counts.error), strict=True):
+        for field in _WINDOW_FIELDS:
+            n = getattr(counts, field)
             if n:
-                Metrics.counter(WINDOW_NAMESPACE, encode_window(key, rating)).inc(n)
+                Metrics.counter(WINDOW_NAMESPACE, encode_window(key, field)).inc(n)
+
+
+_WINDOW_FIELDS = tuple(f.name for f in dataclasses.fields(RatingCounts))
 
 
 def encode_window(key: WindowKey, rating: str) -> str:
-    """The Beam counter name of one window's count of `rating`."""
+    """The Beam counter name of one window's count of `rating` (a `RatingCounts` field)."""
     return orjson.dumps(
-        [key.window_start, key.window_end, key.judge, key.app, key.model, rating]
+        [key.window_start, key.window_end, key.judge, key.app, key.model, key.version, rating]
     ).decode()
 
 
 def decode_window(name: str) -> tuple[WindowKey, str]:
     """Inverse of `encode_window`."""
-    start, end, judge, app, model, rating = orjson.loads(name)
-    return WindowKey(float(start), float(end), judge, app, model), rating
+    start, end, judge, app, model, version, rating = orjson.loads(name)
+    return WindowKey(float(start), float(end), judge, app, model, version), rating
 
 
 class ReportWindows(beam.PTransform):
@@ -558,11 +612,12 @@ def _failing_series(
     record = judged.record
     if len(record.request_id) > counting.MAX_EXEMPLAR_REQUEST_ID_CHARS:
         return
-    for v in judged.verdicts:
-        if v.rating != "yes":
+    for v, version in judged.versioned():
+        if v.rating in ("no", "error"):
             k = counting.key(
                 counting.VERDICTS,
                 judge=v.judge,
+                version=version,
                 rating=v.rating,
                 app=record.app,
                 model=record.model,

@@ -72,12 +72,12 @@ class PaneSchedule:
 class _ToPane(beam.DoFn):
     def process(
         self,
-        element: tuple[tuple[str, str, str], RatingCounts],
+        element: tuple[tuple[str, str, str, str], RatingCounts],
         win: Any = beam.DoFn.WindowParam,
         pane: Any = beam.DoFn.PaneInfoParam,
     ) -> Iterator[RatingPane]:
-        (judge, app, model), counts = element
-        key = WindowKey(float(win.start), float(win.end), judge, app, model)
+        (judge, version, app, model), counts = element
+        key = WindowKey(float(win.start), float(win.end), judge, app, model, version)
         yield RatingPane(key, counts, _TIMINGS[pane.timing], pane.index)
 
 

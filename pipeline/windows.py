@@ -62,6 +62,9 @@ class WindowKey:
     judge: str
     app: str
     model: str
+    # The judge's prompt version (judges.base.prompt_version): windows of two prompts of one
+    # judge are two rows, never added up.
+    version: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,24 +74,41 @@ class RatingCounts:
     yes: int = 0
     no: int = 0
     error: int = 0
+    # Of the graded verdicts, those of a graded scale (0-3, 1-5, a composite), and the sum of
+    # their scores in thousandths (an integer, so partial counts add up exactly).
+    scored: int = 0
+    score_milli: int = 0
 
     def __add__(self, other: RatingCounts) -> RatingCounts:
-        return RatingCounts(self.yes + other.yes, self.no + other.no, self.error + other.error)
+        return RatingCounts(
+            self.yes + other.yes,
+            self.no + other.no,
+            self.error + other.error,
+            self.scored + other.scored,
+            self.score_milli + other.score_milli,
+        )
 
     @property
     def graded(self) -> int:
         """Verdicts that count towards the percentage (errors do not)."""
         return self.yes + self.no
 
+    @property
+    def score_mean(self) -> float | None:
+        """The mean score of the scored verdicts (None when there are none)."""
+        return self.score_milli / 1000 / self.scored if self.scored else None
+
 
 def window_row(key: WindowKey, counts: RatingCounts) -> dict[str, object]:
-    """The `windows.jsonl` row: counts, percentage = yes / (yes + no), and its Wilson interval."""
+    """The `windows.jsonl` row: counts, percentage = yes / (yes + no) (for a graded scale, the
+    share at or above its pass score), its Wilson interval, and a graded scale's mean score."""
     n = counts.graded
     ci_low, ci_high = wilson_interval(counts.yes, n)
     return {
         "window_start": isoformat_utc(key.window_start),
         "window_end": isoformat_utc(key.window_end),
         "judge": key.judge,
+        "version": key.version,
         "app": key.app,
         "model": key.model,
         "yes": counts.yes,
@@ -97,4 +117,6 @@ def window_row(key: WindowKey, counts: RatingCounts) -> dict[str, object]:
         "percentage": counts.yes / n if n else None,
         "ci_low": ci_low,
         "ci_high": ci_high,
+        "scored": counts.scored,
+        "score_mean": counts.score_mean,
     }

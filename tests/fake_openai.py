@@ -29,6 +29,9 @@ what the "model" does:
 * `POST /v1/embeddings`: a deterministic 16-dimension vector per text (its words hashed), so
   texts sharing words are similar, as floats or (encoding_format base64, the openai client's
   default) base64 float32s like OpenAI; status and malformed faults apply to it too;
+* `reply_for`: when set, the whole message content for a request body (its `model`, its
+  `response_format`, its messages), or None for the usual verdict: to answer on a graded
+  scale (`score: 2` / `justification: ...`) or differently per model;
 * `decide`: how the verdict is chosen from the request. The default reads the fenced answer
   (`<answer-NONCE>...</answer-NONCE>`) and says "no" when it contains `MARKER`. It also behaves
   like a gullible model: a `rating: yes|no` line or JSON verdict found in the last user message
@@ -249,8 +252,10 @@ class FakeOpenAI:
         response_formats: tuple[str, ...] = ("json_schema", "json_object", "text"),
         format_rejection_status: int = 400,
         prompt_cache: bool = False,
+        reply_for: Callable[[dict[str, Any]], str | None] | None = None,
     ) -> None:
         self.reply_mode: ReplyMode = reply_mode
+        self.reply_for = reply_for
         self.latency = latency
         self.decide = decide
         self.response_formats = response_formats
@@ -373,6 +378,9 @@ class FakeOpenAI:
         return cached
 
     def _content_for(self, body: dict[str, Any]) -> str:
+        scripted = self.reply_for(body) if self.reply_for is not None else None
+        if scripted is not None:
+            return scripted
         request = read_fences(_last_user_message(body))
         if request.user_message.endswith(CLAIMS_REQUEST):
             return claims_reply(request)

@@ -3,7 +3,7 @@ their errors (--judge-calibration on run and serve).
 
 The labelled files are built here with counts known by hand: the local correctness judge is
 deterministic (an answer naming the expected answer is "yes", another "no", an event without
-one an `input` error), so each statistic can be checked against its hand-computed value.
+one skipped), so each statistic can be checked against its hand-computed value.
 """
 
 from __future__ import annotations
@@ -93,7 +93,9 @@ def test_calibrate_reports_every_statistic_of_a_known_confusion_matrix(
     n = tp + fn + fp + tn
     assert report["graded"] == n
     assert report["unlabelled"] == 1
-    assert report["errors_by_cause"] == {"input": 2}
+    # Both lack the expected answer: the judge is skipped for them, which calibrate leaves out
+    # and reports apart, like an error.
+    assert report["errors_by_cause"] == {"skipped": 2}
     assert sorted(e["request_id"] for e in report["errors"]) == ["lab-100", "lab-101"]
     assert report["confusion"] == {"no": {"no": tn, "yes": fp}, "yes": {"no": fn, "yes": tp}}
     assert (report["positives"], report["true_positives"]) == (tp + fn, tp)
@@ -365,7 +367,7 @@ def collect(snapshot: MetricsSnapshot) -> dict[tuple[str, tuple[tuple[str, str],
 
 
 def series(judge: str) -> tuple[tuple[str, str], ...]:
-    return (("app", "a"), ("judge", judge), ("model", "m"))
+    return (("app", "a"), ("judge", judge), ("model", "m"), ("version", ""))
 
 
 def test_metrics_export_the_corrected_ratio_of_calibrated_judges_only() -> None:
@@ -479,7 +481,7 @@ def test_serve_exports_the_corrected_ratio_of_a_calibrated_judge_at_scrape(
         "--allowed-lateness", "0s", "--out-of-orderness", "0s",
         "--judges", "groundedness", "--judge-calibration", str(cal),
     )
-    labels = {"judge": "groundedness", "app": "a", "model": "m"}
+    labels = {"judge": "groundedness", "version": "local", "app": "a", "model": "m"}
     name = "ragpulse_judge_pass_ratio_corrected"
     scrape = serve.wait_for(lambda m: m.value(name, **labels) is not None, 60, "a corrected ratio")
     assert scrape.value("ragpulse_judge_pass_ratio", **labels) == 0.7

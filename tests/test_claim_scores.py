@@ -203,11 +203,11 @@ def test_claim_f1_follows_ragas() -> None:
     assert cosine([1.0, 0.0], [0.0, 0.0]) == 0.0
 
 
-def test_answer_correctness_without_an_expected_answer_is_an_input_error(
+def test_answer_correctness_without_an_expected_answer_is_skipped_without_a_call(
     fake_openai: FakeOpenAI,
 ) -> None:
     verdict = judge_one(fake_openai, JudgeInput(QUESTION, "30 days."), "answer_correctness")
-    assert (verdict.rating, verdict.error_cause) == ("error", "input")
+    assert (verdict.rating, verdict.error_cause) == ("skipped", None)
     assert fake_openai.requests == []
 
 

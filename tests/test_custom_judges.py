@@ -188,7 +188,7 @@ def test_the_cli_refuses_a_custom_judge_that_judges_does_not_list(tmp_path: Path
 # -- judging ----------------------------------------------------------------------------------
 
 
-def test_an_event_without_a_required_input_is_an_input_error_and_costs_no_call(
+def test_an_event_without_a_required_input_skips_the_judge_and_costs_no_call(
     fake_openai: FakeOpenAI,
 ) -> None:
     from test_llm_judges import endpoint_for
@@ -199,8 +199,10 @@ def test_an_event_without_a_required_input_is_an_input_error_and_costs_no_call(
         [[verdict]] = panel.judge_batch([JudgeInput(question="Price?", answer="  ")])
     finally:
         panel.close()
-    assert (verdict.rating, verdict.error_cause) == ("error", "input")
-    assert verdict.error_message == f"{NAME} needs answer; the event has none"
+    assert (verdict.rating, verdict.missing, verdict.error_message) == (
+        "skipped", ("answer",), None
+    )
+    assert verdict.rationale == f"skipped: {NAME} needs answer; the event has none"
     assert fake_openai.requests == []
 
 

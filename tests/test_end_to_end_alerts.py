@@ -99,6 +99,10 @@ EMPTY_WITH_LOCAL_JUDGES = {
     "Judge tokens": "local judges call no model, so they spend no tokens",
     "Data loss and label overflow": "it draws only non-zero counts of lost records, offset "
     "resets, undeliverable dead letters and label overflow: none of them happen here",
+    "Mean score of graded scales": "the default judges are binary, and this run has no graded "
+    "custom judge nor composite, so ragpulse_judge_score has no series",
+    "Judges skipped for a missing field": "the default judges require nothing the events "
+    "lack, so ragpulse_judge_skipped_total has no series",
     "Retrieval or generation (needs the context_sufficiency judge)": "this run judges with the "
     "default judges, without the opt-in context_sufficiency and chunk_relevance, and its "
     "groundedness drop leaves retrieval unchanged (tests/promtool/root_cause.test.yaml covers "

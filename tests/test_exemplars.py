@@ -45,7 +45,8 @@ def row(request_id: str, event_time: str, grounded: str, safe: str = "yes") -> d
 
 def verdicts_key(judge: str, rating: str) -> counting.CounterKey:
     return counting.key(
-        "ragpulse_judge_verdicts_total", judge=judge, rating=rating, app="bot", model="m1"
+        "ragpulse_judge_verdicts_total", judge=judge, version="", rating=rating, app="bot",
+        model="m1",
     )
 
 
@@ -113,7 +114,7 @@ def test_a_request_id_too_long_for_an_exemplar_is_passed_over_for_the_next_lates
 def test_a_row_that_is_not_a_verdict_row_is_refused_with_the_reason() -> None:
     with pytest.raises(InvalidVerdictRow, match="event_time"):
         list(failing_verdicts({"request_id": "r", "app": "a", "model": "m"}))
-    with pytest.raises(InvalidVerdictRow, match="not yes, no or error"):
+    with pytest.raises(InvalidVerdictRow, match="not yes, no, error or skipped"):
         list(failing_verdicts({**row("r", "2025-11-20T10:00:00Z", "no"), f"{S}/rating": "meh"}))
 
 
@@ -154,7 +155,10 @@ def test_openmetrics_exposition_carries_the_exemplar_on_the_failing_series_only(
 def test_prometheus_text_format_leaves_exemplars_out() -> None:
     text = generate_latest(registry_for(snapshot_with_exemplar)).decode()
     assert "req-42" not in text
-    series = 'ragpulse_judge_verdicts_total{app="bot",judge="groundedness",model="m1",rating="no"}'
+    series = (
+        'ragpulse_judge_verdicts_total{app="bot",judge="groundedness",model="m1",rating="no",'
+        'version=""}'
+    )
     assert f"{series} 3.0\n" in text
 
 

@@ -41,12 +41,12 @@ RULE_FILES = [
     REPO / "deploy" / "prometheus" / "rules" / "ragpulse.alerts.yml",
 ]
 T0 = 1_700_000_400.0
-SERIES = {"judge": "groundedness", "app": "help-bot", "model": "m1"}
+SERIES = {"judge": "groundedness", "version": "v1f2", "app": "help-bot", "model": "m1"}
 
 
 def pane(start: float, timing: PaneTiming, index: int, yes: int, no: int, error: int = 0,
          judge: str = "groundedness", app: str = "help-bot") -> RatingPane:
-    key = WindowKey(start, start + 60, judge, app, "m1")
+    key = WindowKey(start, start + 60, judge, app, "m1", SERIES["version"])
     return RatingPane(key, RatingCounts(yes, no, error), timing, index)
 
 

@@ -118,17 +118,18 @@ def test_metrics_textfile_counts_match_the_outputs(run_output: Path) -> None:
     assert samples[("ragpulse_events_sampled_total", ())] == 60
     no = (
         "ragpulse_judge_verdicts_total",
-        (("app", "help-bot"), ("judge", "groundedness"), ("model", "m1"), ("rating", "no")),
+        (("app", "help-bot"), ("judge", "groundedness"), ("model", "m1"), ("rating", "no"),
+         ("version", "local")),
     )
     assert samples[no] == 10
     ratio = (
         "ragpulse_judge_pass_ratio",
-        (("app", "help-bot"), ("judge", "groundedness"), ("model", "m1")),
+        (("app", "help-bot"), ("judge", "groundedness"), ("model", "m1"), ("version", "local")),
     )
     assert samples[ratio] == 0.5  # the latest complete window
     n = (
         "ragpulse_judge_window_samples",
-        (("app", "help-bot"), ("judge", "groundedness"), ("model", "m1")),
+        (("app", "help-bot"), ("judge", "groundedness"), ("model", "m1"), ("version", "local")),
     )
     assert samples[n] == 20
 

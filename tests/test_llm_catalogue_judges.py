@@ -150,23 +150,25 @@ def test_correctness_fences_the_expected_answer_and_grades_the_answer(
     assert "\n30 days\n</expected-" in text and text.endswith("Grade the answer above.")
 
 
-@pytest.mark.parametrize(
-    ("item", "says"),
-    [
-        (ITEM, "correctness needs expected_response or expected_facts; the event has none"),
-        (
-            JudgeInput(ITEM.question, ITEM.answer, expected_response="30", expected_facts=("30",)),
-            "the event gives both expected_response and expected_facts; the input schema "
-            "allows one of them",
-        ),
-    ],
-)
-def test_correctness_without_one_expected_answer_is_an_input_error_and_costs_no_call(
-    fake_openai: FakeOpenAI, item: JudgeInput, says: str
+def test_correctness_without_an_expected_answer_is_skipped_and_costs_no_call(
+    fake_openai: FakeOpenAI,
 ) -> None:
+    verdict = judge_one(fake_openai, ITEM, "correctness")
+    assert (verdict.rating, verdict.missing, verdict.rationale) == (
+        "skipped", ("expected",),
+        "skipped: correctness needs expected_response or expected_facts; the event has none",
+    )
+    assert fake_openai.requests == []
+
+
+def test_correctness_given_both_expected_answers_is_an_input_error_and_costs_no_call(
+    fake_openai: FakeOpenAI,
+) -> None:
+    item = JudgeInput(ITEM.question, ITEM.answer, expected_response="30", expected_facts=("30",))
     verdict = judge_one(fake_openai, item, "correctness")
     assert (verdict.rating, verdict.error_cause, verdict.error_message) == (
-        "error", "input", says
+        "error", "input", "the event gives both expected_response and expected_facts; the "
+        "input schema allows one of them",
     )
     assert fake_openai.requests == []
 
@@ -188,9 +190,10 @@ def test_guideline_adherence_fences_named_guidelines_so_a_rule_cannot_close_its_
     assert "english:\n- Answer in English." in text
 
 
-def test_guideline_adherence_without_guidelines_is_an_input_error(fake_openai: FakeOpenAI) -> None:
+def test_guideline_adherence_without_guidelines_is_skipped(fake_openai: FakeOpenAI) -> None:
     verdict = judge_one(fake_openai, ITEM, "guideline_adherence")
-    assert verdict.error_message == "guideline_adherence needs guidelines; the event has none"
+    assert (verdict.rating, verdict.missing) == ("skipped", ("guidelines",))
+    assert verdict.rationale == "skipped: guideline_adherence needs guidelines; the event has none"
     assert fake_openai.requests == []
 
 

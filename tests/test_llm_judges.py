@@ -347,7 +347,7 @@ def test_every_shipped_prompt_has_yes_no_ratings_and_one_example_per_rating() ->
     for name in available_prompts():
         prompt = load_prompt(name)
         assert prompt.name == name and prompt.version >= 1
-        assert sorted(e.rating for e in prompt.examples) == ["no", "yes"]
+        assert sorted(str(e.rating) for e in prompt.examples) == ["no", "yes"]
 
 
 def test_a_prompt_file_with_two_examples_of_one_rating_is_rejected(tmp_path: Path) -> None:

@@ -154,11 +154,11 @@ def test_every_expected_fact_must_be_stated() -> None:
     assert grade("correctness", stated).rating == "yes"
 
 
-def test_correctness_without_an_expected_answer_is_an_input_error_naming_the_fields() -> None:
+def test_correctness_without_an_expected_answer_is_skipped_naming_the_fields() -> None:
     v = grade("correctness", event())
-    assert (v.rating, v.error_cause) == ("error", "input")
-    assert v.error_message == (
-        "correctness needs expected_response or expected_facts; the event has none"
+    assert (v.rating, v.missing, v.error_cause) == ("skipped", ("expected",), None)
+    assert v.rationale == (
+        "skipped: correctness needs expected_response or expected_facts; the event has none"
     )
 
 
@@ -196,10 +196,12 @@ def test_document_recall_cannot_match_chunks_without_doc_uri() -> None:
     assert v.error_message is not None and "doc_uri" in v.error_message
 
 
-def test_document_recall_without_expected_documents_is_an_input_error() -> None:
+def test_document_recall_without_expected_documents_is_skipped() -> None:
     v = grade("document_recall", event())
-    assert v.error_message == (
-        "document_recall needs expected_retrieved_context with doc_uri; the event has none"
+    assert (v.rating, v.missing) == ("skipped", ("expected_chunks",))
+    assert v.rationale == (
+        "skipped: document_recall needs expected_retrieved_context with doc_uri; the event "
+        "has none"
     )
 
 
@@ -261,5 +263,5 @@ def test_ragpulse_run_grades_the_ground_truth_of_each_event_with_the_opt_in_judg
     assert ratings("req-2") == {"chunk_relevance": "yes", "context_sufficiency": "yes",
                                 "correctness": "no", "document_recall": "no"}
     assert ratings("req-3") == {"chunk_relevance": "yes", "context_sufficiency": "yes",
-                                "correctness": "error", "document_recall": "error"}
-    assert rows["req-3"]["response/llm_judged/correctness/error_cause"] == "input"
+                                "correctness": "skipped", "document_recall": "skipped"}
+    assert rows["req-3"]["response/llm_judged/correctness/error_cause"] is None

@@ -43,7 +43,7 @@ def snapshot() -> MetricsSnapshot:
 
 def test_pass_ratio_is_the_latest_complete_window_with_errors_left_out() -> None:
     reg = registry_for(snapshot)
-    labels = {"judge": "groundedness", "app": "a", "model": "m"}
+    labels = {"judge": "groundedness", "version": "", "app": "a", "model": "m"}
     assert reg.get_sample_value("ragpulse_judge_pass_ratio", labels) == 0.75
     assert reg.get_sample_value("ragpulse_judge_window_samples", labels) == 4
     low = reg.get_sample_value("ragpulse_judge_pass_ratio_ci_low", labels)
@@ -53,14 +53,14 @@ def test_pass_ratio_is_the_latest_complete_window_with_errors_left_out() -> None
 
 def test_window_with_only_errors_exports_zero_samples_and_no_ratio() -> None:
     reg = registry_for(snapshot)
-    labels = {"judge": "safety", "app": "a", "model": "m"}
+    labels = {"judge": "safety", "version": "", "app": "a", "model": "m"}
     assert reg.get_sample_value("ragpulse_judge_window_samples", labels) == 0
     assert reg.get_sample_value("ragpulse_judge_pass_ratio", labels) is None
 
 
 def test_in_progress_window_is_exported_apart_from_the_complete_one() -> None:
     reg = registry_for(snapshot)
-    labels = {"judge": "groundedness", "app": "a", "model": "m"}
+    labels = {"judge": "groundedness", "version": "", "app": "a", "model": "m"}
     assert reg.get_sample_value("ragpulse_judge_in_progress_pass_ratio", labels) == 1.0
     assert reg.get_sample_value("ragpulse_judge_in_progress_window_samples", labels) == 2
 

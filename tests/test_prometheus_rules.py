@@ -272,7 +272,40 @@ def test_two_deployments_in_one_prometheus_keep_their_own_series_and_objectives(
 def test_quality_alerts_keep_app_and_model_labels() -> None:
     for rule in alerts():
         if rule["alert"] in {"RagGroundednessDrop", "RagRelevanceDrop", "RagJudgeErrorsHigh"}:
-            assert "on (job, judge, app, model)" in rule["expr"], rule["alert"]
+            assert "on (job, judge, version, app, model)" in rule["expr"], rule["alert"]
+
+
+def test_the_pass_ratios_of_two_prompt_versions_are_recorded_apart_never_added_up(
+    tmp_path: Path,
+) -> None:
+    # The prompt of safety changed: v1f2 passes 90 %, v2f2 50 %. Added up they would read
+    # 70 %, a ratio no prompt has.
+    series = "ragpulse_judge_verdicts_total{{job='ragpulse', instance='a', judge='safety', " \
+             "version={version!r}, app='shop', model='m1', rating={rating!r}}}"
+    labels = "{{job='ragpulse', judge='safety', version={version!r}, app='shop', model='m1'}}"
+    unit_test = {
+        "rule_files": [str(RULE_FILES[0])],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                {"series": series.format(version=version, rating=rating), "values": f"0+{n}x90"}
+                for version, counts in (("v1f2", (("yes", 9), ("no", 1))),
+                                        ("v2f2", (("yes", 5), ("no", 5))))
+                for rating, n in counts
+            ],
+            "promql_expr_test": [{
+                "expr": "round(judge_app_model:ragpulse_judge_pass_ratio:ratio_rate1h, 0.001)",
+                "eval_time": "60m",
+                "exp_samples": [{"labels": labels.format(version="v1f2"), "value": 0.9},
+                                {"labels": labels.format(version="v2f2"), "value": 0.5}],
+            }],
+        }],
+    }
+    test_file = tmp_path / "versions.test.yaml"
+    test_file.write_text(yaml.safe_dump(unit_test), encoding="utf-8")
+    result = run(promtool(), "test", "rules", test_file)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_rules_render_with_short_windows_for_a_fast_end_to_end_run(tmp_path: Path) -> None:

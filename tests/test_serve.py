@@ -119,7 +119,8 @@ def test_events_produced_while_serving_are_judged_into_metrics_and_saved_windows
         assert judged_sizes(rows, judge) == expected
     # The gauges show the latest complete window (10:00:10) and the open one (10:00:20).
     for row in rows:
-        labels = {"judge": str(row["judge"]), "app": str(row["app"]), "model": str(row["model"])}
+        labels = {"judge": str(row["judge"]), "version": str(row["version"]),
+                  "app": str(row["app"]), "model": str(row["model"])}
         graded = int(row["yes"]) + int(row["no"])
         if row["window_start"] == "2025-11-20T10:00:10Z":
             assert row["complete"] is True

@@ -135,12 +135,13 @@ def test_a_window_gets_early_on_time_and_late_panes_and_events_past_lateness_are
         ("late", 2, 2, 2),
     ]
     keys = {key for key, _ in _Published.rows}
-    assert keys == {orjson.dumps([T0, "groundedness", "help-bot", "m1"])}
+    assert keys == {orjson.dumps([T0, "groundedness", "local", "help-bot", "m1"])}
     late = _Published.rows[-1][1]
     assert late == {
         "window_start": isoformat_utc(T0),
         "window_end": isoformat_utc(T0 + 60),
         "judge": "groundedness",
+        "version": "local",
         "app": "help-bot",
         "model": "m1",
         "yes": 2,
@@ -149,6 +150,9 @@ def test_a_window_gets_early_on_time_and_late_panes_and_events_past_lateness_are
         "percentage": 0.5,
         "ci_low": late["ci_low"],
         "ci_high": late["ci_high"],
+        "scored": 0,
+        "score_mean": None,
+        "score_milli": 0,
         "pane": "late",
         "pane_index": 2,
     }

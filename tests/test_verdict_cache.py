@@ -342,8 +342,8 @@ def test_the_graph_counts_cache_hits_and_cached_prompt_tokens_and_calls_only_for
     assert counter(first, "ragpulse_judge_cache_hits_total", judge="safety") == 2
     assert counter(first, "ragpulse_judge_calls_total", judge="safety", backend="openai") == 2
     assert counter(first, counting.LATENCY_COUNT, judge="safety") == 2
-    assert counter(first, "ragpulse_judge_verdicts_total", judge="safety", rating="yes",
-                   app="help-bot", model="m1") == 4
+    assert counter(first, "ragpulse_judge_verdicts_total", judge="safety", version="v1f2",
+                   rating="yes", app="help-bot", model="m1") == 4
     reported = [r.prompt_tokens for r in fake_openai.requests]
     tokens = {kind: counter(first, "ragpulse_judge_tokens_total", judge="safety", kind=kind)
               for kind in ("prompt", "cached_prompt")}

@@ -174,11 +174,12 @@ def overview(cfg: dict[str, Any]) -> dict[str, Any]:
     for judge in JUDGES:
         board.with_panel(ci_band(graph(
             f"{judge}: pass ratio with 95% band",
-            query(f'ragpulse_judge_pass_ratio{{judge="{judge}"}}', "{{app}} / {{model}}"),
+            query(f'ragpulse_judge_pass_ratio{{judge="{judge}"}}',
+                  "{{app}} / {{model}} {{version}}"),
             query(f'ragpulse_judge_pass_ratio_ci_low{{judge="{judge}"}}',
-                  "{{app}} / {{model}} ci_low"),
+                  "{{app}} / {{model}} {{version}} ci_low"),
             query(f'ragpulse_judge_pass_ratio_ci_high{{judge="{judge}"}}',
-                  "{{app}} / {{model}} ci_high"),
+                  "{{app}} / {{model}} {{version}} ci_high"),
             width=8, unit="percentunit",
             description="Per app and model; the band is the 95 % Wilson interval. The "
                         "threshold line is the alert floor.",
@@ -192,9 +193,26 @@ def overview(cfg: dict[str, Any]) -> dict[str, Any]:
                     "samples has a wide band and cannot page."))
     board.with_panel(graph(
         "Verdicts by rating",
-        query("sum by (judge, rating) (rate(ragpulse_judge_verdicts_total[$__rate_interval]))",
-              "{{judge}} {{rating}}"),
-        unit="reqps").stacking(stacked()).fill_opacity(30))
+        query("sum by (judge, version, rating) "
+              "(rate(ragpulse_judge_verdicts_total[$__rate_interval]))",
+              "{{judge}} {{version}} {{rating}}"),
+        unit="reqps",
+        description="By prompt version (the version label): a prompt change starts new "
+                    "series.").stacking(stacked()).fill_opacity(30))
+    board.with_panel(graph(
+        "Mean score of graded scales",
+        query("sum by (judge, version) (rate(ragpulse_judge_score_sum[$__rate_interval]))\n/\n"
+              "sum by (judge, version) (rate(ragpulse_judge_score_count[$__rate_interval]))",
+              "{{judge}} {{version}}"),
+        description="Judges on a 0-3 or 1-5 scale and composites (binary judges have no "
+                    "score); their pass ratio is the share at or above the pass score."))
+    board.with_panel(graph(
+        "Judges skipped for a missing field",
+        query("sum by (judge, missing) (rate(ragpulse_judge_skipped_total[$__rate_interval]))",
+              "{{judge}} without {{missing}}"),
+        unit="reqps",
+        description="Events a judge did not grade because they lack its required field "
+                    "(e.g. correctness without an expected answer); in no ratio."))
 
     slo = cfg["slo"]
     period = str(slo["period"])
@@ -402,23 +420,23 @@ def drilldown(cfg: dict[str, Any]) -> dict[str, Any]:
     board.with_row(builders.Row("Judges"))
     board.with_panel(ci_band(graph(
         "$judge: pass ratio with 95% band",
-        query(f"ragpulse_judge_pass_ratio{{{jsel}}}", "pass ratio"),
-        query(f"ragpulse_judge_pass_ratio_ci_low{{{jsel}}}", "ci_low"),
-        query(f"ragpulse_judge_pass_ratio_ci_high{{{jsel}}}", "ci_high"),
-        query(f"ragpulse_judge_in_progress_pass_ratio{{{jsel}}}", "open window"),
+        query(f"ragpulse_judge_pass_ratio{{{jsel}}}", "pass ratio {{version}}"),
+        query(f"ragpulse_judge_pass_ratio_ci_low{{{jsel}}}", "ci_low {{version}}"),
+        query(f"ragpulse_judge_pass_ratio_ci_high{{{jsel}}}", "ci_high {{version}}"),
+        query(f"ragpulse_judge_in_progress_pass_ratio{{{jsel}}}", "open window {{version}}"),
         unit="percentunit",
         description="Latest complete window with its Wilson band, and the window still open.",
     )).repeat("judge").repeat_direction("h").max_per_row(3))
     board.with_panel(graph(
         "Rolling pass ratio (as the alerts see it)",
         query(f"{PASS_RATIO.format(w=win['fast_long'])}{{{sel}}}",
-              f"{{{{judge}}}} {win['fast_long']}"),
+              f"{{{{judge}}}} {{{{version}}}} {win['fast_long']}"),
         query(f"{WILSON.format(side='upper', w=win['fast_long'])}{{{sel}}}",
-              f"{{{{judge}}}} {win['fast_long']} upper bound (page)"),
+              f"{{{{judge}}}} {{{{version}}}} {win['fast_long']} upper bound (page)"),
         query(f"{WILSON.format(side='lower', w=win['slow_long'])}{{{sel}}}",
-              f"{{{{judge}}}} {win['slow_long']} lower bound (warning)"),
+              f"{{{{judge}}}} {{{{version}}}} {win['slow_long']} lower bound (warning)"),
         query(f"{PASS_RATIO.format(w=win['baseline'])}{{{sel}}}",
-              f"{{{{judge}}}} {win['baseline']} baseline"),
+              f"{{{{judge}}}} {{{{version}}}} {win['baseline']} baseline"),
         unit="percentunit",
         description=f"What the drop alerts decide on: the page fires when the "
                     f"{win['fast_long']} upper Wilson bound is under the floor, the warning "
@@ -443,9 +461,9 @@ def drilldown(cfg: dict[str, Any]) -> dict[str, Any]:
     board.with_row(builders.Row("Failing answers"))
     board.with_panel(graph(
         "Failing answers (hover a dot for its request_id)",
-        query(f'sum by (judge, rating) (increase(ragpulse_judge_verdicts_total{{'
+        query(f'sum by (judge, version, rating) (increase(ragpulse_judge_verdicts_total{{'
               f'job="{cfg["job"]}", {sel}, judge=~"$judge", rating=~"no|error"}}'
-              "[$__rate_interval]))", "{{judge}} {{rating}}").exemplar(True),
+              "[$__rate_interval]))", "{{judge}} {{version}} {{rating}}").exemplar(True),
         width=14, height=9,
         description="Verdicts rated no or error per interval. The dots are exemplars: the "
                     "latest failing answer of each series at each scrape, with its request_id "
@@ -466,8 +484,8 @@ def drilldown(cfg: dict[str, Any]) -> dict[str, Any]:
         width=8))
     board.with_panel(graph(
         "Verdicts by rating",
-        query(f"sum by (judge, rating) (rate(ragpulse_judge_verdicts_total{{{sel}}}"
-              "[$__rate_interval]))", "{{judge}} {{rating}}"),
+        query(f"sum by (judge, version, rating) (rate(ragpulse_judge_verdicts_total{{{sel}}}"
+              "[$__rate_interval]))", "{{judge}} {{version}} {{rating}}"),
         width=8, unit="reqps").stacking(stacked()).fill_opacity(30))
     board.with_panel(graph(
         "Retrieval health",

@@ -40,8 +40,9 @@ GROUNDED_WITH_CONTEXT = "app_model:ragpulse_groundedness_with_sufficient_context
 RETRIEVAL_CHANGED = "app_model:ragpulse_retrieval_changed:present{w}"  # 1 where it changed
 
 # Every per-judge series keeps these labels after the deployment labels; alerts must carry the
-# app and the model.
-SERIES_LABELS = ("judge", "app", "model")
+# app and the model. `version` is the judge's prompt version: rates of two prompts are never
+# added up, and a new prompt builds its own baseline (its drop alerts compare it with itself).
+SERIES_LABELS = ("judge", "version", "app", "model")
 
 
 def promql(template: str, **values: object) -> str:

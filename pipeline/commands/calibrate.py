@@ -189,8 +189,8 @@ def summary(report: AgreementReport, output: Path, show: int) -> str:
     lines = [
         f"{r.judge} ({r.backend}{', ' + r.model if r.model else ''}) against the human labels "
         f"of {r.labelled_file}",
-        f"graded {r.graded}; judge errors {errors}{f' ({by_cause})' if by_cause else ''}, left "
-        f"out; unlabelled {r.unlabelled}, left out",
+        f"graded {r.graded}; judge errors and skips {errors}"
+        f"{f' ({by_cause})' if by_cause else ''}, left out; unlabelled {r.unlabelled}, left out",
         "",
         f"  exact agreement     {_fmt(r.exact_agreement)}",
     ]

@@ -12,6 +12,11 @@ under `other` adds one to `ragpulse_label_overflow_total{label=...}`; the first 
 label is logged once. New values of one batch are admitted in sorted order, so the choice does
 not depend on the order events arrived in.
 
+The other labels of judge series are bounded by construction, not here: `judge` by --judges,
+--custom-judge and --composite; `version` by the prompt versions deployed (one value per judge
+per prompt edit: each edit adds one set of series, which stays in the saved counters);
+`missing` (ragpulse_judge_skipped_total) by the input names; `agreement` by three values.
+
 `serve` passes the label values of its saved counters as the admitted set: a value admitted once
 keeps its own series across cycles and restarts, and a cycle replayed after a crash decides the
 same way. Verdict rows and `windows.jsonl` of `ragpulse run` keep the real values.

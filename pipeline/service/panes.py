@@ -34,19 +34,23 @@ from pipeline.windows import RatingCounts, WindowKey, isoformat_utc
 
 log = logging.getLogger(__name__)
 
-Series = tuple[str, str, str]  # judge, app, model
+Series = tuple[str, str, str, str]  # judge, version, app, model
 
 
 def verdict_counts(key: WindowKey, counts: RatingCounts) -> Counter[counting.CounterKey]:
-    """The `ragpulse_judge_verdicts_total` increments a window's counts stand for."""
-    return Counter(
+    """The `ragpulse_judge_verdicts_total` increments a window's counts stand for, and a graded
+    scale's `ragpulse_judge_score` sum and count."""
+    labels = {"judge": key.judge, "version": key.version, "app": key.app, "model": key.model}
+    increments = Counter(
         {
-            counting.key(
-                counting.VERDICTS, judge=key.judge, rating=rating, app=key.app, model=key.model
-            ): n
+            counting.key(counting.VERDICTS, rating=rating, **labels): n
             for rating, n in zip(RATINGS, (counts.yes, counts.no, counts.error), strict=True)
         }
     )
+    if counts.scored:
+        increments[counting.key(counting.SCORE_COUNT, **labels)] += counts.scored
+        increments[counting.key(counting.SCORE_SUM_MILLI, **labels)] += counts.score_milli
+    return increments
 
 
 class PaneTable:
@@ -55,8 +59,8 @@ class PaneTable:
     def __init__(self, retention_seconds: float) -> None:
         self._retention = retention_seconds
         self._panes: dict[WindowKey, RatingPane] = {}
-        # Min-heap of the kept windows by end: (end, start, judge, app, model).
-        self._ends: list[tuple[float, float, str, str, str]] = []
+        # Min-heap of the kept windows by end: (end, start, judge, version, app, model).
+        self._ends: list[tuple[float, float, str, str, str, str]] = []
         self._folded: Counter[counting.CounterKey] = Counter()
         self._folded_latest: dict[Series, tuple[WindowKey, RatingCounts]] = {}
         self._newest_end = float("-inf")
@@ -83,7 +87,8 @@ class PaneTable:
             return False
         if current is None:
             heapq.heappush(
-                self._ends, (key.window_end, key.window_start, key.judge, key.app, key.model)
+                self._ends,
+                (key.window_end, key.window_start, key.judge, key.version, key.app, key.model),
             )
         self._panes[key] = pane
         if key.window_end > self._newest_end:
@@ -94,11 +99,11 @@ class PaneTable:
     def _fold(self) -> None:
         horizon = self.horizon
         while self._ends and self._ends[0][0] <= horizon:
-            end, start, judge, app, model = heapq.heappop(self._ends)
-            key = WindowKey(start, end, judge, app, model)
+            end, start, judge, version, app, model = heapq.heappop(self._ends)
+            key = WindowKey(start, end, judge, app, model, version)
             pane = self._panes.pop(key)
             self._folded.update(verdict_counts(key, pane.counts))
-            series = (key.judge, key.app, key.model)
+            series = (key.judge, key.version, key.app, key.model)
             kept = self._folded_latest.get(series)
             if pane.complete and (kept is None or kept[0].window_end < key.window_end):
                 self._folded_latest[series] = (key, pane.counts)

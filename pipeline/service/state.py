@@ -29,7 +29,9 @@ from pipeline import counting
 from pipeline.traces import Arrival, SpanPart
 from pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_row
 
-SCHEMA_VERSION = 1
+# 2: windows gained the judge's prompt `version` (in the key) and the score sums of graded
+# scales; a schema-1 file is migrated when opened (`_migrate_to_2`).
+SCHEMA_VERSION = 2
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _TABLES = {"windows", "offsets", "counters", "watermarks", "partition_event_times"}
 RECOVERY_HINT = (
@@ -37,7 +39,7 @@ RECOVERY_HINT = (
     "then re-reads the topic from the consumer group's committed offsets, or from the beginning)"
 )
 
-_SCHEMA = """
+_WINDOWS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS windows (
     window_start REAL NOT NULL,
     window_end REAL NOT NULL,
@@ -48,10 +50,15 @@ CREATE TABLE IF NOT EXISTS windows (
     no INTEGER NOT NULL DEFAULT 0,
     error INTEGER NOT NULL DEFAULT 0,
     complete INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (window_start, window_end, judge, app, model)
+    version TEXT NOT NULL DEFAULT '',
+    scored INTEGER NOT NULL DEFAULT 0,
+    score_milli INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (window_start, window_end, judge, version, app, model)
 );
 CREATE INDEX IF NOT EXISTS windows_open ON windows (complete, window_end);
 CREATE INDEX IF NOT EXISTS windows_series ON windows (complete, judge, app, model, window_end);
+"""
+_SCHEMA = _WINDOWS_SCHEMA + """
 CREATE TABLE IF NOT EXISTS offsets (
     topic TEXT NOT NULL,
     partition INTEGER NOT NULL,
@@ -206,12 +213,13 @@ class StateStore:
                     (topic, partition, next_offset),
                 )
             for part, c in windows.items():
-                if min(c.yes, c.no, c.error) < 0:
+                if min(c.yes, c.no, c.error, c.scored) < 0:
                     raise StateError(f"negative count in {part}: {c}")
                 row = db.execute(
                     "SELECT complete FROM windows WHERE window_start=? AND window_end=? "
-                    "AND judge=? AND app=? AND model=?",
-                    (part.window_start, part.window_end, part.judge, part.app, part.model),
+                    "AND judge=? AND version=? AND app=? AND model=?",
+                    (part.window_start, part.window_end, part.judge, part.version, part.app,
+                     part.model),
                 ).fetchone()
                 if row is not None and row["complete"]:
                     raise StateError(
@@ -220,13 +228,14 @@ class StateStore:
                         "be excluded before they are judged (ParseEvents(closed_before=...))"
                     )
                 db.execute(
-                    "INSERT INTO windows (window_start, window_end, judge, app, model, yes, no, "
-                    "error) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-                    "ON CONFLICT (window_start, window_end, judge, app, model) DO UPDATE SET "
-                    "yes = yes + excluded.yes, no = no + excluded.no, "
-                    "error = error + excluded.error",
-                    (part.window_start, part.window_end, part.judge, part.app, part.model,
-                     c.yes, c.no, c.error),
+                    "INSERT INTO windows (window_start, window_end, judge, version, app, model, "
+                    "yes, no, error, scored, score_milli) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (window_start, window_end, judge, version, app, model) DO UPDATE "
+                    "SET yes = yes + excluded.yes, no = no + excluded.no, "
+                    "error = error + excluded.error, scored = scored + excluded.scored, "
+                    "score_milli = score_milli + excluded.score_milli",
+                    (part.window_start, part.window_end, part.judge, part.version, part.app,
+                     part.model, c.yes, c.no, c.error, c.scored, c.score_milli),
                 )
             for partition, next_offset in offsets.items():
                 saved = db.execute(
@@ -297,7 +306,7 @@ class StateStore:
             if closed_before is not None:
                 rows = db.execute(
                     "SELECT * FROM windows WHERE complete = 0 AND window_end <= ? "
-                    "ORDER BY window_start, judge, app, model",
+                    "ORDER BY window_start, judge, version, app, model",
                     (closed_before,),
                 ).fetchall()
                 db.execute(
@@ -326,7 +335,7 @@ class StateStore:
         if since is not None:
             sql += " AND window_start >= ?"
             args.append(_epoch(since))
-        sql += " ORDER BY window_start, judge, app, model"
+        sql += " ORDER BY window_start, judge, version, app, model"
         return [_row(r, complete=bool(r["complete"])) for r in self._db.execute(sql, args)]
 
     def prune_windows(self, ended_before: float) -> int:
@@ -349,7 +358,8 @@ class StateStore:
     def current_windows(
         self,
     ) -> tuple[dict[WindowKey, RatingCounts], dict[WindowKey, RatingCounts]]:
-        """What /metrics shows: the latest complete window of each series, and every open one.
+        """What /metrics shows: the latest complete window of each (judge, app, model) series
+        (one row per prompt version in it), and every open one.
 
         Reads O(series) rows however long the service has run, unlike `windows()`.
         """
@@ -534,11 +544,13 @@ def _open_checked(path: Path) -> sqlite3.Connection:
                 f"reads up to {SCHEMA_VERSION}); upgrade ragpulse, or {RECOVERY_HINT}"
             )
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        if version < SCHEMA_VERSION or not tables >= _TABLES:
+        if version < 1 or not tables >= _TABLES:
             raise refuse("is a SQLite database but not a ragpulse state file")
         problems = [r[0] for r in db.execute("PRAGMA quick_check")]
         if problems != ["ok"]:
             raise refuse(f"is damaged (SQLite integrity check: {problems[0]})")
+        if version == 1:
+            _migrate_to_2(db)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
     except sqlite3.Error as exc:
@@ -552,9 +564,35 @@ def _open_checked(path: Path) -> sqlite3.Connection:
     return db
 
 
+def _migrate_to_2(db: sqlite3.Connection) -> None:
+    """Schema 1 to 2, in one transaction: the windows table is rebuilt with the `version`
+    column in its key (SQLite cannot change a key in place); old windows get version ""."""
+    columns = "window_start, window_end, judge, app, model, yes, no, error, complete"
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute("DROP INDEX IF EXISTS windows_open")
+        db.execute("DROP INDEX IF EXISTS windows_series")
+        db.execute("ALTER TABLE windows RENAME TO windows_v1")
+        for statement in _WINDOWS_SCHEMA.split(";"):
+            if statement.strip():
+                db.execute(statement)
+        db.execute(f"INSERT INTO windows ({columns}) SELECT {columns} FROM windows_v1")
+        db.execute("DROP TABLE windows_v1")
+        db.execute("PRAGMA user_version=2")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
 def _window(r: sqlite3.Row) -> tuple[WindowKey, RatingCounts]:
-    key = WindowKey(r["window_start"], r["window_end"], r["judge"], r["app"], r["model"])
-    return key, RatingCounts(int(r["yes"]), int(r["no"]), int(r["error"]))
+    key = WindowKey(
+        r["window_start"], r["window_end"], r["judge"], r["app"], r["model"], r["version"]
+    )
+    counts = RatingCounts(
+        int(r["yes"]), int(r["no"]), int(r["error"]), int(r["scored"]), int(r["score_milli"])
+    )
+    return key, counts
 
 
 def _row(r: sqlite3.Row, *, complete: bool) -> dict[str, Any]:

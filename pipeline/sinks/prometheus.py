@@ -25,6 +25,7 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
+    SummaryMetricFamily,
 )
 from prometheus_client.registry import Collector
 
@@ -47,6 +48,11 @@ COUNTER_HELP: dict[str, str] = {
     "ragpulse_judge_cache_hits_total": "Verdicts given again from the verdict cache for an "
     "identical input (same judge, prompt version, event), without a call, by judge.",
     "ragpulse_judge_errors_total": "Verdicts with rating 'error', by cause.",
+    counting.ENSEMBLE_VOTES: "Verdicts of ensemble judges (--ensemble) by how their members "
+    "voted: unanimous, split (the majority decided) or incomplete (some member could not "
+    "grade).",
+    counting.SKIPPED: "Judges skipped for an event that lacks their required field (missing: "
+    "the inputs, e.g. expected for correctness); not verdicts, in no ratio or window.",
     "ragpulse_judge_tokens_total": "Tokens used by LLM judges, by kind (prompt, completion; "
     "cached_prompt: the part of prompt the provider read from its prompt cache).",
     "ragpulse_retrieved_chunks_total": "Retrieved chunks summed over judged events.",
@@ -88,6 +94,7 @@ _PER_APP_MODEL = (
     "ragpulse_events_without_context_total",
 )
 _HISTOGRAM_PARTS = {counting.LATENCY_BUCKET, counting.LATENCY_COUNT, counting.LATENCY_SUM_US}
+_SUMMARY_PARTS = {counting.SCORE_COUNT, counting.SCORE_SUM_MILLI}
 
 
 
@@ -176,20 +183,27 @@ GAUGE_HELP: dict[str, str] = {
 
 def latest_by_series(
     windows: Mapping[WindowKey, RatingCounts],
-) -> dict[tuple[str, str, str], tuple[WindowKey, RatingCounts]]:
-    """The latest window of each (judge, app, model) series."""
-    latest: dict[tuple[str, str, str], tuple[WindowKey, RatingCounts]] = {}
-    for key, counts in windows.items():
+) -> dict[tuple[str, str, str, str], tuple[WindowKey, RatingCounts]]:
+    """The latest window of each (judge, app, model) series, by (judge, version, app, model).
+
+    Only the versions judged in that latest window: once a judge's prompt changes, the gauges
+    of the old version end (its counters stay), so a gauge never shows a stale prompt's ratio.
+    """
+    end: dict[tuple[str, str, str], float] = {}
+    for key in windows:
         series = (key.judge, key.app, key.model)
-        if series not in latest or key.window_end > latest[series][0].window_end:
-            latest[series] = (key, counts)
-    return latest
+        end[series] = max(end.get(series, key.window_end), key.window_end)
+    return {
+        (key.judge, key.version, key.app, key.model): (key, counts)
+        for key, counts in windows.items()
+        if key.window_end == end[(key.judge, key.app, key.model)]
+    }
 
 
 def _window_families(
     windows: Mapping[WindowKey, RatingCounts], prefix: str, what: str
 ) -> Iterator[Metric]:
-    labels = ["judge", "app", "model"]
+    labels = ["judge", "version", "app", "model"]
     ratio = GaugeMetricFamily(
         f"{prefix}pass_ratio",
         f"yes / (yes + no) of the {what} window (errors excluded).",
@@ -206,6 +220,12 @@ def _window_families(
     high = GaugeMetricFamily(
         f"{prefix}pass_ratio_ci_high", f"95 % Wilson upper bound, {what} window.", labels=labels
     )
+    mean = GaugeMetricFamily(
+        f"{prefix}score_mean",
+        f"Mean score of a judge on a graded scale (0-3, 1-5, a composite), {what} window; its "
+        f"pass_ratio is the share at or above the pass score.",
+        labels=labels,
+    )
     for series, (_, counts) in sorted(latest_by_series(windows).items()):
         n = counts.graded
         samples.add_metric(list(series), n)
@@ -214,7 +234,9 @@ def _window_families(
             ci_low, ci_high = wilson_interval(counts.yes, n)
             low.add_metric(list(series), ci_low or 0.0)
             high.add_metric(list(series), ci_high or 0.0)
-    yield from (ratio, samples, low, high)
+        if counts.score_mean is not None:
+            mean.add_metric(list(series), counts.score_mean)
+    yield from (ratio, samples, low, high, mean)
 
 
 def _corrected_families(
@@ -225,7 +247,7 @@ def _corrected_families(
 ) -> Iterator[Metric]:
     """The pass ratio of calibrated judges corrected for their errors (pipeline.calibration),
     next to the ratio itself; no series where the correction is undefined."""
-    labels = ["judge", "app", "model"]
+    labels = ["judge", "version", "app", "model"]
     name = f"{prefix}pass_ratio_corrected"
     ratio = GaugeMetricFamily(
         name,
@@ -323,10 +345,12 @@ def _counter_families(
     for k in _zero_series(counts, event_counters):
         by_metric[k[0]].append((k[1], 0.0))
     for (metric, labels), value in counts.items():
-        if metric not in _HISTOGRAM_PARTS:
+        if metric not in _HISTOGRAM_PARTS and metric not in _SUMMARY_PARTS:
             by_metric[metric].append((labels, value))
     for metric, series in sorted(by_metric.items()):
-        label_names = [name for name, _ in series[0][0]]
+        # Every label any series has: counters saved before a label was added (the judges'
+        # `version`) get it empty, which Prometheus reads as the label being absent.
+        label_names = sorted({name for labels, _ in series for name, _ in labels})
         family = CounterMetricFamily(
             metric.removesuffix("_total"), COUNTER_HELP.get(metric, metric), labels=label_names
         )
@@ -337,8 +361,11 @@ def _counter_families(
                 if example is not None and value > 0
                 else None
             )
+            named = dict(labels)
             family.add_metric(
-                [v for _, v in labels], sampling.exported(metric, value), exemplar=exemplar
+                [named.get(n, "") for n in label_names],
+                sampling.exported(metric, value),
+                exemplar=exemplar,
             )
         yield family
 
@@ -364,6 +391,29 @@ def _latency_family(counts: Mapping[counting.CounterKey, float]) -> Metric:
     return family
 
 
+def _score_family(counts: Mapping[counting.CounterKey, float]) -> Metric:
+    """`ragpulse_judge_score` _sum and _count: mean = rate(_sum) / rate(_count), re-aggregable."""
+    family = SummaryMetricFamily(
+        "ragpulse_judge_score",
+        "Scores of judges on a graded scale (0-3, 1-5, a composite): rate(_sum) / rate(_count) "
+        "is the mean; ragpulse_judge_verdicts_total{rating=yes} counts those at or above the "
+        "pass score.",
+        labels=["judge", "version", "app", "model"],
+    )
+    sums: dict[counting.Labels, float] = {}
+    for (metric, labels), value in counts.items():
+        if metric == counting.SCORE_SUM_MILLI:
+            sums[labels] = value / 1000
+    for (metric, labels), value in sorted(counts.items()):
+        if metric == counting.SCORE_COUNT:
+            lab = dict(labels)
+            family.add_metric(
+                [lab["judge"], lab["version"], lab["app"], lab["model"]], int(value),
+                sums.get(labels, 0.0),
+            )
+    return family
+
+
 class RagpulseCollector(Collector):
     """Yields every ragpulse metric from the snapshot `current()` returns at collect time.
 
@@ -381,6 +431,7 @@ class RagpulseCollector(Collector):
         snap = self._current()
         yield from _counter_families(snap.counts, snap.exemplars, self._event_counters)
         yield _latency_family(snap.counts)
+        yield _score_family(snap.counts)
         yield from _window_families(snap.complete, "ragpulse_judge_", "latest complete")
         if snap.in_progress:
             yield from _window_families(

@@ -48,8 +48,14 @@ class RatingPane:
 def encode(pane: RatingPane) -> tuple[bytes, bytes]:
     """(Kafka key, value) of a pane."""
     k = pane.key
-    row = {**window_row(k, pane.counts), "pane": pane.timing, "pane_index": pane.index}
-    return orjson.dumps([k.window_start, k.judge, k.app, k.model]), orjson.dumps(row)
+    row = {
+        **window_row(k, pane.counts),
+        # Exact, unlike score_mean: the exporter adds it to ragpulse_judge_score_sum.
+        "score_milli": pane.counts.score_milli,
+        "pane": pane.timing,
+        "pane_index": pane.index,
+    }
+    return orjson.dumps([k.window_start, k.judge, k.version, k.app, k.model]), orjson.dumps(row)
 
 
 def decode(value: bytes) -> RatingPane:
@@ -62,8 +68,15 @@ def decode(value: bytes) -> RatingPane:
             _text(row["judge"]),
             _text(row["app"]),
             _text(row["model"]),
+            _text(row["version"]),
         )
-        counts = RatingCounts(_count(row["yes"]), _count(row["no"]), _count(row["error"]))
+        counts = RatingCounts(
+            _count(row["yes"]),
+            _count(row["no"]),
+            _count(row["error"]),
+            _count(row["scored"]),
+            _count(row["score_milli"]),
+        )
         timing, index = row["pane"], _count(row["pane_index"])
     except orjson.JSONDecodeError as exc:
         raise InvalidRatingRow(f"not JSON: {exc}") from None

@@ -2,7 +2,9 @@
 
 Written by `ragpulse run` (verdicts.jsonl) and `ragpulse serve` (the verdicts topic), with the
 Agent Evaluation output field names `response/llm_judged/<judge>/{rating,rationale,
-error_message}` plus `error_cause`; read back by `ragpulse explain` and by serve's exemplars.
+error_message}` plus `error_cause`, `score` (graded scales) and `version` (the prompt version);
+a judge skipped for lack of its required field is rated `skipped`. Read back by
+`ragpulse explain` and by serve's exemplars.
 Free of Beam, so that reading rows stays fast.
 """
 
@@ -44,7 +46,7 @@ def verdict_row(judged: JudgedEvent, policy: TextPolicy) -> dict[str, Any]:
     }
     store = policy.store_text
     redact = policy.redactor().redact
-    for v in judged.verdicts:
+    for v, version in judged.versioned():
         prefix = f"{_PREFIX}{v.judge}"
         rationale, error = v.rationale, v.error_message
         if store == "none":
@@ -58,6 +60,8 @@ def verdict_row(judged: JudgedEvent, policy: TextPolicy) -> dict[str, Any]:
         row[f"{prefix}/rationale"] = rationale
         row[f"{prefix}/error_message"] = error
         row[f"{prefix}/error_cause"] = v.error_cause  # the ragpulse_judge_errors_total label
+        row[f"{prefix}/score"] = v.score  # a graded scale's score (None on the binary scale)
+        row[f"{prefix}/version"] = version  # the prompt version, as the metrics label it
     return row
 
 
@@ -90,9 +94,9 @@ def failing_verdicts(row: Mapping[str, Any]) -> Iterator[FailingVerdict]:
     for field, rating in row.items():
         if not field.endswith(_RATING_SUFFIX) or not field.startswith(_PREFIX):
             continue
-        if rating not in ("yes", "no", "error"):
-            raise InvalidVerdictRow(f"{field} is {rating!r}, not yes, no or error")
-        if rating == "yes":
+        if rating not in ("yes", "no", "error", "skipped"):
+            raise InvalidVerdictRow(f"{field} is {rating!r}, not yes, no, error or skipped")
+        if rating in ("yes", "skipped"):
             continue
         base = field.removesuffix(_RATING_SUFFIX)
         yield FailingVerdict(
