@@ -74,6 +74,9 @@ class CascadePanel:
         self._local_judges = build_local_judges(spec.names)
         self._local = JudgePanel(self._local_judges, spec.batch_deadline_seconds)
         self._llm = spec.build()
+        # The `version` label of the cascade's verdicts: the LLM prompt's, marked as mixed
+        # with the local judges' (which verdict an event got depends on the event).
+        self.prompt_versions = tuple(f"{v}+local" for v in self._llm.prompt_versions)
         self._counters: dict[counting.CounterKey, Any] = {}
         # Imported here: the settings import this module, and must not pay Beam's import.
         from apache_beam.metrics import Metrics

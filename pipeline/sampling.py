@@ -240,22 +240,24 @@ def _rate(value: Any, where: str) -> float:
 
 
 def tally_weighted(
-    tally: Counter[tuple[Any, ...]], stratum: str, weight: float, verdicts: Iterable[Any],
-    app: str, model: str,
+    tally: Counter[tuple[Any, ...]], stratum: str, weight: float,
+    versioned: Iterable[tuple[Any, str]], app: str, model: str,
 ) -> None:
-    """Adds one judged event's weighted verdicts to a `pipeline.stages._tally` counter."""
+    """Adds one judged event's weighted verdicts, each with its judge's prompt version, to a
+    `pipeline.stages._tally` counter (skipped judges have no verdict to weigh)."""
     micros = to_micros(weight)
-    for v in verdicts:
-        tally["weighted_verdict", v.judge, v.rating, stratum, app, model] += micros
+    for v, version in versioned:
+        if v.rating != "skipped":
+            tally["weighted_verdict", v.judge, version, v.rating, stratum, app, model] += micros
 
 
 def counter_key(k: tuple[Any, ...]) -> counting.CounterKey | None:
     """The counter key of a `tally_weighted` entry, None for any other entry."""
     match k:
-        case ("weighted_verdict", judge, rating, stratum, app, model):
+        case ("weighted_verdict", judge, version, rating, stratum, app, model):
             return counting.key(
-                WEIGHTED_VERDICTS, judge=judge, rating=rating, stratum=stratum, app=app,
-                model=model,
+                WEIGHTED_VERDICTS, judge=judge, version=version, rating=rating, stratum=stratum,
+                app=app, model=model,
             )
     return None
 

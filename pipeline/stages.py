@@ -373,7 +373,9 @@ def _tally(
         tally["latency_count", judge] += 1
         tally["latency_sum_us", judge] += round(v.latency_seconds * 1e6)
     if event.stratum is not None:
-        sampling.tally_weighted(tally, event.stratum, event.weight, verdicts, app, model)
+        sampling.tally_weighted(
+            tally, event.stratum, event.weight, zip(verdicts, versions, strict=True), app, model
+        )
     # Groundedness split by whether the retrieved context was sufficient, when both judges
     # ran: ungrounded answers with sufficient context point at generation, not retrieval.
     if grounded is not None and sufficient in ("yes", "no"):

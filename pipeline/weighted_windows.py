@@ -28,7 +28,11 @@ def _weighted_ratings(judged: Any) -> Iterable[tuple[tuple[str, str, str, str], 
     """((judge, app, model, rating), weight in millionths) for each verdict of a judged event."""
     record = judged.record
     micros = to_micros(record.weight)
-    return [((v.judge, record.app, record.model, v.rating), micros) for v in judged.verdicts]
+    return [
+        ((v.judge, record.app, record.model, v.rating), micros)
+        for v in judged.verdicts
+        if v.rating != "skipped"  # the judge did not run on this event: nothing to weigh
+    ]
 
 
 class _ReportWeightedWindow(beam.DoFn):

@@ -148,8 +148,8 @@ def test_weighted_pass_ratio_estimates_the_true_ratio_where_the_stratified_sampl
     exported_yes = sum(
         registry.get_sample_value(
             "ragpulse_judge_verdicts_weighted_total",
-            {"judge": "groundedness", "rating": "yes", "stratum": name, "app": "help-bot",
-             "model": model},
+            {"judge": "groundedness", "version": "local", "rating": "yes", "stratum": name,
+             "app": "help-bot", "model": model},
         ) or 0.0
         for name, _, model, _, _ in STRATA
     )

@@ -74,10 +74,14 @@ def evaluation_request(
         trace_id = bytes.fromhex(event.record.request_id)
         span_id = bytes.fromhex(event.record.span_id or "")
         for v in event.verdicts:
+            if v.rating == "skipped":  # the judge did not run on this answer: no evaluation
+                continue
             attributes = [_kv("gen_ai.evaluation.name", v.judge)]
             if v.rating in _SCORES:
+                # A graded scale's score (0-3, 1-5, a composite's 0..1), else yes 1 / no 0.
+                value = v.score if v.score is not None else _SCORES[v.rating]
                 attributes.append(_kv("gen_ai.evaluation.score.label", v.rating))
-                attributes.append(_kv("gen_ai.evaluation.score.value", _SCORES[v.rating]))
+                attributes.append(_kv("gen_ai.evaluation.score.value", value))
             else:
                 attributes.append(_kv("error.type", v.error_cause or "error"))
             explanation = row[f"response/llm_judged/{v.judge}/rationale"]
