@@ -103,6 +103,11 @@ EMPTY_WITH_LOCAL_JUDGES = {
     "custom judge nor composite, so ragpulse_judge_score has no series",
     "Judges skipped for a missing field": "the default judges require nothing the events "
     "lack, so ragpulse_judge_skipped_total has no series",
+    "Pass ratio corrected for judge error (calibrated judges)": "this run gives no "
+    "--judge-calibration file (tests/test_calibration.py scrapes the corrected gauges)",
+    "Pass ratio of all traffic (weighted by sampling)": "this run has no --sampling-rules nor "
+    "budget, so ragpulse_judge_verdicts_weighted_total has no series "
+    "(tests/promtool/weighted.test.yaml covers the rule)",
     "Retrieval or generation (needs the context_sufficiency judge)": "this run judges with the "
     "default judges, without the opt-in context_sufficiency and chunk_relevance, and its "
     "groundedness drop leaves retrieval unchanged (tests/promtool/root_cause.test.yaml covers "

@@ -31,6 +31,7 @@ from rules import (
     PASS_RATIO,
     RETRIEVAL_CHANGED,
     SUFFICIENT,
+    WEIGHTED_PASS_RATIO,
     WILSON,
 )
 
@@ -206,6 +207,26 @@ def overview(cfg: dict[str, Any]) -> dict[str, Any]:
               "{{judge}} {{version}}"),
         description="Judges on a 0-3 or 1-5 scale and composites (binary judges have no "
                     "score); their pass ratio is the share at or above the pass score."))
+    board.with_panel(graph(
+        "Pass ratio corrected for judge error (calibrated judges)",
+        query("ragpulse_judge_pass_ratio_corrected", "{{judge}} {{app}} / {{model}} {{version}}"),
+        query("ragpulse_judge_pass_ratio_corrected_ci_low",
+              "{{judge}} {{app}} / {{model}} {{version}} ci_low"),
+        query("ragpulse_judge_pass_ratio_corrected_ci_high",
+              "{{judge}} {{app}} / {{model}} {{version}} ci_high"),
+        unit="percentunit",
+        description="The latest complete window's pass ratio corrected for the judge's "
+                    "sensitivity and specificity (Rogan-Gladen, --judge-calibration), with a "
+                    "95 % interval carrying the window's and the calibration set's size. Only "
+                    "as good as the calibration set is like this traffic (see the README)."))
+    weighted = WEIGHTED_PASS_RATIO.format(w=cfg["windows"]["fast_long"])
+    board.with_panel(graph(
+        "Pass ratio of all traffic (weighted by sampling)",
+        query(weighted, "{{judge}} {{app}} / {{model}} {{version}}"),
+        unit="percentunit",
+        description="With --sampling-rules or a judge budget, each judged answer stands for "
+                    "1/rate answers: this estimates the pass ratio of all traffic; the other "
+                    "ratios describe the judged sample."))
     board.with_panel(graph(
         "Judges skipped for a missing field",
         query("sum by (judge, missing) (rate(ragpulse_judge_skipped_total[$__rate_interval]))",
