@@ -12,7 +12,9 @@ one yes/no/error per judge per event. The mapping, for both backends:
 
 The rationale starts with the precision and every chunk's rating, e.g.
 `precision 1/3: [1] yes, [2] no, [3] no. [1] The passage gives the opening hours.`, so the
-per-chunk ratings survive in the verdict rows (`ragpulse explain`).
+per-chunk ratings survive in the verdict rows (`ragpulse explain`). The verdict's `score` is
+the event's precision (relevant / chunks rated), so the window aggregate is the mean precision,
+exported with its count (`ragpulse_judge_score_sum` / `_count`, `score_mean` in windows.jsonl).
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ def event_verdict(name: str, chunks: Sequence[Verdict], latency_seconds: float) 
         name,
         "yes" if relevant else "no",
         rationale,
+        # The event's precision over the chunks that could be rated: summed and counted in
+        # ragpulse_judge_score, so a window's mean precision and its count are exported.
+        score=len(relevant) / len(rated),
         latency_seconds=latency_seconds,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,

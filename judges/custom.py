@@ -9,6 +9,10 @@ rating), plus what the registry says of a shipped judge:
     requires: [question, answer]      # inputs an event must have (JudgeInput.lacks); default none
     when_missing: "no pricing text"   # optional: rate such an event "no" with this rationale;
                                       # without it the judge is skipped for such an event
+    assessment: RETRIEVAL             # optional, Agent Evaluation's assessment type: ANSWER
+                                      # (one verdict per event, the default) or RETRIEVAL (one
+                                      # per retrieved chunk, aggregated as precision); it must
+                                      # agree with `subject` (passage for RETRIEVAL)
 
 A file may grade on a scale (`scale: "0-3"` or `"1-5"`, a `pass_score` on it, and one example
 per score, as deploy/samples/comprehensiveness.yaml; judges.llm): its verdict is "yes" at or
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -32,7 +36,7 @@ from judges.base import InputName
 from judges.llm import JudgePrompt
 from judges.registry import JudgeEntry, judge_table
 
-_OWN_KEYS = ("requires", "when_missing")
+_OWN_KEYS = ("requires", "when_missing", "assessment")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -50,6 +54,7 @@ class _RegistryKeys(BaseModel):
 
     requires: tuple[InputName, ...] = ()
     when_missing: str | None = Field(None, min_length=1)
+    assessment: Literal["ANSWER", "RETRIEVAL"] | None = None
 
 
 class CustomJudgeError(ValueError):
@@ -97,6 +102,16 @@ def load_custom_judge(path: Path) -> CustomJudge:
         raise fail(
             ("requires",),
             f"{', '.join(unshown)} is required but not shown to the judge (add it to inputs)",
+        )
+    if keys.assessment is not None and (keys.assessment == "RETRIEVAL") != (
+        prompt.subject == "passage"
+    ):
+        fix = "passage" if keys.assessment == "RETRIEVAL" else "answer (or leave it out)"
+        raise fail(
+            ("subject",),
+            f"assessment {keys.assessment} grades "
+            f"{'each retrieved chunk' if keys.assessment == 'RETRIEVAL' else 'the answer'}: "
+            f"set subject: {fix}",
         )
     if prompt.subject == "passage" and "chunks" not in keys.requires:
         # One call per chunk: an event without chunks would otherwise get no verdict at all.

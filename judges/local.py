@@ -46,8 +46,9 @@ class LocalJudge:
     def __init__(self) -> None:
         self._entry: JudgeEntry = judge_entry(self.name)
 
-    def decide(self, item: JudgeInput) -> tuple[Rating, str]:
-        """The rating and its rationale for an event that holds what the judge needs."""
+    def decide(self, item: JudgeInput) -> tuple[Rating, str] | tuple[Rating, str, float]:
+        """The rating and its rationale for an event that holds what the judge needs (and a
+        score, for a judge that has one: chunk_relevance's precision)."""
         raise NotImplementedError
 
     def grade(self, item: JudgeInput) -> Verdict:
@@ -65,7 +66,7 @@ class LocalJudge:
         if missing is not None:
             return dataclasses.replace(missing, latency_seconds=time.perf_counter() - start)
         try:
-            rating, rationale = self.decide(item)
+            rating, rationale, *score = self.decide(item)
         except CannotGrade as exc:
             return Verdict(
                 self.name,
@@ -74,7 +75,13 @@ class LocalJudge:
                 error_cause="unsupported_input" if isinstance(exc, UnsupportedInput) else "input",
                 latency_seconds=time.perf_counter() - start,
             )
-        return Verdict(self.name, rating, rationale, latency_seconds=time.perf_counter() - start)
+        return Verdict(
+            self.name,
+            rating,
+            rationale,
+            latency_seconds=time.perf_counter() - start,
+            score=score[0] if score else None,
+        )
 
     async def judge(self, item: JudgeInput) -> Verdict:
         return self.grade(item)

@@ -47,7 +47,7 @@ class ChunkRelevanceJudge(LocalJudge):
         super().__init__()
         self.min_share = min_share
 
-    def decide(self, item: JudgeInput) -> tuple[Rating, str]:
+    def decide(self, item: JudgeInput) -> tuple[Rating, str, float]:
         asked = key_stems(item.question)
         if not asked:
             raise CannotGrade(
@@ -57,4 +57,4 @@ class ChunkRelevanceJudge(LocalJudge):
         chunks = [chunk_verdict(self.name, asked, c, self.min_share) for c in item.chunks]
         # Local chunk verdicts are never errors, so neither is the event's.
         verdict = event_verdict(self.name, chunks, 0.0)
-        return verdict.rating, verdict.rationale or ""
+        return verdict.rating, verdict.rationale or "", verdict.score or 0.0

@@ -83,15 +83,17 @@ def parse_label(value: Any) -> Value | None:
     raise ValueError(f'must be "yes", "no", an integer score or null, not {value!r}')
 
 
-def verdict_value(verdict: Verdict) -> Value | None:
-    """What a verdict says, comparable with a label; None when the judge could not grade.
+def verdict_value(verdict: Verdict, label: Value | None = None) -> Value | None:
+    """What a verdict says, comparable with `label`; None when the judge could not grade.
 
-    A graded judge's verdict carries a whole-number `score` (or a rating that is a number). A
-    judge skipped for a missing field did not grade either."""
+    Against a score label, a graded judge's whole-number `score` (or a rating that is a
+    number); against yes/no, the rating (chunk_relevance's score is a precision, a composite's
+    a fraction: not what a yes/no label says). A judge skipped for a missing field did not
+    grade either."""
     if verdict.rating in ("error", "skipped"):
         return None
     score = verdict.score
-    if score is not None and float(score).is_integer():
+    if isinstance(label, int) and score is not None and float(score).is_integer():
         return int(score)
     rating: str = verdict.rating
     return int(rating) if rating.lstrip("-").isdigit() else rating
@@ -172,8 +174,8 @@ def agreement_report(
 ) -> AgreementReport:
     """Compare each verdict with its label. `rationale` turns a judge's rationale or error
     message into the text the report keeps (the --store-text policy)."""
-    pairs = [(j.label, v) for j in judged if (v := verdict_value(j.verdict)) is not None]
-    errors = [j for j in judged if verdict_value(j.verdict) is None]
+    pairs = [(j.label, v) for j in judged if (v := verdict_value(j.verdict, j.label)) is not None]
+    errors = [j for j in judged if verdict_value(j.verdict, j.label) is None]
     confusion: dict[str, Counter[str]] = {}
     for label, value in pairs:
         confusion.setdefault(str(label), Counter())[str(value)] += 1
@@ -211,11 +213,11 @@ def agreement_report(
             {
                 "request_id": j.request_id,
                 "label": j.label,
-                "verdict": verdict_value(j.verdict),
+                "verdict": verdict_value(j.verdict, j.label),
                 "rationale": rationale(j.verdict.rationale) if j.verdict.rationale else None,
             }
             for j in judged
-            if (v := verdict_value(j.verdict)) is not None and not agrees(j.label, v)
+            if (v := verdict_value(j.verdict, j.label)) is not None and not agrees(j.label, v)
         ],
         errors=[
             {

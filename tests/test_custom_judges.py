@@ -95,6 +95,9 @@ def _without(key: str) -> dict:
         (_set("subject", "passage") | {"inputs": ["question", "chunks"], "requires": ["question"]},
          "requires",
          "a judge of each passage (subject: passage) requires chunks"),
+        (_set("assessment", "RETRIEVAL"), "subject",
+         "assessment RETRIEVAL grades each retrieved chunk: set subject: passage"),
+        (_set("assessment", "PER_CHUNK"), "assessment", "Input should be 'ANSWER' or 'RETRIEVAL'"),
         ("name: [unclosed\n", None, "not valid YAML (line 2)"),
         ("- a list\n", None, "must be a mapping of keys"),
     ],
@@ -119,6 +122,17 @@ def test_a_bad_custom_judge_file_is_refused_with_its_file_key_and_line(
         assert f"key {key!r} (line {found[0]}): " in message
     else:  # the line of the list item, below its key
         assert f"key {key!r} (line " in message
+
+
+def test_a_retrieval_assessment_rates_each_chunk_and_an_answer_assessment_the_answer(
+    tmp_path: Path,
+) -> None:
+    retrieval = _set("subject", "passage") | {
+        "assessment": "RETRIEVAL", "inputs": ["question", "chunks"], "requires": ["chunks"],
+    }
+    assert load_custom_judge(written(tmp_path, retrieval)).entry.per_chunk
+    answer = _set("assessment", "ANSWER")
+    assert not load_custom_judge(written(tmp_path, answer)).entry.per_chunk
 
 
 def test_the_line_of_a_bad_key_inside_a_list_is_named(tmp_path: Path) -> None:

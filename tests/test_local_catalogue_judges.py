@@ -49,12 +49,14 @@ def test_one_relevant_chunk_makes_the_event_yes_with_the_chunk_ratings_and_preci
     assert v.rating == "yes"
     assert v.rationale is not None
     assert v.rationale.startswith("precision 1/2: [1] no, [2] yes.")
+    assert v.score == 0.5  # the event's precision, counted for the window's mean
 
 
 def test_no_relevant_chunk_makes_the_event_no() -> None:
     v = grade("chunk_relevance", event(chunks=(LOUVRE, Chunk("Opening hours: 9 to 18."))))
     assert v.rating == "no"
     assert v.rationale is not None and v.rationale.startswith("precision 0/2: [1] no, [2] no.")
+    assert v.score == 0.0
 
 
 def test_nothing_retrieved_is_no_relevant_chunk_not_an_error() -> None:
@@ -76,6 +78,7 @@ def test_an_unrated_chunk_leaves_a_relevant_one_deciding_and_else_makes_an_error
     decided = event_verdict("chunk_relevance", [failed, yes], 0.5)
     assert (decided.rating, decided.prompt_tokens, decided.completion_tokens) == ("yes", 10, 2)
     assert decided.rationale is not None and "[1] error, [2] yes" in decided.rationale
+    assert decided.score == 1.0  # over the chunks that could be rated
     unknown = event_verdict("chunk_relevance", [no, failed], 0.5)
     assert (unknown.rating, unknown.error_cause) == ("error", "timeout")
     assert unknown.error_message is not None and "chunk [2]: timed out" in unknown.error_message
@@ -265,3 +268,7 @@ def test_ragpulse_run_grades_the_ground_truth_of_each_event_with_the_opt_in_judg
     assert ratings("req-3") == {"chunk_relevance": "yes", "context_sufficiency": "yes",
                                 "correctness": "skipped", "document_recall": "skipped"}
     assert rows["req-3"]["response/llm_judged/correctness/error_cause"] is None
+    # The window's mean precision, with its count: each event has one relevant chunk of two.
+    (window,) = [w for w in map(orjson.loads, (out / "windows.jsonl").read_bytes().splitlines())
+                 if w["judge"] == "chunk_relevance"]
+    assert (window["scored"], window["score_mean"]) == (3, 0.5)
