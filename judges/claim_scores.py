@@ -249,7 +249,7 @@ class ClaimScoreJudge:
         )
         scored: list[tuple[float, str]] = []
 
-        def read(content: str | None) -> tuple[BinaryRating, str]:
+        def read(content: str | None) -> tuple[BinaryRating, str, float]:
             scored.append(self.score_of(parse_claims(content, self.reply)))
             return self._rated(*scored[0])
 
@@ -258,9 +258,11 @@ class ClaimScoreJudge:
             return verdict
         return await self._blend(item, verdict, *scored[0])
 
-    def _rated(self, score: float, why: str) -> tuple[BinaryRating, str]:
+    def _rated(self, score: float, why: str) -> tuple[BinaryRating, str, float]:
+        """The rating at the threshold, the rationale, and the score itself (counted for the
+        window's mean: ragpulse_judge_score)."""
         rating: BinaryRating = "yes" if score >= self.threshold else "no"
-        return rating, f"{self.name} {score:.2f}: {why}"
+        return rating, f"{self.name} {score:.2f}: {why}", score
 
     def score_of(self, reply: Any) -> tuple[float, str]:
         """The score of a validated reply and a sentence on how it was reached."""
@@ -358,11 +360,14 @@ class AnswerCorrectnessJudge(ClaimScoreJudge):
             )
         similarity = cosine(*outcome.vectors)
         blended = (1 - SIMILARITY_WEIGHT) * score + SIMILARITY_WEIGHT * similarity
-        rating, rationale = self._rated(blended, f"{why}; embedding similarity {similarity:.2f}")
+        rating, rationale, _ = self._rated(
+            blended, f"{why}; embedding similarity {similarity:.2f}"
+        )
         return Verdict(
             self.name,
             rating,
             rationale,
+            score=blended,
             latency_seconds=verdict.latency_seconds + time.perf_counter() - started,
             prompt_tokens=verdict.prompt_tokens + outcome.prompt_tokens,
             completion_tokens=verdict.completion_tokens,

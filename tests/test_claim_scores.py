@@ -50,6 +50,7 @@ def test_faithfulness_is_the_share_of_supported_claims_from_one_call(
 ) -> None:
     verdict = judge_one(fake_openai, JudgeInput(QUESTION, THREE_CLAIMS, CONTEXT), "faithfulness")
     assert verdict.rating == "no"  # 2/3 is below the default threshold 0.7
+    assert verdict.score == pytest.approx(2 / 3)  # counted for the window's mean
     assert verdict.rationale is not None
     assert verdict.rationale.startswith(
         "faithfulness 0.67: 2 of 3 claims supported; not supported: "
