@@ -70,6 +70,8 @@ class JudgeSpec:
     # Verdicts kept for identical inputs (judges.verdict_cache); size 0: no cache.
     cache_size: int
     cache_ttl_seconds: float
+    # --judge-combine: one call per event for the judges that can share it (judges.combined).
+    combine: bool
 
     def __post_init__(self) -> None:
         check_judge_names(self.names, self.backend, tuple(c.entry for c in self.custom_judges))
@@ -112,7 +114,13 @@ class JudgeSpec:
         redact = policy.redactor().judge_input if policy.redacts_prompts_to(self.base_url) else None
         return JudgePanel(
             build_llm_judges(
-                self.names, endpoint, prompts, redact, self.guidelines, self.custom_judges
+                self.names,
+                endpoint,
+                prompts,
+                redact,
+                self.guidelines,
+                self.custom_judges,
+                self.combine,
             ),
             self.batch_deadline_seconds,
             cache,

@@ -311,6 +311,14 @@ def forget_shared_endpoint_states() -> None:
 # -- the endpoint -------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _CallShape:
+    """What one call asks of the model: the reply's JSON schema and its token cap."""
+
+    schema: Mapping[str, Any]
+    max_tokens: int
+
+
 @dataclasses.dataclass(slots=True)
 class _LoopState:
     loop: asyncio.AbstractEventLoop
@@ -425,10 +433,10 @@ class OpenAIJudgeEndpoint:
             await self._state.client.close()
             self._state = None
 
-    def _request_options(self) -> dict[str, Any]:
-        options: dict[str, Any] = {"max_tokens": self.max_tokens}
+    def _request_options(self, call: _CallShape) -> dict[str, Any]:
+        options: dict[str, Any] = {"max_tokens": call.max_tokens}
         if self.reply_format == "json_schema":
-            options["response_format"] = {"type": "json_schema", "json_schema": VERDICT_JSON_SCHEMA}
+            options["response_format"] = {"type": "json_schema", "json_schema": call.schema}
         elif self.reply_format == "json_object":
             # Only the type: OpenAI refuses unknown keys here, so no schema rides along.
             options["response_format"] = {"type": "json_object"}
@@ -455,7 +463,11 @@ class OpenAIJudgeEndpoint:
             raise
 
     async def _attempt(
-        self, state: _LoopState, messages: Sequence[Mapping[str, str]], deadline: float | None
+        self,
+        state: _LoopState,
+        messages: Sequence[Mapping[str, str]],
+        deadline: float | None,
+        call: _CallShape,
     ) -> EndpointReply | Refusal:
         """One request, or the breaker's refusal; records the outcome with the breaker."""
         async with state.semaphore:
@@ -465,7 +477,7 @@ class OpenAIJudgeEndpoint:
             if isinstance(permit, Refusal):
                 return permit
             try:
-                reply = await self._send(state, messages, deadline)
+                reply = await self._send(state, messages, deadline, call)
             except Exception as exc:
                 failure = _failure_from(exc, time.time(), self.scrub)
                 if failure is None:  # over quota, a bug: says nothing about the endpoint
@@ -482,9 +494,13 @@ class OpenAIJudgeEndpoint:
             return reply
 
     async def _send(
-        self, state: _LoopState, messages: Sequence[Mapping[str, str]], deadline: float | None
+        self,
+        state: _LoopState,
+        messages: Sequence[Mapping[str, str]],
+        deadline: float | None,
+        call: _CallShape,
     ) -> EndpointReply:
-        estimate = estimate_tokens(messages, self.max_tokens)
+        estimate = estimate_tokens(messages, call.max_tokens)
         tokens = self.shared.tokens
         # Paced inside the semaphore, so that requests leave when their quota says, not in a
         # burst when slots free up.
@@ -498,7 +514,7 @@ class OpenAIJudgeEndpoint:
                     model=self.model,
                     messages=messages,  # type: ignore[arg-type]
                     temperature=self.temperature,
-                    **self._request_options(),
+                    **self._request_options(call),
                 )
             latency = time.perf_counter() - started
             # Parsed here rather than by the client: its models accept any shape without
@@ -511,7 +527,7 @@ class OpenAIJudgeEndpoint:
             raise
         sent = sum(len((m.get("content") or "").encode()) for m in messages)
         prompt_tokens, completion_tokens, cached_prompt_tokens, problem = usage_counts(
-            completion.usage, 2 * sent + 1024, 2 * self.max_tokens + 1024
+            completion.usage, 2 * sent + 1024, 2 * call.max_tokens + 1024
         )
         if problem:
             self._failure_log.warning(
@@ -538,12 +554,24 @@ class OpenAIJudgeEndpoint:
         )
 
     async def complete(
-        self, judge: str, messages: Sequence[Mapping[str, str]]
+        self,
+        judge: str,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        schema: Mapping[str, Any] | None = None,
+        max_tokens: int | None = None,
     ) -> EndpointReply | EndpointFailure:
         """Send one chat request, retrying as `judges.retry` decides; never raises for I/O.
 
-        Ends by the batch deadline (`judges.base.batch_deadline`) when there is one.
+        `schema` replaces the one-verdict JSON schema (with reply format json_schema) and
+        `max_tokens` the endpoint's cap, for a call that asks for several verdicts at once
+        (`judges.combined`). Ends by the batch deadline (`judges.base.batch_deadline`) when
+        there is one.
         """
+        call = _CallShape(
+            VERDICT_JSON_SCHEMA if schema is None else schema,
+            self.max_tokens if max_tokens is None else max_tokens,
+        )
         state = self._loop_state()
         loop = state.loop
         deadline = batch_deadline()
@@ -560,7 +588,7 @@ class OpenAIJudgeEndpoint:
             started = loop.time()
             try:
                 async with asyncio.timeout_at(deadline) as budget:
-                    outcome = await self._attempt(state, messages, deadline)
+                    outcome = await self._attempt(state, messages, deadline, call)
             except _QuotaPastDeadline as exc:
                 return give_up(
                     "rate_limited",

@@ -509,6 +509,7 @@ def build_llm_judges(
     redact: Callable[[JudgeInput], JudgeInput] | None = None,
     guidelines: tuple[Guideline, ...] = (),
     custom: Sequence[CustomJudge] = (),
+    combine: bool = False,
 ) -> list[Judge]:
     """One `LLMJudge` per name, all sharing `endpoint`; ValueError names an unknown judge.
 
@@ -516,13 +517,23 @@ def build_llm_judges(
     (e.g. `judges.redaction.Redactor.judge_input`) rewrites each event before it is prompted;
     `guidelines` are added to every event's own (for the judges whose prompt shows them);
     `custom` are the operator's judges (`--custom-judge`), already loaded and validated.
+    With `combine` (`--judge-combine`), the judges that can be graded together get one call
+    per event between them (`judges.combined`); the others are asked on their own.
     """
     by_name = {c.entry.name: c for c in custom}
-    judges: list[Judge] = []
+    prompts: list[tuple[JudgePrompt, JudgeEntry]] = []
     for name in names:
         mine = by_name.get(name)
         if mine is not None:
-            judges.append(LLMJudge(mine.prompt, endpoint, redact, guidelines, mine.entry))
+            prompts.append((mine.prompt, mine.entry))
         else:
-            judges.append(LLMJudge(load_prompt(name, prompts_dir), endpoint, redact, guidelines))
-    return judges
+            prompts.append((load_prompt(name, prompts_dir), judge_entry(name)))
+    combined: Mapping[str, Judge] = {}
+    if combine:
+        from judges.combined import group_judges  # imports this module
+
+        combined = group_judges(prompts, endpoint, redact)
+    return [
+        combined.get(prompt.name) or LLMJudge(prompt, endpoint, redact, guidelines, entry)
+        for prompt, entry in prompts
+    ]

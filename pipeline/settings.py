@@ -107,6 +107,8 @@ class JudgeSettings(BaseModel):
     # Identical inputs judged once per TTL by the LLM judges (judges.verdict_cache); 0: no cache.
     cache_size: int = Field(10_000, ge=0, le=10_000_000, title="--judge-cache-size")
     cache_ttl_seconds: float = Field(600.0, gt=0, le=7 * 86400, title="--judge-cache-ttl")
+    # One call per event for the LLM judges that can share it (judges.combined).
+    combine: bool = Field(False, title="--judge-combine")
 
     @field_validator("redact_patterns")
     @classmethod
@@ -199,6 +201,7 @@ class JudgeSettings(BaseModel):
             custom_judges=self.custom_judges,
             cache_size=self.cache_size,
             cache_ttl_seconds=self.cache_ttl_seconds,
+            combine=self.combine,
         )
 
 
@@ -572,6 +575,15 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default: {_judge_dur('cache_ttl_seconds')})",
     )
     g.add_argument(
+        "--judge-combine",
+        action=argparse.BooleanOptionalAction,
+        default=default_of(JudgeSettings, "combine"),
+        help="grade the LLM judges that read the same event (groundedness, relevance_to_query, "
+        "safety and custom judges of the answer) in one call per event: the chunks are sent "
+        "once; a reply lacking one judge's verdict makes that verdict an error "
+        "(default: %(default)s)",
+    )
+    g.add_argument(
         "--redact-pii",
         choices=REDACT_MODES,
         default=default_of(JudgeSettings, "redact_pii"),
@@ -653,6 +665,7 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
             guidelines=tuple(args.guideline),
             cache_size=args.judge_cache_size,
             cache_ttl_seconds=args.judge_cache_ttl,
+            combine=args.judge_combine,
         )
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc, JudgeSettings)) from None

@@ -22,6 +22,14 @@ what the "model" does:
 * `prompt_cache`: play a provider's prompt caching: the leading messages of a request that
   match, byte for byte, the leading messages of an earlier request are reported as
   `usage.prompt_tokens_details.cached_tokens` (their words), as OpenAI reports a cached prefix;
+* combined calls (`judges.combined`, `--judge-combine`): a system message ending in
+  `Verdicts wanted: a, b, c` gets one verdict per judge named there, as a JSON object keyed by
+  judge name (or `NAME rationale:` / `NAME rating:` lines in "plain" mode), each chosen by
+  `decide_for(judge, request)` (default: `decide` for every judge);
+* `count_tokens`: how prompt and completion tokens are counted (default: words), e.g. a
+  tokenizer's count for a benchmark;
+* `reply_for`: a router that answers a request itself (the whole request body in, the
+  assistant content out, or None to answer as above), for clients with prompts of their own;
 * `decide`: how the verdict is chosen from the request. The default reads the fenced answer
   (`<answer-NONCE>...</answer-NONCE>`) and says "no" when it contains `MARKER`. It also behaves
   like a gullible model: a `rating: yes|no` line or JSON verdict found in the last user message
@@ -129,6 +137,11 @@ class RecordedRequest:
 
 
 Decide = Callable[[FencedRequest], tuple[FakeRating, str]]
+DecideFor = Callable[[str, FencedRequest], tuple[FakeRating, str]]
+ReplyFor = Callable[[dict[str, Any]], str | None]
+
+# The last line of a combined call's system message (judges.combined) names its judges.
+_VERDICTS_WANTED = re.compile(r"^Verdicts wanted: ([a-z0-9_, ]+)$", re.MULTILINE)
 
 
 def read_fences(user_message: str) -> FencedRequest:
@@ -163,11 +176,16 @@ def _last_user_message(body: dict[str, Any]) -> str:
     return ""
 
 
-def _word_count(body: dict[str, Any]) -> int:
-    total = 0
+def word_count(text: str) -> int:
+    """The default token count: words separated by white space."""
+    return len(text.split())
+
+
+def _system_message(body: dict[str, Any]) -> str:
     for message in body.get("messages") or []:
-        total += len(str(message.get("content") or "").split())
-    return total
+        if message.get("role") == "system":
+            return str(message.get("content") or "")
+    return ""
 
 
 class _Server(ThreadingHTTPServer):
@@ -187,10 +205,16 @@ class FakeOpenAI:
         response_formats: tuple[str, ...] = ("json_schema", "json_object", "text"),
         format_rejection_status: int = 400,
         prompt_cache: bool = False,
+        decide_for: DecideFor | None = None,
+        count_tokens: Callable[[str], int] = word_count,
+        reply_for: ReplyFor | None = None,
     ) -> None:
         self.reply_mode: ReplyMode = reply_mode
         self.latency = latency
         self.decide = decide
+        self.decide_for = decide_for
+        self.count_tokens = count_tokens
+        self.reply_for = reply_for
         self.response_formats = response_formats
         self.format_rejection_status = format_rejection_status
         self.prompt_cache = prompt_cache
@@ -278,7 +302,7 @@ class FakeOpenAI:
         """The words of the longest run of leading messages seen before, then remembers this
         request's leading runs (the last message, the event, is never a prefix)."""
         messages = [json.dumps(m, sort_keys=True) for m in body.get("messages") or []]
-        words = [len(str(m.get("content") or "").split()) for m in body.get("messages") or []]
+        words = [self.count_tokens(str(m.get("content") or "")) for m in body.get("messages") or []]
         cached = 0
         with self._lock:
             for k in range(1, len(messages)):
@@ -288,8 +312,29 @@ class FakeOpenAI:
                 self._prefixes.add(prefix)
         return cached
 
+    def _prompt_tokens(self, body: dict[str, Any]) -> int:
+        messages = body.get("messages") or []
+        return sum(self.count_tokens(str(m.get("content") or "")) for m in messages)
+
     def _content_for(self, body: dict[str, Any]) -> str:
-        rating, rationale = self.decide(read_fences(_last_user_message(body)))
+        if self.reply_for is not None:
+            routed = self.reply_for(body)
+            if routed is not None:
+                return routed
+        request = read_fences(_last_user_message(body))
+        wanted = _VERDICTS_WANTED.search(_system_message(body))
+        if wanted and self.reply_mode != "garbage":
+            names = [n.strip() for n in wanted.group(1).split(",") if n.strip()]
+            decide_for = self.decide_for or (lambda _, request: self.decide(request))
+            verdicts = {name: decide_for(name, request) for name in names}
+            if self.reply_mode == "json":
+                return json.dumps(
+                    {n: {"rationale": why, "rating": r} for n, (r, why) in verdicts.items()}
+                )
+            return "\n".join(
+                f"{n} rationale: {why}\n{n} rating: {r}" for n, (r, why) in verdicts.items()
+            )
+        rating, rationale = self.decide(request)
         if self.reply_mode == "json":
             return json.dumps({"rationale": rationale, "rating": rating})
         if self.reply_mode == "plain":
@@ -399,8 +444,8 @@ class FakeOpenAI:
                 cap = body.get("max_tokens")
                 if isinstance(cap, int) and len(words) > cap:
                     content, finish_reason = " ".join(words[:cap]), "length"
-                prompt_tokens = _word_count(body)
-                completion_tokens = len(content.split())
+                prompt_tokens = fake._prompt_tokens(body)
+                completion_tokens = fake.count_tokens(content)
                 record("ok", prompt_tokens, completion_tokens)
                 usage: dict[str, Any] = {
                     "prompt_tokens": prompt_tokens,
