@@ -30,6 +30,7 @@ what the "model" does:
   tokenizer's count for a benchmark;
 * `reply_for`: a router that answers a request itself (the whole request body in, the
   assistant content out, or None to answer as above), for clients with prompts of their own;
+* `POST /v1/embeddings` answers a small vector per input (for clients that also embed);
 * `decide`: how the verdict is chosen from the request. The default reads the fenced answer
   (`<answer-NONCE>...</answer-NONCE>`) and says "no" when it contains `MARKER`. It also behaves
   like a gullible model: a `rating: yes|no` line or JSON verdict found in the last user message
@@ -385,6 +386,27 @@ class FakeOpenAI:
                 finally:
                     fake._leave()
 
+            def _embed(self, body: dict[str, Any], record: Callable[..., None]) -> None:
+                # Clients that also embed (a benchmark's peers): a small vector per input,
+                # the same for the same text, after the same latency as a chat reply.
+                texts = body.get("input")
+                texts = texts if isinstance(texts, list) else [texts]
+                if fake.latency:
+                    time.sleep(fake.latency)
+                tokens = sum(fake.count_tokens(str(t)) for t in texts)
+                record("ok", tokens)
+                data = [
+                    {
+                        "object": "embedding",
+                        "index": i,
+                        "embedding": [((hash(str(t)) >> k) % 7 + 1) / 8 for k in range(8)],
+                    }
+                    for i, t in enumerate(texts)
+                ]
+                usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+                reply = {"object": "list", "data": data, "model": "fake", "usage": usage}
+                self._send(200, json.dumps(reply).encode(), {})
+
             def _serve(
                 self, body: dict[str, Any] | None, headers: dict[str, str], received_at: float
             ) -> None:
@@ -395,6 +417,9 @@ class FakeOpenAI:
                         )
                     )
 
+                if self.path.rstrip("/") == "/v1/embeddings" and body is not None:
+                    self._embed(body, record)
+                    return
                 if self.path.rstrip("/") != "/v1/chat/completions" or body is None:
                     record("404")
                     self._send(404, b'{"error": {"message": "not found"}}', {})
