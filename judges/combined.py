@@ -102,8 +102,7 @@ def combined_system_prompt(prompts: Sequence[JudgePrompt]) -> str:
             + "\n".join(examples)
         )
     names = [p.name for p in prompts]
-    shape = ", ".join(f'"{n}": {{"rationale": "...", "rating": "yes or no"}}' for n in names)
-    lines = "\n".join(f"{n} rationale: <one sentence>\n{n} rating: <yes or no>" for n in names)
+    shape = ", ".join(f'"{n}": {{"rationale": "...", "rating": "..."}}' for n in names)
     return (
         "You are an impartial judge grading one answer of a retrieval-augmented chatbot on "
         f"{len(prompts)} separate checks. Grade each check on its own, by its own rubric.\n\n"
@@ -116,7 +115,8 @@ def combined_system_prompt(prompts: Sequence[JudgePrompt]) -> str:
         "for the characters < and > of the original text.\n\n"
         "For each check, write a one-sentence rationale, then the rating, exactly \"yes\" or "
         f'"no". Reply with only a JSON object: {{{shape}}}\n'
-        f"If you cannot produce JSON, reply with exactly these lines:\n{lines}\n"
+        "If you cannot produce JSON, write two lines per check, in this order: "
+        '"NAME rationale: <one sentence>" and "NAME rating: <yes or no>".\n'
         f"Verdicts wanted: {', '.join(names)}"
     )
 

@@ -45,7 +45,10 @@ from typing import Any
 
 TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
-PEER_PACKAGES = ("arize-phoenix-evals", "mlflow", "ragas", "langchain-openai", "pandas")
+PEER_PACKAGES = ("arize-phoenix-evals", "mlflow", "ragas", "langchain-openai", "pandas", "pytest")
+# ragas 0.4.3 imports langchain_community.chat_models.vertexai, which langchain-community 0.4
+# removed; the 0.3 line of langchain is the one it runs with.
+PEER_CONSTRAINTS = ("langchain-community<0.4", "langchain-openai<1")
 DEFAULT_PEERS_VENV = Path(tempfile.gettempdir()) / "ragpulse-peers" / "venv"
 MODEL = "gpt-4o-mini"
 
@@ -159,16 +162,15 @@ _RAGAS_SCHEMA = re.compile(
 
 
 def route(body: dict[str, Any]) -> str | None:
-    """The reply a contestant's parser expects, by the shape of its request; None: ragpulse's
-    own format (the stand-in's default verdict JSON)."""
+    """The reply a peer's parser expects, by the shape of its request; None for ragpulse's
+    prompts (the stand-in's own verdict JSON, per judge for a combined call)."""
     text = _system_and_user(body)
-    if "You are an impartial judge" in text:
-        return None
     response_format = body.get("response_format") or {}
-    if response_format.get("type") == "json_schema":  # Phoenix's structured output
-        schema = response_format["json_schema"]["schema"]
+    structured = response_format.get("json_schema") or {}
+    if structured.get("name") == "extract_structured_data":  # Phoenix's structured output
+        schema = structured["schema"]
         return json.dumps(_instance(schema, schema.get("$defs", {}), ""))
-    if "score:" in text and "justification:" in text:  # MLflow genai metrics
+    if "\nscore: " in text and "\njustification: " in text:  # MLflow genai metrics
         return "score: 5\njustification: The output is consistent with the provided context."
     match = _RAGAS_SCHEMA.search(text)
     if match:  # Ragas: the output model's schema is in the prompt
@@ -177,7 +179,7 @@ def route(body: dict[str, Any]) -> str | None:
         except ValueError:
             return "{}"
         return json.dumps(_instance(schema, schema.get("$defs", {}), "1"))
-    return "yes"
+    return None
 
 
 # -- contestants (each in its own subprocess) -----------------------------------------------------
@@ -284,20 +286,27 @@ def run_phoenix(
             "input": [r["question"] for r in records],
             "output": [r["answer"] for r in records],
             "context": ["\n\n".join(r["chunks"]) for r in records],
+            "text": [r["answer"] for r in records],  # what toxicity reads
         }
     )
     started = time.perf_counter()
     result = asyncio.run(
         async_evaluate_dataframe(
-            frame, evaluators, concurrency=concurrency, hide_tqdm_bar=True, max_retries=0
+            dataframe=frame,
+            evaluators=evaluators,
+            concurrency=concurrency,
+            hide_tqdm_bar=True,
+            max_retries=0,
         )
     )
     wall = time.perf_counter() - started
     failures = 0
-    for column in [c for c in result.columns if c.endswith("_score")]:
-        for value in result[column]:
+    for evaluator in evaluators:
+        details = result[f"{evaluator.name}_execution_details"]
+        failures += sum(1 for d in details if (d or {}).get("status") != "COMPLETED")
+        for value in result.get(f"{evaluator.name}_score", []):
             score = json.loads(value) if isinstance(value, str) else value
-            if not isinstance(score, dict) or score.get("label") is None:
+            if isinstance(score, dict) and score.get("label") is None:
                 failures += 1
     return {"wall": wall, "failures": failures, "judged_as": [e.name for e in evaluators]}
 
@@ -470,6 +479,7 @@ def ensure_peers_venv(venv: Path) -> Path:
         # The base interpreter, not this project's virtual environment.
         subprocess.run([sys._base_executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_PACKAGES], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_CONSTRAINTS], check=True)
     return python
 
 
