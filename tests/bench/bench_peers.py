@@ -477,7 +477,8 @@ def ensure_peers_venv(venv: Path) -> Path:
     if not python.exists():
         print(f"creating {venv} with {', '.join(PEER_PACKAGES)} (takes minutes)", flush=True)
         # The base interpreter, not this project's virtual environment.
-        subprocess.run([sys._base_executable, "-m", "venv", str(venv)], check=True)
+        base = getattr(sys, "_base_executable", sys.executable)
+        subprocess.run([base, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_PACKAGES], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_CONSTRAINTS], check=True)
     return python
