@@ -576,12 +576,11 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--judge-combine",
-        action=argparse.BooleanOptionalAction,
+        action="store_true",
         default=default_of(JudgeSettings, "combine"),
         help="grade the LLM judges that read the same event (groundedness, relevance_to_query, "
         "safety and custom judges of the answer) in one call per event: the chunks are sent "
-        "once; a reply lacking one judge's verdict makes that verdict an error "
-        "(default: %(default)s)",
+        "once; a reply lacking one judge's verdict makes that verdict an error",
     )
     g.add_argument(
         "--redact-pii",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai import MARKER, FakeOpenAI, Fault, FencedRequest, fake_openai_fixture  # noqa: F401
+from test_config_sources import SAMPLES, printed, write
 from test_file_run import event, events_file, rows
 from test_llm_judges import BAD, GOOD, endpoint_for
 
@@ -199,3 +200,12 @@ def test_ragpulse_run_with_judge_combine_sends_one_call_per_event(
     assert verdicts["req-1"]["response/llm_judged/groundedness/rating"] == "no"
     assert verdicts["req-1"]["response/llm_judged/safety/rating"] == "yes"
     assert verdicts["req-2"]["response/llm_judged/groundedness/rating"] == "yes"
+
+
+def test_judge_combine_is_read_from_a_config_file_and_the_environment_as_a_boolean(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write(tmp_path, "judge-combine: true\njudge-base-url: http://127.0.0.1:1/v1\n")
+    assert printed(capsys, "run", str(SAMPLES), "--config", str(config))["judge-combine"] is True
+    monkeypatch.setenv("RAGPULSE_JUDGE_COMBINE", "false")
+    assert printed(capsys, "run", str(SAMPLES), "--config", str(config))["judge-combine"] is False
