@@ -13,6 +13,11 @@ changes the verdicts of the same model, not how well a production model grades.
 
     .venv/bin/python tests/bench/eval_combined_judges.py [--rows 30] [--moderation 30]
         [--base-url http://127.0.0.1:8080/v1 --model NAME]   # another server instead
+    .venv/bin/python tests/bench/eval_combined_judges.py --stand-in --rows 200 --moderation 200
+
+`--stand-in` answers from tests/fake_openai.py instead of a model, counting tokens as
+tests/bench/bench_peers.py does: only the token table means anything then, and it takes
+seconds where SmolLM2 on a busy 2-core machine takes minutes per call.
 
 Rows are picked deterministically (ordered by a hash of their id), so reruns judge the same ones.
 """
@@ -20,6 +25,7 @@ Rows are picked deterministically (ordered by a hash of their id), so reruns jud
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -109,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--base-url", default=None, help="use this server instead of starting one")
     parser.add_argument("--model", default=None, help="model name at --base-url")
     parser.add_argument("--concurrency", type=int, default=2, help="the server's slots")
+    parser.add_argument("--stand-in", action="store_true", help="tokens only, no model")
     args = parser.parse_args(list(argv) if argv is not None else None)
 
     ragtruth = args.data_dir / "ragtruth.dev.jsonl"
@@ -126,8 +133,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "moderation": ([to_input(r) for r in mod_rows], [bool(r["label_pass"]) for r in mod_rows]),
     }
     results: dict[tuple[str, bool], tuple[list[tuple[Verdict, ...]], float]] = {}
+    server = contextlib.nullcontext()
+    if args.stand_in:
+        from bench_peers import approx_tokens
+        from fake_openai import FakeOpenAI
+
+        server = FakeOpenAI(count_tokens=approx_tokens)
+        args.concurrency = 32
     try:
-        with endpoint_url(args.base_url, args.model) as (base_url, model):
+        with server as fake, endpoint_url(
+            fake.base_url if fake else args.base_url, "stand-in" if fake else args.model
+        ) as (base_url, model):
             for name, (inputs, _) in sets.items():
                 for combine in (False, True):
                     print(f"judging {len(inputs)} {name} rows, combine={combine}", flush=True)
