@@ -1,8 +1,9 @@
 """One call, several verdicts: the LLM judges that read the same event graded in one request.
 
 For `build_llm_judges` (`--judge-combine`). Groundedness, relevance_to_query and safety each send
-the same question and answer, and groundedness the retrieved chunks too; asked separately, an
-event costs three requests, and the passages and the judges' frames are paid for three times.
+the same question and answer (groundedness the retrieved chunks too); asked separately, an
+event costs three requests, and the question, the answer and the frame every judge's prompt
+repeats (fence rules, reply format) are paid for three times.
 A `CombinedJudges` group sends one request per event: the system message holds every member's
 task, rubric and two worked examples (fixed, so a provider's prompt cache serves it), the user
 message holds the event once, fenced as in `judges.llm` (the union of the members' inputs), and
