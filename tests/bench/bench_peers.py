@@ -526,7 +526,16 @@ def main() -> None:
     ) as server:
         records_file = Path(tmp) / "records.json"
         records_file.write_text(json.dumps(records))
-        env = dict(os.environ, PYTHONPATH=str(ROOT), TQDM_DISABLE="1")
+        # Usage telemetry off: with no route out, Ragas's resolved a host name for each call,
+        # blocking its event loop (2.6 records/s instead of 10 on a 20-record trial).
+        env = dict(
+            os.environ,
+            PYTHONPATH=str(ROOT),
+            TQDM_DISABLE="1",
+            RAGAS_DO_NOT_TRACK="true",
+            MLFLOW_DISABLE_TELEMETRY="true",
+            DO_NOT_TRACK="1",
+        )
         env.pop("OPENAI_BASE_URL", None)
         for repeat in range(args.repeats):
             for label, interp, spec in rows:
