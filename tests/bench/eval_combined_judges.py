@@ -133,11 +133,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "moderation": ([to_input(r) for r in mod_rows], [bool(r["label_pass"]) for r in mod_rows]),
     }
     results: dict[tuple[str, bool], tuple[list[tuple[Verdict, ...]], float]] = {}
-    server = contextlib.nullcontext()
-    if args.stand_in:
-        from bench_peers import approx_tokens
-        from fake_openai import FakeOpenAI
+    from bench_peers import approx_tokens
+    from fake_openai import FakeOpenAI
 
+    server: contextlib.AbstractContextManager[FakeOpenAI | None] = contextlib.nullcontext()
+    if args.stand_in:
         server = FakeOpenAI(count_tokens=approx_tokens)
         args.concurrency = 32
     try:
