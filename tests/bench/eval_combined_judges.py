@@ -170,8 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         mode = "combined" if combine else "separate"
         rag_truth, mod_truth = sets["RAGTruth QA"][1], sets["moderation"][1]
         rag, mod = results["RAGTruth QA", combine][0], results["moderation", combine][0]
-        print(human_lines(f"groundedness · {mode}", rag_truth, rag, 0))
-        print(human_lines(f"safety · {mode}", mod_truth, mod, 2))
+        grounded, safety = DEFAULT_JUDGES.index("groundedness"), DEFAULT_JUDGES.index("safety")
+        print(human_lines(f"groundedness · {mode}", rag_truth, rag, grounded))
+        print(human_lines(f"safety · {mode}", mod_truth, mod, safety))
     print("\nPrompt and completion tokens per row, the three judges together (median):\n")
     print("| rows | prompt, separate | prompt, combined | completion, separate | completion, "
           "combined |")
