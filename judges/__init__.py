@@ -74,6 +74,8 @@ class JudgeSpec:
     # Verdicts kept for identical inputs (judges.verdict_cache); size 0: no cache.
     cache_size: int
     cache_ttl_seconds: float
+    # --judge-combine: one call per event for the judges that can share it (judges.combined).
+    combine: bool
     # The scored judges' pass mark, and answer_correctness's embeddings model (None: off).
     score_threshold: float
     embeddings_model: str | None
@@ -136,6 +138,7 @@ class JudgeSpec:
                 self.score_threshold,
                 self.embeddings_model,
                 self.ensembles,
+                self.combine,
             ),
             self.batch_deadline_seconds,
             cache,

@@ -368,10 +368,12 @@ def forget_shared_endpoint_states() -> None:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Call:
-    """What one call sets apart from the endpoint's settings (None: the endpoint's)."""
+    """What one call asks of the model: its model (None: the endpoint's), the reply's JSON
+    schema and its token cap."""
 
     model: str | None
-    json_schema: Mapping[str, Any] | None
+    json_schema: Mapping[str, Any]
+    max_tokens: int
 
 
 @dataclasses.dataclass(slots=True)
@@ -488,11 +490,10 @@ class OpenAIJudgeEndpoint:
             await self._state.client.close()
             self._state = None
 
-    def _request_options(self, json_schema: Mapping[str, Any] | None) -> dict[str, Any]:
-        options: dict[str, Any] = {"max_tokens": self.max_tokens}
+    def _request_options(self, call: _Call) -> dict[str, Any]:
+        options: dict[str, Any] = {"max_tokens": call.max_tokens}
         if self.reply_format == "json_schema":
-            schema = VERDICT_JSON_SCHEMA if json_schema is None else json_schema
-            options["response_format"] = {"type": "json_schema", "json_schema": schema}
+            options["response_format"] = {"type": "json_schema", "json_schema": call.json_schema}
         elif self.reply_format == "json_object":
             # Only the type: OpenAI refuses unknown keys here, so no schema rides along.
             options["response_format"] = {"type": "json_object"}
@@ -553,7 +554,7 @@ class OpenAIJudgeEndpoint:
         deadline: float | None,
         call: _Call,
     ) -> EndpointReply:
-        estimate = estimate_tokens(messages, self.max_tokens)
+        estimate = estimate_tokens(messages, call.max_tokens)
         tokens = self.shared.tokens
         # Paced inside the semaphore, so that requests leave when their quota says, not in a
         # burst when slots free up.
@@ -567,7 +568,7 @@ class OpenAIJudgeEndpoint:
                     model=call.model or self.model,
                     messages=messages,  # type: ignore[arg-type]
                     temperature=self.temperature,
-                    **self._request_options(call.json_schema),
+                    **self._request_options(call),
                 )
             latency = time.perf_counter() - started
             # Parsed here rather than by the client: its models accept any shape without
@@ -580,7 +581,7 @@ class OpenAIJudgeEndpoint:
             raise
         sent = sum(len((m.get("content") or "").encode()) for m in messages)
         prompt_tokens, completion_tokens, cached_prompt_tokens, problem = usage_counts(
-            completion.usage, 2 * sent + 1024, 2 * self.max_tokens + 1024
+            completion.usage, 2 * sent + 1024, 2 * call.max_tokens + 1024
         )
         if problem:
             self._failure_log.warning(
@@ -613,16 +614,21 @@ class OpenAIJudgeEndpoint:
         json_schema: Mapping[str, Any] | None = None,
         *,
         model: str | None = None,
+        max_tokens: int | None = None,
     ) -> EndpointReply | EndpointFailure:
         """Send one chat request, retrying as `judges.retry` decides; never raises for I/O.
 
         Ends by the batch deadline (`judges.base.batch_deadline`) when there is one. With the
         json_schema reply format, `json_schema` (OpenAI's `{"name", "strict", "schema"}`)
-        replaces the verdict's schema, for judges that reply with another shape (a graded
-        scale, claims); `model` replaces the endpoint's model for this call (an ensemble's
-        member).
+        replaces the one-verdict schema, for calls that reply with another shape (a graded
+        scale, claims, several verdicts at once: judges.combined); `model` replaces the
+        endpoint's model (an ensemble's member) and `max_tokens` its reply cap.
         """
-        call = _Call(model, json_schema)
+        call = _Call(
+            model,
+            VERDICT_JSON_SCHEMA if json_schema is None else json_schema,
+            self.max_tokens if max_tokens is None else max_tokens,
+        )
         state = self._loop_state()
         deadline = batch_deadline()
         return await self._call(

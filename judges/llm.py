@@ -715,6 +715,7 @@ def build_llm_judges(
     score_threshold: float = DEFAULT_SCORE_THRESHOLD,
     embeddings_model: str | None = None,
     ensembles: Sequence[Ensemble] = (),
+    combine: bool = False,
 ) -> list[Judge]:
     """One LLM judge per name, all sharing `endpoint`; ValueError names an unknown judge.
 
@@ -725,28 +726,38 @@ def build_llm_judges(
     scored judges (judges.claim_scores) rate "yes" at `score_threshold` or above, and
     answer_correctness blends in the similarity of `embeddings_model`'s embeddings when given;
     `ensembles` (`--ensemble`) make a judge the majority of several models (judges.ensemble).
+    With `combine` (`--judge-combine`), the judges that can be graded together get one call
+    per event between them (`judges.combined`); the others (ensembles, scored, per-chunk and
+    graded-scale judges, those reading ground truth) are asked on their own.
     """
     from judges.ensemble import EnsembleJudge
 
     by_name = {c.entry.name: c for c in custom}
     members = {e.judge: e.models for e in ensembles}
-    judges: list[Judge] = []
+    built: dict[str, Judge] = {}
+    # The plain one-verdict judges, the ones a combined call may take over.
+    plain: list[tuple[JudgePrompt, JudgeEntry]] = []
     for name in names:
         mine = by_name.get(name)
         if mine is not None:
-            judge: Judge = LLMJudge(mine.prompt, endpoint, redact, guidelines, mine.entry)
+            prompt, entry = mine.prompt, mine.entry
         elif (scored := judge_entry(name).scored) is not None:
             module, _, cls = scored.partition(":")
-            judge = getattr(importlib.import_module(module), cls)(
+            built[name] = getattr(importlib.import_module(module), cls)(
                 endpoint, redact, threshold=score_threshold, embeddings_model=embeddings_model
             )
+            continue
         else:
-            judge = LLMJudge(load_prompt(name, prompts_dir), endpoint, redact, guidelines)
+            prompt, entry = load_prompt(name, prompts_dir), judge_entry(name)
+        judge = LLMJudge(prompt, endpoint, redact, guidelines, entry)
         models = members.get(name)
         if models is None:
-            judges.append(judge)
-        elif isinstance(judge, LLMJudge):
-            judges.append(EnsembleJudge(judge, models))
-        else:  # refused in the settings already
-            raise ValueError(f"--ensemble: {name} grades claims, not one verdict: no ensemble")
-    return judges
+            built[name] = judge
+            plain.append((prompt, entry))
+        else:
+            built[name] = EnsembleJudge(judge, models)
+    if combine:
+        from judges.combined import group_judges  # imports this module
+
+        built.update(group_judges(plain, endpoint, redact))
+    return [built[name] for name in names]

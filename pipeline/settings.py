@@ -123,6 +123,8 @@ class JudgeSettings(BaseModel):
     composites: tuple[str, ...] = Field((), title="--composite")
     # JUDGE=MODEL,MODEL,MODEL or JUDGE=N: a judge graded by a majority vote (judges.ensemble).
     ensembles: tuple[str, ...] = Field((), title="--ensemble")
+    # One call per event for the LLM judges that can share it (judges.combined).
+    combine: bool = Field(False, title="--judge-combine")
 
     @field_validator("redact_patterns")
     @classmethod
@@ -250,6 +252,7 @@ class JudgeSettings(BaseModel):
             embeddings_model=self.embeddings_model,
             composites=tuple(parse_composite(f) for f in self.composites),
             ensembles=tuple(parse_ensemble(f) for f in self.ensembles),
+            combine=self.combine,
         )
 
 
@@ -834,6 +837,14 @@ def add_judge_arguments(parser: argparse.ArgumentParser, *, one_judge: bool = Fa
         "judge endpoint's /embeddings (default: off)",
     )
     g.add_argument(
+        "--judge-combine",
+        action="store_true",
+        default=default_of(JudgeSettings, "combine"),
+        help="grade the LLM judges that read the same event (groundedness, relevance_to_query, "
+        "safety and custom judges of the answer) in one call per event: the chunks are sent "
+        "once; a reply lacking one judge's verdict makes that verdict an error",
+    )
+    g.add_argument(
         "--redact-pii",
         choices=REDACT_MODES,
         default=default_of(JudgeSettings, "redact_pii"),
@@ -938,6 +949,7 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
             cache_ttl_seconds=args.judge_cache_ttl,
             score_threshold=args.judge_score_threshold,
             embeddings_model=args.judge_embeddings_model,
+            combine=args.judge_combine,
         )
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc, JudgeSettings)) from None

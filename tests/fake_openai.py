@@ -32,6 +32,12 @@ what the "model" does:
 * `reply_for`: when set, the whole message content for a request body (its `model`, its
   `response_format`, its messages), or None for the usual verdict: to answer on a graded
   scale (`score: 2` / `justification: ...`) or differently per model;
+* combined calls (`judges.combined`, `--judge-combine`): a system message ending in
+  `Verdicts wanted: a, b, c` gets one verdict per judge named there, as a JSON object keyed by
+  judge name (or `NAME rationale:` / `NAME rating:` lines in "plain" mode), each chosen by
+  `decide_for(judge, request)` (default: `decide` for every judge);
+* `count_tokens`: how prompt and completion tokens are counted (default: words), e.g. a
+  tokenizer's count for a benchmark;
 * `decide`: how the verdict is chosen from the request. The default reads the fenced answer
   (`<answer-NONCE>...</answer-NONCE>`) and says "no" when it contains `MARKER`. It also behaves
   like a gullible model: a `rating: yes|no` line or JSON verdict found in the last user message
@@ -160,6 +166,11 @@ class RecordedRequest:
 
 
 Decide = Callable[[FencedRequest], tuple[FakeRating, str]]
+DecideFor = Callable[[str, FencedRequest], tuple[FakeRating, str]]
+ReplyFor = Callable[[dict[str, Any]], str | None]
+
+# The last line of a combined call's system message (judges.combined) names its judges.
+_VERDICTS_WANTED = re.compile(r"^Verdicts wanted: ([a-z0-9_, ]+)$", re.MULTILINE)
 
 
 def read_fences(user_message: str) -> FencedRequest:
@@ -228,11 +239,16 @@ def embedding_of(text: str, size: int = 16) -> list[float]:
     return vector
 
 
-def _word_count(body: dict[str, Any]) -> int:
-    total = 0
+def word_count(text: str) -> int:
+    """The default token count: words separated by white space."""
+    return len(text.split())
+
+
+def _system_message(body: dict[str, Any]) -> str:
     for message in body.get("messages") or []:
-        total += len(str(message.get("content") or "").split())
-    return total
+        if message.get("role") == "system":
+            return str(message.get("content") or "")
+    return ""
 
 
 class _Server(ThreadingHTTPServer):
@@ -252,12 +268,16 @@ class FakeOpenAI:
         response_formats: tuple[str, ...] = ("json_schema", "json_object", "text"),
         format_rejection_status: int = 400,
         prompt_cache: bool = False,
-        reply_for: Callable[[dict[str, Any]], str | None] | None = None,
+        decide_for: DecideFor | None = None,
+        count_tokens: Callable[[str], int] = word_count,
+        reply_for: ReplyFor | None = None,
     ) -> None:
         self.reply_mode: ReplyMode = reply_mode
-        self.reply_for = reply_for
         self.latency = latency
         self.decide = decide
+        self.decide_for = decide_for
+        self.count_tokens = count_tokens
+        self.reply_for = reply_for
         self.response_formats = response_formats
         self.format_rejection_status = format_rejection_status
         self.prompt_cache = prompt_cache
@@ -367,7 +387,7 @@ class FakeOpenAI:
         """The words of the longest run of leading messages seen before, then remembers this
         request's leading runs (the last message, the event, is never a prefix)."""
         messages = [json.dumps(m, sort_keys=True) for m in body.get("messages") or []]
-        words = [len(str(m.get("content") or "").split()) for m in body.get("messages") or []]
+        words = [self.count_tokens(str(m.get("content") or "")) for m in body.get("messages") or []]
         cached = 0
         with self._lock:
             for k in range(1, len(messages)):
@@ -377,13 +397,30 @@ class FakeOpenAI:
                 self._prefixes.add(prefix)
         return cached
 
+    def _prompt_tokens(self, body: dict[str, Any]) -> int:
+        messages = body.get("messages") or []
+        return sum(self.count_tokens(str(m.get("content") or "")) for m in messages)
+
     def _content_for(self, body: dict[str, Any]) -> str:
-        scripted = self.reply_for(body) if self.reply_for is not None else None
-        if scripted is not None:
-            return scripted
+        if self.reply_for is not None:
+            routed = self.reply_for(body)
+            if routed is not None:
+                return routed
         request = read_fences(_last_user_message(body))
         if request.user_message.endswith(CLAIMS_REQUEST):
             return claims_reply(request)
+        wanted = _VERDICTS_WANTED.search(_system_message(body))
+        if wanted and self.reply_mode != "garbage":
+            names = [n.strip() for n in wanted.group(1).split(",") if n.strip()]
+            decide_for = self.decide_for or (lambda _, request: self.decide(request))
+            verdicts = {name: decide_for(name, request) for name in names}
+            if self.reply_mode == "json":
+                return json.dumps(
+                    {n: {"rationale": why, "rating": r} for n, (r, why) in verdicts.items()}
+                )
+            return "\n".join(
+                f"{n} rationale: {why}\n{n} rating: {r}" for n, (r, why) in verdicts.items()
+            )
         rating, rationale = self.decide(request)
         if self.reply_mode == "json":
             return json.dumps({"rationale": rationale, "rating": rating})
@@ -497,8 +534,8 @@ class FakeOpenAI:
                 cap = body.get("max_tokens")
                 if isinstance(cap, int) and len(words) > cap:
                     content, finish_reason = " ".join(words[:cap]), "length"
-                prompt_tokens = _word_count(body)
-                completion_tokens = len(content.split())
+                prompt_tokens = fake._prompt_tokens(body)
+                completion_tokens = fake.count_tokens(content)
                 record("ok", prompt_tokens, completion_tokens)
                 usage: dict[str, Any] = {
                     "prompt_tokens": prompt_tokens,
@@ -538,7 +575,10 @@ class FakeOpenAI:
                     return
                 texts = body.get("input")
                 texts = [texts] if isinstance(texts, str) else list(texts or [])
-                words = sum(len(str(t).split()) for t in texts)
+                # After the same latency as a chat reply (a benchmark's peers also embed).
+                if fake.latency:
+                    time.sleep(fake.latency)
+                words = sum(fake.count_tokens(str(t)) for t in texts)
                 record("ok", words, 0)
                 vectors: list[Any] = [embedding_of(str(t)) for t in texts]
                 if body.get("encoding_format", "float") == "base64":

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fake
 from fake_openai import FakeOpenAI
 
 from judges.base import JudgeInput, JudgePanel
-from judges.endpoint import OpenAIJudgeEndpoint
+from judges.endpoint import VERDICT_JSON_SCHEMA, OpenAIJudgeEndpoint, _Call
 from judges.fencing import new_nonce
 from judges.llm import LLMJudge, build_llm_judges
 from pipeline.commands.simulate import simulate
@@ -68,7 +68,7 @@ def bare_loop(server: FakeOpenAI, inputs: list[JudgeInput], concurrency: int, ju
     endpoint = OpenAIJudgeEndpoint(base_url=server.base_url, api_key="bench")
     (llm,) = build_llm_judges([judge], endpoint)
     assert isinstance(llm, LLMJudge)
-    options = endpoint._request_options(None)
+    options = endpoint._request_options(_Call(None, VERDICT_JSON_SCHEMA, endpoint.max_tokens))
 
     async def run() -> int:
         client = openai.AsyncOpenAI(base_url=server.base_url, api_key="bench", max_retries=0)
