@@ -216,6 +216,31 @@ def run_ragpulse(
     return {"wall": wall, "failures": failures}
 
 
+def run_cascade(
+    records: list[dict[str, Any]], url: str, concurrency: int, judges: list[str]
+) -> dict[str, Any]:
+    """The cascade as serve runs it (`--judge-backend openai --cascade-llm-sample-rate 0.1`)."""
+    from pydantic import SecretStr
+
+    from pipeline.cascade import CascadePanel, CascadeSettings
+    from pipeline.settings import JudgeSettings
+
+    spec = JudgeSettings(
+        names=tuple(judges), backend="openai", base_url=url, api_key=SecretStr("bench"),
+        model=MODEL, concurrency=concurrency, max_retries=0, cache_size=0,
+    ).spec()
+    panel = CascadePanel(spec, CascadeSettings(llm_sample_rate=0.1, uncertainty_band=0.1))
+    items = _ragpulse_inputs(records)
+    try:
+        started = time.perf_counter()
+        rows = panel.judge_batch(items)
+        wall = time.perf_counter() - started
+    finally:
+        panel.close()
+    failures = sum(1 for row in rows for v in row if v.rating == "error")
+    return {"wall": wall, "failures": failures}
+
+
 def run_bare(
     records: list[dict[str, Any]], url: str, concurrency: int, judges: list[str]
 ) -> dict[str, Any]:
@@ -426,8 +451,9 @@ def contestants(only: set[str] | None) -> list[tuple[str, str, dict[str, Any]]]:
                 ("ragpulse --judge-combine, 32", "project",
                  {"kind": "ragpulse", "mode": "combined", "concurrency": 32, "judges": judges}),
             ]
-        # HOOK (cascade): runs once `--judge-backend cascade` exists (another branch builds it).
-        rows.append(("ragpulse cascade, 16", "project",
+        # The cascade: local judges on every record, the LLM on a 10 % sample plus the
+        # records a local judge is unsure of (--cascade-llm-sample-rate 0.1, band 0.1).
+        rows.append(("ragpulse cascade (LLM on 10 % + unsure), 16", "project",
                      {"kind": "cascade", "concurrency": 16, "judges": judges}))
         rows += [
             ("bare AsyncOpenAI loop, 32", "project",
@@ -455,11 +481,7 @@ def run_contestant(spec: dict[str, Any], records: list[dict[str, Any]], url: str
     if kind == "ragpulse":
         return run_ragpulse(records, url, spec["concurrency"], judges, spec["mode"])
     if kind == "cascade":
-        from judges.registry import BACKENDS
-
-        if "cascade" not in BACKENDS:
-            return {"skipped": "no --judge-backend cascade on this branch yet"}
-        raise NotImplementedError("wire the cascade backend's panel here")
+        return run_cascade(records, url, spec["concurrency"], judges)
     if kind == "bare":
         return run_bare(records, url, spec["concurrency"], judges)
     if kind == "phoenix":
