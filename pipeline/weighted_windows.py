@@ -24,30 +24,33 @@ from pipeline.windows import WindowKey
 WEIGHTED_WINDOW_NAMESPACE = "ragpulse.weighted_windows"
 
 
-def _weighted_ratings(judged: Any) -> Iterable[tuple[tuple[str, str, str, str], int]]:
-    """((judge, app, model, rating), weight in millionths) for each verdict of a judged event."""
+def _weighted_ratings(judged: Any) -> Iterable[tuple[tuple[str, str, str, str, str], int]]:
+    """((judge, version, app, model, rating), weight in millionths) for each verdict of a
+    judged event."""
     record = judged.record
     micros = to_micros(record.weight)
     return [
-        ((v.judge, record.app, record.model, v.rating), micros)
-        for v in judged.verdicts
+        ((v.judge, version, record.app, record.model, v.rating), micros)
+        for v, version in judged.versioned()
         if v.rating != "skipped"  # the judge did not run on this event: nothing to weigh
     ]
 
 
 class _ReportWeightedWindow(beam.DoFn):
     def process(
-        self, element: tuple[tuple[str, str, str, str], int], win: Any = beam.DoFn.WindowParam
+        self,
+        element: tuple[tuple[str, str, str, str, str], int],
+        win: Any = beam.DoFn.WindowParam,
     ) -> None:
-        (judge, app, model, rating), micros = element
-        name = orjson.dumps([float(win.start), float(win.end), judge, app, model, rating])
+        (judge, version, app, model, rating), micros = element
+        name = orjson.dumps([float(win.start), float(win.end), judge, version, app, model, rating])
         Metrics.counter(WEIGHTED_WINDOW_NAMESPACE, name.decode()).inc(micros)
 
 
 def decode_weighted_window(name: str, micros: int) -> tuple[WindowKey, WeightedCounts]:
     """The window and weighted count of one counter of `WEIGHTED_WINDOW_NAMESPACE`."""
-    start, end, judge, app, model, rating = orjson.loads(name)
-    key = WindowKey(float(start), float(end), judge, app, model)
+    start, end, judge, version, app, model, rating = orjson.loads(name)
+    key = WindowKey(float(start), float(end), judge, app, model, version)
     return key, WeightedCounts(**{rating: micros / MICRO})
 
 

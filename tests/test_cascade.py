@@ -95,8 +95,10 @@ def test_the_llm_judges_the_sample_and_the_uncertain_events_and_agreement_is_cou
     assert 10 <= len(sampled - borderline) <= 30
 
     def verdicts(rating: str) -> int:
+        # Labelled with the LLM prompt's version marked as mixed with the local judge's.
         return result.counts[counting.key(counting.VERDICTS, judge="groundedness",
-                                          rating=rating, app="help-bot", model="m1")]
+                                          version="v1f2+local", rating=rating, app="help-bot",
+                                          model="m1")]
 
     # The LLM's verdict where it ran (borderline: no; a wrong number it was sent: yes), the
     # local one elsewhere (wrong number: no): one verdict per event.
