@@ -601,6 +601,31 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_metrics_server_arguments(g: Any, model: type[BaseModel]) -> None:
+    """`--metrics-host`, `--metrics-port` and `--web-config-file` of a command serving /metrics
+    and /healthz (serve, exporter), with the defaults of its settings `model`."""
+    g.add_argument(
+        "--metrics-host",
+        default=default_of(model, "metrics_host"),
+        help="address of the /metrics and /healthz server (default: %(default)s, this host "
+        "only; in a container pass 0.0.0.0 or the pod address so Prometheus can reach it)",
+    )
+    g.add_argument(
+        "--metrics-port",
+        type=int,
+        default=default_of(model, "metrics_port"),
+        help="port of the /metrics and /healthz server (default: %(default)s)",
+    )
+    g.add_argument(
+        "--web-config-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="TLS and basic auth for /metrics, in the Prometheus exporters' web config format "
+        "(tls_server_config, basic_auth_users with bcrypt hashes); /healthz stays open",
+    )
+
+
 def add_beam_arguments(p: argparse.ArgumentParser) -> None:
     """`--runner` and `--beam-arg`: the Beam runner and the pipeline options passed to it."""
     g = p.add_argument_group("beam")

@@ -19,7 +19,6 @@ import logging
 import signal
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
@@ -37,6 +36,7 @@ from pipeline.service.labels import LabelBudget, add_label_arguments, label_limi
 from pipeline.service.panes import PaneTable
 from pipeline.settings import (
     ExporterSettings,
+    add_metrics_server_arguments,
     build,
     default_of,
     format_duration,
@@ -184,25 +184,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     )
     add_kafka_security_arguments(p.add_argument_group("kafka security"))
     s = p.add_argument_group("service")
-    s.add_argument(
-        "--metrics-host",
-        default=default_of(ExporterSettings, "metrics_host"),
-        help="address of the /metrics and /healthz server (default: %(default)s; in a "
-        "container pass 0.0.0.0)",
-    )
-    s.add_argument(
-        "--metrics-port",
-        type=int,
-        default=default_of(ExporterSettings, "metrics_port"),
-        help="port of the /metrics and /healthz server (default: %(default)s)",
-    )
-    s.add_argument(
-        "--web-config-file",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="TLS and basic auth for /metrics, in the Prometheus exporters' web config format",
-    )
+    add_metrics_server_arguments(s, ExporterSettings)
     s.add_argument(
         "--unhealthy-after",
         type=positive_duration,

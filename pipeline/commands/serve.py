@@ -32,6 +32,7 @@ from pipeline.settings import (
     add_batch_arguments,
     add_beam_arguments,
     add_judge_arguments,
+    add_metrics_server_arguments,
     batch_fields,
     build,
     default_of,
@@ -233,26 +234,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "the partitions p with p %% N == I, including partitions added later "
         "(default: %(default)s)",
     )
-    s.add_argument(
-        "--metrics-host",
-        default=default_of(ServeSettings, "metrics_host"),
-        help="address of the /metrics and /healthz server (default: %(default)s, this host "
-        "only; in a container pass 0.0.0.0 or the pod address so Prometheus can reach it)",
-    )
-    s.add_argument(
-        "--metrics-port",
-        type=int,
-        default=default_of(ServeSettings, "metrics_port"),
-        help="port of the /metrics and /healthz server (default: %(default)s)",
-    )
-    s.add_argument(
-        "--web-config-file",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="TLS and basic auth for /metrics, in the Prometheus exporters' web config format "
-        "(tls_server_config, basic_auth_users with bcrypt hashes); /healthz stays open",
-    )
+    add_metrics_server_arguments(s, ServeSettings)
     s.add_argument(
         "--unhealthy-after",
         type=positive_duration,

@@ -205,6 +205,11 @@ def run_ragpulse(
         base_url=url, api_key="bench", model=MODEL, concurrency=concurrency, max_retries=0
     )
     panel = JudgePanel(build_llm_judges(judges, endpoint, combine=mode == "combined"))
+    return _timed(panel, records)
+
+
+def _timed(panel: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Wall time and error verdicts of one judge panel over the records (closed after)."""
     items = _ragpulse_inputs(records)
     try:
         started = time.perf_counter()
@@ -229,16 +234,9 @@ def run_cascade(
         names=tuple(judges), backend="openai", base_url=url, api_key=SecretStr("bench"),
         model=MODEL, concurrency=concurrency, max_retries=0, cache_size=0,
     ).spec()
-    panel = CascadePanel(spec, CascadeSettings(llm_sample_rate=0.1, uncertainty_band=0.1))
-    items = _ragpulse_inputs(records)
-    try:
-        started = time.perf_counter()
-        rows = panel.judge_batch(items)
-        wall = time.perf_counter() - started
-    finally:
-        panel.close()
-    failures = sum(1 for row in rows for v in row if v.rating == "error")
-    return {"wall": wall, "failures": failures}
+    return _timed(
+        CascadePanel(spec, CascadeSettings(llm_sample_rate=0.1, uncertainty_band=0.1)), records
+    )
 
 
 def run_bare(
