@@ -76,6 +76,7 @@ class Lookahead:
         self._next: dict[int, int] = {}  # per partition, the next offset to read ahead
         self._cutoff: float | None = None
         self._started = 0  # events started ahead since the cycle began
+        self._cycles = 0  # cycles started: a read that saw another cycle begin is dropped
         self._stop = threading.Event()
         self._consumer: KafkaConsumer | None = None
         self._polled_to: dict[int, int] = {}  # where the consumer's positions are
@@ -98,6 +99,7 @@ class Lookahead:
                 del self._next[p]
             self._cutoff = closed_before
             self._started = 0
+            self._cycles += 1
 
     def close(self) -> None:
         self._stop.set()
@@ -131,7 +133,6 @@ class Lookahead:
                 self._stop.wait(1.0)
                 continue
             if items:
-                self._panel.start_ahead(items)
                 log.debug("started the calls of %d events ahead of the next cycle", len(items))
 
     def _read_ahead(self, wanted: int) -> list[JudgeInput]:
@@ -141,6 +142,7 @@ class Lookahead:
         with self._lock:
             positions = dict(self._next)
             cutoff = self._cutoff
+            cycles = self._cycles
         if not positions:
             return []
         if self._consumer is None:
@@ -173,11 +175,19 @@ class Lookahead:
                     items.append(item)
         self._polled_to = {**positions, **moved}
         with self._lock:
+            if self._cycles != cycles:
+                # A cycle started during the poll: these records may be its own, which its
+                # graph may already have asked for; calls started now would be made twice.
+                # Its positions are in `_next`; reading goes on from there.
+                return []
             for p, offset in moved.items():
-                # A cycle that started meanwhile may have moved the position on already.
-                if self._next.get(p) == positions[p]:
-                    self._next[p] = offset
+                self._next[p] = offset
             self._started += len(items)
+            # Under the lock, so no cycle starts between the check and here; the panel's loop
+            # registers these calls before the cycle's own batch (its queue is first in, first
+            # out), so the cycle finds them.
+            if items:
+                self._panel.start_ahead(items)
         return items
 
     def _judge_input(
