@@ -141,8 +141,11 @@ class MalformedReply(ValueError):
     """The endpoint answered 200 with something that is not a chat completion."""
 
 
-def read_completion(body: bytes, content_type: str | None) -> ChatCompletionBody:
-    """The validated chat completion in a 200 reply body; raises `MalformedReply` saying why."""
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+def _read_body(body: bytes, content_type: str | None, model: type[_Body]) -> _Body:
+    """A 200 reply body validated as `model`; raises `MalformedReply` saying why not."""
     try:
         data = json.loads(body)
     except ValueError:
@@ -152,12 +155,17 @@ def read_completion(body: bytes, content_type: str | None) -> ChatCompletionBody
             f"it began {excerpt!r}"
         ) from None
     try:
-        return ChatCompletionBody.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()[:3]
         )
         raise MalformedReply(problems) from None
+
+
+def read_completion(body: bytes, content_type: str | None) -> ChatCompletionBody:
+    """The validated chat completion in a 200 reply body; raises `MalformedReply` saying why."""
+    return _read_body(body, content_type, ChatCompletionBody)
 
 
 class _Embedding(BaseModel):
@@ -178,21 +186,7 @@ class EmbeddingsBody(BaseModel):
 
 def read_embeddings(body: bytes, content_type: str | None, count: int) -> EmbeddingsBody:
     """The validated embeddings of `count` texts in a 200 reply; raises `MalformedReply`."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        excerpt = body[:80].decode("utf-8", "replace")
-        raise MalformedReply(
-            f"the body is not JSON (Content-Type {content_type or 'missing'}), "
-            f"it began {excerpt!r}"
-        ) from None
-    try:
-        parsed = EmbeddingsBody.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()[:3]
-        )
-        raise MalformedReply(problems) from None
+    parsed = _read_body(body, content_type, EmbeddingsBody)
     indexes = sorted(d.index for d in parsed.data)
     sizes = {len(d.embedding) for d in parsed.data}
     if indexes != list(range(count)) or len(sizes) != 1:
