@@ -29,13 +29,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from judges.base import InputName, JudgeInput, Verdict
 from judges.endpoint import EndpointFailure, OpenAIJudgeEndpoint
 from judges.fencing import new_nonce
 from judges.llm import (
     BinaryRating,
+    ReplyRating,
+    ReplyText,
     UnparsableReply,
     fence_rules,
     fenced_inputs,
@@ -56,18 +58,8 @@ class ClaimVerdict(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    claim: str = Field(min_length=1)
-    verdict: BinaryRating
-
-    @field_validator("claim", mode="before")
-    @classmethod
-    def _strip(cls, value: object) -> object:
-        return value.strip() if isinstance(value, str) else value
-
-    @field_validator("verdict", mode="before")
-    @classmethod
-    def _normalise(cls, value: object) -> object:
-        return value.strip().strip(".*\"'").strip().lower() if isinstance(value, str) else value
+    claim: ReplyText
+    verdict: ReplyRating
 
 
 class FaithfulnessReply(BaseModel):

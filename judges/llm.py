@@ -35,11 +35,12 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -59,6 +60,21 @@ if TYPE_CHECKING:
     from judges.ensemble import Ensemble
 
 BinaryRating = Literal["yes", "no"]
+
+
+def _stripped(value: object) -> object:
+    return value.strip() if isinstance(value, str) else value
+
+
+def _rating_word(value: object) -> object:
+    # "Yes.", "**no**" and '"yes"' are the words a model decorates.
+    return value.strip().strip(".*\"'").strip().lower() if isinstance(value, str) else value
+
+
+# The fields of the judges' replies (here, judges.claim_scores): a reason, stripped and never
+# empty, and a yes/no word however a model decorated it.
+ReplyText = Annotated[str, BeforeValidator(_stripped), Field(min_length=1)]
+ReplyRating = Annotated[BinaryRating, BeforeValidator(_rating_word)]
 # The grading scale of a prompt: binary (yes/no, the default) or a low-precision graded scale
 # with a rubric and one example per score (the Databricks study: 0-3 agrees with humans as
 # well as finer scales and is cheaper to get right; MLflow's judges grade 1-5).
@@ -404,18 +420,8 @@ class JudgeReply(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    rationale: str = Field(min_length=1)
-    rating: BinaryRating
-
-    @field_validator("rationale", mode="before")
-    @classmethod
-    def _strip(cls, value: object) -> object:
-        return value.strip() if isinstance(value, str) else value
-
-    @field_validator("rating", mode="before")
-    @classmethod
-    def _normalise(cls, value: object) -> object:
-        return value.strip().strip(".*\"'").strip().lower() if isinstance(value, str) else value
+    rationale: ReplyText
+    rating: ReplyRating
 
 
 class UnparsableReply(ValueError):
@@ -439,13 +445,8 @@ class ScoredReply(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    rationale: str = Field(min_length=1)
+    rationale: ReplyText
     score: int
-
-    @field_validator("rationale", mode="before")
-    @classmethod
-    def _strip(cls, value: object) -> object:
-        return value.strip() if isinstance(value, str) else value
 
     @field_validator("score", mode="before")
     @classmethod
