@@ -66,7 +66,7 @@ pytest: $(STAMP) system-deps
 test: lint typecheck pytest
 
 pytest-fast: $(STAMP) system-deps
-	$(BIN)/pytest -m "not slow and not llm" -n 2
+	$(BIN)/pytest -m "not slow and not llm and not kafka and not flink and not prism and not helm and not collector and not image" -n 2
 
 test-fast: lint typecheck pytest-fast
 
