@@ -727,6 +727,7 @@ def build_llm_judges(
     scored judges (judges.claim_scores) rate "yes" at `score_threshold` or above, and
     answer_correctness blends in the similarity of `embeddings_model`'s embeddings when given;
     `ensembles` (`--ensemble`) make a judge the majority of several models (judges.ensemble).
+    A deterministic judge (no model, e.g. document_recall) is its local implementation.
     With `combine` (`--judge-combine`), the judges that can be graded together get one call
     per event between them (`judges.combined`); the others (ensembles, scored, per-chunk and
     graded-scale judges, those reading ground truth) are asked on their own.
@@ -742,6 +743,10 @@ def build_llm_judges(
         mine = by_name.get(name)
         if mine is not None:
             prompt, entry = mine.prompt, mine.entry
+        elif judge_entry(name).deterministic:
+            # Needs no model (document_recall): the same judge as on the local backend.
+            built[name] = judge_entry(name).build_local()
+            continue
         elif (scored := judge_entry(name).scored) is not None:
             module, _, cls = scored.partition(":")
             built[name] = getattr(importlib.import_module(module), cls)(

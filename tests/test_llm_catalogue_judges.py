@@ -273,3 +273,30 @@ def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_judge_arguments(parser)
     return parser.parse_args(list(argv))
+
+
+# -- a judge that needs no model runs whatever the backend ---------------------------------------
+
+
+def test_document_recall_runs_on_the_openai_backend_without_a_call(
+    fake_openai: FakeOpenAI,
+) -> None:
+    args = parse(
+        "--judge-backend", "openai", "--judges", "groundedness,document_recall",
+        "--judge-base-url", fake_openai.base_url,
+    )
+    panel = judge_settings(args, env={}).spec().build()
+    item = JudgeInput(
+        ITEM.question, ITEM.answer, ITEM.chunks,
+        expected_chunks=(Chunk("", "docs/trash.md"), Chunk("", "docs/restore.md")),
+    )
+    try:
+        ((grounded, recall),) = panel.judge_batch([item])
+    finally:
+        panel.close()
+    assert grounded.rating == "yes"
+    assert (recall.judge, recall.rating, recall.score) == ("document_recall", "no", 0.5)
+    assert recall.rationale == "recall 1/2 = 0.50; not retrieved: 'docs/restore.md'."
+    # Only groundedness asked the model.
+    assert len(fake_openai.requests) == 1
+    assert (recall.prompt_tokens, recall.completion_tokens) == (0, 0)
