@@ -49,7 +49,7 @@ from pydantic import (
     model_validator,
 )
 
-from judges.base import Guideline, InputName, Judge, JudgeInput, Verdict
+from judges.base import LIST_GUIDELINES, Guideline, InputName, Judge, JudgeInput, Verdict
 from judges.chunk_verdicts import event_verdict
 from judges.endpoint import EndpointFailure, EndpointReply, OpenAIJudgeEndpoint
 from judges.fencing import fence, new_nonce, single_line
@@ -599,6 +599,9 @@ class LLMJudge:
         missing = self.entry.verdict_if_missing(item)
         if missing is not None:
             return missing
+        named = named_guidelines(item.guidelines) if "guidelines" in self.entry.requires else ()
+        if named:
+            return await self._ask_per_guideline(item, named, model)
         if not self.entry.per_chunk:
             return await self._ask(item, model)
         start = time.perf_counter()
@@ -606,6 +609,20 @@ class LLMJudge:
             *(self._ask_chunk(dataclasses.replace(item, chunks=(c,)), model) for c in item.chunks)
         )
         return event_verdict(self.name, verdicts, time.perf_counter() - start)
+
+    async def _ask_per_guideline(
+        self, item: JudgeInput, named: tuple[Guideline, ...], model: str | None
+    ) -> Verdict:
+        """One call per named guideline, concurrently; the verdict holds them as `parts`."""
+        start = time.perf_counter()
+        asked = await asyncio.gather(
+            *(self._ask(dataclasses.replace(item, guidelines=(g,)), model) for g in named)
+        )
+        parts = tuple(
+            dataclasses.replace(v, judge=f"{self.name}/{g.name}")
+            for g, v in zip(named, asked, strict=True)
+        )
+        return guideline_verdict(self.name, parts, time.perf_counter() - start)
 
     async def _ask_chunk(self, item: JudgeInput, model: str | None) -> Verdict:
         if item.lacks(("chunks",)):
@@ -628,6 +645,38 @@ class LLMJudge:
             return reply.rating, reply.rationale, None
         scored = parse_scored_reply(content, scores)
         return self.prompt.rating_of(scored.score), scored.rationale, float(scored.score)
+
+
+def named_guidelines(guidelines: Sequence[Guideline]) -> tuple[Guideline, ...]:
+    """The sets to grade one by one: each name once (rules of a name given twice, by the event
+    and by --guideline, joined), or () when the only set is a plain list, graded as one."""
+    merged: dict[str, list[str]] = {}
+    for g in guidelines:
+        rules = [r for r in g.rules if r.strip()]
+        if rules:
+            merged.setdefault(g.name, []).extend(rules)
+    if list(merged) in ([], [LIST_GUIDELINES]):
+        return ()
+    return tuple(Guideline(name, tuple(dict.fromkeys(rules))) for name, rules in merged.items())
+
+
+def guideline_verdict(name: str, parts: tuple[Verdict, ...], latency_seconds: float) -> Verdict:
+    """The event's one verdict over its named guidelines' `parts`: "no" when one is not
+    followed, else "error" when one could not be graded, else "yes"."""
+    ratings = {v.rating for v in parts}
+    summary = ", ".join(f"{v.judge.partition('/')[2]} {v.rating}" for v in parts)
+    cost: dict[str, Any] = {
+        "latency_seconds": latency_seconds,
+        "prompt_tokens": sum(v.prompt_tokens for v in parts),
+        "completion_tokens": sum(v.completion_tokens for v in parts),
+        "cached_prompt_tokens": sum(v.cached_prompt_tokens for v in parts),
+        "parts": parts,
+    }
+    if "no" not in ratings and "error" in ratings:
+        first = next(v for v in parts if v.rating == "error")
+        return Verdict(name, "error", error_message=f"{summary}: {first.error_message}",
+                       error_cause=first.error_cause, **cost)
+    return Verdict(name, "no" if "no" in ratings else "yes", f"{summary}.", **cost)
 
 
 def reply_verdict(

@@ -64,8 +64,21 @@ LATENCY_COUNT = "ragpulse_judge_latency_seconds_count"
 
 
 def key(metric: str, **labels: str) -> CounterKey:
-    """The counter key for `metric` with `labels` (label order does not matter)."""
+    """The counter key for `metric` with `labels` (label order does not matter).
+
+    A `judge` of the form "<judge>/<name>" (a named guideline, graded on its own) becomes
+    `judge` and `guideline` labels, so a judge's series still sum up by `judge`.
+    """
+    judge = labels.get("judge")
+    if judge is not None and "/" in judge:
+        labels = {**labels, **judge_labels(judge)}
     return metric, tuple(sorted(labels.items()))
+
+
+def judge_labels(judge: str) -> dict[str, str]:
+    """The labels of a verdict's judge: {"judge": j} or, for "j/name", also {"guideline": name}."""
+    name, sep, guideline = judge.partition("/")
+    return {"judge": name, "guideline": guideline} if sep else {"judge": judge}
 
 
 def encode(counter_key: CounterKey) -> str:

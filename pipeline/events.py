@@ -75,8 +75,11 @@ disliked. Stripped, at most 128 characters.
 `expected_response`, `expected_facts`, `guidelines`, `expected_retrieved_context`: the ground
 truth of the Agent Evaluation schema, validated for type and handed to the judges that read it
 (correctness, context_sufficiency, document_recall, guideline_adherence; judges/registry.py).
-`guidelines` is a list of rules (one set, named "guidelines") or an object naming lists of
-rules; `expected_retrieved_context` items need `doc_uri`, `content` is optional. Giving both
+`guidelines` is a list of rules (one set, named "guidelines", graded as one verdict) or an
+object naming lists of rules, `{"english": [...], "clarity": [...]}`, each name graded as a
+verdict of its own (its name becomes the `guideline` label: letters, digits, `_ . -`, at most
+64 characters, else the event is rejected); `expected_retrieved_context` items need
+`doc_uri`, `content` is optional. Giving both
 `expected_response` and `expected_facts` is not rejected here: the judges that read the expected
 answer rate such an event `error` (the schema allows one of the two).
 """
@@ -92,7 +95,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
-from judges.base import Chunk, Guideline, JudgeInput, Turn
+from judges.base import GUIDELINE_NAME, LIST_GUIDELINES, Chunk, Guideline, JudgeInput, Turn
 
 __all__ = ["InferenceRecord", "InvalidEvent", "dead_letter", "parse_event"]
 
@@ -398,7 +401,13 @@ def _guidelines(value: list[str] | dict[str, list[str]] | None) -> tuple[Guideli
     if value is None:
         return ()
     if isinstance(value, list):
-        return (Guideline("guidelines", tuple(value)),)
+        return (Guideline(LIST_GUIDELINES, tuple(value)),)
+    for name in value:
+        if not GUIDELINE_NAME.fullmatch(name):
+            raise InvalidEvent(
+                f"guideline name {name[:40]!r} is not 1-64 letters, digits, _ . - "
+                "(it becomes a metric label)"
+            )
     return tuple(Guideline(name, tuple(rules)) for name, rules in value.items())
 
 

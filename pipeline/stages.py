@@ -59,6 +59,23 @@ class JudgedEvent:
         return zip(self.verdicts, versions, strict=True)
 
 
+def with_parts(
+    verdicts: tuple[Verdict, ...], versions: tuple[str, ...]
+) -> tuple[tuple[Verdict, ...], tuple[str, ...]]:
+    """The verdicts with each one that has `parts` (a judge graded per named guideline)
+    replaced by its parts, judged "<judge>/<name>", and the versions to match: what the
+    counts, windows and verdict rows hold (counting.key makes the name a `guideline` label)."""
+    if not any(v.parts for v in verdicts):
+        return verdicts, versions
+    flat: list[Verdict] = []
+    flat_versions: list[str] = []
+    for v, version in zip(verdicts, versions or ("",) * len(verdicts), strict=True):
+        for part in v.parts or (v,):
+            flat.append(part)
+            flat_versions.append(version)
+    return tuple(flat), tuple(flat_versions) if versions else ()
+
+
 class _Counters:
     """Beam counters created on first use, named by `pipeline.counting.encode`."""
 
@@ -307,8 +324,9 @@ class _JudgeInBatches(beam.DoFn):
             if isinstance(event, CanaryEvent):
                 _tally_canary(tally, event, verdicts)
                 continue
-            _tally(tally, event, verdicts, versions)
-            judged.append(JudgedEvent(event, verdicts, versions))
+            flat, flat_versions = with_parts(verdicts, versions)
+            _tally(tally, event, flat, flat_versions)
+            judged.append(JudgedEvent(event, flat, flat_versions))
         inc = self._counters.inc
         backend = self._spec.backend
         for k, n in tally.items():

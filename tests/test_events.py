@@ -737,6 +737,11 @@ def test_the_ground_truth_of_the_schema_reaches_the_judges() -> None:
         ),
         ({"guidelines": 5}, "field 'guidelines' must be a list or a JSON object, not a number"),
         (
+            {"guidelines": {"user 42/tone": ["Be calm"]}},
+            "guideline name 'user 42/tone' is not 1-64 letters, digits, _ . - (it becomes a "
+            "metric label)",
+        ),
+        (
             {"expected_retrieved_context": [{"content": "c"}]},
             "field 'expected_retrieved_context[0].doc_uri' is missing",
         ),

@@ -28,6 +28,7 @@ from prometheus_client.core import (
     SummaryMetricFamily,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from judges.base import RATINGS
 from pipeline import budget, cascade, counting, sampling
@@ -228,15 +229,23 @@ def _window_families(
     )
     for series, (_, counts) in sorted(latest_by_series(windows).items()):
         n = counts.graded
-        samples.add_metric(list(series), n)
+        _add(samples, series, n)
         if n:
-            ratio.add_metric(list(series), counts.yes / n)
+            _add(ratio, series, counts.yes / n)
             ci_low, ci_high = wilson_interval(counts.yes, n)
-            low.add_metric(list(series), ci_low or 0.0)
-            high.add_metric(list(series), ci_high or 0.0)
+            _add(low, series, ci_low or 0.0)
+            _add(high, series, ci_high or 0.0)
         if counts.score_mean is not None:
-            mean.add_metric(list(series), counts.score_mean)
+            _add(mean, series, counts.score_mean)
     yield from (ratio, samples, low, high, mean)
+
+
+def _add(family: Metric, series: tuple[str, str, str, str], value: float) -> None:
+    """One sample of a window gauge; a named guideline's judge ("j/name") adds a `guideline`
+    label, which the other series of the family do not have."""
+    judge, version, app, model = series
+    labels = {**counting.judge_labels(judge), "version": version, "app": app, "model": model}
+    family.samples.append(Sample(family.name, labels, value))
 
 
 def _corrected_families(
@@ -379,9 +388,11 @@ def _latency_family(counts: Mapping[counting.CounterKey, float]) -> Metric:
     for (metric, labels), value in counts.items():
         lab = dict(labels)
         if metric == counting.LATENCY_BUCKET:
-            per_judge[lab["judge"]][lab["le"]] = value
+            # Added up: a judge graded per named guideline has a series per guideline.
+            buckets = per_judge[lab["judge"]]
+            buckets[lab["le"]] = buckets.get(lab["le"], 0.0) + value
         elif metric == counting.LATENCY_SUM_US:
-            sums[lab["judge"]] = value / 1e6
+            sums[lab["judge"]] = sums.get(lab["judge"], 0.0) + value / 1e6
     for judge, buckets in sorted(per_judge.items()):
         cumulative, running = [], 0.0
         for bound in [*(repr(b) for b in counting.LATENCY_BUCKETS), "+Inf"]:
