@@ -119,6 +119,28 @@ def is_sampled(request_id: str, rate: float) -> bool:
     return sample_point(request_id) < rate
 
 
+def agent_counts(event: InferenceRecord) -> list[tuple[counting.CounterKey, int]]:
+    """The chatbot's own token counts and latency of one accepted event, per app and model
+    (nothing when the event gives neither)."""
+    labels = {"app": event.app, "model": event.model}
+    out: list[tuple[counting.CounterKey, int]] = []
+    usage = event.usage
+    if usage is not None:
+        out.append((counting.key(counting.AGENT_USAGE_EVENTS, **labels), 1))
+        for metric, n in ((counting.AGENT_INPUT_TOKENS, usage.input_tokens),
+                          (counting.AGENT_OUTPUT_TOKENS, usage.output_tokens),
+                          (counting.AGENT_TOTAL_TOKENS, usage.total_tokens)):
+            if n is not None:
+                out.append((counting.key(metric, **labels), n))
+    seconds = event.latency_seconds
+    if seconds is not None:
+        le = counting.latency_bucket(seconds, counting.AGENT_LATENCY_BUCKETS)
+        out.append((counting.key(counting.AGENT_LATENCY_BUCKET, le=le, **labels), 1))
+        out.append((counting.key(counting.AGENT_LATENCY_COUNT, **labels), 1))
+        out.append((counting.key(counting.AGENT_LATENCY_SUM_US, **labels), round(seconds * 1e6)))
+    return out
+
+
 class _ParseAndSample(beam.DoFn):
     def __init__(
         self,
@@ -183,6 +205,8 @@ class _ParseAndSample(beam.DoFn):
                     late=True,
                 )
                 return
+        for counter_key, n in agent_counts(event):
+            self._counters.inc(counter_key, n)
         if self._plan is not None:
             yield from self._sample_stratified(event, self._plan)
         elif is_sampled(event.request_id, self._sample_rate):

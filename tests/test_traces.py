@@ -20,7 +20,7 @@ from otlp_spans import (
 )
 
 from judges.base import Chunk
-from pipeline.events import InvalidEvent, SourceRecord, parse_event
+from pipeline.events import AgentUsage, InvalidEvent, SourceRecord, parse_event
 from pipeline.traces import Arrival, SpanPart, assemble, decode_spans
 
 ENCODERS = {"otlp_json": otlp_json, "otlp_proto": otlp_proto}
@@ -60,6 +60,24 @@ def test_an_openinference_trace_split_over_messages_in_reverse_order_is_one_judg
     assert event.event_time == pytest.approx((root.start_time or 0) / 1e9, abs=0.001)
     assert record.position == 0  # attributed to the root's message
     assert event.span_id == f"{root.context.span_id:016x}"  # the span that gave the answer
+
+
+@pytest.mark.parametrize("encoding", ["otlp_json", "otlp_proto"])
+def test_a_traces_token_counts_and_root_duration_become_the_events_usage_and_latency(
+    encoding: str,
+) -> None:
+    spans = openinference_trace(tokens=(1200, 80))
+    event = parse_event(only_record(arrivals([ENCODERS[encoding](spans)], encoding)).raw)
+    assert event.usage == AgentUsage(1200, 80, 1280)
+    root = next(s for s in spans if s.parent is None)
+    duration = ((root.end_time or 0) - (root.start_time or 0)) / 1e9
+    assert event.latency_seconds == pytest.approx(duration, abs=1e-6)
+
+    event = parse_event(only_record(arrivals([otlp_json(genai_trace(tokens=(50, 7)))],
+                                             "otlp_json")).raw)
+    assert event.usage == AgentUsage(50, 7, 57)  # no total given: input + output
+    untracked = parse_event(only_record(arrivals([otlp_json(genai_trace())], "otlp_json")).raw)
+    assert untracked.usage is None and untracked.latency_seconds is not None
 
 
 @pytest.mark.parametrize("deprecated_events", [False, True])

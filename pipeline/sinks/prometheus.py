@@ -72,7 +72,16 @@ COUNTER_HELP: dict[str, str] = {
     "the broker refused them for good or did not acknowledge them within "
     "--undeliverable-after, by the topic they were meant for.",
     "ragpulse_label_overflow_total": "Judged events counted under app or model 'other': their "
-    "value was beyond --max-label-values or not in --allowed-apps/--allowed-models.",
+    "value was beyond --max-label-values or not in --allowed-apps/--allowed-models (for "
+    "guideline: the verdicts counted under 'other').",
+    counting.AGENT_INPUT_TOKENS: "The chatbot's own input (prompt) tokens, from the events' "
+    "usage, per app and model, over every accepted event (sampled or not).",
+    counting.AGENT_OUTPUT_TOKENS: "The chatbot's own output (completion) tokens, from the "
+    "events' usage, per app and model.",
+    counting.AGENT_TOTAL_TOKENS: "The chatbot's own total tokens, from the events' usage "
+    "(input + output when the event gives no total), per app and model.",
+    counting.AGENT_USAGE_EVENTS: "Accepted events that gave the chatbot's token usage, per app "
+    "and model: tokens per answer = rate(ragpulse_agent_total_tokens_total) / rate(this).",
     **sampling.COUNTER_HELP,
     **budget.COUNTER_HELP,
     **cascade.COUNTER_HELP,
@@ -94,7 +103,10 @@ _PER_APP_MODEL = (
     "ragpulse_retrieved_chunks_total",
     "ragpulse_events_without_context_total",
 )
-_HISTOGRAM_PARTS = {counting.LATENCY_BUCKET, counting.LATENCY_COUNT, counting.LATENCY_SUM_US}
+_HISTOGRAM_PARTS = {
+    counting.LATENCY_BUCKET, counting.LATENCY_COUNT, counting.LATENCY_SUM_US,
+    counting.AGENT_LATENCY_BUCKET, counting.AGENT_LATENCY_COUNT, counting.AGENT_LATENCY_SUM_US,
+}
 _SUMMARY_PARTS = {counting.SCORE_COUNT, counting.SCORE_SUM_MILLI}
 
 
@@ -402,6 +414,32 @@ def _latency_family(counts: Mapping[counting.CounterKey, float]) -> Metric:
     return family
 
 
+def _agent_latency_family(counts: Mapping[counting.CounterKey, float]) -> Metric:
+    """`ragpulse_agent_latency_seconds`: the chatbot's own answer time, per app and model."""
+    family = HistogramMetricFamily(
+        "ragpulse_agent_latency_seconds",
+        "The chatbot's own time to answer (the events' latency_seconds, or the trace's root "
+        "span duration), per app and model, over every accepted event that gave one.",
+        labels=["app", "model"],
+    )
+    buckets: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+    sums: dict[tuple[str, str], float] = {}
+    for (metric, labels), value in counts.items():
+        lab = dict(labels)
+        series = (lab.get("app", ""), lab.get("model", ""))
+        if metric == counting.AGENT_LATENCY_BUCKET:
+            buckets[series][lab["le"]] = buckets[series].get(lab["le"], 0.0) + value
+        elif metric == counting.AGENT_LATENCY_SUM_US:
+            sums[series] = sums.get(series, 0.0) + value / 1e6
+    for series, per_le in sorted(buckets.items()):
+        cumulative, running = [], 0.0
+        for bound in [*(repr(b) for b in counting.AGENT_LATENCY_BUCKETS), "+Inf"]:
+            running += per_le.get(bound, 0.0)
+            cumulative.append((bound, running))
+        family.add_metric(list(series), cumulative, sum_value=sums.get(series, 0.0))
+    return family
+
+
 def _score_family(counts: Mapping[counting.CounterKey, float]) -> Metric:
     """`ragpulse_judge_score` _sum and _count: mean = rate(_sum) / rate(_count), re-aggregable."""
     family = SummaryMetricFamily(
@@ -442,6 +480,7 @@ class RagpulseCollector(Collector):
         snap = self._current()
         yield from _counter_families(snap.counts, snap.exemplars, self._event_counters)
         yield _latency_family(snap.counts)
+        yield _agent_latency_family(snap.counts)
         yield _score_family(snap.counts)
         yield from _window_families(snap.complete, "ragpulse_judge_", "latest complete")
         if snap.in_progress:
