@@ -83,6 +83,8 @@ class JudgeSpec:
     composites: tuple[Composite, ...] = ()
     # --ensemble: judges graded by the majority of several models (judges.ensemble).
     ensembles: tuple[Ensemble, ...] = ()
+    # --judge-logprobs: ask for token logprobs; verdicts carry P(yes) (judges.logprobs).
+    logprobs: bool = False
 
     def __post_init__(self) -> None:
         check_judge_names(self.names, self.backend, tuple(c.entry for c in self.custom_judges))
@@ -123,6 +125,7 @@ class JudgeSpec:
             breaker_cooldown_seconds=self.breaker_cooldown_seconds,
             rpm=self.rpm,
             tpm=self.tpm,
+            logprobs=self.logprobs,
         )
         prompts = Path(self.prompts_dir) if self.prompts_dir else None
         policy = self.text_policy

@@ -53,6 +53,7 @@ from judges.base import LIST_GUIDELINES, Guideline, InputName, Judge, JudgeInput
 from judges.chunk_verdicts import event_verdict
 from judges.endpoint import EndpointFailure, EndpointReply, OpenAIJudgeEndpoint
 from judges.fencing import fence, new_nonce, single_line
+from judges.logprobs import TokenLogprob, expected_score, probability_of_yes
 from judges.registry import DEFAULT_SCORE_THRESHOLD, JUDGES, JudgeEntry, judge_entry
 
 if TYPE_CHECKING:
@@ -636,7 +637,25 @@ class LLMJudge:
             json_schema=self._reply_schema,
             model=model,
         )
-        return reply_verdict(self.name, outcome, self.endpoint.max_tokens, self._read_verdict)
+        verdict = reply_verdict(self.name, outcome, self.endpoint.max_tokens, self._read_verdict)
+        if isinstance(outcome, EndpointReply) and outcome.logprobs and verdict.rating in (
+            "yes", "no"
+        ):
+            verdict = self._with_probability(verdict, outcome.logprobs)
+        return verdict
+
+    def _with_probability(
+        self, verdict: Verdict, tokens: tuple[TokenLogprob, ...]
+    ) -> Verdict:
+        """The verdict with its `score` from the reply's logprobs (--judge-logprobs): P(yes) on
+        the binary scale, the expected score on a graded one; unchanged when they do not say."""
+        scores = self.prompt.scores
+        if scores is None:
+            p = probability_of_yes(tokens, verdict.rating)
+        else:
+            assert verdict.score is not None  # a graded verdict that parsed has its score
+            p = expected_score(tokens, scores, round(verdict.score))
+        return verdict if p is None else dataclasses.replace(verdict, score=p)
 
     def _read_verdict(self, content: str | None) -> tuple[BinaryRating, str, float | None]:
         scores = self.prompt.scores
@@ -749,6 +768,7 @@ def settings_version(
         endpoint.temperature,
         endpoint.reply_format,
         endpoint.max_tokens,
+        endpoint.logprobs,
         *extra,
     )
     digest = hashlib.blake2b(repr(settings).encode(), digest_size=8).hexdigest()

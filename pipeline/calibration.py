@@ -156,6 +156,11 @@ class AgreementReport:
     confusion: Mapping[str, Mapping[str, int]]  # label -> verdict -> count
     disagreements: Sequence[Mapping[str, Any]]
     errors: Sequence[Mapping[str, Any]]
+    # With --judge-logprobs, of the yes/no labels whose verdict carries P(yes): the Brier score
+    # (mean squared gap between P(yes) and the label) and the expected calibration error.
+    probabilities: int = 0
+    brier_score: float | None = None
+    expected_calibration_error: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"format": CALIBRATION_FORMAT, **dataclasses.asdict(self)}
@@ -171,9 +176,12 @@ def agreement_report(
     unlabelled: int = 0,
     pass_threshold: int | None = None,
     rationale: Callable[[str | None], str | None] = lambda text: text,
+    probabilities: bool = False,
 ) -> AgreementReport:
     """Compare each verdict with its label. `rationale` turns a judge's rationale or error
-    message into the text the report keeps (the --store-text policy)."""
+    message into the text the report keeps (the --store-text policy). With `probabilities`
+    (--judge-logprobs: binary verdicts' scores are P(yes)), the Brier score and the expected
+    calibration error of those scores against the yes/no labels too."""
     pairs = [(j.label, v) for j in judged if (v := verdict_value(j.verdict, j.label)) is not None]
     errors = [j for j in judged if verdict_value(j.verdict, j.label) is None]
     confusion: dict[str, Counter[str]] = {}
@@ -189,6 +197,12 @@ def agreement_report(
     tn = sum(1 for t, p in binary if t is False and p is False) if two_classes else None
     positives = sum(1 for t, _ in binary if t) if two_classes else None
     negatives = len(binary) - positives if positives is not None else None
+    forecasts = [
+        (j.verdict.score, 1.0 if j.label == "yes" else 0.0)
+        for j in judged
+        if j.label in ("yes", "no") and j.verdict.rating in ("yes", "no")
+        and j.verdict.score is not None
+    ] if probabilities else []
     return AgreementReport(
         judge=judge,
         backend=backend,
@@ -228,6 +242,33 @@ def agreement_report(
             }
             for j in errors
         ],
+        probabilities=len(forecasts),
+        brier_score=brier_score(forecasts),
+        expected_calibration_error=expected_calibration_error(forecasts),
+    )
+
+
+def brier_score(forecasts: Sequence[tuple[float, float]]) -> float | None:
+    """Mean of (p - y)^2 over (P(yes), 1 if labelled yes else 0) pairs; None without any."""
+    if not forecasts:
+        return None
+    return sum((p - y) ** 2 for p, y in forecasts) / len(forecasts)
+
+
+def expected_calibration_error(
+    forecasts: Sequence[tuple[float, float]], bins: int = 10
+) -> float | None:
+    """The expected calibration error over `bins` equal-width bins of P(yes): the share-
+    weighted gap between each bin's mean P(yes) and its share labelled yes."""
+    if not forecasts:
+        return None
+    binned: dict[int, list[tuple[float, float]]] = {}
+    for p, y in forecasts:
+        binned.setdefault(min(int(p * bins), bins - 1), []).append((p, y))
+    return sum(
+        len(group) / len(forecasts)
+        * abs(sum(p for p, _ in group) / len(group) - sum(y for _, y in group) / len(group))
+        for group in binned.values()
     )
 
 

@@ -220,6 +220,43 @@ def test_calibrate_an_llm_judge_counts_endpoint_failures_as_errors_apart_from_th
     assert load_calibration(output).model == "judge-m"
 
 
+def test_brier_score_and_calibration_error_of_known_probabilities() -> None:
+    def judged(label: str, rating: str, p: float) -> Judged:
+        return Judged("r", label, Verdict("groundedness", rating, "why", score=p))  # type: ignore[arg-type]
+
+    cases = [judged("yes", "yes", 0.9), judged("yes", "yes", 0.9), judged("no", "yes", 0.9),
+             judged("no", "no", 0.2), judged("yes", "no", 0.2)]
+    report = agreement_report(cases, judge="groundedness", backend="openai", model="m",
+                              labelled_file="f", probabilities=True)
+    # (0.01 + 0.01 + 0.81 + 0.04 + 0.64) / 5
+    assert report.brier_score == pytest.approx(0.302)
+    # Bin 0.9: mean P 0.9, 2/3 yes; bin 0.2: mean P 0.2, 1/2 yes -> 3/5*0.2333 + 2/5*0.3.
+    assert report.expected_calibration_error == pytest.approx(0.6 * (0.9 - 2 / 3) + 0.4 * 0.3)
+    assert report.probabilities == 5
+    without = agreement_report(cases, judge="groundedness", backend="openai", model="m",
+                               labelled_file="f")
+    assert (without.brier_score, without.expected_calibration_error) == (None, None)
+
+
+def test_calibrate_with_logprobs_reports_the_brier_score_of_the_endpoints_p_yes(
+    tmp_path: Path,
+) -> None:
+    lines = [labelled_event(i, f"{RIGHT} ({i}{MARKER if i % 2 else ''})",
+                            "no" if i % 2 else "yes") for i in range(6)]
+    path = tmp_path / "labelled.jsonl"
+    path.write_bytes(b"\n".join(lines))
+    output = tmp_path / "cal.json"
+    with FakeOpenAI(logprobs="on", rating_probability=0.8) as server:
+        assert main(["calibrate", str(path), "--judge", "correctness", "--output", str(output),
+                     "--judge-backend", "openai", "--judge-base-url", server.base_url,
+                     "--judge-logprobs"]) == 0
+    report = json.loads(output.read_text())
+    # Every verdict right, each at 0.8 on its rating: P(yes) 0.8 on yes, 0.2 on no.
+    assert report["probabilities"] == 6
+    assert report["brier_score"] == pytest.approx(0.04)
+    assert report["expected_calibration_error"] == pytest.approx(0.2)
+
+
 # ------------------------------------------------------------------ calibration files
 
 

@@ -103,6 +103,7 @@ def calibrate(settings: CalibrateSettings) -> AgreementReport:
         unlabelled=unlabelled,
         pass_threshold=settings.pass_threshold,
         rationale=_stored_text(settings.judges.text_policy()),
+        probabilities=spec.logprobs,
     )
 
 
@@ -205,6 +206,14 @@ def summary(report: AgreementReport, output: Path, show: int) -> str:
         f"  specificity         {_fmt(r.specificity)}"
         + (f"  ({r.true_negatives}/{r.negatives} labelled fails failed)"
            if r.negatives is not None else "  (needs labelled fails; --pass-threshold)"),
+    ]
+    if r.probabilities:
+        lines += [
+            f"  Brier score         {_fmt(r.brier_score)}  (P(yes) of {r.probabilities} "
+            "verdicts, --judge-logprobs)",
+            f"  calibration error   {_fmt(r.expected_calibration_error)}  (expected, 10 bins)",
+        ]
+    lines += [
         "",
         "confusion: rows are human labels, columns the judge's verdicts",
         *_matrix(r.confusion),
