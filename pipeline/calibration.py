@@ -140,6 +140,8 @@ class AgreementReport:
     model: str | None
     labelled_file: str
     pass_threshold: int | None
+    # The judge's prompt version (judges.base.prompt_version): the rates hold for it alone.
+    prompt_version: str | None
     unlabelled: int
     graded: int
     errors_by_cause: Mapping[str, int]
@@ -175,6 +177,7 @@ def agreement_report(
     labelled_file: str,
     unlabelled: int = 0,
     pass_threshold: int | None = None,
+    prompt_version: str | None = None,
     rationale: Callable[[str | None], str | None] = lambda text: text,
     probabilities: bool = False,
 ) -> AgreementReport:
@@ -209,6 +212,7 @@ def agreement_report(
         model=model,
         labelled_file=labelled_file,
         pass_threshold=pass_threshold,
+        prompt_version=prompt_version,
         unlabelled=unlabelled,
         graded=len(pairs),
         errors_by_cause=dict(sorted(Counter(_cause(j.verdict) for j in errors).items())),
@@ -333,6 +337,7 @@ class JudgeCalibration:
     true_positives: int  # of those, passed by the judge
     negatives: int  # labelled fails the judge graded
     true_negatives: int  # of those, failed by the judge
+    prompt_version: str  # of the judge measured: another version has other error rates
 
     @property
     def sensitivity(self) -> float:
@@ -379,6 +384,9 @@ def load_calibration(path: Path) -> JudgeCalibration:
         raise bad("backend", f"must be one of {', '.join(BACKENDS)}")
     if data.get("model") is not None and not isinstance(data["model"], str):
         raise bad("model", "must be a string or null")
+    if not isinstance(data.get("prompt_version"), str) or not data["prompt_version"]:
+        raise bad("prompt_version", "missing: the file does not say which prompt version it "
+                  "measured; run `ragpulse calibrate` again")
     counts = {}
     for key in ("positives", "true_positives", "negatives", "true_negatives"):
         value = data.get(key)
@@ -395,15 +403,20 @@ def load_calibration(path: Path) -> JudgeCalibration:
             raise bad(part, f"is above {total} ({counts[part]} > {counts[total]})")
     return JudgeCalibration(
         judge=data["judge"], backend=data["backend"], model=data.get("model"), source=str(path),
-        **counts,
+        prompt_version=data["prompt_version"], **counts,
     )
 
 
 def check_calibrations(
-    calibrations: Sequence[JudgeCalibration], judges: Sequence[str], backend: str, model: str
+    calibrations: Sequence[JudgeCalibration],
+    judges: Sequence[str],
+    backend: str,
+    model: str,
+    versions: Mapping[str, str] | Callable[[], Mapping[str, str]] = lambda: {},
 ) -> None:
     """ValueError (one line) unless each calibration is for a judge in use, on the backend in
-    use, one per judge; logs what each one does (or why it does nothing) once, at start."""
+    use, of the prompt version in use (`versions`: each judge's, or a function giving them),
+    one per judge; logs what each one does (or why it does nothing) once, at start."""
     seen: dict[str, str] = {}
     for c in calibrations:
         if c.judge not in judges:
@@ -416,6 +429,16 @@ def check_calibrations(
             raise ValueError(
                 f"{c.source} measured {c.judge} on the {c.backend} backend; this run uses "
                 f"{backend}"
+            )
+        if callable(versions):
+            versions = versions()
+        version = versions.get(c.judge)
+        if version is not None and version != c.prompt_version:
+            # A changed prompt has other error rates: correcting with the old ones would be
+            # silently wrong.
+            raise ValueError(
+                f"{c.source} measured {c.judge} with prompt version {c.prompt_version}; this run "
+                f"uses {version}: run `ragpulse calibrate` again with this prompt"
             )
         if backend == "openai" and c.model is not None and c.model != model:
             log.warning("%s measured %s with model %s; this run uses %s: its error rates may "

@@ -299,7 +299,8 @@ class BatchSettings(BaseModel):
         )  # CalibrationError (a ValueError): one line naming the file and key
         judges = info.data.get("judges")
         if judges is not None:
-            check_calibrations(loaded, judges.names, judges.backend, judges.model)
+            check_calibrations(loaded, judges.names, judges.backend, judges.model,
+                               lambda: judges.spec().prompt_versions())
         return loaded
     # What a record is: ragpulse's event (pipeline/events.py) or an OTLP ExportTraceServiceRequest
     # of the Collector's Kafka exporter, assembled into one event per trace (pipeline/traces.py).

@@ -262,6 +262,7 @@ def test_calibrate_with_logprobs_reports_the_brier_score_of_the_endpoints_p_yes(
 
 def calibration_json(**changes: Any) -> dict[str, Any]:
     base = {"format": 1, "judge": "groundedness", "backend": "local", "model": None,
+            "prompt_version": "local",
             "positives": 200, "true_positives": 180, "negatives": 100, "true_negatives": 80}
     return {**base, **changes}
 
@@ -281,6 +282,7 @@ def write(path: Path, data: object) -> Path:
         ({"true_positives": 201}, "true_positives"),
         ({"negatives": -1}, "negatives"),
         ({"judge": ""}, "judge"),
+        ({"prompt_version": None}, "prompt_version"),
     ],
 )
 def test_a_bad_calibration_file_is_refused_naming_the_file_and_key(
@@ -316,6 +318,28 @@ def test_a_calibration_for_another_backend_twice_the_same_judge_or_not_json_is_r
 
 
 @pytest.mark.slow  # imports Beam in a subprocess
+def test_run_refuses_a_calibration_of_another_prompt_version_in_one_line(
+    tmp_path: Path, fake_openai: FakeOpenAI
+) -> None:
+    events = tmp_path / "e.jsonl"
+    events.write_text("")
+    cal = write(tmp_path / "cal.json", calibration_json(backend="openai", prompt_version="v0f2"))
+    done = ragpulse("run", str(events), "--judges", "groundedness", "--judge-calibration", str(cal),
+                    "--judge-backend", "openai", "--judge-base-url", fake_openai.base_url)
+    line = one_line_error(done.returncode, done.stderr, allow_info=True)
+    assert line == (
+        "ragpulse run: invalid settings: --judge-calibration: "
+        f"{cal} measured groundedness with prompt version v0f2; this run uses v1f2: run "
+        "`ragpulse calibrate` again with this prompt"
+    )
+    # The version calibrate records is the one run checks: the same file with it is accepted.
+    assert main(["calibrate", str(labelled_file(tmp_path)), "--judge", "correctness",
+                 "--output", str(tmp_path / "c.json"), "--judge-backend", "openai",
+                 "--judge-base-url", fake_openai.base_url]) == 0
+    assert load_calibration(tmp_path / "c.json").prompt_version == "v1f2"
+
+
+@pytest.mark.slow  # imports Beam in a subprocess
 def test_run_refuses_a_calibration_for_a_judge_it_does_not_run_in_one_line(
     tmp_path: Path,
 ) -> None:
@@ -334,7 +358,7 @@ def test_run_refuses_a_calibration_for_a_judge_it_does_not_run_in_one_line(
 def calibration(tp: int, pos: int, tn: int, neg: int) -> JudgeCalibration:
     """A groundedness calibration: `tp` of `pos` labelled passes passed, `tn` of `neg` fails
     failed."""
-    return JudgeCalibration("groundedness", "local", None, "test", pos, tp, neg, tn)
+    return JudgeCalibration("groundedness", "local", None, "test", pos, tp, neg, tn, "local")
 
 
 def test_corrected_ratio_is_rogan_gladen_and_its_interval_holds_it() -> None:
