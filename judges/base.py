@@ -50,8 +50,6 @@ RATINGS: tuple[Rating, ...] = ("yes", "no", "error")
 #   input          the event holds what the judge needs in a form it cannot grade (both
 #                  expected_response and expected_facts, an empty answer ...); an event that
 #                  lacks a required field altogether is `skipped`, not an error
-#   unsupported_input  the event has it, but of a kind the judge's method cannot judge (the
-#                  local groundedness judge on a summary): it abstains rather than guess
 ErrorCause = Literal[
     "timeout",
     "rate_limited",
@@ -65,7 +63,6 @@ ErrorCause = Literal[
     "deadline",
     "internal",
     "input",
-    "unsupported_input",
 ]
 ERROR_CAUSES: tuple[ErrorCause, ...] = get_args(ErrorCause)
 
