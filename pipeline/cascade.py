@@ -40,6 +40,7 @@ from judges.base import JudgeInput, JudgePanel, Verdict
 from judges.local import build_local_judges
 from pipeline import counting
 from pipeline.errors import SettingsError
+from pipeline.sampling import sample_point
 
 AGREEMENT = "ragpulse_cascade_agreement_total"
 UNSURE = "ragpulse_cascade_llm_unsure_total"
@@ -69,8 +70,6 @@ class HasMargin(Protocol):
 
 
 def _hash_point(item: JudgeInput) -> float:
-    # Imported here: pipeline.stages imports this module.
-    from pipeline.stages import sample_point
 
     return sample_point(f"{item.question}\0{item.answer}")
 
