@@ -545,8 +545,9 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def add_batch_arguments(p: argparse.ArgumentParser) -> None:
-    """Sampling, window and record-size flags, shared by `run` and `serve`."""
+def add_event_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """`--sample-rate`, `--window` and `--max-event-bytes`, shared by `run`, `serve` and
+    `stream`; returns their group."""
     g = p.add_argument_group("events and windows")
     g.add_argument(
         "--sample-rate",
@@ -554,16 +555,6 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
         default=default_of(BatchSettings, "sample_rate"),
         help="share of events judged, chosen by a hash of request_id (default: %(default)s)",
     )
-    g.add_argument(
-        "--sampling-rules",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="YAML rules sampling strata of events at their own rates (e.g. every event with "
-        "negative feedback, 5%% of the rest); judged events are weighted by 1 / rate in "
-        "ragpulse_judge_verdicts_weighted_total (see pipeline/sampling.py) (default: none)",
-    )
-    add_cascade_arguments(p)
     window = default_of(BatchSettings, "window_seconds")
     g.add_argument(
         "--window",
@@ -579,6 +570,23 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="largest accepted event; larger ones are dead-lettered (default: %(default)s)",
     )
+    return g
+
+
+def add_batch_arguments(p: argparse.ArgumentParser) -> None:
+    """The event flags plus sampling rules, the cascade, calibration and the input format,
+    shared by `run` and `serve` (`stream` reads none of these, so it does not take them)."""
+    g = add_event_arguments(p)
+    g.add_argument(
+        "--sampling-rules",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="YAML rules sampling strata of events at their own rates (e.g. every event with "
+        "negative feedback, 5%% of the rest); judged events are weighted by 1 / rate in "
+        "ragpulse_judge_verdicts_weighted_total (see pipeline/sampling.py) (default: none)",
+    )
+    add_cascade_arguments(p)
     p.add_argument_group("judge calibration").add_argument(
         "--judge-calibration",
         action="append",
