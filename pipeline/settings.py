@@ -75,6 +75,10 @@ REFUSED_RUNNERS = {
     "DaskRunner": "it drops windows, timestamps, tagged outputs and all but the last sink",
     "KafkaStreamsRunner": "experimental; its job server is in no Beam release",
 }
+# Upper bounds of the size settings: a cycle holds up to MAX_BATCH_EVENTS records in memory,
+# each up to --max-event-bytes (Kafka's own default record limit is 1 MiB).
+MAX_BATCH_EVENTS = 1_000_000
+MAX_EVENT_BYTES = 64 * 1_048_576
 
 
 class JudgeSettings(BaseModel):
@@ -269,7 +273,7 @@ class BatchSettings(BaseModel):
     sampling: InstanceOf[SamplingPlan] | None = Field(None, title="--sampling-rules")
     cascade: InstanceOf[CascadeSettings] | None = Field(None, title="--cascade-llm-sample-rate")
     window_seconds: float = Field(300.0, gt=0, title="--window")
-    max_event_bytes: int = Field(1_048_576, ge=1024)
+    max_event_bytes: int = Field(1_048_576, ge=1024, le=MAX_EVENT_BYTES)
     labels: LabelLimits = LabelLimits()
     beam_args: tuple[str, ...] = Field((), title="--beam-arg")
     runner: str | None = Field(None, title="--runner")  # None: FnApiRunner in this process
@@ -365,7 +369,7 @@ class StreamSettings(BaseModel):
     judges: JudgeSettings
     sample_rate: float = Field(1.0, ge=0, le=1)
     window_seconds: float = Field(300.0, gt=0, title="--window")
-    max_event_bytes: int = Field(1_048_576, ge=1024)
+    max_event_bytes: int = Field(1_048_576, ge=1024, le=MAX_EVENT_BYTES)
     bootstrap: str = Field(min_length=3, title="--kafka-bootstrap")
     topic: str = Field(min_length=1)
     dead_letter_topic: str = Field(min_length=1)
@@ -443,7 +447,8 @@ class ServeSettings(BatchSettings):
     allowed_lateness_seconds: float = Field(600.0, ge=0, title="--allowed-lateness")
     out_of_orderness_seconds: float = Field(30.0, ge=0, title="--out-of-orderness")
     trigger_interval_seconds: float = Field(15.0, gt=0, title="--trigger-interval")
-    max_batch_events: int = Field(50_000, ge=1)
+    # Bounded: a cycle holds its records in memory (1e20 was accepted, issue 19).
+    max_batch_events: int = Field(50_000, ge=1, le=MAX_BATCH_EVENTS)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9464, ge=0, le=65535)
     web_config_file: Path | None = None
@@ -459,7 +464,7 @@ class ServeSettings(BatchSettings):
     # Partitions split across serve instances: this one reads partition p when
     # p % instances == instance (see the README, "Scaling out"). Declared in this order so
     # that the check of `instance` sees `instances`.
-    instances: int = Field(1, ge=1, title="--instances")
+    instances: int = Field(1, ge=1, le=100_000, title="--instances")
     instance: int = Field(0, ge=0, title="--instance")
     # The judge budget governor (pipeline/budget.py); None: no budget.
     budget: InstanceOf[BudgetSettings] | None = Field(None, title="--judge-budget-per-hour")
