@@ -9,6 +9,7 @@ accepted, and the sampling rules' name check compared each rule with every earli
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -110,8 +111,9 @@ def test_a_max_batch_events_of_1e20_is_refused() -> None:
 
 
 def test_aliases_are_refused_before_they_are_expanded() -> None:
+    levels = "abcdefghi"
     laughs = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-        f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")
+        f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in itertools.pairwise(levels)
     )
     with pytest.raises(YamlFileError, match=r"aliases \(\*a\) are not supported"):
         loads(laughs)
