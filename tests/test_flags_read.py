@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli import ragpulse
 
 from pipeline.cli import _subparser, build_parser
-from tests.cli import ragpulse
 
 _NOT_SETTINGS = {"help", "config", "print_config"}
 
