@@ -10,6 +10,7 @@ accepted, and the sampling rules' name check compared each rule with every earli
 from __future__ import annotations
 
 import itertools
+import os
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,7 @@ def _refused(*argv: str, env: dict[str, str] | None = None) -> str:
     return one_line_error(done.returncode, done.stderr, allow_info=True)
 
 
+@pytest.mark.slow  # runs the CLI on large files
 @pytest.mark.parametrize("shape", [DEEP_FLOW, DEEP_BLOCK], ids=["flow", "block"])
 @pytest.mark.parametrize(
     "flags",
@@ -57,6 +59,7 @@ def test_a_5000_deep_yaml_file_is_one_line_in_every_loader(
     assert "nest" in line  # "nested deeper than 64 levels", or libyaml's own nesting limit
 
 
+@pytest.mark.slow  # runs the CLI on large files
 @pytest.mark.parametrize(
     "flags",
     [("--config",), (*BUDGET, "--judge-price-table"), ("--sampling-rules",)],
@@ -69,6 +72,7 @@ def test_a_file_that_is_not_utf8_is_one_line_naming_the_line(
     assert _refused(*flags, path).endswith(f"{path}: not UTF-8 (byte 0xe9 on line 2)")
 
 
+@pytest.mark.slow  # runs the CLI on large files
 def test_a_10_mb_list_is_refused_without_being_read_whole(tmp_path: Path) -> None:
     path = _file(tmp_path, "big.yaml", "judges: [" + "safety, " * 1_250_000 + "safety]\n")
     line = _refused("--config", path)
@@ -85,8 +89,6 @@ def test_a_price_that_is_not_a_finite_number_is_refused_at_start(
 
 
 def test_a_misspelt_ragpulse_variable_is_refused_naming_the_closest_one() -> None:
-    import os
-
     env = {**os.environ, "RAGPULSE_JUDGE_BUGDET_PER_HOUR": "1000"}
     line = _refused(env=env)
     assert line == (
@@ -97,8 +99,6 @@ def test_a_misspelt_ragpulse_variable_is_refused_naming_the_closest_one() -> Non
 
 
 def test_another_commands_variable_is_left_to_it() -> None:
-    import os
-
     done = ragpulse(*SERVE, "--print-config", env={**os.environ, "RAGPULSE_RATINGS_TOPIC": "r"})
     assert done.returncode == 0, done.stderr
     assert "RAGPULSE_RATINGS_TOPIC sets a flag of `ragpulse stream` only: ignored" in done.stderr
