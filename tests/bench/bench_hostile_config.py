@@ -75,6 +75,7 @@ def run(checkout: Path, argv: list[str], env: dict[str, str]) -> str:
         done = subprocess.run(
             [sys.executable, "-m", "pipeline.cli", *argv, "--print-config"],
             capture_output=True, text=True, env=full_env, timeout=LIMIT_S, check=False,
+            cwd=checkout,  # `python -m` puts the working directory first on sys.path
         )
     except subprocess.TimeoutExpired:
         return f"no answer in {LIMIT_S:.0f} s"
@@ -95,6 +96,7 @@ def rules_check(checkout: Path) -> str:
         done = subprocess.run(
             [sys.executable, "-c", RULES_CHECK],
             capture_output=True, text=True, env=env, timeout=LIMIT_S * 5, check=False,
+            cwd=checkout,
         )
     except subprocess.TimeoutExpired:
         return f"over {LIMIT_S * 5:.0f} s"
@@ -106,6 +108,7 @@ def main() -> None:
     parser.add_argument("--before", type=Path, required=True)
     parser.add_argument("--after", type=Path, required=True)
     args = parser.parse_args()
+    args.before, args.after = args.before.resolve(), args.after.resolve()
     with tempfile.TemporaryDirectory() as tmp:
         table = cases(Path(tmp))
         print("| case | before | after |\n|---|---|---|")
