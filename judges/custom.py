@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from judges.base import InputName
 from judges.llm import JudgePrompt
 from judges.registry import JudgeEntry, judge_table
+from judges.yaml_file import YamlFileError, loads, read_text
 
 _OWN_KEYS = ("requires", "when_missing", "assessment")
 
@@ -65,17 +66,17 @@ def load_custom_judge(path: Path) -> CustomJudge:
     """Read and validate one custom judge file; CustomJudgeError names the file, the key and
     (when known) its line."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise CustomJudgeError(f"custom judge file {path}: cannot read it ({reason})") from None
+    except YamlFileError as exc:
+        raise CustomJudgeError(f"custom judge file {path}: {exc}") from None
     try:
-        data = yaml.safe_load(text)
-        root = yaml.compose(text)
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f" (line {where.line + 1})" if where is not None else ""
-        raise CustomJudgeError(f"custom judge file {path}: not valid YAML{line}") from None
+        data = loads(text)
+        root = yaml.compose(text, Loader=yaml.SafeLoader)  # for the line of a bad key
+    except YamlFileError as exc:
+        raise CustomJudgeError(f"custom judge file {path}: {exc}") from None
     if not isinstance(data, dict):
         raise CustomJudgeError(
             f"custom judge file {path}: must be a mapping of keys (name, version, ratings, "

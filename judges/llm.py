@@ -37,7 +37,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -55,6 +54,7 @@ from judges.endpoint import EndpointFailure, EndpointReply, OpenAIJudgeEndpoint
 from judges.fencing import fence, new_nonce, single_line
 from judges.logprobs import TokenLogprob, expected_score, probability_of_yes
 from judges.registry import DEFAULT_SCORE_THRESHOLD, JUDGES, JudgeEntry, judge_entry
+from judges.yaml_file import YamlFileError, load_yaml
 
 if TYPE_CHECKING:
     from judges.custom import CustomJudge
@@ -259,9 +259,9 @@ class JudgePrompt(BaseModel):
 def load_prompt_file(path: Path) -> JudgePrompt:
     """Read and validate one prompt file; raises ValueError naming the file and the problem."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path)
         return JudgePrompt.model_validate(data)
-    except (OSError, yaml.YAMLError, ValidationError) as exc:
+    except (OSError, YamlFileError, ValidationError) as exc:
         raise ValueError(f"invalid judge prompt file {path}: {exc}") from exc
 
 

@@ -40,8 +40,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from judges.yaml_file import YamlFileError, load_yaml
 from pipeline import counting
 from pipeline.errors import SettingsError
 from pipeline.sampling import SAMPLED, SEEN, SPEND, SamplingPlan, to_micros
@@ -287,11 +286,11 @@ def load_prices(path: Path, model: str) -> Prices:
     """`model`'s prices in the price table at `path`; SettingsError naming what is wrong."""
     where = f"--judge-price-table {path}"
     try:
-        table = yaml.safe_load(path.read_text(encoding="utf-8"))
+        table = load_yaml(path)
     except OSError as exc:
         raise SettingsError(f"{where}: cannot read it: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise SettingsError(f"{where}: not YAML: {exc}") from None
+    except YamlFileError as exc:
+        raise SettingsError(f"{where}: {exc}") from None
     if not isinstance(table, dict):
         raise SettingsError(f"{where}: must map judge models to their prices")
     entry: Any = table.get(model)
@@ -309,17 +308,23 @@ def load_prices(path: Path, model: str) -> Prices:
     # The cached price is the prompt price when the table gives none.
     values: dict[str, Any] = {k: entry.get(k, entry["prompt"]) for k in kinds}
     for kind, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        # NaN was accepted, then failed every cycle after its judge calls were paid.
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value < 0
+        ):
             raise SettingsError(
-                f"{where}: {model}: the {kind} price must be a number >= 0, got {value!r}"
+                f"{where}: {model}: the {kind} price must be a finite number >= 0, got {value!r}"
             )
     return Prices(**{k: float(v) for k, v in values.items()})
 
 
 def _positive(text: str) -> float:
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
     return value
 
 

@@ -71,6 +71,17 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
     return sub
 
 
+def _variables_of_every_command() -> dict[str, str]:
+    """Each RAGPULSE_ variable a flag of some command reads, with that command (this imports
+    every command's module: only asked when a variable is not the running command's)."""
+    parser = build_parser()
+    found: dict[str, str] = {}
+    for name in COMMANDS:
+        for action in config_sources._options(_subparser(parser, name)):
+            found.setdefault(config_sources.env_of(action), name)
+    return found
+
+
 def _not_beam_import_noise(record: logging.LogRecord) -> bool:
     # Beam's GCP I/O module warns at import about clients ragpulse never uses.
     return not record.getMessage().startswith("apitools not found")
@@ -105,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if takes_config:
             assert sub is not None and command is not None
-            config_sources.apply(sub, words[words.index(command) + 1 :], args, required)
+            config_sources.apply(
+                sub, words[words.index(command) + 1 :], args, required,
+                every_command=_variables_of_every_command,
+            )
             if args.print_config:
                 args._settings(args)  # checked like a start, then printed
                 print(config_sources.effective_config(sub, args), end="")

@@ -15,20 +15,40 @@ the environment, see `pipeline.kafka_security`), so they are never printed.
 from __future__ import annotations
 
 import argparse
+import difflib
+import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from judges.yaml_file import YamlFileError, load_yaml
 from pipeline.errors import SettingsError
+from pipeline.kafka_security import ENV_SASL_PASSWORD, ENV_SASL_USERNAME, ENV_SSL_KEY_PASSWORD
 from pipeline.settings import duration, format_duration, positive_duration
 
 ENV_PREFIX = "RAGPULSE_"
+# RAGPULSE_ variables that are not a flag: the config file, the Kafka secrets, and the
+# project's own tooling (the Makefile's cache of pinned tools, the end-to-end test's report,
+# the demo compose file's sample rate), which the commands leave alone.
+OTHER_VARIABLES = frozenset(
+    {
+        ENV_PREFIX + "CONFIG",
+        ENV_SASL_USERNAME,
+        ENV_SASL_PASSWORD,
+        ENV_SSL_KEY_PASSWORD,
+        ENV_PREFIX + "CACHE",
+        ENV_PREFIX + "E2E_REPORT",
+        ENV_PREFIX + "DEMO_SAMPLE_RATE",
+    }
+)
 _OWN = {"help", "config", "print_config"}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+
+log = logging.getLogger(__name__)
 
 
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
@@ -94,9 +114,14 @@ def apply(
     args: argparse.Namespace,
     required: Sequence[argparse.Action],
     env: Mapping[str, str] | None = None,
+    every_command: Callable[[], Mapping[str, str]] | None = None,
 ) -> None:
-    """Fill `args` from the config file and the environment where no flag was given."""
+    """Fill `args` from the config file and the environment where no flag was given.
+
+    `every_command`: the variables of every command's flags, each with its command, asked
+    only when the environment holds a RAGPULSE_ variable that is not this command's."""
     env = os.environ if env is None else env
+    check_variables(parser, env, every_command)
     if args.config is None and env.get(ENV_PREFIX + "CONFIG"):
         args.config = Path(env[ENV_PREFIX + "CONFIG"])
     from_file = _read_file(args.config) if args.config is not None else {}
@@ -129,13 +154,37 @@ def apply(
         )
 
 
+def check_variables(
+    parser: argparse.ArgumentParser,
+    env: Mapping[str, str],
+    every_command: Callable[[], Mapping[str, str]] | None,
+) -> None:
+    """Refuse a RAGPULSE_ variable no command reads: a typo in, say, the budget's variable
+    used to mean no budget, silently. One of another command's flags is logged and left."""
+    own = {env_of(a) for a in _options(parser)} | OTHER_VARIABLES
+    strangers = sorted(v for v in env if v.startswith(ENV_PREFIX) and v not in own)
+    if not strangers:
+        return
+    others = every_command() if every_command is not None else {}
+    for var in strangers:
+        if var in others:
+            log.info("environment %s sets a flag of `ragpulse %s` only: ignored", var, others[var])
+            continue
+        close = difflib.get_close_matches(var, sorted(own), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise SettingsError(
+            f"environment {var}: no such setting{hint}; {ENV_PREFIX}<FLAG> variables set "
+            "the command's flags (see --help)"
+        )
+
+
 def _read_file(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path)
     except OSError as exc:
         raise SettingsError(f"config {path}: cannot be read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise SettingsError(f"config {path}: not valid YAML: {exc}".replace("\n", " ")) from None
+    except YamlFileError as exc:
+        raise SettingsError(f"config {path}: {exc}") from None
     if data is None:
         return {}
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):

@@ -75,6 +75,10 @@ REFUSED_RUNNERS = {
     "DaskRunner": "it drops windows, timestamps, tagged outputs and all but the last sink",
     "KafkaStreamsRunner": "experimental; its job server is in no Beam release",
 }
+# Upper bounds of the size settings: a cycle holds up to MAX_BATCH_EVENTS records in memory,
+# each up to --max-event-bytes (Kafka's own default record limit is 1 MiB).
+MAX_BATCH_EVENTS = 1_000_000
+MAX_EVENT_BYTES = 64 * 1_048_576
 
 
 class JudgeSettings(BaseModel):
@@ -279,7 +283,7 @@ class BatchSettings(BaseModel):
     sampling: InstanceOf[SamplingPlan] | None = Field(None, title="--sampling-rules")
     cascade: InstanceOf[CascadeSettings] | None = Field(None, title="--cascade-llm-sample-rate")
     window_seconds: float = Field(300.0, gt=0, title="--window")
-    max_event_bytes: int = Field(1_048_576, ge=1024)
+    max_event_bytes: int = Field(1_048_576, ge=1024, le=MAX_EVENT_BYTES)
     labels: LabelLimits = LabelLimits()
     beam_args: tuple[str, ...] = Field((), title="--beam-arg")
     runner: str | None = Field(None, title="--runner")  # None: FnApiRunner in this process
@@ -376,7 +380,7 @@ class StreamSettings(BaseModel):
     judges: JudgeSettings
     sample_rate: float = Field(1.0, ge=0, le=1)
     window_seconds: float = Field(300.0, gt=0, title="--window")
-    max_event_bytes: int = Field(1_048_576, ge=1024)
+    max_event_bytes: int = Field(1_048_576, ge=1024, le=MAX_EVENT_BYTES)
     bootstrap: str = Field(min_length=3, title="--kafka-bootstrap")
     topic: str = Field(min_length=1)
     dead_letter_topic: str = Field(min_length=1)
@@ -454,7 +458,8 @@ class ServeSettings(BatchSettings):
     allowed_lateness_seconds: float = Field(600.0, ge=0, title="--allowed-lateness")
     out_of_orderness_seconds: float = Field(30.0, ge=0, title="--out-of-orderness")
     trigger_interval_seconds: float = Field(15.0, gt=0, title="--trigger-interval")
-    max_batch_events: int = Field(50_000, ge=1)
+    # Bounded: a cycle holds its records in memory (1e20 was accepted, issue 19).
+    max_batch_events: int = Field(50_000, ge=1, le=MAX_BATCH_EVENTS)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9464, ge=0, le=65535)
     web_config_file: Path | None = None
@@ -470,7 +475,7 @@ class ServeSettings(BatchSettings):
     # Partitions split across serve instances: this one reads partition p when
     # p % instances == instance (see the README, "Scaling out"). Declared in this order so
     # that the check of `instance` sees `instances`.
-    instances: int = Field(1, ge=1, title="--instances")
+    instances: int = Field(1, ge=1, le=100_000, title="--instances")
     instance: int = Field(0, ge=0, title="--instance")
     # The judge budget governor (pipeline/budget.py); None: no budget.
     budget: InstanceOf[BudgetSettings] | None = Field(None, title="--judge-budget-per-hour")
@@ -556,8 +561,9 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def add_batch_arguments(p: argparse.ArgumentParser) -> None:
-    """Sampling, window and record-size flags, shared by `run` and `serve`."""
+def add_event_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """`--sample-rate`, `--window` and `--max-event-bytes`, shared by `run`, `serve` and
+    `stream`; returns their group."""
     g = p.add_argument_group("events and windows")
     g.add_argument(
         "--sample-rate",
@@ -565,16 +571,6 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
         default=default_of(BatchSettings, "sample_rate"),
         help="share of events judged, chosen by a hash of request_id (default: %(default)s)",
     )
-    g.add_argument(
-        "--sampling-rules",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="YAML rules sampling strata of events at their own rates (e.g. every event with "
-        "negative feedback, 5%% of the rest); judged events are weighted by 1 / rate in "
-        "ragpulse_judge_verdicts_weighted_total (see pipeline/sampling.py) (default: none)",
-    )
-    add_cascade_arguments(p)
     window = default_of(BatchSettings, "window_seconds")
     g.add_argument(
         "--window",
@@ -590,6 +586,23 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="largest accepted event; larger ones are dead-lettered (default: %(default)s)",
     )
+    return g
+
+
+def add_batch_arguments(p: argparse.ArgumentParser) -> None:
+    """The event flags plus sampling rules, the cascade, calibration and the input format,
+    shared by `run` and `serve` (`stream` reads none of these, so it does not take them)."""
+    g = add_event_arguments(p)
+    g.add_argument(
+        "--sampling-rules",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="YAML rules sampling strata of events at their own rates (e.g. every event with "
+        "negative feedback, 5%% of the rest); judged events are weighted by 1 / rate in "
+        "ragpulse_judge_verdicts_weighted_total (see pipeline/sampling.py) (default: none)",
+    )
+    add_cascade_arguments(p)
     p.add_argument_group("judge calibration").add_argument(
         "--judge-calibration",
         action="append",

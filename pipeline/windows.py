@@ -25,7 +25,10 @@ def parse_duration(text: str) -> float:
         raise ValueError(
             f"{text!r} is not a duration: use a number and a unit (ms, s, m, h, d), e.g. 60s or 5m"
         )
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if not math.isfinite(seconds):  # 400 digits make an infinite float
+        raise ValueError(f"{text!r} is too long a duration")
+    return seconds
 
 
 def window_start(event_time: float, size: float) -> float:

@@ -162,9 +162,11 @@ def test_sigkill_at_several_points_of_a_backlog_then_restart_counts_what_an_uncr
     events = list(simulate(2, BACKLOG_EVENTS, T0, rate=50))  # 400 s of event time, 40 windows
     backlog = served_topic("backlog", 2, events)
     last = max(e.event_time for e in events)
-    # The reference reads the same backlog with the same settings, side by side, never killed.
+    # The reference reads the same backlog with the same settings, side by side, never killed,
+    # in a consumer group of its own: two live serves committing one group's partitions are
+    # the mistake serve stops on (pipeline/service/owners.py).
     reference_state = tmp_path / "reference.sqlite"
-    reference = backlog.serve(*BACKLOG_ARGS, state=reference_state)
+    reference = backlog.serve(*BACKLOG_ARGS, "--group-id", "reference", state=reference_state)
 
     state = backlog.state  # the crashed run's
     saved_at_kill: list[int] = []

@@ -27,6 +27,8 @@ from pipeline.kafka_security import (
 from pipeline.service.canaries import CanaryFeed, GoldenSetError, load_golden_set
 from pipeline.service.labels import add_label_arguments
 from pipeline.service.loop import OffsetResetRefused, StopRequest, TopicWatcher, open_state
+from pipeline.service.owners import Owner
+from pipeline.service.state import StateError, StateLock
 from pipeline.settings import (
     ServeSettings,
     add_batch_arguments,
@@ -318,13 +320,33 @@ def main(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     web = load_web_config(settings.web_config_file) if settings.web_config_file else WebConfig()
     canaries = canary_feed(settings)
+    owner = Owner.this_process(
+        settings.instance, settings.instances, settings.unhealthy_after_seconds
+    )
+    try:
+        # Before the file is opened: --state-reset must not move aside a live serve's file.
+        lock = StateLock(settings.state, owner.id)
+    except StateError as exc:
+        raise SettingsError(str(exc)) from None
     state, was_reset = open_state(settings)
     # A refused certificate or password stops serve here, with the setting to fix; retrying
     # would only hammer the broker with connections it will refuse.
     check_access(
         settings.bootstrap, settings.kafka_security, timeout_s=settings.kafka_timeout_seconds
     )
-    watcher = TopicWatcher(settings, state, was_reset=was_reset, canaries=canaries)
+    watcher = TopicWatcher(
+        settings, state, was_reset=was_reset, canaries=canaries,
+        owner=owner, previous_owner=lock.previous_owner,
+    )
+    found = watcher.check_owners()
+    if found:
+        watcher.close()
+        raise SettingsError(
+            f"another serve reads partitions of {settings.topic!r} in consumer group "
+            f"{settings.group_id!r} ({'; '.join(w for w, _ in found)}): give every instance "
+            "the same --instances and its own --instance (if that serve has stopped, its "
+            f"lease ends --unhealthy-after its last commit)"
+        )
     server = serve_http(watcher, settings.metrics_host, settings.metrics_port, web)
     log.info(
         "serving /metrics (%s%s) and /healthz on %s:%d; watching %s on %s (%s) with %s "

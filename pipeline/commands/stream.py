@@ -23,7 +23,7 @@ from pipeline.kafka_security import add_kafka_security_arguments, security_from_
 from pipeline.settings import (
     STREAM_RUNNERS,
     StreamSettings,
-    add_batch_arguments,
+    add_event_arguments,
     add_judge_arguments,
     build,
     default_of,
@@ -101,7 +101,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "java, downloading it from Maven Central)",
     )
     add_kafka_security_arguments(p.add_argument_group("kafka security (publishers)"))
-    add_batch_arguments(p)
+    add_event_arguments(p)
     w = p.add_argument_group("panes")
     w.add_argument(
         "--allowed-lateness",

@@ -33,7 +33,11 @@ partitions would go to a survivor that has neither. A state file holding offsets
 this instance does not own was written under another assignment and is refused at start; after
 a change of N (with --state-reset, which moves it aside) and for a partition a state file has
 never seen, a sharded instance goes on from the consumer group's committed offsets, the only
-record the instances share of where each partition has got to.
+record the instances share of where each partition has got to. Mistakes in the assignment are
+caught rather than absorbed: each commit is signed and the group's commits are read back before
+the next (`pipeline.service.owners`), so a second live owner of a partition, or an instance with
+other --instances, stops the newer instance (/healthz 503, one ERROR line); the lag of every
+partition of the topic, read or not, is exported (`ragpulse_consumer_group_lag`).
 
 Judge calls keep flowing between cycles: while a cycle runs, `pipeline.service.lookahead`
 starts the calls for the events after its ranges, which the next cycle's judge stage takes over
@@ -61,6 +65,7 @@ from pipeline.sampling import SPEND, SamplingPlan
 from pipeline.service.canaries import CanaryFeed
 from pipeline.service.labels import LabelBudget
 from pipeline.service.lookahead import Lookahead, runs_here
+from pipeline.service.owners import Commit, Owner, conflicts, read_metadata
 from pipeline.service.state import StateError, StateStore
 from pipeline.service.watermark import closed_before, compute_watermark, merge_latest
 from pipeline.settings import ServeSettings
@@ -76,6 +81,7 @@ from pipeline.sources.kafka import (
     committed_offsets,
     consumer_lag,
     end_offsets,
+    group_commits,
     log_bounds,
     offset_resets,
     plan_batch,
@@ -112,11 +118,25 @@ class TopicWatcher:
         *,
         was_reset: bool = False,
         canaries: CanaryFeed | None = None,
+        owner: Owner | None = None,
+        previous_owner: str | None = None,
     ) -> None:
         """`state`: the store, when the caller opened it (`open_state`); `was_reset`: it is
         fresh because --state-reset moved an unusable file aside; `canaries`: the golden-set
-        feed, checked by the caller before anything was opened."""
+        feed, checked by the caller before anything was opened; `owner`: this process as it
+        signs its commits, and `previous_owner` the one that held the state file's lock before
+        (`pipeline.service.owners`)."""
         self.settings = settings
+        self.owner = owner or Owner.this_process(
+            settings.instance, settings.instances, settings.unhealthy_after_seconds
+        )
+        self._previous_owner = previous_owner
+        # The offsets this process last committed (None before its first commit), and why it
+        # stopped counting, if another owner of its partitions was found.
+        self._committed: dict[int, int] | None = None
+        self._refused: str | None = None
+        self._newer_owners_logged: set[str] = set()
+        self._group_lag: dict[tuple[str, int], int] = {}
         self._canaries = canaries
         if state is None:
             state, was_reset = open_state(settings)
@@ -154,11 +174,10 @@ class TopicWatcher:
         it read any, how long it took."""
         s = self.settings
         topic = s.topic
-        bounds = self._owned(
-            log_bounds(
-                s.bootstrap, topic, timeout_s=s.kafka_timeout_seconds, security=s.kafka_security
-            )
+        every = log_bounds(
+            s.bootstrap, topic, timeout_s=s.kafka_timeout_seconds, security=s.kafka_security
         )
+        bounds = self._owned(every)
         ends = bounds.ends
         saved = self.state.offsets(topic)
         starts = {**self._fresh_starts(saved, bounds), **saved}
@@ -221,12 +240,14 @@ class TopicWatcher:
             self.state.save_exemplars(result.exemplars)
         if watermark is not None:
             self.state.prune_windows(ended_before=watermark - s.retention_seconds)
-        if new_offsets or reset_to:
-            self._commit_group_offsets()
+        # Every cycle, even one that read nothing: the signed commit is this owner's heartbeat.
+        group = self._commit_group_offsets()
         # The lag is measured against the ends as they are NOW: measured against the ends seen
         # at the start of the cycle it would read 0 after every cycle that caught up with them,
         # however much arrived while the cycle ran (a 16 s cycle at 3,000 events/s hid 48,000).
-        self._update_lag(self._ends_after_cycle(ends) if ranges else ends, starts)
+        now_ends = self._ends_after_cycle(ends) if ranges else ends
+        self._update_lag(now_ends, starts)
+        self._update_group_lag(group, {**every.ends, **now_ends}, every.beginnings)
         self._refresh_snapshot()
         covered = sum(stop - start for start, stop in ranges.values())
         if result is not None:
@@ -495,20 +516,109 @@ class TopicWatcher:
             log.warning("could not read end offsets for the lag gauge: %s", exc)
             return dict(ends)
 
-    def _commit_group_offsets(self) -> None:
+    def _group_commits(self) -> dict[int, Commit] | None:
+        """The consumer group's commits on every partition; None when they cannot be read."""
         s = self.settings
         try:
+            found = group_commits(
+                s.bootstrap, s.group_id, s.topic,
+                timeout_s=s.kafka_timeout_seconds, security=s.kafka_security,
+            )
+        except Exception as exc:  # visibility only: the next cycle asks again
+            log.warning("could not read consumer group %s's offsets: %s", s.group_id, exc)
+            return None
+        return {p: read_metadata(offset, meta) for p, (offset, meta) in found.items()}
+
+    def check_owners(self) -> list[tuple[str, Owner | None]]:
+        """Another live owner of this instance's partitions, or another --instances, as the
+        consumer group's commits show them (`pipeline.service.owners.conflicts`)."""
+        group = self._group_commits()
+        if group is None:
+            return []
+        return conflicts(
+            self.owner, group, self._committed,
+            previous_owner=self._previous_owner, now=time.time(),
+        )
+
+    def _commit_group_offsets(self) -> dict[int, Commit] | None:
+        """Read the group's commits back, refuse to go on if another owner made some of them,
+        else commit this instance's offsets, signed; returns the group's commits (these
+        included) for the lag gauge, None when they could not be read."""
+        s = self.settings
+        group = self._group_commits()
+        if group is not None:
+            found = conflicts(
+                self.owner, group, self._committed,
+                previous_owner=self._previous_owner, now=time.time(),
+            )
+            # The newer owner steps aside; when the other's commits do not say when it
+            # started (a broker that drops commit metadata), this one cannot know: it stops.
+            if any(o is None or o.started <= self.owner.started for _, o in found):
+                self._refuse(found)
+                return group
+            for why, other in found:
+                if other is not None and other.id not in self._newer_owners_logged:
+                    self._newer_owners_logged.add(other.id)
+                    log.error("%s; that owner started later and stops", why)
+        # Only this instance's partitions: the others' owners commit theirs.
+        offsets = {p: o for p, o in self.state.offsets(s.topic).items() if s.owns(p)}
+        try:
             commit_offsets(
-                s.bootstrap,
-                s.group_id,
-                s.topic,
-                # Only this instance's partitions: the others' owners commit theirs.
-                {p: o for p, o in self.state.offsets(s.topic).items() if s.owns(p)},
-                timeout_s=s.kafka_timeout_seconds,
-                security=s.kafka_security,
+                s.bootstrap, s.group_id, s.topic, offsets,
+                timeout_s=s.kafka_timeout_seconds, security=s.kafka_security,
+                metadata=self.owner.metadata(time.time()),
             )
         except Exception as exc:  # visibility only: the state file already holds the offsets
             log.warning("could not commit offsets to consumer group %s: %s", s.group_id, exc)
+            self._committed = None  # not known to have landed: nothing to compare with
+            return group
+        if offsets:
+            self._committed = dict(offsets)
+        return None if group is None else {**group, **{p: Commit(o) for p, o in offsets.items()}}
+
+    def _refuse(self, found: list[tuple[str, Owner | None]]) -> None:
+        s = self.settings
+        self._refused = (
+            f"another serve reads the partitions of --instance {s.instance} --instances "
+            f"{s.instances} in consumer group {s.group_id!r} ({'; '.join(w for w, _ in found)}): "
+            "each event would be counted twice; this instance stopped counting. Give every "
+            "instance the same --instances and its own --instance, then restart this one"
+        )
+        log.error("%s", self._refused)
+
+    def _update_group_lag(
+        self,
+        group: Mapping[int, Commit] | None,
+        ends: Mapping[int, int],
+        beginnings: Mapping[int, int],
+    ) -> None:
+        """The lag of every partition of the topic, as the consumer group's commits show it:
+        a partition no instance reads has no commit and lags from its log start."""
+        if group is None:
+            return
+        topic = self.settings.topic
+        lag = {
+            (topic, p): max(0, end - (group[p].offset if p in group else beginnings.get(p, 0)))
+            for p, end in ends.items()
+        }
+        with self._lock:
+            self._group_lag = lag
+
+    def release(self) -> None:
+        """Mark this owner's commits released (a clean stop), so that the next owner need not
+        wait for the lease of this one to run out. Visibility only: a failure is logged."""
+        s = self.settings
+        if self._committed is None or self._refused is not None:
+            return
+        try:
+            commit_offsets(
+                s.bootstrap, s.group_id, s.topic,
+                {p: o for p, o in self.state.offsets(s.topic).items() if s.owns(p)},
+                timeout_s=s.kafka_timeout_seconds, security=s.kafka_security,
+                metadata=self.owner.metadata(time.time(), released=True),
+            )
+        except Exception as exc:
+            log.warning("could not release consumer group %s's offsets: %s", s.group_id, exc)
 
     # ----- metrics ---------------------------------------------------------------------------
     def _load_snapshot(self) -> MetricsSnapshot:
@@ -530,10 +640,12 @@ class TopicWatcher:
             )
         with self._lock:
             lag = dict(self._lag)
+            group_lag = dict(self._group_lag)
             cycles = self._cycles
         return MetricsSnapshot(
             counts, complete, in_progress, gauges, lag, self.state.exemplars(), cycles,
             calibrations=by_judge(self.settings.judge_calibrations),
+            group_lag=group_lag,
         )
 
     def _zero_counters(self) -> list[counting.CounterKey]:
@@ -573,6 +685,8 @@ class TopicWatcher:
     def healthy(self) -> tuple[bool, str]:
         """Healthy while cycles complete; unhealthy once they have failed, or one cycle has
         run, for longer than --unhealthy-after (a hung cycle never fails)."""
+        if self._refused is not None:
+            return False, self._refused
         now = time.time()
         started = self._cycle_started
         if started is not None and now - started > self.settings.unhealthy_after_seconds:
@@ -589,6 +703,9 @@ class TopicWatcher:
         """Cycle until a stop is requested; the cycle in flight always finishes and is saved."""
         backoff = 1.0
         while not stop.requested:
+            if self._refused is not None:  # /metrics and /healthz go on; counting does not
+                stop.sleep(self.settings.trigger_interval_seconds)
+                continue
             started = time.monotonic()
             self._cycle_started = time.time()
             try:
@@ -615,6 +732,8 @@ class TopicWatcher:
         log.info("stop requested (%s): the cycle in flight has finished and is saved", stop.why)
 
     def close(self) -> None:
+        if self._first_failure is None:
+            self.release()
         if self._lookahead is not None:
             self._lookahead.close()
         self.state.close()

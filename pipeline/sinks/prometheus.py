@@ -133,6 +133,9 @@ class MetricsSnapshot:
     cycles: CycleStats | None = None  # serve only
     # --judge-calibration, by judge: their windows also get the corrected pass ratio.
     calibrations: Mapping[str, JudgeCalibration] = dataclasses.field(default_factory=dict)
+    # serve: the consumer group's lag on EVERY partition of the topic, read by this instance
+    # or not (a partition no instance reads shows here, and only here).
+    group_lag: Mapping[tuple[str, int], int] = dataclasses.field(default_factory=dict)
 
 
 # Upper bounds of the cycle duration histogram, in seconds.
@@ -510,6 +513,17 @@ class RagpulseCollector(Collector):
             for (topic, partition), value in sorted(snap.lag.items()):
                 lag.add_metric([topic, str(partition)], value)
             yield lag
+        if snap.group_lag:
+            group_lag = GaugeMetricFamily(
+                "ragpulse_consumer_group_lag",
+                "Records after the consumer group's committed offset, on every partition of "
+                "the topic, whichever instance reads it (from its log start when none has "
+                "committed); max by partition across instances.",
+                labels=["topic", "partition"],
+            )
+            for (topic, partition), value in sorted(snap.group_lag.items()):
+                group_lag.add_metric([topic, str(partition)], value)
+            yield group_lag
         if snap.cycles is not None:
             yield from _cycle_families(snap.cycles)
 

@@ -46,8 +46,8 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 import bcrypt
-import yaml
 
+from judges.yaml_file import YamlFileError, load_yaml
 from pipeline.errors import SettingsError
 
 log = logging.getLogger(__name__)
@@ -80,11 +80,11 @@ def load_web_config(path: Path) -> WebConfig:
     """Read and check `path`; SettingsError naming the key at fault when it cannot be used."""
     where = f"--web-config-file {path}"
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        document = load_yaml(path)
     except OSError as exc:
         raise SettingsError(f"{where}: cannot read it: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise SettingsError(f"{where}: not valid YAML: {exc}") from None
+    except YamlFileError as exc:
+        raise SettingsError(f"{where}: {exc}") from None
     document = {} if document is None else document
     if not isinstance(document, dict):
         raise SettingsError(f"{where}: the top level must be a mapping")

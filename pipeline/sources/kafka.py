@@ -529,8 +529,10 @@ def commit_offsets(
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     security: KafkaSecurity = PLAINTEXT,
+    metadata: str = "",
 ) -> None:
-    """Store `offsets` ({partition: next offset to read}) as `group_id`'s committed offsets.
+    """Store `offsets` ({partition: next offset to read}) as `group_id`'s committed offsets,
+    each with the string `metadata` (serve signs its commits: `pipeline.service.owners`).
 
     The consumer never joins the group (manual assignment, generation -1), which Kafka accepts
     for groups with no active members; Kafka tools then show this group's lag. The state store
@@ -540,7 +542,9 @@ def commit_offsets(
         return
     consumer = _consumer(bootstrap, timeout_s, security, group_id=group_id)
     try:
-        tps = {TopicPartition(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()}
+        tps = {
+            TopicPartition(topic, p): OffsetAndMetadata(o, metadata, -1) for p, o in offsets.items()
+        }
         consumer.assign(list(tps))
         consumer.commit(tps)
     finally:
@@ -563,6 +567,28 @@ def committed_offsets(
             offset = consumer.committed(TopicPartition(topic, partition))
             if offset is not None:
                 found[partition] = int(offset)
+        return found
+    finally:
+        consumer.close(autocommit=False)
+
+
+def group_commits(
+    bootstrap: str,
+    group_id: str,
+    topic: str,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    security: KafkaSecurity = PLAINTEXT,
+) -> dict[int, tuple[int, str | None]]:
+    """The group's committed offset and metadata string of every partition of `topic` that has
+    a commit (brokers that do not keep metadata give None)."""
+    consumer = _consumer(bootstrap, timeout_s, security, group_id=group_id)
+    try:
+        found: dict[int, tuple[int, str | None]] = {}
+        for partition in _partitions(consumer, topic, timeout_s):
+            commit = consumer.committed(TopicPartition(topic, partition), metadata=True)
+            if commit is not None:
+                found[partition] = (int(commit.offset), commit.metadata or None)
         return found
     finally:
         consumer.close(autocommit=False)

@@ -1,0 +1,182 @@
+"""Instance mistakes are caught, not absorbed (issue 19): one state file for two serves, two
+serves with one --instance or with different --instances, and partitions no instance reads.
+
+Measured before: two serves with the same --instance counted 1,300 of 1,500 events twice
+(1,200 with one shared state file), and the partitions no instance read had no lag exported.
+The serve tests run real `ragpulse serve` processes against a real (Tansu) broker; the rule
+that reads the consumer group's signed commits is a pure function, tested directly for the
+commit metadata Tansu drops and Apache Kafka keeps.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from kafka_broker import TansuBroker, kafka_broker  # noqa: F401
+from serve_process import Scrape, serve_processes_fixture  # noqa: F401
+from test_serve import JUDGES, T0, ServeFactory, caught_up, produce_round_robin
+
+from pipeline.commands.simulate import simulate
+from pipeline.service.owners import Commit, Owner, conflicts, read_metadata
+
+PARTITIONS = 4
+ARGS = ["--window", "10s", "--judges", ",".join(JUDGES), "--group-id", "owners"]
+NOW = 1_800_000_000.0
+
+
+def owner(name: str, instance: int = 0, instances: int = 1, started: float = NOW - 60) -> Owner:
+    return Owner(name, instance, instances, started, lease_seconds=300.0)
+
+
+def signed(offset: int, by: Owner, *, heartbeat: float = NOW - 1, released: bool = False) -> Commit:
+    """A commit as a broker that keeps the metadata string gives it back."""
+    return read_metadata(offset, by.metadata(heartbeat, released=released))
+
+
+ME = owner("me", started=NOW - 10)
+
+
+def test_a_commit_by_another_owner_on_this_instances_partition_since_its_own_is_found() -> None:
+    # Both read to the same end: the offsets agree, the owner in the metadata does not.
+    other = owner("other")
+    found = conflicts(ME, {0: signed(500, other)}, {0: 500}, previous_owner=None, now=NOW)
+    assert [(why, o) for why, o in found] == [
+        ("partition 0 was committed by other (--instance 0 --instances 1) since this "
+         "instance committed it", other)
+    ]
+
+
+def test_without_commit_metadata_another_offset_since_its_own_commit_is_found() -> None:
+    found = conflicts(ME, {0: Commit(500)}, {0: 200}, previous_owner=None, now=NOW)
+    assert [o for _, o in found] == [None]
+    assert conflicts(ME, {0: Commit(200)}, {0: 200}, previous_owner=None, now=NOW) == []
+
+
+def test_at_start_only_a_live_unreleased_commit_of_someone_else_is_another_owner() -> None:
+    other = owner("other")
+    live = {0: signed(9, other)}
+    assert conflicts(ME, live, None, previous_owner=None, now=NOW)
+    # The process that held this state file's lock before is dead: its commits are fine.
+    assert conflicts(ME, live, None, previous_owner="other", now=NOW) == []
+    assert conflicts(ME, {0: signed(9, other, released=True)}, None, previous_owner=None,
+                     now=NOW) == []
+    expired = {0: signed(9, other, heartbeat=NOW - 301)}
+    assert conflicts(ME, expired, None, previous_owner=None, now=NOW) == []
+
+
+def test_a_live_instance_with_other_instances_is_found_on_any_partition() -> None:
+    me = owner("me", instance=0, instances=2)
+    sibling = owner("sibling", instance=1, instances=2)
+    stranger = owner("stranger", instance=1, instances=3)
+    assert conflicts(me, {1: signed(5, sibling)}, None, previous_owner=None, now=NOW) == []
+    (found,) = conflicts(me, {1: signed(5, stranger)}, None, previous_owner=None, now=NOW)
+    assert "with other --instances than this one's 2" in found[0]
+
+
+def test_metadata_that_is_not_ragpulses_is_no_owner() -> None:
+    assert read_metadata(7, "") == Commit(7)
+    assert read_metadata(7, "{not json") == Commit(7)
+    assert read_metadata(7, '{"owner": "x"}') == Commit(7)
+
+
+# ----- real serve processes ---------------------------------------------------------------
+
+
+def _events(n: int, seed: int = 3) -> list[bytes]:
+    return [e.payload for e in simulate(seed, n, T0, rate=50)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_second_serve_on_the_same_state_file_is_refused_with_one_line_and_exit_code_2(
+    kafka_broker: TansuBroker,  # noqa: F811
+    serve_processes: ServeFactory,
+    tmp_path: Path,
+) -> None:
+    broker = kafka_broker
+    broker.create_topic("shared", PARTITIONS)
+    produce_round_robin(broker, "shared", _events(200), PARTITIONS)
+    state = tmp_path / "state.sqlite"
+    first = serve_processes(broker.bootstrap, "shared", state, ARGS).start()
+    first.wait_for(caught_up(200), 60, "the first serve caught up")
+    second = serve_processes(broker.bootstrap, "shared", state, ARGS)
+    with pytest.raises(RuntimeError, match="exited with code 2"):
+        second.start()
+    errors = [line for line in second.log_text().splitlines() if "ragpulse serve:" in line]
+    assert len(errors) == 1, second.log_text()
+    assert f"ragpulse serve: state file {state} is in use by another ragpulse serve" in errors[0]
+    assert "Traceback" not in second.log_text()
+    assert first.terminate() == 0
+
+
+def _refused(scrape_owner: tuple[int, str]) -> bool:
+    code, body = scrape_owner
+    return code == 503 and "another serve reads the partitions" in body
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_two_serves_with_the_same_instance_are_caught_and_one_stops_counting(
+    kafka_broker: TansuBroker,  # noqa: F811
+    serve_processes: ServeFactory,
+    tmp_path: Path,
+) -> None:
+    broker = kafka_broker
+    broker.create_topic("twice", PARTITIONS)
+    produce_round_robin(broker, "twice", _events(1_500), PARTITIONS)
+    first = serve_processes(broker.bootstrap, "twice", tmp_path / "a.sqlite", ARGS).start()
+    first.wait_for(caught_up(1_500), 120, "the first serve caught up")
+    # The same --instance (0 of 1), its own state file: it reads the whole topic again, in
+    # cycles of 100 records, while the first one commits its heartbeat every 0.5 s.
+    second = serve_processes(
+        broker.bootstrap, "twice", tmp_path / "b.sqlite", [*ARGS, "--max-batch-events", "100"]
+    ).start()
+    serves = (first, second)
+    deadline = time.monotonic() + 120
+    while not any(_refused(s.healthz()) for s in serves):
+        assert time.monotonic() < deadline, second.log_tail()
+        time.sleep(0.2)  # polling, as ServeProcess.wait_for does
+    stopped = [s for s in serves if _refused(s.healthz())]
+    for serve in stopped:
+        lines = [line for line in serve.log_text().splitlines() if " ERROR " in line]
+        assert len(lines) == 1, serve.log_text()
+        assert "each event would be counted twice; this instance stopped counting" in lines[0]
+    # Stopped short of counting everything twice: the second serve read fewer than all 1,500
+    # again (or the first stopped, and the second is the only one that goes on).
+    if second in stopped:
+        assert second.metrics().total("ragpulse_events_total") < 1_500
+    for serve in serves:
+        assert serve.terminate() == 0
+
+
+def _group_lag(scrape: Scrape) -> dict[int, float]:
+    return {
+        int(labels["partition"]): value
+        for labels, value in scrape.select("ragpulse_consumer_group_lag")
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_lag_of_partitions_no_instance_reads_is_exported(
+    kafka_broker: TansuBroker,  # noqa: F811
+    serve_processes: ServeFactory,
+    tmp_path: Path,
+) -> None:
+    # Instance 0 of 2 runs, instance 1 was never started: partitions 1 and 3 are read by no one.
+    broker = kafka_broker
+    broker.create_topic("half", PARTITIONS)
+    produce_round_robin(broker, "half", _events(400), PARTITIONS)
+    serve = serve_processes(
+        broker.bootstrap, "half", tmp_path / "a.sqlite",
+        [*ARGS, "--instances", "2", "--instance", "0"],
+    ).start()
+    scrape = serve.wait_for(
+        lambda m: caught_up(200)(m) and _group_lag(m).get(0) == 0, 60, "instance 0 caught up"
+    )
+    assert _group_lag(scrape) == {0: 0, 1: 100, 2: 0, 3: 100}
+    lag = {int(labels["partition"]) for labels, _ in scrape.select("ragpulse_consumer_lag")}
+    assert lag == {0, 2}  # its own lag, as before
+    assert serve.terminate() == 0
