@@ -161,24 +161,26 @@ def test_records_up_to_the_topics_max_message_bytes_are_read_and_dead_lettered_a
     assert serve.terminate() == 0
 
 
-def test_a_dead_letter_over_the_dead_letter_topics_limit_is_counted_undeliverable_not_dropped(
+def test_a_dead_letter_over_the_dead_letter_topics_limit_is_sent_as_its_head(
     served_topic: TopicFactory, broker: ApacheKafkaBroker
 ) -> None:
     """The dead-letter topic takes records of up to 50 kB; an invalid record of 200 kB is
-    refused there by the broker (MESSAGE_TOO_LARGE): serve counts it as undeliverable (alert
-    RagDeadLettersUndeliverable), logs why, and goes on."""
+    refused there whole by the broker (MESSAGE_TOO_LARGE), so serve sends its head, saying so;
+    nothing is counted undeliverable. (Before: the letter was dropped, counted undeliverable.)"""
     topic = served_topic("small-dlq")
     broker.create_topic("small-dlq.dlq", 1, config={"max.message.bytes": "50000"})
     too_big = b"{" + b"x" * 200_000  # invalid JSON, under serve's 1 MB dead-letter bound
     topic.produce([*events(80, 10), too_big, *events(81, 10, T0 + 5)])
     serve = topic.serve()
-    m = serve.wait_for(
-        lambda s: s.total("ragpulse_dead_letters_undeliverable_total") >= 1, 90,
-        "the refused dead letter",
-    )
-    m = serve.wait_for(caught_up(21), 60, "all 21 records")
+    m = serve.wait_for(caught_up(21), 90, "all 21 records")
     assert m.value("ragpulse_events_total", outcome="accepted") == 20
     assert m.value("ragpulse_events_total", outcome="invalid") == 1
-    assert m.value("ragpulse_dead_letters_undeliverable_total", topic="small-dlq.dlq") == 1
-    assert "small-dlq.dlq" in serve.log_text()
+    [letter] = topic.read("dlq", 1)
+    headers = {k: v.decode() for k, v in letter.headers}
+    assert letter.value == too_big[:4096]
+    assert (headers["truncated"], headers["original-size"]) == ("true", str(len(too_big)))
+    assert "the dead-letter topic refused it whole" in headers["reason"]
+    assert "MessageSizeTooLarge" in headers["reason"]
+    assert m.total("ragpulse_dead_letters_undeliverable_total") == 0
+    assert "were sent as their first 4096 bytes" in serve.log_text()
     assert serve.terminate() == 0
