@@ -29,6 +29,7 @@ import base64
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -235,6 +236,10 @@ class ApacheKafkaBroker:
                     f"{self.log_text()[-5000:]}"
                 )
             try:
+                # A TCP probe first: kafka-python's bootstrap backs off up to ~30 s between
+                # refused connections, which would make every start take that long.
+                with socket.create_connection(("127.0.0.1", self.ports["PLAINTEXT"]), timeout=1):
+                    pass
                 admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=2000)
                 try:
                     admin.list_topics()
@@ -244,7 +249,7 @@ class ApacheKafkaBroker:
                 return
             except Exception as exc:  # the broker is still starting
                 last_error = exc
-                time.sleep(0.2)
+                time.sleep(0.1)
         self.stop()
         raise RuntimeError(
             f"Apache Kafka did not answer a metadata request within {START_TIMEOUT_S}s "
