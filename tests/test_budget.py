@@ -15,7 +15,7 @@ import orjson
 import pytest
 from fake_openai import MARKER, FakeOpenAI, fake_openai_fixture  # noqa: F401
 from graph_runs import stage_config
-from kafka_broker import TansuBroker
+from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from serve_process import Scrape, ServeProcess, serve_processes_fixture  # noqa: F401
 
 from pipeline import counting
@@ -230,11 +230,12 @@ def caught_up_with(seen: int) -> Callable[[Scrape], bool]:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_serve_lowers_the_rate_across_cycles_to_stay_within_the_budget_and_exports_spend(
-    serve_processes: ServeFactory, tmp_path: Path
+    serve_processes: ServeFactory, tmp_path: Path, kafka_broker: ApacheKafkaBroker  # noqa: F811
 ) -> None:
     topic = "judge-budget"
     batches = [cycle_records(cycle, 120)[0] for cycle in range(4)]
-    with TansuBroker() as broker, FakeOpenAI() as judge_server:
+    broker = kafka_broker
+    with FakeOpenAI() as judge_server:
         broker.create_topic(topic, 1)
         # Tokens: about a third of what judging at the full rates would take; how much of it
         # the governor plans to use depends on the minute of the hour (it paces the budget

@@ -522,11 +522,10 @@ def test_run_writes_the_corrected_ratio_to_windows_jsonl_and_the_metrics_textfil
 
 
 @pytest.fixture(scope="module")
-def broker() -> Iterator[Any]:
-    from kafka_broker import TansuBroker
+def broker(apache_kafka: Any) -> Iterator[Any]:
+    from kafka_broker import for_module
 
-    with TansuBroker() as shared:
-        yield shared
+    yield from for_module(apache_kafka)
 
 
 def test_serve_exports_the_corrected_ratio_of_a_calibrated_judge_at_scrape(

@@ -1,6 +1,6 @@
 """End to end: a groundedness drop in live Kafka traffic pages on-call, then clears.
 
-Everything is real except the chatbot, and at the shipped time scale: a Tansu Kafka broker,
+Everything is real except the chatbot, and at the shipped time scale: an Apache Kafka broker,
 `ragpulse serve` (local judges, its default 15 s trigger interval; 20 s windows so that window
 gauges exist early) as a subprocess (tests/serve_process.py), /usr/bin/prometheus scraping it
 every 15 s and evaluating the COMMITTED rule files every 15 s (as deploy/prometheus/prometheus.yml
@@ -46,7 +46,7 @@ from alertmanager_server import (
 )
 from dashboard_queries import grafana_panel_queries
 from kafka import KafkaProducer
-from kafka_broker import TansuBroker
+from kafka_broker import ApacheKafkaBroker
 from prometheus_server import PrometheusServer, prometheus_config, running_prometheus
 from serve_process import ServeProcess
 
@@ -267,10 +267,11 @@ def _wait_for_apps(
 
 
 @pytest.fixture(scope="module")
-def incident() -> Iterator[IncidentRun]:
+def incident(apache_kafka: ApacheKafkaBroker) -> Iterator[IncidentRun]:
     with contextlib.ExitStack() as stack:
         work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ragpulse-e2e-")))
-        broker = stack.enter_context(TansuBroker())
+        broker = apache_kafka
+        stack.callback(broker.forget_test_data)
         broker.create_topic(TOPIC)
         broker.create_topic(f"{TOPIC}.dlq")
         serve = stack.enter_context(

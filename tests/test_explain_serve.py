@@ -1,4 +1,4 @@
-"""From the page to the cause, with a real `ragpulse serve` on a real (Tansu) Kafka broker:
+"""From the page to the cause, with a real `ragpulse serve` on a real Apache Kafka broker:
 exemplars on /metrics and in a real Prometheus, `ragpulse explain` on the verdicts topic, and
 golden-set canaries kept out of every production count.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from cli import one_line_error, ragpulse
 from kafka import KafkaConsumer, TopicPartition
-from kafka_broker import TansuBroker
+from kafka_broker import ApacheKafkaBroker, for_module
 from prometheus_server import prometheus_config, running_prometheus
 from serve_process import T0, TopicFactory, caught_up
 
@@ -35,9 +35,8 @@ DROP = Incidents(groundedness_drop_at=0.0, drop_to=0.5)
 
 
 @pytest.fixture(scope="module")
-def broker() -> Iterator[TansuBroker]:
-    with TansuBroker() as shared:
-        yield shared
+def broker(apache_kafka: ApacheKafkaBroker) -> Iterator[ApacheKafkaBroker]:
+    yield from for_module(apache_kafka)
 
 
 def topic_rows(bootstrap: str, topic: str, timeout: float = 20.0) -> list[dict[str, Any]]:
@@ -190,7 +189,7 @@ def _window(iso: str, size: float = 10.0) -> float:
 
 
 @pytest.mark.slow
-def test_explain_names_a_missing_topic_and_an_unreachable_broker(broker: TansuBroker) -> None:
+def test_explain_names_a_missing_topic_and_an_unreachable_broker(broker: ApacheKafkaBroker) -> None:
     missing = ragpulse(
         "explain", "--kafka-bootstrap", broker.bootstrap, "--topic", "nothing-here",
         "--kafka-timeout", "2s",
@@ -268,7 +267,7 @@ def test_serve_refuses_a_bad_canary_file_naming_the_file_and_line(tmp_path: Path
 
 @pytest.mark.slow
 def test_explain_with_a_window_reads_no_row_published_long_before_it(
-    broker: TansuBroker,
+    broker: ApacheKafkaBroker,
 ) -> None:
     topic = "seek.verdicts"
     broker.create_topic(topic, 1)

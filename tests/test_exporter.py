@@ -1,7 +1,7 @@
 """`ragpulse exporter`: window panes on the ratings topic become serve's metrics.
 
 The pane table is checked with a private registry (the collector serve uses); then the whole
-path runs with real parts: rating rows produced to a Tansu broker, `ragpulse exporter` as a
+path runs with real parts: rating rows produced to an Apache Kafka broker, `ragpulse exporter` as a
 subprocess, and /usr/bin/prometheus scraping it every second and evaluating the shipped
 recording rules and alerts. Later panes of a window must replace its earlier counts, never add
 to them.
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from cli import ragpulse_command
 from kafka import KafkaProducer
-from kafka_broker import TansuBroker, kafka_broker  # noqa: F401
+from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from processes import free_port, ready_server
 from prometheus_client import CollectorRegistry
 from prometheus_server import PrometheusServer, prometheus_config, running_prometheus
@@ -135,10 +135,10 @@ def test_the_exporter_bounds_app_values_as_serve_does() -> None:
     ) is None
 
 
-# ----- the whole path: Tansu -> ragpulse exporter -> Prometheus and the shipped rules ----------
+# ----- the whole path: Apache Kafka -> ragpulse exporter -> Prometheus and the shipped rules ---
 
 
-def produce(broker: TansuBroker, topic: str, panes: list[RatingPane]) -> None:
+def produce(broker: ApacheKafkaBroker, topic: str, panes: list[RatingPane]) -> None:
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=5)
     try:
         for p in panes:
@@ -151,7 +151,7 @@ def produce(broker: TansuBroker, topic: str, panes: list[RatingPane]) -> None:
 
 @contextmanager
 def running_exporter(
-    broker: TansuBroker, topic: str, port: int, log: Path, *extra: str
+    broker: ApacheKafkaBroker, topic: str, port: int, log: Path, *extra: str
 ) -> Iterator[None]:
     argv = [
         *ragpulse_command(), "exporter",
@@ -186,7 +186,7 @@ def wait_value(prom: PrometheusServer, expr: str, expected: float) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_panes_on_the_ratings_topic_reach_the_recording_rules_and_later_panes_replace_earlier(
-    kafka_broker: TansuBroker, tmp_path: Path  # noqa: F811
+    kafka_broker: ApacheKafkaBroker, tmp_path: Path  # noqa: F811
 ) -> None:
     topic = "inference-logs.ratings"
     kafka_broker.create_topic(topic, partitions=2)
@@ -247,7 +247,7 @@ def healthz(port: int) -> int:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_exporter_turns_unhealthy_while_the_broker_is_away_and_keeps_its_values(
-    kafka_broker: TansuBroker, tmp_path: Path  # noqa: F811
+    kafka_broker: ApacheKafkaBroker, tmp_path: Path  # noqa: F811
 ) -> None:
     topic = "logs.ratings"
     kafka_broker.create_topic(topic)

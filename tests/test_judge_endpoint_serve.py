@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 from fake_openai import FakeOpenAI, Fault
-from kafka_broker import TansuBroker
+from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from serve_process import ServeProcess, serve_processes_fixture  # noqa: F401
 
 from pipeline.commands.simulate import simulate
@@ -23,10 +23,11 @@ ServeFactory = Callable[..., ServeProcess]
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_broken_endpoint_costs_error_verdicts_not_cycles_and_the_breaker_spans_cycles(
-    serve_processes: ServeFactory, tmp_path: Path
+    serve_processes: ServeFactory, tmp_path: Path, kafka_broker: ApacheKafkaBroker  # noqa: F811
 ) -> None:
     topic = "judge-outage"
-    with TansuBroker() as broker, FakeOpenAI() as judge_server:
+    broker = kafka_broker
+    with FakeOpenAI() as judge_server:
         broker.create_topic(topic, 1)
         # The endpoint sends a proxy's HTML page, then is down for good.
         judge_server.push_faults(Fault.html(), *[Fault.http(503)] * 100)
@@ -68,7 +69,7 @@ def test_a_broken_endpoint_costs_error_verdicts_not_cycles_and_the_breaker_spans
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_an_event_repeated_in_a_later_cycle_gets_its_verdict_from_the_cache_without_a_call(
-    serve_processes: ServeFactory, tmp_path: Path
+    serve_processes: ServeFactory, tmp_path: Path, kafka_broker: ApacheKafkaBroker  # noqa: F811
 ) -> None:
     topic = "judge-cache"
     events = [orjson.loads(e.payload) for e in simulate(6, 10, T0, rate=10)]
@@ -78,7 +79,8 @@ def test_an_event_repeated_in_a_later_cycle_gets_its_verdict_from_the_cache_with
         {**e, "request_id": f"again-{i}", "timestamp": int(T0 * 1000) + 10_000 + 100 * i}
         for i, e in enumerate(events)
     ]
-    with TansuBroker() as broker, FakeOpenAI() as judge_server:
+    broker = kafka_broker
+    with FakeOpenAI() as judge_server:
         broker.create_topic(topic, 1)
         args = [
             "--window", "10s",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI
-from kafka_broker import TansuBroker
+from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from serve_process import Scrape, ServeProcess, serve_processes_fixture  # noqa: F401
 
 from judges.base import Chunk, JudgeInput, JudgePanel
@@ -113,7 +113,7 @@ SERVE_ARGS = [
 ]  # fmt: skip
 
 
-def produce(broker: TansuBroker, topic: str, payloads: list[bytes]) -> None:
+def produce(broker: ApacheKafkaBroker, topic: str, payloads: list[bytes]) -> None:
     broker.produce(topic, payloads[0::2], partition=0)
     broker.produce(topic, payloads[1::2], partition=1)
 
@@ -125,10 +125,11 @@ def judged(n: int) -> Callable[[Scrape], bool]:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_judge_calls_keep_flowing_between_serve_cycles_and_each_event_costs_one_call(
-    serve_processes: ServeFactory, tmp_path: Path
+    serve_processes: ServeFactory, tmp_path: Path, kafka_broker: ApacheKafkaBroker  # noqa: F811
 ) -> None:
     payloads = [e.payload for e in simulate(8, EVENTS, T0, rate=10)]
-    with TansuBroker() as broker, FakeOpenAI(latency=1.0) as server:
+    broker = kafka_broker
+    with FakeOpenAI(latency=1.0) as server:
         broker.create_topic("flow", 2)
         args = [*SERVE_ARGS, "--judge-base-url", server.base_url]
         serve = serve_processes(broker.bootstrap, "flow", tmp_path / "state.sqlite", args).start()
@@ -153,10 +154,11 @@ def test_judge_calls_keep_flowing_between_serve_cycles_and_each_event_costs_one_
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_sigkill_while_calls_run_ahead_of_the_next_cycle_loses_and_double_counts_nothing(
-    serve_processes: ServeFactory, tmp_path: Path
+    serve_processes: ServeFactory, tmp_path: Path, kafka_broker: ApacheKafkaBroker  # noqa: F811
 ) -> None:
     state = tmp_path / "state.sqlite"
-    with TansuBroker() as broker, FakeOpenAI(latency=1.0) as server:
+    broker = kafka_broker
+    with FakeOpenAI(latency=1.0) as server:
         broker.create_topic("flow-kill", 2)
         produce(broker, "flow-kill", [e.payload for e in simulate(8, EVENTS, T0, rate=10)])
         args = [*SERVE_ARGS, "--judge-base-url", server.base_url]

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from apache_beam.runners.worker import sdk_worker
 from graph_runs import run_to_files, stage_config
-from kafka_broker import TansuBroker, kafka_broker  # noqa: F401
+from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from prometheus_client.parser import text_string_to_metric_families
 from serve_process import Scrape, ServeProcess, serve_processes_fixture  # noqa: F401
 from test_serve import T0, caught_up
@@ -180,7 +180,7 @@ def test_batches_with_new_label_values_leave_no_counter_names_behind_in_beams_pr
 
 
 def test_serve_keeps_the_cap_across_a_restart_and_admitted_apps_keep_their_own_series(
-    kafka_broker: TansuBroker,  # noqa: F811
+    kafka_broker: ApacheKafkaBroker,  # noqa: F811
     serve_processes: Callable[..., ServeProcess],
     tmp_path: Path,
 ) -> None:

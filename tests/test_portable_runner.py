@@ -22,7 +22,7 @@ from apache_beam.runners.portability.fn_api_runner.fn_runner import RunnerResult
 from apache_beam.runners.portability.portable_runner import PortableMetrics
 from beam_services import PortableBeam, beam_portable  # noqa: F401
 from graph_runs import stage_config
-from kafka_broker import TansuBroker, free_port, kafka_broker  # noqa: F401
+from kafka_broker import ApacheKafkaBroker, free_port, kafka_broker  # noqa: F401
 from prometheus_client.parser import text_string_to_metric_families
 from serve_process import Scrape, ServeProcess, read_topic, serve_processes_fixture  # noqa: F401
 from test_serve import durable_counters
@@ -79,7 +79,7 @@ def test_run_on_the_portable_runner_writes_the_same_rows_and_counters_as_the_def
 
 @pytest.mark.timeout(240)
 def test_a_serve_cycle_on_the_portable_runner_counts_and_publishes_what_the_default_runner_does(
-    kafka_broker: TansuBroker,  # noqa: F811
+    kafka_broker: ApacheKafkaBroker,  # noqa: F811
     serve_processes: Callable[..., ServeProcess],
     beam_portable: PortableBeam,  # noqa: F811
     tmp_path: Path,

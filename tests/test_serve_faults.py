@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from cli import one_line_error, ragpulse
-from kafka_broker import TansuBroker
 from serve_process import T0, ServedTopic, ServeProcess, TopicFactory, caught_up, saved_offsets
+from tansu_broker import TansuBroker
 from test_state import bad_state_file_fixture  # noqa: F401
 
 from pipeline.commands.simulate import simulate

@@ -1,5 +1,5 @@
 """Several `ragpulse serve` instances split one topic's partitions (--instance I --instances N),
-against a real (Tansu) broker, each a real subprocess with its own state file.
+against a real Apache Kafka broker, each a real subprocess with its own state file.
 
 Together the instances count what one instance counts over the same data (nothing twice,
 nothing lost), also when one of them is SIGKILLed mid-way and restarted; no instance reads,
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka_broker import TansuBroker, kafka_broker  # noqa: F401
+from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from serve_process import Scrape, serve_processes_fixture, windows_rows  # noqa: F401
 from test_serve import (
     JUDGES,
@@ -74,7 +74,7 @@ def lag_partitions(scrape: Scrape) -> set[int]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_instances_one_killed_and_restarted_count_together_what_one_instance_counts(
-    kafka_broker: TansuBroker,  # noqa: F811
+    kafka_broker: ApacheKafkaBroker,  # noqa: F811
     serve_processes: ServeFactory,
     tmp_path: Path,
 ) -> None:
@@ -158,7 +158,7 @@ def read_to_the_end(scrape: Scrape) -> bool:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_going_from_one_instance_to_two_with_state_reset_counts_nothing_twice(
-    kafka_broker: TansuBroker,  # noqa: F811
+    kafka_broker: ApacheKafkaBroker,  # noqa: F811
     serve_processes: ServeFactory,
     tmp_path: Path,
 ) -> None:

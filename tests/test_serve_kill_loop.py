@@ -1,5 +1,6 @@
 """Exactly once under repeated crashes: `ragpulse serve` SIGKILLed 50 times at random moments
-while events flow into a real (Tansu) broker, restarted after each kill, counts every event once.
+while events flow into a real Apache Kafka broker, restarted after each kill, counts every event
+once.
 
 Each round produces a slice of the events (half before serve starts, half while it runs), then
 kills serve after a random delay: one round in five during start-up, the others at a random
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from kafka_broker import TansuBroker, kafka_broker  # noqa: F401
+from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from serve_process import Scrape, ServeProcess, serve_processes_fixture  # noqa: F401
 from test_serve import (
     JUDGES,
@@ -51,7 +52,7 @@ def saved_a_cycle(scrape: Scrape) -> bool:
 
 
 def test_fifty_sigkills_at_random_moments_while_events_flow_lose_and_double_count_nothing(
-    kafka_broker: TansuBroker,  # noqa: F811
+    kafka_broker: ApacheKafkaBroker,  # noqa: F811
     serve_processes: ServeFactory,
     tmp_path: Path,
 ) -> None:

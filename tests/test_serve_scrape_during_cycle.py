@@ -15,7 +15,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from kafka_broker import TansuBroker, kafka_broker  # noqa: F401
+from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from serve_process import serve_processes_fixture  # noqa: F401
 from test_serve import T0, ServeFactory, caught_up
 
@@ -44,7 +44,7 @@ def heavy(payload: bytes, i: int) -> bytes:
 
 
 def test_metrics_and_healthz_answer_within_two_seconds_throughout_a_cycle_of_heavy_events(
-    kafka_broker: TansuBroker,  # noqa: F811
+    kafka_broker: ApacheKafkaBroker,  # noqa: F811
     serve_processes: ServeFactory,
     tmp_path: Path,
 ) -> None:

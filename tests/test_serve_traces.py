@@ -1,4 +1,4 @@
-"""`ragpulse serve --input-format otlp_proto` against a real (Tansu) broker: the spans of one
+"""`ragpulse serve --input-format otlp_proto` against a real Apache Kafka broker: the spans of one
 trace, made by the OpenTelemetry SDK, arrive out of order in separate Kafka records read by
 different cycles, and across a SIGKILL; they are judged once, as one answer, after the wait.
 What cannot be assembled, and records that are not OTLP, are dead-lettered with a reason."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from kafka_broker import TansuBroker
+from kafka_broker import ApacheKafkaBroker, for_module
 from otlp_receiver import OtlpReceiver, attributes
 from otlp_spans import openinference_trace, otlp_proto, trace_id
 from serve_process import Scrape, TopicFactory, saved_offsets
@@ -30,9 +30,8 @@ FLAGS = (
 
 
 @pytest.fixture(scope="module")
-def broker() -> Iterator[TansuBroker]:
-    with TansuBroker() as shared:
-        yield shared
+def broker(apache_kafka: ApacheKafkaBroker) -> Iterator[ApacheKafkaBroker]:
+    yield from for_module(apache_kafka)
 
 
 @pytest.fixture()

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka_broker import TansuBroker, kafka_broker  # noqa: F401
+from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 
 from pipeline.commands.simulate import Incidents, configure_parser, main, simulate
 from pipeline.events import InvalidEvent, parse_event
@@ -145,7 +145,7 @@ def test_output_file_holds_one_record_per_line(tmp_path: Path) -> None:
 
 
 def test_production_delivers_every_event_at_about_the_requested_rate(
-    kafka_broker: TansuBroker,  # noqa: F811
+    kafka_broker: ApacheKafkaBroker,  # noqa: F811
 ) -> None:
     parser = argparse.ArgumentParser()
     configure_parser(parser)

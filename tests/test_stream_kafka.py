@@ -1,4 +1,4 @@
-"""`ragpulse stream`'s Kafka sinks in the unbounded graph, against a real broker (Tansu).
+"""`ragpulse stream`'s Kafka sinks in the unbounded graph, against a real Apache Kafka broker.
 
 The graph runs under TestStream (tests/test_stream.py says why) with the sinks `ragpulse
 stream` uses: each pane published to the ratings topic and read back as the exporter reads it,
@@ -14,7 +14,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_stream import TestStream
 from graph_runs import stage_config
-from kafka_broker import TansuBroker, kafka_broker  # noqa: F401
+from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from serve_process import read_topic
 from test_stream import GROUNDED, SCHEDULE, T0, UNGROUNDED, event, kafka_record
 
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_panes_and_dead_letters_reach_their_topics_and_read_back_as_the_published_panes(
-    kafka_broker: TansuBroker,  # noqa: F811
+    kafka_broker: ApacheKafkaBroker,  # noqa: F811
 ) -> None:
     for topic in ("logs.ratings", "logs.dlq"):
         kafka_broker.create_topic(topic, partitions=2)
@@ -82,7 +82,7 @@ def test_panes_and_dead_letters_reach_their_topics_and_read_back_as_the_publishe
 
 
 def test_records_the_broker_does_not_acknowledge_fail_the_bundle_so_the_runner_retries_it(
-    kafka_broker: TansuBroker,  # noqa: F811
+    kafka_broker: ApacheKafkaBroker,  # noqa: F811
 ) -> None:
     # The DoFn is driven by hand: the broker must go away between two bundles of one worker,
     # which no runner lets a test time.

@@ -77,6 +77,23 @@ def dead_letter_record(rejected: Rejected) -> OutputRecord:
     )
 
 
+def dead_letter_head(record: OutputRecord, why: str) -> OutputRecord | None:
+    """The dead letter again as the head of its value (HEAD_BYTES), for a dead-letter topic
+    whose max.message.bytes is below the record; None if it is not a whole dead letter."""
+    headers = dict(record.headers)
+    if headers.get("truncated") != b"false" or len(record.value) <= HEAD_BYTES:
+        return None
+    reason = headers["reason"] + f"; the dead-letter topic refused it whole: {why}".encode()
+    return OutputRecord(
+        record.value[:HEAD_BYTES],
+        record.key,
+        tuple(
+            (k, reason if k == "reason" else b"true" if k == "truncated" else v)
+            for k, v in record.headers
+        ),
+    )
+
+
 # Refusals that concern the record itself: sending the same bytes again can never succeed.
 # Every other error (broker away, timeouts, authorization, unknown server errors) may clear up.
 _REFUSED_RECORD = (
@@ -214,6 +231,7 @@ class _Publish(beam.DoFn):
         if self._producer is None:
             self._producer = new_producer(target)
         d = deliver(self._producer, target.topic, records, timeout_s=target.timeout_s)
+        d = self._send_heads_of_large_letters(d)
         if d.refused or d.unacknowledged:
             # After some broker errors kafka-python's (idempotent) producer aborts every later
             # batch too ("fatal error"): the next bundle gets a new producer.
@@ -233,6 +251,32 @@ class _Publish(beam.DoFn):
             )
         for why, n in Counter(why for _, why in d.unacknowledged).items():
             Metrics.counter(UNACKNOWLEDGED_NAMESPACE, orjson.dumps([d.topic, why]).decode()).inc(n)
+
+    def _send_heads_of_large_letters(self, d: Delivery) -> Delivery:
+        """Dead letters the topic refused as too large go again as their head (a dead-letter
+        topic may take smaller records than the source topic); the rest stay refused."""
+        heads = [
+            (head, record, why)
+            for record, why in d.refused
+            if "MessageSizeTooLarge" in why and (head := dead_letter_head(record, why))
+        ]
+        if not heads or self._producer is None:
+            return d
+        self._close(timeout=0)  # the producer may have aborted after the refusal
+        self._producer = new_producer(self._target)
+        again = deliver(self._producer, d.topic, [h for h, _, _ in heads],
+                        timeout_s=self._target.timeout_s)
+        log.warning(
+            "%d dead letters for %s were over its size limit and were sent as their first "
+            "%d bytes (header truncated=true)", again.delivered, d.topic, HEAD_BYTES,
+        )
+        retried = {id(record) for _, record, _ in heads}
+        return Delivery(
+            d.topic,
+            d.delivered + again.delivered,
+            [(r, why) for r, why in d.refused if id(r) not in retried] + again.refused,
+            d.unacknowledged + again.unacknowledged,
+        )
 
     def _close(self, timeout: float) -> None:
         producer, self._producer = self._producer, None

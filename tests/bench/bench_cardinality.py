@@ -1,7 +1,7 @@
 """/metrics size and serve's memory while 30,000 distinct `app` values flow through serve.
 
-For whoever sets --max-label-values. A Tansu broker and `ragpulse serve` (local judges) run on
-127.0.0.1; simulated events, each rewritten to carry an app label of its own, are produced in
+For whoever sets --max-label-values. An Apache Kafka broker and `ragpulse serve` (local judges)
+run on 127.0.0.1; simulated events, each rewritten to carry an app label of its own, are produced in
 steps; after each step, once serve has read everything, the bench prints the samples in one
 scrape, the scrape's size, the distinct app values in it, and serve's resident memory (VmRSS).
 Each --max-label-values given is measured on a fresh topic and state; a huge value shows what
@@ -25,7 +25,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for the helpers
 
-from kafka_broker import TansuBroker
+from kafka_broker import ApacheKafkaBroker
 from serve_process import Scrape, ServeProcess
 
 from pipeline.commands.simulate import simulate
@@ -54,7 +54,7 @@ def read_all(n: int) -> Callable[[Scrape], bool]:
     return lambda m: m.total("ragpulse_events_total") >= n
 
 
-def measure(broker: TansuBroker, cap: int, steps: list[int], events: list[bytes]) -> None:
+def measure(broker: ApacheKafkaBroker, cap: int, steps: list[int], events: list[bytes]) -> None:
     topic = f"cardinality-{cap}"
     broker.create_topic(topic, 1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,7 +100,7 @@ def main() -> None:
     print("| --max-label-values | distinct apps sent | samples in /metrics | scrape KiB "
           "| apps in /metrics | overflow_total{app} | serve RSS MiB | drain s |")
     print("|---|---|---|---|---|---|---|---|")
-    with TansuBroker() as broker:
+    with ApacheKafkaBroker() as broker:
         for cap in (int(c) for c in args.max_label_values.split(",")):
             measure(broker, cap, steps, events)
 

@@ -1,6 +1,6 @@
 """Kafka read throughput of `pipeline.sources.kafka.ReadKafkaRanges` on FnApiRunner.
 
-Starts a Tansu broker, produces N records of SIZE bytes over P partitions, then reads them
+Starts an Apache Kafka broker, produces N records of SIZE bytes over P partitions, then reads them
 back REPEAT times as one bounded Beam pipeline per run, and reports the median events/s next to a
 plain kafka-python loop over the same ranges (the ceiling the Beam source can reach). Also times
 `end_offsets` and a join-free group commit (`commit_offsets`).
@@ -22,7 +22,7 @@ from kafka import KafkaConsumer, KafkaProducer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for kafka_broker
 
-from kafka_broker import TansuBroker
+from kafka_broker import ApacheKafkaBroker
 
 from pipeline.sources.kafka import (
     ReadKafkaRanges,
@@ -68,7 +68,7 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    with TansuBroker() as broker:
+    with ApacheKafkaBroker() as broker:
         broker.create_topic("bench", args.partitions)
         producer = KafkaProducer(
             bootstrap_servers=broker.bootstrap, linger_ms=20, batch_size=512 * 1024

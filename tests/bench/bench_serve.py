@@ -1,9 +1,9 @@
-"""End-to-end benchmark of `ragpulse serve` against a real (Tansu) Kafka broker.
+"""End-to-end benchmark of `ragpulse serve` against a real Apache Kafka broker.
 
-For whoever sizes or tunes `ragpulse serve`. Everything runs on 127.0.0.1: a Tansu broker
-(`tests/kafka_broker.TansuBroker`), `ragpulse serve` as a subprocess scraped over /metrics, and
-for the LLM scenario the local OpenAI stand-in (`tests/fake_openai.FakeOpenAI`). Every scenario
-is bounded in time and stops what it started. Each prints a markdown table.
+For whoever sizes or tunes `ragpulse serve`. Everything runs on 127.0.0.1: an Apache Kafka
+broker (`tests/kafka_broker.ApacheKafkaBroker`), `ragpulse serve` as a subprocess scraped over
+/metrics, and for the LLM scenario the local OpenAI stand-in (`tests/fake_openai.FakeOpenAI`).
+Every scenario is bounded in time and stops what it started. Each prints a markdown table.
 
     drain      pre-load a backlog (default 100k events, 4 partitions), then time how fast
                `serve --judge-backend local --sample-rate 1` drains it, per --max-batch-events,
@@ -68,7 +68,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for the helpers
 
 from fake_openai import FakeOpenAI
-from kafka_broker import TansuBroker
+from kafka_broker import ApacheKafkaBroker
 from processes import free_port
 
 from pipeline.commands.simulate import simulate
@@ -295,8 +295,8 @@ def percentile(xs: Sequence[float], q: float) -> float:
 
 
 @contextlib.contextmanager
-def broker_and_dir() -> Iterator[tuple[TansuBroker, Path]]:
-    with TansuBroker() as broker, tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+def broker_and_dir() -> Iterator[tuple[ApacheKafkaBroker, Path]]:
+    with ApacheKafkaBroker() as broker, tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         yield broker, Path(tmp)
 
 
@@ -348,7 +348,7 @@ def top_functions(raw: Path, k: int = 12) -> list[tuple[str, int]]:
 
 
 def drain_once(
-    broker: TansuBroker, topic: str, n: int, workdir: Path, max_batch: int,
+    broker: ApacheKafkaBroker, topic: str, n: int, workdir: Path, max_batch: int,
     profile_s: float, extra: Sequence[str], code: Path | None = None,
 ) -> dict[str, float]:
     serve = Serve(broker.bootstrap, topic, workdir, [
@@ -451,7 +451,7 @@ def cmd_drain(args: argparse.Namespace) -> None:
 
 
 def scale_once(
-    broker: TansuBroker, topic: str, n: int, workdir: Path, instances: int, max_batch: int
+    broker: ApacheKafkaBroker, topic: str, n: int, workdir: Path, instances: int, max_batch: int
 ) -> dict[str, float]:
     """Drain the `n`-event backlog of `topic` with `instances` serve processes, each with a
     fresh state file; events/s of them together, from the moment all answer /metrics."""
@@ -643,7 +643,8 @@ def cmd_llm(args: argparse.Namespace) -> None:
 
 
 def llm_drain_once(
-    broker: TansuBroker, fake: FakeOpenAI, topic: str, args: argparse.Namespace, workdir: Path,
+    broker: ApacheKafkaBroker, fake: FakeOpenAI, topic: str, args: argparse.Namespace,
+    workdir: Path,
     code: Path | None,
 ) -> dict[str, float]:
     """Drain the backlog of `topic` with LLM judges; how busy serve kept the fake server."""
