@@ -3,7 +3,7 @@ serves with one --instance or with different --instances, and partitions no inst
 
 Measured before: two serves with the same --instance counted 1,300 of 1,500 events twice
 (1,200 with one shared state file), and the partitions no instance read had no lag exported.
-The serve tests run real `ragpulse serve` processes against a real (Tansu) broker; the rule
+The serve tests run real `ragpulse serve` processes against a real (Apache Kafka) broker; the rule
 that reads the consumer group's signed commits is a pure function, tested directly for the
 commit metadata Tansu drops and Apache Kafka keeps.
 """
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from kafka_broker import TansuBroker, kafka_broker  # noqa: F401
+from kafka_broker import ApacheKafkaBroker
 from serve_process import Scrape, serve_processes_fixture  # noqa: F401
 from test_serve import JUDGES, T0, ServeFactory, caught_up, produce_round_robin
 
@@ -91,7 +91,7 @@ def _events(n: int, seed: int = 3) -> list[bytes]:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_second_serve_on_the_same_state_file_is_refused_with_one_line_and_exit_code_2(
-    kafka_broker: TansuBroker,  # noqa: F811
+    kafka_broker: ApacheKafkaBroker,
     serve_processes: ServeFactory,
     tmp_path: Path,
 ) -> None:
@@ -119,7 +119,7 @@ def _refused(scrape_owner: tuple[int, str]) -> bool:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_serves_with_the_same_instance_are_caught_and_one_stops_counting(
-    kafka_broker: TansuBroker,  # noqa: F811
+    kafka_broker: ApacheKafkaBroker,
     serve_processes: ServeFactory,
     tmp_path: Path,
 ) -> None:
@@ -161,7 +161,7 @@ def _group_lag(scrape: Scrape) -> dict[int, float]:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_lag_of_partitions_no_instance_reads_is_exported(
-    kafka_broker: TansuBroker,  # noqa: F811
+    kafka_broker: ApacheKafkaBroker,
     serve_processes: ServeFactory,
     tmp_path: Path,
 ) -> None:
