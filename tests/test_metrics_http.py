@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import bcrypt
 import pytest
@@ -262,9 +263,9 @@ def bounded() -> Iterator[Callable[..., MetricsHTTPServer]]:
         respond("200 OK", [])
         return [b"up\n"]
 
-    def run(app: Callable[..., list[bytes]] | None = None, **limits: float) -> MetricsHTTPServer:
+    def run(app: Callable[..., list[bytes]] | None = None, **limits: Any) -> MetricsHTTPServer:
         server = MetricsHTTPServer(
-            ("127.0.0.1", 0), exporter_app(app or up, lambda: (True, "ok"), {}), **limits
+            ("127.0.0.1", 0), exporter_app(app or up, lambda: (True, "ok"), {}), None, **limits
         )
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
