@@ -256,16 +256,21 @@ def test_five_hundred_idle_connections_hold_no_threads_and_a_scrape_still_answer
 
 @pytest.fixture
 def bounded() -> Iterator[Callable[..., MetricsHTTPServer]]:
-    """`bounded(app=None, **limits)`: a MetricsHTTPServer answering "up" (or `app`), shut after."""
+    """`bounded(app=None, tls=None, **limits)`: a MetricsHTTPServer answering "up" (or `app`),
+    shut down after the test."""
     servers: list[MetricsHTTPServer] = []
 
     def up(environ: dict[str, object], respond: Callable[..., object]) -> list[bytes]:
         respond("200 OK", [])
         return [b"up\n"]
 
-    def run(app: Callable[..., list[bytes]] | None = None, **limits: Any) -> MetricsHTTPServer:
+    def run(
+        app: Callable[..., list[bytes]] | None = None,
+        tls: ssl.SSLContext | None = None,
+        **limits: Any,
+    ) -> MetricsHTTPServer:
         server = MetricsHTTPServer(
-            ("127.0.0.1", 0), exporter_app(app or up, lambda: (True, "ok"), {}), None, **limits
+            ("127.0.0.1", 0), exporter_app(app or up, lambda: (True, "ok"), {}), tls, **limits
         )
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
@@ -324,6 +329,35 @@ def test_a_client_that_never_finishes_its_request_is_closed_at_the_request_deadl
     finally:
         for conn in slow:
             conn.close()
+
+
+def test_over_tls_a_slow_request_is_closed_at_the_deadline_and_a_whole_one_answered(
+    tmp_path: Path, bounded: Callable[..., MetricsHTTPServer]
+) -> None:
+    ca = make_ca(tmp_path, "ca")
+    cert, key = make_leaf(tmp_path, "ragpulse", ca, ips=["127.0.0.1"], server=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server = bounded(tls=context, request_deadline_s=0.5, timeout_s=3600)
+    client = ssl.create_default_context(cafile=str(ca.cert))
+    slow = client.wrap_socket(connect(server.server_port), server_hostname="127.0.0.1")
+    try:
+        slow.settimeout(0.05)
+        closed = False
+        for byte in b"GET /metrics HTTP/1.1\r\nX-Padding: " + b"a" * 2000:
+            try:
+                slow.sendall(bytes([byte]))
+                closed = slow.recv(1024) == b""
+            except TimeoutError:
+                continue
+            except (ConnectionError, ssl.SSLError):
+                closed = True
+            break
+        assert closed, "the server kept a slow TLS request open for all of its bytes"
+    finally:
+        slow.close()
+    url = f"https://127.0.0.1:{server.server_port}/metrics"
+    assert get(url, context=client) == (200, "up\n")
 
 
 def test_healthz_has_threads_of_its_own_when_every_metrics_thread_is_busy(
