@@ -154,7 +154,7 @@ class JudgeSpec:
         )
         prompts = Path(self.prompts_dir) if self.prompts_dir else None
         policy = self.text_policy
-        redact = policy.redactor().judge_input if policy.redacts_prompts_to(self.base_url) else None
+        redact = policy.redactor().judge_input if policy.redacts_prompts else None
         return JudgePanel(
             build_llm_judges(
                 self.names,

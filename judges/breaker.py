@@ -2,7 +2,9 @@
 
 When the endpoint fails `failure_threshold` attempts in a row (timeouts, connection errors,
 5xx, 429, malformed replies: the failures `judges.retry` would retry), the breaker opens: every
-call then fails at once with cause `circuit_open` instead of waiting out timeouts and retries.
+call then fails at once with cause `circuit_open` instead of waiting out timeouts and retries
+(a call whose earlier attempt was sent, and whose retry the breaker stops, keeps the cause of
+that attempt: it was called).
 After `cooldown_seconds` it lets exactly one call through as a probe (half-open); the probe's
 success closes the breaker, its failure opens it for another cool-down. Outcomes that say
 nothing about the endpoint's health (a call cancelled by the batch deadline, a bug) only give

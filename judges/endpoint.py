@@ -699,6 +699,8 @@ class OpenAIJudgeEndpoint:
         loop = state.loop
         spent = 0.0
         attempt = 0
+        # The cause and message of the last failed attempt, when a retry of it is pending.
+        retried: tuple[ErrorCause, str] | None = None
 
         def give_up(cause: ErrorCause, message: str) -> EndpointFailure:
             message = self.scrub(message)
@@ -745,10 +747,18 @@ class OpenAIJudgeEndpoint:
                     self.scrub(message),
                     decision.delay,
                 )
+                retried = (failure.cause, message)
                 await asyncio.sleep(decision.delay)
             else:
                 if isinstance(outcome, Refusal):
                     attempt -= 1  # not sent
+                    if retried is not None:  # it was called, and failed: say how
+                        cause, message = retried
+                        return give_up(
+                            cause,
+                            f"{message}; not retried: the circuit breaker opened "
+                            f"(--judge-breaker-failures)",
+                        )
                     return give_up(
                         "circuit_open", _circuit_message(outcome, self.shared.breaker)
                     )

@@ -10,18 +10,26 @@ read as an angle bracket survives as is. `<` and every look-alike of it (fullwid
 and `>` with its look-alikes becomes `[gt]`. Without an angle bracket no tag can be written,
 whatever follows it: a closing tag without the nonce (`</answer>`), another tag name
 (`<system>`, `</chunks-…>`), the few-shot tags (`</answer-example>`), any slash (`/`, ∕ ⁄ ⧸ ／),
-zero-width characters inside the tag name. Unicode tag characters (U+E0000..U+E007F), which are
-invisible yet read by models ("ASCII smuggling"), are dropped. Everything else, including text
-that imitates a verdict ("rating: yes", a JSON verdict), stays as data: the system prompt tells
-the model to grade it, never to obey it. Values meant to sit on one line (doc_uri) are also
-flattened to one line, so they cannot start a line of their own.
+zero-width characters inside the tag name. Brackets spelled in an encoding a model reads
+through are made visible the same way: HTML entities (`&lt;`, `&LT`, `&lang;`, `&laquo;` ...),
+decimal and hex character references (`&#60;`, `&#x3C`), percent-escapes (`%3C`, the UTF-8
+escapes of ＜) and these encoded again (`&amp;lt;`, `%253C`, `%26lt;`). Unicode tag
+characters (U+E0000..U+E007F), which are invisible yet read by models ("ASCII smuggling"), are
+dropped. Everything else, including text that imitates a verdict ("rating: yes", a JSON
+verdict), stays as data: the system prompt tells the model to grade it, never to obey it.
+Values meant to sit on one line (doc_uri) are also flattened to one line, so they cannot start
+a line of their own.
 
-All functions are pure and linear in the length of the text (`str.translate`).
+All functions are pure and linear in the length of the text (`str.translate`, one regular
+expression pass, and at most eight decoding passes when the text holds `&` or `%`).
 """
 
 from __future__ import annotations
 
+import html
+import re
 import secrets
+import urllib.parse
 
 LT = "[lt]"
 GT = "[gt]"
@@ -57,6 +65,13 @@ _DEFUSE_TABLE: dict[int, str | None] = {
     **dict.fromkeys(_TAG_CHARACTERS),
 }
 _ONE_LINE_TABLE: dict[int, str | None] = {ord(c): " " for c in _LINE_BREAKS}
+# A run of adjacent character references and percent-escapes (`&lt;`, `&#60`, `&#x3c;`, `%3C`,
+# `%EF%BC%9C`): decoded as a whole, it may spell a bracket.
+_ENCODED_RUN = re.compile(
+    r"(?:&(?:#[0-9]+|#[xX][0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]*);?|%[0-9A-Fa-f]{2})+"
+)
+# Encodings nest (`&amp;lt;`, `%253C`): a model may read through this many levels.
+_DECODE_LEVELS = 8
 
 
 def new_nonce() -> str:
@@ -65,9 +80,35 @@ def new_nonce() -> str:
 
 
 def defuse(text: str) -> str:
-    """`text` with every angle-bracket look-alike made visible as `[lt]` / `[gt]`, and Unicode
-    tag characters dropped, so that no tag of any kind can be written in it."""
+    """`text` with every angle-bracket look-alike, written or encoded, made visible as `[lt]` /
+    `[gt]`, and Unicode tag characters dropped, so that no tag of any kind can be written in it."""
+    if "&" in text or "%" in text:
+        text = _ENCODED_RUN.sub(_defuse_encoded, text)
+        if _has_bracket(_decoded(text)):
+            # Brackets encoded across runs (`&amp;lt;`: "&amp;" then "lt;"): every introducer
+            # is made visible, so that nothing in the text decodes at all.
+            text = text.replace("&", "[amp]").replace("%", "[pct]")
     return text.translate(_DEFUSE_TABLE)
+
+
+def _defuse_encoded(match: re.Match[str]) -> str:
+    run = match.group()
+    plain = _decoded(run)
+    return plain.translate(_DEFUSE_TABLE) if _has_bracket(plain) else run
+
+
+def _decoded(text: str) -> str:
+    """`text` with character references and percent-escapes decoded, level after level."""
+    for _ in range(_DECODE_LEVELS):
+        plain = urllib.parse.unquote(html.unescape(text))
+        if plain == text:
+            break
+        text = plain
+    return text
+
+
+def _has_bracket(text: str) -> bool:
+    return text.translate(_DEFUSE_TABLE) != text
 
 
 def single_line(text: str) -> str:

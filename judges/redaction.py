@@ -411,19 +411,34 @@ def is_loopback_url(base_url: str | None) -> bool:
         return False
 
 
+def endpoint_for_log(base_url: str | None) -> str:
+    """`base_url` as a log line may show it: scheme, host, port and path, never a user or query."""
+    if not base_url:
+        return "https://api.openai.com/v1 (the client's default)"
+    parts = urllib.parse.urlsplit(base_url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
 @dataclasses.dataclass(frozen=True)
 class TextPolicy:
     """Which user text may leave the process, and in which form.
 
-    `redact_pii`: redact prompts sent to the judge endpoint; "auto" redacts unless the endpoint
-    is on loopback. `patterns`: the operator's extra patterns (validated here, so a bad one fails
-    at start-up). `store_text`: what verdict rows keep of rationales and error messages, which
-    may quote the answer: "full", "redacted" (the default) or "none" (ratings only).
+    `redact_pii`: redact prompts sent to the judge endpoint; "auto" redacts unless the operator
+    marked the endpoint trusted (`endpoint_trusted`, --judge-endpoint-trusted): a loopback
+    address is no proof, since a local proxy may forward to a hosted model. `patterns`: the
+    operator's extra patterns (validated here, so a bad one fails at start-up). `store_text`:
+    what verdict rows keep of rationales and error messages, which may quote the answer:
+    "full", "redacted" (the default) or "none" (ratings only).
     """
 
     redact_pii: RedactMode = "auto"
     patterns: tuple[str, ...] = ()
     store_text: StoreText = "redacted"
+    endpoint_trusted: bool = False
 
     def __post_init__(self) -> None:
         if self.redact_pii not in REDACT_MODES:
@@ -434,10 +449,11 @@ class TextPolicy:
             )
         compile_user_patterns(self.patterns)
 
-    def redacts_prompts_to(self, base_url: str | None) -> bool:
-        """Whether prompts sent to `base_url` are redacted."""
+    @property
+    def redacts_prompts(self) -> bool:
+        """Whether prompts sent to the judge endpoint are redacted."""
         if self.redact_pii == "auto":
-            return not is_loopback_url(base_url)
+            return not self.endpoint_trusted
         return self.redact_pii == "on"
 
     def redactor(self) -> Redactor:

@@ -40,6 +40,7 @@ from judges.redaction import (
     StoreText,
     TextPolicy,
     compile_user_patterns,
+    endpoint_for_log,
     is_loopback_url,
 )
 from judges.registry import DEFAULT_SCORE_THRESHOLD, judge_entry, judges_help
@@ -111,6 +112,8 @@ class JudgeSettings(BaseModel):
     rpm: int | None = Field(None, ge=1, title="--judge-rpm")
     tpm: int | None = Field(None, ge=1, title="--judge-tpm")
     redact_pii: RedactMode = Field("auto", title="--redact-pii")
+    # The operator vouches that the endpoint keeps prompts in house: "auto" then sends raw text.
+    endpoint_trusted: bool = Field(False, title="--judge-endpoint-trusted")
     redact_patterns: tuple[str, ...] = Field((), title="--redact-pattern")
     store_text: StoreText = Field("redacted", title="--store-text")
     # NAME=RULE guidelines every event must follow, added to its own (guideline_adherence).
@@ -234,7 +237,9 @@ class JudgeSettings(BaseModel):
 
     def text_policy(self) -> TextPolicy:
         """What prompts and stored verdict text keep of the users' text."""
-        return TextPolicy(self.redact_pii, self.redact_patterns, self.store_text)
+        return TextPolicy(
+            self.redact_pii, self.redact_patterns, self.store_text, self.endpoint_trusted
+        )
 
     def spec(self) -> JudgeSpec:
         """The picklable spec Beam workers build their panel from."""
@@ -907,8 +912,15 @@ def add_judge_arguments(parser: argparse.ArgumentParser, *, one_judge: bool = Fa
         choices=REDACT_MODES,
         default=default_of(JudgeSettings, "redact_pii"),
         help="replace e-mails, phone, card and IBAN numbers, IP addresses and API keys with "
-        "[EMAIL], [PHONE] ... in LLM judge prompts. auto: on unless the judge endpoint is on "
-        "loopback (default: %(default)s)",
+        "[EMAIL], [PHONE] ... in LLM judge prompts. auto: on unless "
+        "--judge-endpoint-trusted (default: %(default)s)",
+    )
+    g.add_argument(
+        "--judge-endpoint-trusted",
+        action="store_true",
+        default=default_of(JudgeSettings, "endpoint_trusted"),
+        help="the judge endpoint keeps prompts where the users' text may go (e.g. a model served "
+        "on this machine, not a proxy to a hosted one): --redact-pii auto then sends raw text",
     )
     g.add_argument(
         "--redact-pattern",
@@ -998,6 +1010,7 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
             rpm=args.judge_rpm,
             tpm=args.judge_tpm,
             redact_pii=args.redact_pii,
+            endpoint_trusted=args.judge_endpoint_trusted,
             redact_patterns=tuple(args.redact_pattern),
             store_text=args.store_text,
             guidelines=tuple(args.guideline),
@@ -1012,15 +1025,38 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
         )
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc, JudgeSettings)) from None
-    if backend == "openai":
-        redacted = settings.spec().text_policy.redacts_prompts_to(base_url)
-        log.info(
-            "PII redaction of judge prompts: %s (--redact-pii %s, endpoint %s)",
-            "on" if redacted else "off",
-            args.redact_pii,
-            "on loopback" if is_loopback_url(base_url) else "not on loopback",
+    if settings.endpoint_trusted and settings.redact_pii != "auto":
+        raise SettingsError(
+            f"--judge-endpoint-trusted has no effect with --redact-pii {settings.redact_pii}: "
+            "it only turns --redact-pii auto off"
         )
+    if backend == "openai":
+        _log_redaction(settings, base_url)
     return settings
+
+
+def _log_redaction(settings: JudgeSettings, base_url: str | None) -> None:
+    """Say whether the users' PII reaches the judge endpoint; at WARNING when it does."""
+    endpoint = endpoint_for_log(base_url)
+    why = f"--redact-pii {settings.redact_pii}" + (
+        ", --judge-endpoint-trusted" if settings.endpoint_trusted else ""
+    )
+    if not settings.text_policy().redacts_prompts:
+        log.warning(
+            "PII redaction of judge prompts: off (%s): e-mails, phone, card and IBAN numbers, "
+            "IP addresses and API keys in the users' text are sent to %s",
+            why,
+            endpoint,
+        )
+    elif settings.redact_pii == "auto" and is_loopback_url(base_url):
+        log.info(
+            "PII redaction of judge prompts: on (%s) for %s, although it is on loopback: a "
+            "local proxy may forward to a hosted model; --judge-endpoint-trusted sends raw text",
+            why,
+            endpoint,
+        )
+    else:
+        log.info("PII redaction of judge prompts: on (%s) for %s", why, endpoint)
 
 
 def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> str:

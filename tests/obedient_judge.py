@@ -3,7 +3,9 @@
 For the prompt-injection tests. It reads a judge prompt the way a naive model would, and is
 plugged into `FakeOpenAI` as its `decide` function:
 
-* it sees through disguises: the prompt is NFKC-normalised, invisible format characters
+* it sees through disguises: HTML entities, numeric and hex character references and
+  percent-encoding are decoded (repeatedly, as a model reading `&amp;lt;` may), the prompt is
+  NFKC-normalised, invisible format characters
   (zero-width joiners, Unicode tag characters ...) are removed, and every character it knows to
   look like `<`, `>` or `/` is read as that character. This list is kept here, apart from
   `judges.fencing`, so that a look-alike the fencer forgets makes the tests fail;
@@ -20,8 +22,10 @@ flip caused by an injection that got through.
 
 from __future__ import annotations
 
+import html
 import re
 import unicodedata
+import urllib.parse
 
 from fake_openai import FakeRating, FencedRequest
 
@@ -45,10 +49,21 @@ _TAG_LOOK = re.compile(r"<\s*/?\s*[A-Za-z|!?]")
 _TAG_CHARACTERS = {cp: chr(cp - 0xE0000) for cp in range(0xE0020, 0xE007F)}
 
 
+def decoded(text: str) -> str:
+    """`text` with HTML character references and percent-escapes decoded until none is left."""
+    for _ in range(8):
+        plain = urllib.parse.unquote(html.unescape(text))
+        if plain == text:
+            break
+        text = plain
+    return text
+
+
 def reads_as(text: str) -> str:
-    """What this model "sees": tag characters as ASCII, NFKC, look-alikes folded, and
-    invisible format characters (category Cf) removed."""
-    text = unicodedata.normalize("NFKC", text.translate(_TAG_CHARACTERS))
+    """What this model "sees": character references and percent-escapes decoded, tag
+    characters as ASCII, NFKC, look-alikes folded, and invisible format characters (category Cf)
+    removed."""
+    text = unicodedata.normalize("NFKC", decoded(text).translate(_TAG_CHARACTERS))
     text = text.replace("\u226e", "<").replace("\u226f", ">")  # ≮ ≯ are < > with a stroke
     text = text.translate(_READS_AS)
     return "".join(c for c in text if unicodedata.category(c) != "Cf")

@@ -9,6 +9,7 @@ to them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import urllib.error
@@ -22,7 +23,7 @@ from cli import ragpulse_command
 from kafka import KafkaProducer
 from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from processes import free_port, ready_server
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_server import PrometheusServer, prometheus_config, running_prometheus
 from serve_process import Scrape
 
@@ -133,6 +134,82 @@ def test_the_exporter_bounds_app_values_as_serve_does() -> None:
     assert reg.get_sample_value(
         "ragpulse_judge_verdicts_total", {**SERIES, "app": "user-4711", "rating": "no"}
     ) is None
+
+
+def exporter_reading(*panes: RatingPane, labels: LabelLimits | None = None) -> RatingsExporter:
+    """A RatingsExporter that took `panes` as records of the ratings topic (encoded, decoded)."""
+    settings = ExporterSettings(
+        bootstrap="127.0.0.1:9092", ratings_topic="r", labels=labels or LabelLimits()
+    )
+    exporter = RatingsExporter(settings)
+    for offset, p in enumerate(panes):
+        exporter._take(TopicRecord(rating_rows.encode(p)[1], offset))
+    return exporter
+
+
+@dataclasses.dataclass
+class TopicRecord:
+    """What the exporter reads of a Kafka consumer record."""
+
+    value: bytes
+    offset: int
+    topic: str = "r"
+    partition: int = 0
+
+
+def test_a_forged_pane_index_is_refused_and_cannot_lock_its_window_against_real_panes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    exporter = exporter_reading(
+        pane(T0, "early", 0, yes=1, no=0),
+        pane(T0, "early", 2**62, yes=0, no=99),  # would outrank every real pane
+        pane(T0, "on_time", 1, yes=5, no=1),
+    )
+    reg = registry_for(exporter.snapshot, event_counters=False)
+    assert (verdicts(reg, "yes"), verdicts(reg, "no")) == (5, 1)
+    assert "pane_index 4611686018427387904 is over 1,000,000" in caplog.text
+    with pytest.raises(rating_rows.InvalidRatingRow):
+        rating_rows.decode(rating_rows.encode(pane(T0, "early", 1_000_001, yes=1, no=0))[1])
+    assert rating_rows.decode(
+        rating_rows.encode(pane(T0, "early", 1_000_000, yes=1, no=0))[1]
+    ).index == 1_000_000
+
+
+def test_a_900_kb_judge_name_is_refused_and_adds_nothing_to_the_scrape(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    huge = "j" * 900_000
+    exporter = exporter_reading(
+        pane(T0, "on_time", 1, yes=2, no=0), pane(T0, "on_time", 1, yes=1, no=0, judge=huge)
+    )
+    scrape = generate_latest(registry_for(exporter.snapshot, event_counters=False))
+    assert len(scrape) < 20_000 and huge not in scrape.decode()
+    assert "judge is 900,000 characters, over the 128-character limit" in caplog.text
+    assert huge not in caplog.text  # the reason names the length, not the value
+
+
+def test_the_exporter_bounds_judge_and_version_values_as_it_bounds_apps() -> None:
+    def versioned(judge: str, version: str, no: int) -> RatingPane:
+        key = WindowKey(T0, T0 + 60, judge, "help-bot", "m1", version)
+        return RatingPane(key, RatingCounts(1, no), "on_time", 1)
+
+    exporter = exporter_reading(versioned("groundedness", "v1f2", 0), labels=LabelLimits(1))
+    reg = registry_for(exporter.snapshot, event_counters=False)
+    assert verdicts(reg, "yes") == 1  # admitted first: keeps its own series
+    for offset, later in enumerate((
+        versioned("groundedness", "v9", 1),
+        versioned("forged-1", "v1f2", 2),
+        versioned("forged-2", "v1f2", 3),
+    )):
+        exporter._take(TopicRecord(rating_rows.encode(later)[1], offset + 1))
+    samples = {
+        (s.labels["judge"], s.labels["version"]): s.value
+        for family in reg.collect() if family.name == "ragpulse_judge_verdicts"
+        for s in family.samples if s.labels["rating"] == "no"
+    }
+    assert samples == {
+        ("groundedness", "v1f2"): 0, ("groundedness", "other"): 1, ("other", "v1f2"): 5
+    }
 
 
 # ----- the whole path: Apache Kafka -> ragpulse exporter -> Prometheus and the shipped rules ---

@@ -200,6 +200,23 @@ def test_the_breaker_opens_after_consecutive_failures_and_later_calls_fail_fast_
     assert "HTTP 503" in message and "next probe goes out in 30 s" in message
 
 
+def test_a_call_that_was_made_and_failed_keeps_its_cause_when_the_breaker_stops_its_retry(
+    fake_openai: FakeOpenAI,
+) -> None:
+    fake_openai.push_faults(Fault.http(503))
+    # One failure opens the breaker: the call's own first attempt, so its retry is refused.
+    endpoint = endpoint_for(fake_openai, concurrency=1, max_retries=2, breaker_failures=1)
+    [verdict] = judge_batch(endpoint, [GOOD])
+    assert len(fake_openai.requests) == 1
+    assert verdict.error_cause == "server_error"
+    message = verdict.error_message or ""
+    assert "503" in message and "not retried: the circuit breaker opened" in message
+    assert "not called" not in message
+    # A call the open breaker did stop before sending is still told apart.
+    [later] = judge_batch(endpoint, [GOOD])
+    assert later.error_cause == "circuit_open" and "not called" in (later.error_message or "")
+
+
 def test_after_the_cooldown_a_probe_closes_the_breaker_or_a_failed_probe_reopens_it(
     fake_openai: FakeOpenAI,
 ) -> None:

@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import bcrypt
 import pytest
@@ -227,13 +228,19 @@ def test_a_bad_web_config_stops_serve_at_start_with_one_line_naming_the_key(
 # --- bounded connections -----------------------------------------------------------------------
 
 
+def connect(port: int, source: str = "127.0.0.1") -> socket.socket:
+    """A connection from `source`, any address of 127.0.0.0/8 (all loopback on Linux)."""
+    return socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+
+
 def test_five_hundred_idle_connections_hold_no_threads_and_a_scrape_still_answers_at_once(
     start: StartServer,
 ) -> None:
     server = start()
     port = server.server_port
     threads_before = threading.active_count()
-    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(500)]
+    # Ten from each of fifty addresses: under the per-address cap, so all are held.
+    idle = [connect(port, f"127.0.1.{n // 10 + 1}") for n in range(500)]
     try:
         time.sleep(0.5)  # let the server accept them all
         started = time.monotonic()
@@ -247,33 +254,169 @@ def test_five_hundred_idle_connections_hold_no_threads_and_a_scrape_still_answer
             conn.close()
 
 
-def test_slow_clients_take_at_most_the_thread_cap_and_are_dropped_after_the_timeout() -> None:
+@pytest.fixture
+def bounded() -> Iterator[Callable[..., MetricsHTTPServer]]:
+    """`bounded(app=None, tls=None, **limits)`: a MetricsHTTPServer answering "up" (or `app`),
+    shut down after the test."""
+    servers: list[MetricsHTTPServer] = []
+
     def up(environ: dict[str, object], respond: Callable[..., object]) -> list[bytes]:
         respond("200 OK", [])
         return [b"up\n"]
 
-    app = exporter_app(up, lambda: (True, "ok"), {})
-    server = MetricsHTTPServer(("127.0.0.1", 0), app, max_connections=8, timeout_s=1.0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    def run(
+        app: Callable[..., list[bytes]] | None = None,
+        tls: ssl.SSLContext | None = None,
+        **limits: Any,
+    ) -> MetricsHTTPServer:
+        server = MetricsHTTPServer(
+            ("127.0.0.1", 0), exporter_app(app or up, lambda: (True, "ok"), {}), tls, **limits
+        )
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server
+
+    yield run
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_sixty_four_clients_sending_one_byte_at_a_time_hold_no_slot_and_healthz_answers(
+    bounded: Callable[..., MetricsHTTPServer],
+) -> None:
+    # 8 answering slots for 64 slow clients: one thread per slow client would leave none.
+    server = bounded(max_connections=8, request_deadline_s=3600, timeout_s=3600)
     port = server.server_port
-    threads_before = threading.active_count()
-    slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
+    request = b"GET /metrics HTTP/1.1\r\nHost: ragpulse\r\nX-Padding: " + b"a" * 64
+    slow = [connect(port, f"127.0.2.{n // 8 + 1}") for n in range(64)]
     try:
-        for conn in slow:  # a request line that never ends: each one holds a thread
-            conn.sendall(b"GET /metrics HTTP/1.1\r\n")
-        time.sleep(0.3)
-        assert threading.active_count() <= threads_before + 8
-        # Beyond the cap a connection is closed at once rather than queued behind slow ones.
-        assert sum(1 for conn in slow if _closed_by_server(conn, wait=0.2)) >= 40 - 8
-        time.sleep(1.5)  # the timeout frees the 8 slots
-        assert all(_closed_by_server(conn, wait=1.0) for conn in slow)
-        status, body = get(f"http://127.0.0.1:{port}/metrics", timeout=5)
-        assert (status, body) == (200, "up\n")
+        for byte in range(4):  # each client sends its request one byte at a time, never ending it
+            for conn in slow:
+                conn.sendall(request[byte : byte + 1])
+        url = f"http://127.0.0.1:{port}"
+        assert [get(url + "/healthz", timeout=10) for _ in range(40)] == [(200, "ok\n")] * 40
+        assert get(url + "/metrics", timeout=10) == (200, "up\n")
+        for conn in slow:  # still connected, still sending: they were held all along
+            conn.sendall(request[4:5])
+            assert _open(conn)
     finally:
         for conn in slow:
             conn.close()
-        server.shutdown()
-        server.server_close()
+
+
+def test_a_client_that_never_finishes_its_request_is_closed_at_the_request_deadline(
+    bounded: Callable[..., MetricsHTTPServer],
+) -> None:
+    # Per-operation timeouts alone never close a client that keeps sending a byte now and then.
+    server = bounded(request_deadline_s=0.5, timeout_s=3600)
+    request = b"GET /metrics HTTP/1.1\r\nX-Padding: " + b"a" * 2000
+    slow = [connect(server.server_port) for _ in range(4)]
+    try:
+        for conn in slow:
+            conn.settimeout(0.05)
+            closed = False
+            for byte in request:  # a byte, then a short wait for the server's close, and again
+                try:
+                    conn.sendall(bytes([byte]))
+                    closed = conn.recv(1024) == b""
+                except TimeoutError:
+                    continue
+                except ConnectionError:
+                    closed = True
+                break
+            assert closed, "the server kept a request open for all of its 2,000 slow bytes"
+    finally:
+        for conn in slow:
+            conn.close()
+
+
+def test_over_tls_a_slow_request_is_closed_at_the_deadline_and_a_whole_one_answered(
+    tmp_path: Path, bounded: Callable[..., MetricsHTTPServer]
+) -> None:
+    ca = make_ca(tmp_path, "ca")
+    cert, key = make_leaf(tmp_path, "ragpulse", ca, ips=["127.0.0.1"], server=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server = bounded(tls=context, request_deadline_s=0.5, timeout_s=3600)
+    client = ssl.create_default_context(cafile=str(ca.cert))
+    slow = client.wrap_socket(connect(server.server_port), server_hostname="127.0.0.1")
+    try:
+        slow.settimeout(0.05)
+        closed = False
+        for byte in b"GET /metrics HTTP/1.1\r\nX-Padding: " + b"a" * 2000:
+            try:
+                slow.sendall(bytes([byte]))
+                closed = slow.recv(1024) == b""
+            except TimeoutError:
+                continue
+            except (ConnectionError, ssl.SSLError):
+                closed = True
+            break
+        assert closed, "the server kept a slow TLS request open for all of its bytes"
+    finally:
+        slow.close()
+    url = f"https://127.0.0.1:{server.server_port}/metrics"
+    assert get(url, context=client) == (200, "up\n")
+
+
+def test_healthz_has_threads_of_its_own_when_every_metrics_thread_is_busy(
+    bounded: Callable[..., MetricsHTTPServer],
+) -> None:
+    inside = threading.Semaphore(0)
+    release = threading.Event()
+
+    def stuck(environ: dict[str, object], respond: Callable[..., object]) -> list[bytes]:
+        inside.release()
+        release.wait(60)
+        respond("200 OK", [])
+        return [b"late\n"]
+
+    server = bounded(stuck, max_connections=2)
+    url = f"http://127.0.0.1:{server.server_port}"
+    busy = [threading.Thread(target=get, args=(url + "/metrics",), daemon=True) for _ in range(2)]
+    try:
+        for thread in busy:
+            thread.start()
+        for _ in busy:  # both /metrics threads are inside the app
+            assert inside.acquire(timeout=30)
+        with pytest.raises((http.client.HTTPException, ConnectionError, urllib.error.URLError)):
+            get(url + "/metrics")  # no /metrics thread left: refused at once
+        assert [get(url + "/healthz") for _ in range(10)] == [(200, "ok\n")] * 10
+    finally:
+        release.set()
+        for thread in busy:
+            thread.join(30)
+
+
+def test_one_address_cannot_hold_more_than_its_share_of_connections(
+    bounded: Callable[..., MetricsHTTPServer],
+) -> None:
+    server = bounded(max_per_address=4)
+    port = server.server_port
+    held = [connect(port, "127.0.0.3") for _ in range(4)]
+    try:
+        extra = connect(port, "127.0.0.3")
+        assert _closed_by_server(extra, wait=10.0)  # closed as soon as accepted
+        extra.close()
+        assert all(_open(conn) for conn in held)
+        assert get(f"http://127.0.0.1:{port}/metrics") == (200, "up\n")  # another address
+    finally:
+        for conn in held:
+            conn.close()
+
+
+def _open(conn: socket.socket) -> bool:
+    """Whether the server has not closed `conn` (nothing to read, no end of stream)."""
+    conn.setblocking(False)
+    try:
+        return conn.recv(1024) != b""
+    except BlockingIOError:
+        return True
+    except ConnectionError:
+        return False
+    finally:
+        conn.settimeout(10)
 
 
 def _closed_by_server(conn: socket.socket, wait: float) -> bool:

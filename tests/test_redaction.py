@@ -167,9 +167,14 @@ def test_the_flags_reach_the_judge_spec_and_default_to_auto_and_redacted() -> No
 )
 def test_only_loopback_endpoints_count_as_local(url: str | None, loopback: bool) -> None:
     assert is_loopback_url(url) is loopback
-    assert TextPolicy("auto").redacts_prompts_to(url) is not loopback
-    assert TextPolicy("on").redacts_prompts_to(url) is True
-    assert TextPolicy("off").redacts_prompts_to(url) is False
+
+
+def test_auto_redacts_unless_the_endpoint_is_marked_trusted_and_on_and_off_mean_what_they_say(
+) -> None:
+    assert TextPolicy("auto").redacts_prompts is True
+    assert TextPolicy("auto", endpoint_trusted=True).redacts_prompts is False
+    assert TextPolicy("on").redacts_prompts is True
+    assert TextPolicy("off").redacts_prompts is False
 
 
 def pii_events() -> list[JudgeInput]:
@@ -187,12 +192,13 @@ def pii_events() -> list[JudgeInput]:
     ]
 
 
-def sent_to(server: FakeOpenAI, redact_pii: str) -> str:
+def sent_to(server: FakeOpenAI, redact_pii: str, *, trusted: bool = False) -> str:
     """Everything the judge endpoint received for the PII events, as one string."""
     spec = JudgeSettings(
         backend="openai",
         base_url=server.base_url,
         redact_pii=redact_pii,
+        endpoint_trusted=trusted,
         names=available_prompts(),  # every judge, so every field a prompt shows is sent
     ).spec()
     panel = spec.build()
@@ -228,9 +234,60 @@ def test_every_planted_item_reaches_the_endpoint_with_redaction_off(
     assert all(json.dumps(item)[1:-1] in received for item in planted_values())
 
 
-def test_auto_sends_raw_text_to_a_loopback_endpoint(fake_openai: FakeOpenAI) -> None:
+def test_auto_redacts_for_a_loopback_endpoint_which_may_be_a_proxy_to_a_hosted_model(
+    fake_openai: FakeOpenAI,
+) -> None:
     received = sent_to(fake_openai, "auto")  # the stand-in listens on 127.0.0.1
+    assert [item for item in planted_values() if json.dumps(item)[1:-1] in received] == []
+    assert "[EMAIL]" in received
+
+
+def test_auto_sends_raw_text_to_an_endpoint_the_operator_marked_trusted(
+    fake_openai: FakeOpenAI,
+) -> None:
+    received = sent_to(fake_openai, "auto", trusted=True)
     assert "jane.doe+billing@example.co.uk" in received
+
+
+def judge_args(*flags: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_judge_arguments(parser)
+    return parser.parse_args(["--judge-backend", "openai", *flags])
+
+
+@pytest.mark.parametrize(
+    "flags", [("--redact-pii", "off"), ("--redact-pii", "auto", "--judge-endpoint-trusted")]
+)
+def test_raw_text_to_the_endpoint_is_logged_at_warning_with_the_endpoint_but_not_its_password(
+    caplog: pytest.LogCaptureFixture, flags: tuple[str, ...]
+) -> None:
+    env = {"OPENAI_BASE_URL": "http://judge:s3cret@127.0.0.1:8080/v1?key=k3y"}
+    with caplog.at_level("INFO", logger="pipeline.settings"):
+        judge_settings(judge_args(*flags), env=env)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "http://127.0.0.1:8080/v1" in warnings[0]
+    assert "off" in warnings[0]
+    assert "s3cret" not in caplog.text and "k3y" not in caplog.text
+
+
+def test_auto_on_a_loopback_endpoint_redacts_and_warns_of_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env = {"OPENAI_BASE_URL": "http://127.0.0.1:8080/v1"}
+    with caplog.at_level("INFO", logger="pipeline.settings"):
+        settings = judge_settings(judge_args(), env=env)
+    assert settings.text_policy().redacts_prompts
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "--judge-endpoint-trusted" in caplog.text  # the way to send raw text, if meant
+
+
+def test_judge_endpoint_trusted_without_auto_is_refused_in_one_line() -> None:
+    with pytest.raises(SettingsError) as info:
+        judge_settings(
+            judge_args("--redact-pii", "on", "--judge-endpoint-trusted"),
+            env={"OPENAI_BASE_URL": "http://127.0.0.1:8080/v1"},
+        )
+    assert "--judge-endpoint-trusted" in str(info.value) and "\n" not in str(info.value)
 
 
 # -- stored text -------------------------------------------------------------------------------

@@ -32,7 +32,12 @@ from pipeline.kafka_security import (
     connect,
     security_from_args,
 )
-from pipeline.service.labels import LabelBudget, add_label_arguments, label_limits
+from pipeline.service.labels import (
+    EXPORTER_BOUNDED_LABELS,
+    LabelBudget,
+    add_label_arguments,
+    label_limits,
+)
 from pipeline.service.panes import PaneTable
 from pipeline.settings import (
     ExporterSettings,
@@ -63,7 +68,7 @@ class RatingsExporter:
     def __init__(self, settings: ExporterSettings) -> None:
         self._settings = settings
         self._table = PaneTable(settings.retention_seconds)
-        self._budget = LabelBudget(settings.labels)
+        self._budget = LabelBudget(settings.labels, EXPORTER_BOUNDED_LABELS)
         # Counter keys exported so far: a label value admitted once keeps its own series.
         self._admitted: frozenset[counting.CounterKey] = frozenset()
         self._lock = threading.Lock()
@@ -71,8 +76,8 @@ class RatingsExporter:
         self._started = time.time()
 
     def snapshot(self) -> MetricsSnapshot:
-        """What /metrics shows now, with app and model values bounded as serve bounds them
-        (`pipeline.service.labels`)."""
+        """What /metrics shows now, with judge, version, app and model values bounded as serve
+        bounds app and model (`pipeline.service.labels`)."""
         with self._lock:
             gauges = {HEARTBEAT: self._last_answer} if self._last_answer is not None else {}
             snap = self._table.snapshot(gauges)

@@ -13,9 +13,11 @@ label is logged once (a `guideline` beyond its bound adds its verdicts to the ov
 counter instead: a guideline has no events of its own). New values of one batch are admitted
 in sorted order, so the choice does not depend on the order events arrived in.
 
-The other labels of judge series are bounded by construction, not here: `judge` by --judges,
---custom-judge and --composite; `version` by the prompt versions deployed (one value per judge
-per prompt edit: each edit adds one set of series, which stays in the saved counters);
+The other labels of judge series are bounded by construction in `serve` and `run`: `judge` by
+--judges, --custom-judge and --composite; `version` by the prompt versions deployed (one value
+per judge per prompt edit: each edit adds one set of series, which stays in the saved counters);
+`ragpulse exporter`, which reads them from the ratings topic, bounds `judge` and `version` here
+too (`EXPORTER_BOUNDED_LABELS`), and the topic's decoder refuses values over 128 characters;
 `missing` (ragpulse_judge_skipped_total) by the input names; `agreement` by three values.
 
 `serve` passes the label values of its saved counters as the admitted set: a value admitted once
@@ -37,6 +39,9 @@ log = logging.getLogger(__name__)
 
 OTHER = "other"
 BOUNDED_LABELS = ("app", "model", "guideline")
+# `ragpulse exporter` reads every label from the ratings topic, where nothing bounds judge and
+# version by construction: it bounds them too.
+EXPORTER_BOUNDED_LABELS = ("judge", "version", *BOUNDED_LABELS)
 OVERFLOW_METRIC = "ragpulse_label_overflow_total"
 # Each judged event adds 1 to this counter, under its (app, model): it is what overflow counts.
 _EVENTS_JUDGED = "ragpulse_events_judged_total"
@@ -55,8 +60,9 @@ class LabelLimits:
 class LabelBudget:
     """Maps label values of a batch to admitted ones or `other` (see the module docstring)."""
 
-    def __init__(self, limits: LabelLimits) -> None:
+    def __init__(self, limits: LabelLimits, labels: tuple[str, ...] = BOUNDED_LABELS) -> None:
         self.limits = limits
+        self.labels = labels
         self._warned: set[str] = set()
 
     def bound(
@@ -68,20 +74,28 @@ class LabelBudget:
         """`windows` and `counts` with every bounded label value admitted or `other`, plus the
         overflow counts. `admitted_from`: counter keys already saved, whose values stay."""
         mapping = {label: self._mapping(label, windows, counts, admitted_from)
-                   for label in BOUNDED_LABELS}
+                   for label in self.labels}
+
+        def bound(label: str, value: str) -> str:
+            return mapping[label][value] if label in mapping else value
+
         bounded_windows: dict[WindowKey, RatingCounts] = {}
         for key, rating_counts in windows.items():
-            judge = key.judge
-            if key.guideline:
-                judge = f"{judge.partition('/')[0]}/{mapping['guideline'][key.guideline]}"
+            judge = bound("judge", key.judge)
+            if key.guideline and judge != OTHER:
+                judge = f"{judge.partition('/')[0]}/{bound('guideline', key.guideline)}"
             bounded = dataclasses.replace(
-                key, judge=judge, app=mapping["app"][key.app], model=mapping["model"][key.model]
+                key,
+                judge=judge,
+                version=bound("version", key.version),
+                app=bound("app", key.app),
+                model=bound("model", key.model),
             )
             bounded_windows[bounded] = bounded_windows.get(bounded, RatingCounts()) + rating_counts
         bounded_counts: counting.Counts = counting.merge()
         for (metric, labels), value in counts.items():
             named = dict(labels)
-            for label in BOUNDED_LABELS:
+            for label in self.labels:
                 if label in named:
                     real = named[label]
                     named[label] = mapping[label][real]

@@ -18,22 +18,28 @@ The file is read and checked once, at start; a bad key, a missing file or a cert
 not match its key stops serve with one line naming the key. /metrics requires a basic-auth user
 when `basic_auth_users` is set; /healthz never does (see `exporter_app`).
 
-Every connection is bounded: a connection that has not sent a byte holds no thread (it waits in
-one selector, for at most `CONNECTION_TIMEOUT_S`, and the oldest is closed once
-`MAX_WAITING_CONNECTIONS` wait); one that has sent data gets a thread, at most
-`MAX_CONNECTIONS` at once (beyond that it is closed at once), and every socket read, write and
-TLS handshake times out after `CONNECTION_TIMEOUT_S`. A flood of idle or slow clients therefore
-neither exhausts threads nor keeps a scrape from being answered.
+Every connection is bounded, so that a flood of idle or slow clients neither exhausts threads nor
+keeps a scrape or a probe from being answered:
+- a request is read, TLS handshake, head and body, without a thread (in one selector), and must
+  be complete within `REQUEST_DEADLINE_S` of connecting, or the connection is closed: a client
+  sending one byte every few seconds holds nothing for longer;
+- at most `MAX_WAITING_CONNECTIONS` are being read (the oldest is closed beyond that), and at
+  most `MAX_CONNECTIONS_PER_ADDRESS` are open from one client address (more are closed at once);
+- a complete request gets a thread, at most `MAX_CONNECTIONS` at once for /metrics and
+  `HEALTH_CONNECTIONS` more kept for /healthz (beyond that it is closed at once); the answer's
+  socket writes time out after `CONNECTION_TIMEOUT_S`.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import contextlib
 import dataclasses
 import functools
 import hashlib
+import io
 import logging
 import selectors
 import socket
@@ -52,9 +58,13 @@ from pipeline.errors import SettingsError
 
 log = logging.getLogger(__name__)
 
-MAX_CONNECTIONS = 64  # connections being answered at once, one thread each
-MAX_WAITING_CONNECTIONS = 512  # accepted connections that have sent nothing yet (no thread)
-CONNECTION_TIMEOUT_S = 10.0  # per socket operation, and for the first byte of a request
+MAX_CONNECTIONS = 64  # requests being answered at once, one thread each
+HEALTH_CONNECTIONS = 4  # more threads, for /healthz alone: slow scrapes cannot starve probes
+MAX_WAITING_CONNECTIONS = 512  # connections whose request is still being read (no thread)
+MAX_CONNECTIONS_PER_ADDRESS = 16  # open connections from one client address
+REQUEST_DEADLINE_S = 10.0  # to send the whole request (TLS handshake, head, body) after connecting
+MAX_REQUEST_BYTES = 65536  # head and body together
+CONNECTION_TIMEOUT_S = 10.0  # per socket operation while answering
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
@@ -267,15 +277,36 @@ def exporter_app(
 
 
 class _QuietHandler(WSGIRequestHandler):
+    """Answers one request whose bytes the server has already read (see `_Pending`)."""
+
+    def __init__(self, request_bytes: bytes, *args: Any) -> None:
+        self._request_bytes = request_bytes
+        super().__init__(*args)
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile = io.BytesIO(self._request_bytes)
+
     def log_message(self, format: str, *args: Any) -> None:  # scrapes are not news
         pass
+
+
+@dataclasses.dataclass
+class _Pending:
+    """An accepted connection whose request is still being read, without a thread."""
+
+    address: Any
+    deadline: float  # the whole request (TLS handshake, head and body) by then, or it is closed
+    handshaken: bool
+    data: bytearray = dataclasses.field(default_factory=bytearray)
 
 
 class MetricsHTTPServer(WSGIServer):
     """A WSGI server with bounded connections (see the module docstring); TLS when given.
 
-    One thread (`serve_forever`) accepts connections and waits for their first byte; each
-    connection that sends one is answered in a thread of its own, up to `max_connections`.
+    One thread (`serve_forever`) accepts connections and reads each request, head and body, in a
+    selector, without a thread; a complete request is answered in a thread of its own, up to
+    `max_connections` at once, plus `health_connections` kept for /healthz alone.
     """
 
     # The kernel drops new connections while this many wait to be accepted, and the client
@@ -289,7 +320,10 @@ class MetricsHTTPServer(WSGIServer):
         tls: ssl.SSLContext | None = None,
         *,
         max_connections: int = MAX_CONNECTIONS,
+        health_connections: int = HEALTH_CONNECTIONS,
         max_waiting: int = MAX_WAITING_CONNECTIONS,
+        max_per_address: int = MAX_CONNECTIONS_PER_ADDRESS,
+        request_deadline_s: float = REQUEST_DEADLINE_S,
         timeout_s: float = CONNECTION_TIMEOUT_S,
     ) -> None:
         if ":" in address[0]:
@@ -298,10 +332,16 @@ class MetricsHTTPServer(WSGIServer):
         self.set_app(app)
         self._tls = tls
         self._slots = threading.BoundedSemaphore(max_connections)
+        self._health_slots = threading.BoundedSemaphore(health_connections)
         self._max_waiting = max_waiting
+        self._max_per_address = max_per_address
+        self._request_deadline_s = request_deadline_s
         self._timeout_s = timeout_s
-        # Accepted connections without a byte yet, oldest first, with the time they give up.
-        self._waiting: dict[socket.socket, tuple[Any, float]] = {}
+        # Connections whose request is being read, oldest first.
+        self._waiting: dict[socket.socket, _Pending] = {}
+        # Open connections (being read or answered) by client host, for the per-address cap.
+        self._per_address: collections.Counter[str] = collections.Counter()
+        self._per_address_lock = threading.Lock()
         self._wake_r, self._wake_w = socket.socketpair()
         self._stop = False
         self._serving = False
@@ -323,20 +363,17 @@ class MetricsHTTPServer(WSGIServer):
                         else:
                             conn = key.fileobj
                             assert isinstance(conn, socket.socket)
-                            selector.unregister(conn)
-                            address, _ = self._waiting.pop(conn)
-                            self._dispatch(conn, address)
+                            self._read(selector, conn)
                     self._expire(selector)
             finally:
-                for conn in self._waiting:
-                    conn.close()
-                self._waiting.clear()
+                for conn in list(self._waiting):
+                    self._drop(selector, conn)
                 self._stopped.set()
 
     def _wait_time(self, poll_interval: float) -> float:
         if not self._waiting:
             return poll_interval
-        oldest_deadline = min(deadline for _, deadline in self._waiting.values())
+        oldest_deadline = min(pending.deadline for pending in self._waiting.values())
         return max(0.0, min(poll_interval, oldest_deadline - time.monotonic()))
 
     def _accept(self, selector: selectors.BaseSelector) -> None:
@@ -348,44 +385,109 @@ class MetricsHTTPServer(WSGIServer):
             except OSError as exc:  # e.g. out of file descriptors: the next select retries
                 log.warning("metrics server cannot accept a connection: %s", exc)
                 return
+            if not self._admit(address):
+                conn.close()  # this address holds its share already: it cannot crowd others out
+                continue
             if len(self._waiting) >= self._max_waiting:
-                oldest = next(iter(self._waiting))
-                selector.unregister(oldest)
-                del self._waiting[oldest]
-                oldest.close()
+                self._drop(selector, next(iter(self._waiting)))
             conn.setblocking(False)
-            self._waiting[conn] = (address, time.monotonic() + self._timeout_s)
+            if self._tls is not None:
+                try:
+                    conn = self._tls.wrap_socket(
+                        conn, server_side=True, do_handshake_on_connect=False
+                    )
+                except (OSError, ValueError) as exc:
+                    log.debug("metrics connection from %s dropped: %s", address, exc)
+                    conn.close()
+                    self._release(address)
+                    continue
+            deadline = time.monotonic() + self._request_deadline_s
+            self._waiting[conn] = _Pending(address, deadline, handshaken=self._tls is None)
             selector.register(conn, selectors.EVENT_READ)
+
+    def _admit(self, address: Any) -> bool:
+        with self._per_address_lock:
+            if self._per_address[address[0]] >= self._max_per_address:
+                return False
+            self._per_address[address[0]] += 1
+            return True
+
+    def _release(self, address: Any) -> None:
+        with self._per_address_lock:
+            self._per_address[address[0]] -= 1
+            if not self._per_address[address[0]]:
+                del self._per_address[address[0]]
+
+    def _drop(self, selector: selectors.BaseSelector, conn: socket.socket) -> None:
+        selector.unregister(conn)
+        self._release(self._waiting.pop(conn).address)
+        conn.close()
+
+    def _read(self, selector: selectors.BaseSelector, conn: socket.socket) -> None:
+        """Read what `conn` has sent; answer its request in a thread once it is complete."""
+        pending = self._waiting[conn]
+        try:
+            if not pending.handshaken:
+                assert isinstance(conn, ssl.SSLSocket)
+                conn.do_handshake()
+                pending.handshaken = True
+                selector.modify(conn, selectors.EVENT_READ)
+            while True:  # until the socket (and TLS's own buffer) has nothing more
+                chunk = conn.recv(65536)
+                if not chunk:
+                    self._drop(selector, conn)  # the client gave up
+                    return
+                pending.data += chunk
+                if len(pending.data) > MAX_REQUEST_BYTES:
+                    self._drop(selector, conn)
+                    return
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+            pass
+        except ssl.SSLWantWriteError:
+            selector.modify(conn, selectors.EVENT_WRITE)
+            return
+        except (OSError, ValueError) as exc:  # resets, TLS failures: the client's loss
+            log.debug("metrics connection from %s dropped: %s", pending.address, exc)
+            self._drop(selector, conn)
+            return
+        if _request_complete(pending.data):
+            selector.unregister(conn)
+            del self._waiting[conn]
+            self._dispatch(conn, pending)
 
     def _expire(self, selector: selectors.BaseSelector) -> None:
         now = time.monotonic()
-        for conn, (_, deadline) in list(self._waiting.items()):
-            if deadline <= now:
-                selector.unregister(conn)
-                del self._waiting[conn]
-                conn.close()
+        for conn, pending in list(self._waiting.items()):
+            if pending.deadline <= now:
+                self._drop(selector, conn)
 
-    def _dispatch(self, conn: socket.socket, address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+    def _dispatch(self, conn: socket.socket, pending: _Pending) -> None:
+        slots = self._health_slots if _is_health_check(pending.data) else self._slots
+        if not slots.acquire(blocking=False):
             conn.close()  # every slot is busy: refusing now beats queueing behind slow clients
+            self._release(pending.address)
             return
         threading.Thread(
-            target=self._answer, args=(conn, address), name="metrics-conn", daemon=True
+            target=self._answer,
+            args=(conn, pending, slots),
+            name="metrics-conn",
+            daemon=True,
         ).start()
 
-    def _answer(self, conn: socket.socket, address: Any) -> None:
+    def _answer(
+        self, conn: socket.socket, pending: _Pending, slots: threading.BoundedSemaphore
+    ) -> None:
         try:
-            conn.settimeout(self._timeout_s)
-            if self._tls is not None:
-                conn = self._tls.wrap_socket(conn, server_side=True)  # handshake, timed out too
-            self.finish_request(conn, address)
-        except (OSError, ValueError) as exc:  # timeouts, resets, TLS failures: the client's loss
-            log.debug("metrics connection from %s dropped: %s", address, exc)
+            conn.settimeout(self._timeout_s)  # the answer's writes time out too
+            _QuietHandler(bytes(pending.data), conn, pending.address, self)
+        except (OSError, ValueError) as exc:  # timeouts, resets: the client's loss
+            log.debug("metrics connection from %s dropped: %s", pending.address, exc)
         finally:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_WR)
             conn.close()
-            self._slots.release()
+            slots.release()
+            self._release(pending.address)
 
     def shutdown(self) -> None:
         """Stop `serve_forever` and wait until it has returned."""
@@ -399,6 +501,27 @@ class MetricsHTTPServer(WSGIServer):
         super().server_close()
         self._wake_r.close()
         self._wake_w.close()
+
+
+def _request_complete(data: bytearray) -> bool:
+    """Whether `data` holds a whole HTTP request: its head and the body its Content-Length says."""
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        return False
+    length = 0
+    for line in bytes(data[:end]).split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            try:
+                length = int(value.strip())
+            except ValueError:
+                return True  # a bad head: the handler answers 400 at once
+    return len(data) >= end + 4 + length
+
+
+def _is_health_check(data: bytearray) -> bool:
+    request_line = bytes(data[: data.find(b"\r\n")]).split()
+    return len(request_line) >= 2 and request_line[1].split(b"?")[0] == b"/healthz"
 
 
 def start_metrics_server(

@@ -20,10 +20,16 @@ from typing import Literal
 
 import orjson
 
+from pipeline.events import MAX_LABEL_CHARS
 from pipeline.windows import RatingCounts, WindowKey, window_row
 
 PaneTiming = Literal["early", "on_time", "late"]
 PANE_TIMINGS: tuple[PaneTiming, ...] = ("early", "on_time", "late")
+# The stream fires an early pane at most once a second while a window is open, and a late one
+# per late bundle within the allowed lateness: a million panes is over eleven days of early
+# panes. A larger index is a forged or corrupt row, which would otherwise outrank every real
+# pane of its window until the window is folded.
+MAX_PANE_INDEX = 1_000_000
 
 
 class InvalidRatingRow(ValueError):
@@ -86,6 +92,14 @@ def decode(value: bytes) -> RatingPane:
         raise InvalidRatingRow(f"pane must be one of {', '.join(PANE_TIMINGS)}, got {timing!r}")
     if key.window_end <= key.window_start:
         raise InvalidRatingRow("window_end is not after window_start")
+    if index > MAX_PANE_INDEX:
+        raise InvalidRatingRow(f"pane_index {index} is over {MAX_PANE_INDEX:,}")
+    for label in ("judge", "version", "app", "model"):
+        if len(getattr(key, label)) > MAX_LABEL_CHARS:
+            raise InvalidRatingRow(
+                f"{label} is {len(getattr(key, label)):,} characters, over the "
+                f"{MAX_LABEL_CHARS}-character limit of label values"
+            )
     return RatingPane(key, counts, timing, index)
 
 
