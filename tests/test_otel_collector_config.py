@@ -1,6 +1,6 @@
 """The OpenTelemetry Collector configuration shipped in deploy/otel-collector/ routes traces to
-the topic and in the encoding that `ragpulse serve` is told to read. The Collector binary is
-not installable here, so its structure is checked, and its values against ragpulse's CLI."""
+the topic and in the encoding that `ragpulse serve` is told to read: its structure, and its
+values against ragpulse's CLI. (A real Collector runs it: tests/test_otel_collector.py.)"""
 
 from __future__ import annotations
 
