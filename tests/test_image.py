@@ -9,10 +9,9 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from kafka_broker import kafka_broker  # noqa: F401 - the fixture
+from kafka_broker import ApacheKafkaBroker
 from podman import DEBIAN_BASE_IMAGE, build_image, podman, podman_command, podman_env
 from serve_process import ServeProcess
 from test_file_run import event
@@ -79,7 +78,7 @@ def test_the_image_runs_ragpulse_as_an_unprivileged_user(image: str) -> None:
 
 
 def test_serve_in_the_container_judges_the_topic_and_answers_healthz_and_metrics(
-    image: str, kafka_broker: Any,  # noqa: F811 - the fixture (Tansu or Apache Kafka)
+    image: str, kafka_broker: ApacheKafkaBroker,
     container_serve: list[ContainerServe],
 ) -> None:
     topic = "chat-inference"

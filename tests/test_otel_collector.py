@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 import yaml
-from kafka_broker import kafka_broker  # noqa: F401 - the fixture
+from kafka_broker import ApacheKafkaBroker
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -79,7 +79,7 @@ class Collector:
 
 
 @pytest.fixture()
-def collector(kafka_broker: Any) -> Iterator[Collector]:  # noqa: F811 - the fixture
+def collector(kafka_broker: Any) -> Iterator[Collector]:
     running = Collector(kafka_broker.bootstrap)
     try:
         running.start()
@@ -119,18 +119,11 @@ def send_traces(endpoint: str, count: int) -> list[str]:
 
 
 def test_sdk_spans_go_through_the_collector_and_kafka_and_each_trace_is_judged_once(
-    kafka_broker: Any,  # noqa: F811 - the fixture
+    kafka_broker: ApacheKafkaBroker,
     collector: Collector,
     serve_processes: Callable[..., ServeProcess],
     tmp_path: Path,
-    request: pytest.FixtureRequest,
 ) -> None:
-    if type(kafka_broker).__name__ == "TansuBroker":
-        # Tansu 0.6.0 drops the connection at the kafka exporter's (franz-go's) first
-        # ApiVersions request ("failed to fill whole buffer"): nothing reaches the topic. The
-        # kafka_broker fixture becoming Apache Kafka turns this back into a plain test.
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "Tansu 0.6.0 closes the connection during franz-go's ApiVersions negotiation")))
     topic = spans_topic()
     kafka_broker.create_topic(topic, partitions=2)
     ids = send_traces(f"http://127.0.0.1:{collector.http_port}", TRACES)
