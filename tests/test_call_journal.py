@@ -4,9 +4,11 @@ crash is taken instead of paid again; a committed cycle leaves at most the next 
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from judges.base import Verdict
+from judges.redaction import TextPolicy
 from judges.verdict_cache import CacheKey
 from pipeline import counting
 from pipeline.service.journal import AnsweredCalls
@@ -103,3 +105,35 @@ def test_a_call_answered_in_a_failed_attempt_is_taken_by_the_retry_and_counted_o
         assert prompt_tokens(commit(state, journal)) == 40
         assert len(journal) == 0
         journal.close()
+
+
+def test_within_one_process_a_committed_answer_is_not_given_again(tmp_path: Path) -> None:
+    # The verdict cache is the process's cache, and --judge-cache-size 0 turns it off; the
+    # journal only stands in for calls whose cycle did not commit.
+    path = tmp_path / "state.sqlite"
+    with StateStore(path) as state:
+        journal = AnsweredCalls(path)
+        journal.begin_attempt()
+        journal.answered(key(1), yes(prompt=40))
+        assert prompt_tokens(commit(state, journal)) == 40
+        journal.begin_attempt()
+        assert journal.take(key(1)) is None and not journal.holds(key(1))
+        journal.close()
+
+
+def test_rationales_are_kept_in_the_state_file_as_store_text_says(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite"
+    with StateStore(path):
+        for store, kept in (("redacted", "mail [EMAIL]"), ("none", None)):
+            journal = AnsweredCalls(path, TextPolicy(store_text=store))  # type: ignore[arg-type]
+            journal.begin_attempt()
+            journal.answered(key(1), Verdict("safety", "yes", "mail ann@example.com",
+                                             prompt_tokens=5))
+            journal.settle()  # written
+            journal.close()
+            reopened = AnsweredCalls(path)
+            reopened.begin_attempt()
+            taken = reopened.take(key(1))
+            assert taken is not None and taken.rationale == kept
+            reopened.close()
+            sqlite3.connect(path).execute("DELETE FROM answered_calls").connection.commit()

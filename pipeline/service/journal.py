@@ -23,6 +23,9 @@ A committed cycle drops the calls it took and those counted at an earlier commit
 counted now but not taken stays one more cycle (a call started ahead for the next cycle), then
 goes: the journal holds at most about two cycles' calls. A taken call counted already is given
 as a cached verdict (no call, no tokens), like a verdict cache hit.
+
+The journal keeps rationales and error messages as verdict rows do (--store-text: redacted by
+default), since they can quote the answer: a verdict taken from it carries them in that form.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from judges.base import Verdict
+from judges.redaction import TextPolicy
 from judges.verdict_cache import CacheKey, as_cached
 from pipeline import counting
 from pipeline.budget import TOKENS
@@ -85,13 +89,16 @@ class AnsweredCalls:
     """The journal of one state file; `answered` and `take` are called by the judge panel
     (any thread), `begin_attempt`, `settle` and `settled` by the serve loop."""
 
-    def __init__(self, state_path: str | Path) -> None:
+    def __init__(self, state_path: str | Path, policy: TextPolicy | None = None) -> None:
+        """`policy`: how rationales and error messages are kept (None: in full)."""
         # Its own connection, to the file StateStore has opened and given the table: the writer
         # thread's, which must not wait on the loop's (one transaction at a time either way).
         self._db = sqlite3.connect(
             state_path, isolation_level=None, timeout=30, check_same_thread=False
         )
         self._db.execute("PRAGMA synchronous=FULL")
+        self._store = "full" if policy is None else policy.store_text
+        self._redact = None if policy is None else policy.redactor().redact
         self._lock = threading.Lock()
         self._calls: dict[int, _Call] = {}
         self._by_key: dict[CacheKey, list[int]] = {}
@@ -125,21 +132,31 @@ class AnsweredCalls:
         self._queue.put((call_id, call))
 
     def take(self, key: CacheKey) -> Verdict | None:
-        """A yes/no answered for `key` by an earlier process or an earlier attempt, not taken
-        yet in this one: as it was (a call to count, once its tokens are settled) or, when a
-        committed cycle counted it already, as a cached verdict."""
+        """A yes/no answered for `key` and not taken yet in this attempt: answered by an
+        earlier attempt and not committed (a call to count, once its tokens are settled), or
+        by an earlier process (then, if a committed cycle counted it already, as a cached
+        verdict). Within one process the journal is no cache: the verdict cache is, when it
+        is on (--judge-cache-size)."""
         with self._lock:
             for call_id in self._by_key.get(key, ()):
-                call = self._calls[call_id]
-                if call.attempt < self._attempt and call_id not in self._taken:
+                if self._takeable(call_id):
                     self._taken.add(call_id)
+                    call = self._calls[call_id]
                     return as_cached(call.verdict) if call.counted else call.verdict
         return None
 
     def holds(self, key: CacheKey) -> bool:
         """Whether a verdict for `key` could be taken (calls started ahead skip those)."""
         with self._lock:
-            return any(i not in self._taken for i in self._by_key.get(key, ()))
+            return any(self._takeable(i) for i in self._by_key.get(key, ()))
+
+    def _takeable(self, call_id: int) -> bool:
+        call = self._calls[call_id]
+        return (
+            call.attempt < self._attempt
+            and call_id not in self._taken
+            and (not call.counted or call.attempt == _EARLIER_PROCESS)
+        )
 
     # ----- the serve loop's side -------------------------------------------------------------
     def begin_attempt(self) -> None:
@@ -245,7 +262,7 @@ class AnsweredCalls:
                 call.verdict.judge if call.key is None else call.key[0],
                 "" if call.key is None else call.key[1],
                 None if call.key is None else call.key[2],
-                _encode(call.verdict),
+                _encode(self._stored(call.verdict)),
             )
             for call_id, call in calls
         ]
@@ -262,6 +279,28 @@ class AnsweredCalls:
             raise
         with self._lock:
             self._written.update(call_id for call_id, _ in calls)
+
+
+    def _stored(self, verdict: Verdict) -> Verdict:
+        """`verdict` with its text as --store-text keeps it (pipeline.sinks.verdict_rows)."""
+        if self._store == "full" or self._redact is None:
+            return verdict
+        if self._store == "none":
+            error = verdict.error_message
+            return dataclasses.replace(
+                verdict,
+                rationale=None,
+                error_message=None if error is None
+                else f"{verdict.error_cause or 'error'} (message not stored: --store-text none)",
+            )
+        redact = self._redact
+        return dataclasses.replace(
+            verdict,
+            rationale=redact(verdict.rationale) if verdict.rationale else verdict.rationale,
+            error_message=(
+                redact(verdict.error_message) if verdict.error_message else verdict.error_message
+            ),
+        )
 
 
 def _add_tokens(tokens: counting.Counts, verdict: Verdict) -> None:

@@ -721,7 +721,7 @@ def _journal(settings: ServeSettings, state: StateStore) -> AnsweredCalls | None
         or settings.cascade is not None
     ):
         return None
-    journal = AnsweredCalls(state.path)
+    journal = AnsweredCalls(state.path, settings.judges.text_policy())
     shared_panel(settings.stage_config().judges).journal = journal
     return journal
 
