@@ -31,6 +31,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -128,6 +129,13 @@ def serve_done(serve: ServeProcess, n_events: int) -> bool:
         return False
 
 
+def committed_all(seen: int) -> Callable[[Scrape], bool]:
+    return lambda m: (
+        m.total("ragpulse_cycles_total", outcome="ok") >= 1
+        and m.total("ragpulse_seen_events_total") >= seen
+    )
+
+
 def budget(code: Path, restarts: int, per_hour: int, seed: int) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(code.resolve())}
     hour = math.floor(time.time() / 3600)
@@ -146,13 +154,7 @@ def budget(code: Path, restarts: int, per_hour: int, seed: int) -> dict[str, flo
                 broker.bootstrap, "budget", state, serve_args(endpoint, *args_extra), env=env
             )
             serve.start()
-            seen = 40 * (r + 1)
-            scrape = serve.wait_for(
-                lambda m, seen=seen: m.total("ragpulse_cycles_total", outcome="ok") >= 1
-                and m.total("ragpulse_seen_events_total") >= seen,
-                120,
-                "a cycle over the new events",
-            )
+            scrape = serve.wait_for(committed_all(40 * (r + 1)), 120, "a cycle over the events")
             gauge_max = max(gauge_max, scrape.value("ragpulse_judge_budget_spent_this_hour") or 0)
             serve.kill()
         paid = sum(int(c["tokens"]) for c in ok_calls(endpoint))  # type: ignore[call-overload]
