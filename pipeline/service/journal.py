@@ -245,7 +245,7 @@ class AnsweredCalls:
             try:
                 if calls:
                     self._write(calls)
-            except sqlite3.Error as exc:
+            except Exception as exc:  # the writer must live on, or settle() would wait forever
                 # Those calls stay in memory (taken, and counted while this process lives),
                 # but a crash now would lose them: say so, and go on.
                 log.error("could not journal %d answered judge calls: %s", len(calls), exc)
