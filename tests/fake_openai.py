@@ -168,6 +168,7 @@ class RecordedRequest:
     outcome: str
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    answered_at: float = 0.0  # time.monotonic() when it was answered (or given up on)
 
 
 Decide = Callable[[FencedRequest], tuple[FakeRating, str]]
@@ -176,6 +177,15 @@ ReplyFor = Callable[[dict[str, Any]], str | None]
 
 # The last line of a combined call's system message (judges.combined) names its judges.
 _VERDICTS_WANTED = re.compile(r"^Verdicts wanted: ([a-z0-9_, ]+)$", re.MULTILINE)
+
+
+def request_identity(body: dict[str, Any] | None) -> str:
+    """What a request asks, without the fences' per-call nonces: equal for two calls of the same
+    judge on the same event, so a test can count how often each input was paid for."""
+    return _NONCE.sub(">", json.dumps(body.get("messages") if body else None, sort_keys=True))
+
+
+_NONCE = re.compile(r"-[0-9a-f]{8,}>")
 
 
 def read_fences(user_message: str) -> FencedRequest:
@@ -513,7 +523,8 @@ class FakeOpenAI:
                 def record(outcome: str, prompt: int = 0, completion: int = 0) -> None:
                     fake._record(
                         RecordedRequest(
-                            self.path, body, headers, received_at, outcome, prompt, completion
+                            self.path, body, headers, received_at, outcome, prompt, completion,
+                            time.monotonic(),
                         )
                     )
 

@@ -11,15 +11,15 @@ would for a dead client), and restarts serve.
 from __future__ import annotations
 
 import collections
-import json
 import math
 import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import orjson
 import pytest
-from fake_openai import FakeOpenAI
+from fake_openai import FakeOpenAI, request_identity
 from kafka_broker import TansuBroker
 from serve_process import (
     Scrape,
@@ -29,9 +29,26 @@ from serve_process import (
     serve_processes_fixture,  # noqa: F401
 )
 
-from pipeline.commands.simulate import simulate
+from pipeline.windows import isoformat_utc
 
 T0 = 1_763_632_800.0
+
+
+def distinct_events(n: int) -> list[bytes]:
+    """`n` events each judge sees differently (question, answer and passage of their own), so
+    that every (judge, event) is one distinct input, paid for once."""
+    return [
+        orjson.dumps({
+            "request_id": f"req-{i}",
+            "timestamp": isoformat_utc(T0 + i),
+            "app": "hr-assistant",
+            "model": "gpt-4o-mini",
+            "request": f"How many vacation days does grade {i} get?",
+            "response": f"Grade {i} gets {i + 20} vacation days.",
+            "retrieved_context": [{"content": f"Grade {i}: {i + 20} days of vacation."}],
+        })
+        for i in range(n)
+    ]
 ServeFactory = Callable[..., ServeProcess]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -77,9 +94,7 @@ def paid_inputs(endpoint: FakeOpenAI) -> collections.Counter[str]:
     """How many answered ("ok") requests the stand-in served per distinct request (judge and
     event: the request's messages)."""
     return collections.Counter(
-        json.dumps(r.body["messages"] if r.body else None, sort_keys=True)
-        for r in endpoint.requests
-        if r.outcome == "ok"
+        request_identity(r.body) for r in endpoint.requests if r.outcome == "ok"
     )
 
 
@@ -116,7 +131,7 @@ def test_a_crash_mid_cycle_pays_no_answered_call_twice_and_counts_every_paid_tok
     state = tmp_path / "state.sqlite"
     with TansuBroker() as broker, FakeOpenAI() as endpoint:
         broker.create_topic(topic, 1)
-        broker.produce(topic, [e.payload for e in simulate(5, events, T0, rate=10)], partition=0)
+        broker.produce(topic, distinct_events(events), partition=0)
         endpoint.hold_after(15)
         first = serve_processes(broker.bootstrap, topic, state, serve_args(endpoint)).start()
         crash_after_answers(first, endpoint, state, topic, 15)
@@ -129,14 +144,11 @@ def test_a_crash_mid_cycle_pays_no_answered_call_twice_and_counts_every_paid_tok
             120,
             "every event judged",
         )
-        # Each distinct (judge, event) input was paid for exactly once, across the crash (the
-        # simulated traffic repeats a few answers: those are verdict cache hits).
+        # Each (judge, event) input was paid for exactly once, across the crash.
         paid = paid_inputs(endpoint)
         assert answered_before_crash >= 15
-        assert set(paid.values()) == {1}
-        hits = scrape.total("ragpulse_judge_cache_hits_total")
-        assert len(paid) + hits == 2 * events and hits < 5
-        assert scrape.total("ragpulse_judge_calls_total") == len(paid)
+        assert len(paid) == 2 * events and set(paid.values()) == {1}
+        assert scrape.total("ragpulse_judge_calls_total") == 2 * events
         # Every paid token is counted, once: the crashed process's too.
         assert tokens_counted(scrape) == tokens_served(endpoint) > 0
         # The journal empties once the cycles that used its calls have committed.
@@ -161,7 +173,7 @@ def test_the_hours_budget_spend_survives_a_crash_and_a_restart_within_the_hour(
     hour = math.floor(time.time() / 3600)
     with TansuBroker() as broker, FakeOpenAI() as endpoint:
         broker.create_topic(topic, 1)
-        broker.produce(topic, [e.payload for e in simulate(6, events, T0, rate=10)], partition=0)
+        broker.produce(topic, distinct_events(events), partition=0)
         args = serve_args(endpoint, "--judge-budget-per-hour", "1000000")
         # A crash in the first cycle, the budget's probe, after 10 answers.
         endpoint.hold_after(10)

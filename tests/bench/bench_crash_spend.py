@@ -6,11 +6,12 @@ judge. Each scenario runs real serve processes on a real (Tansu) broker and the 
 endpoint (tests/fake_openai.py, which counts every request and token), once for each code tree
 given (e.g. the main checkout and this one), side by side in one run:
 
-    kills   N events, two judges; serve is SIGKILLed K times, each time once the stand-in has
-            answered a random number (5..60) of new calls since that process started (so
-            kills land mid-cycle), then a last serve reads the rest. Reported: calls paid /
-            calls needed (distinct judge inputs), and tokens counted in
-            ragpulse_judge_tokens_total / tokens the stand-in served.
+    kills   N events, two judges; serve is SIGKILLed K times, each time at a random moment
+            (0-0.5 s) after the stand-in has answered a random number (5..60) of new calls
+            since that process started (so kills land mid-cycle), then a last serve reads the
+            rest. Reported: calls paid / calls needed (distinct judge inputs), and tokens
+            counted in ragpulse_judge_tokens_total / tokens the stand-in served (also leaving
+            out the calls answered after the serve that sent them was dead).
     budget  --judge-budget-per-hour B with events arriving all along; serve is SIGKILLed R
             times, each time once it has committed a cycle that judged something. Reported:
             tokens paid / B (all within one clock hour; the run says if the hour ended), and
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import math
 import os
 import random
@@ -36,13 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fake_openai import FakeOpenAI
+from fake_openai import FakeOpenAI, RecordedRequest, request_identity
 from kafka_broker import TansuBroker
 from serve_process import Scrape, ServeProcess, caught_up
-
-from pipeline.commands.simulate import simulate
-
-T0 = 1_763_632_800.0
+from test_serve_call_journal import distinct_events
 
 
 def serve_args(endpoint: FakeOpenAI, *extra: str) -> list[str]:
@@ -59,13 +56,12 @@ def serve_args(endpoint: FakeOpenAI, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def ok_calls(endpoint: FakeOpenAI) -> list[dict[str, object]]:
-    return [
-        {"messages": r.body["messages"] if r.body else None,
-         "tokens": r.prompt_tokens + r.completion_tokens}
-        for r in endpoint.requests
-        if r.outcome == "ok"
-    ]
+def ok_calls(endpoint: FakeOpenAI) -> list[RecordedRequest]:
+    return [r for r in endpoint.requests if r.outcome == "ok"]
+
+
+def tokens(r: RecordedRequest) -> int:
+    return r.prompt_tokens + r.completion_tokens
 
 
 def tokens_counted(scrape: Scrape) -> float:
@@ -90,8 +86,8 @@ def kills(code: Path, n_events: int, n_kills: int, seed: int) -> dict[str, float
     ) as endpoint:
         state = Path(tmp) / "state.sqlite"
         broker.create_topic("kills", 1)
-        payloads = [e.payload for e in simulate(seed, n_events, T0, rate=10)]
-        broker.produce("kills", payloads, partition=0)
+        broker.produce("kills", distinct_events(n_events), partition=0)
+        kills_at: list[float] = []
         for _ in range(n_kills):
             serve = ServeProcess(broker.bootstrap, "kills", state, serve_args(endpoint), env=env)
             serve.start()
@@ -100,8 +96,10 @@ def kills(code: Path, n_events: int, n_kills: int, seed: int) -> dict[str, float
             try:
                 wait(lambda target=target, serve=serve: len(ok_calls(endpoint)) >= target
                      or serve_done(serve, n_events))
+                time.sleep(rnd.uniform(0.0, 0.5))  # then at a random moment
             finally:
                 serve.kill()
+                kills_at.append(time.monotonic())
         final = ServeProcess(broker.bootstrap, "kills", state, serve_args(endpoint), env=env)
         final.start()
         scrape = final.wait_for(
@@ -112,13 +110,18 @@ def kills(code: Path, n_events: int, n_kills: int, seed: int) -> dict[str, float
         )
         final.terminate()
         calls = ok_calls(endpoint)
-        needed = len({json.dumps(c["messages"], sort_keys=True) for c in calls})
-        served = sum(int(c["tokens"]) for c in calls)  # type: ignore[call-overload]
+        needed = len({request_identity(c.body) for c in calls})
+        # Answered after serve was killed while waiting: paid, but never seen by serve.
+        unseen = [c for c in calls
+                  if any(c.received_at < k < c.answered_at for k in kills_at)]
+        served = sum(tokens(c) for c in calls)
         return {
             "calls paid": len(calls),
-            "calls needed": needed,
+            "calls needed (distinct inputs)": needed,
             "paid / needed": len(calls) / needed,
             "tokens counted / served": tokens_counted(scrape) / served,
+            "  ... / served to live serve": tokens_counted(scrape)
+            / (served - sum(tokens(c) for c in unseen)),
         }
 
 
@@ -136,10 +139,10 @@ def committed_all(seen: int) -> Callable[[Scrape], bool]:
     )
 
 
-def budget(code: Path, restarts: int, per_hour: int, seed: int) -> dict[str, float]:
+def budget(code: Path, restarts: int, per_hour: int) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(code.resolve())}
     hour = math.floor(time.time() / 3600)
-    events = list(simulate(seed, 40 * (restarts + 2), T0, rate=10))
+    events = distinct_events(40 * (restarts + 2))
     args_extra = ("--judge-budget-per-hour", str(per_hour), "--judge-min-sample-rate", "0")
     gauge_max = 0.0
     with tempfile.TemporaryDirectory() as tmp, TansuBroker() as broker, FakeOpenAI(
@@ -149,7 +152,7 @@ def budget(code: Path, restarts: int, per_hour: int, seed: int) -> dict[str, flo
         broker.create_topic("budget", 1)
         for r in range(restarts):
             # 40 new events for each process: its first cycle judges a probe of them.
-            broker.produce("budget", [e.payload for e in events[40 * r : 40 * (r + 1)]], 0)
+            broker.produce("budget", events[40 * r : 40 * (r + 1)], 0)
             serve = ServeProcess(
                 broker.bootstrap, "budget", state, serve_args(endpoint, *args_extra), env=env
             )
@@ -157,7 +160,7 @@ def budget(code: Path, restarts: int, per_hour: int, seed: int) -> dict[str, flo
             scrape = serve.wait_for(committed_all(40 * (r + 1)), 120, "a cycle over the events")
             gauge_max = max(gauge_max, scrape.value("ragpulse_judge_budget_spent_this_hour") or 0)
             serve.kill()
-        paid = sum(int(c["tokens"]) for c in ok_calls(endpoint))  # type: ignore[call-overload]
+        paid = sum(tokens(c) for c in ok_calls(endpoint))
     same_hour = math.floor(time.time() / 3600) == hour
     return {
         "tokens paid / budget": paid / per_hour,
@@ -179,7 +182,7 @@ def main() -> None:
     results: dict[str, dict[str, dict[str, float]]] = collections.defaultdict(dict)
     for code in a.code:
         results[str(code)]["kills"] = kills(code, a.events, a.kills, a.seed)
-        results[str(code)]["budget"] = budget(code, a.restarts, a.budget, a.seed)
+        results[str(code)]["budget"] = budget(code, a.restarts, a.budget)
     print(f"{a.kills} kills over {a.events} events x 2 judges; {a.restarts} restarts under a "
           f"budget of {a.budget} tokens/hour")
     for scenario in ("kills", "budget"):
