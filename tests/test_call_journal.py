@@ -137,3 +137,25 @@ def test_rationales_are_kept_in_the_state_file_as_store_text_says(tmp_path: Path
             assert taken is not None and taken.rationale == kept
             reopened.close()
             sqlite3.connect(path).execute("DELETE FROM answered_calls").connection.commit()
+
+
+def test_a_verdict_with_parts_scores_and_votes_comes_back_whole_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.sqlite"
+    part = Verdict("guideline_adherence", "no", "not in English", score=0.0)
+    verdict = Verdict(
+        "guideline_adherence", "no", "one guideline failed", prompt_tokens=80,
+        completion_tokens=9, cached_prompt_tokens=40, score=0.5, votes=("no", "yes", "no"),
+        parts=(part,), latency_seconds=1.25,
+    )
+    with StateStore(path):
+        journal = AnsweredCalls(path)
+        journal.begin_attempt()
+        journal.answered(key(1), verdict)
+        journal.settle()
+        reopened = AnsweredCalls(path)
+        reopened.begin_attempt()
+        assert reopened.take(key(1)) == verdict
+        reopened.close()
+        journal.close()

@@ -319,7 +319,12 @@ def _encode(verdict: Verdict) -> str:
 
 
 def _decode(text: str) -> Verdict:
-    fields: dict[str, Any] = json.loads(text)
+    return _verdict(json.loads(text))
+
+
+def _verdict(fields: dict[str, Any]) -> Verdict:
+    """A verdict from `dataclasses.asdict`'s fields (lists back to tuples, parts nested)."""
     fields["missing"] = tuple(fields.get("missing", ()))
     fields["votes"] = tuple(fields.get("votes", ()))
+    fields["parts"] = tuple(_verdict(part) for part in fields.get("parts", ()))
     return Verdict(**fields)
