@@ -98,8 +98,8 @@ def kills(code: Path, n_events: int, n_kills: int, seed: int) -> dict[str, float
                      or serve_done(serve, n_events))
                 time.sleep(rnd.uniform(0.0, 0.5))  # then at a random moment
             finally:
+                kills_at.append(time.monotonic())  # before: kill() waits for the process
                 serve.kill()
-                kills_at.append(time.monotonic())
         final = ServeProcess(broker.bootstrap, "kills", state, serve_args(endpoint), env=env)
         final.start()
         scrape = final.wait_for(
