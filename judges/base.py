@@ -283,6 +283,17 @@ class ThrottledLog:
         self._log.warning(msg + suffix, *args)
 
 
+class CallJournal(Protocol):
+    """Where a panel journals the calls it paid for, and finds answers it need not pay for again
+    (serve's `pipeline.service.journal.AnsweredCalls`, kept in the state file)."""
+
+    def answered(self, key: CacheKey | None, verdict: Verdict) -> None: ...
+
+    def take(self, key: CacheKey) -> Verdict | None: ...
+
+    def holds(self, key: CacheKey) -> bool: ...
+
+
 def judge_version(judge: Judge) -> str:
     """What produced a judge's verdicts, for the verdict cache: the judge's `version` when it
     has one (LLM judges: prompt, model and request settings), else its implementation."""
@@ -329,7 +340,12 @@ class JudgePanel:
     wait on, and no deadline.)
 
     With a `cache` (judges.verdict_cache), a judge is asked about each distinct input once per
-    TTL: repeats get the kept verdict marked `cached` (no call, no tokens, latency 0).
+    TTL: repeats get the kept verdict marked `cached` (no call, no tokens, latency 0). Each
+    verdict is kept as its call is answered, not when its batch ends, so a later batch (or a
+    call started ahead) never pays for an input already answered.
+
+    With a `journal` (set by serve, `CallJournal`), every answered call is handed to it as it
+    arrives, and a call is made only when the journal holds no answer for it.
     """
 
     # Calls started ahead and not yet taken over are kept for at most this many distinct
@@ -375,6 +391,7 @@ class JudgePanel:
             collections.OrderedDict()
         )
         self.calls_in_flight = 0  # calls started and not finished (read from any thread)
+        self.journal: CallJournal | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -450,12 +467,13 @@ class JudgePanel:
         nothing happens on the synchronous path."""
         if self._graders is not None or not items:
             return
-        cache = self.cache
+        cache, journal = self.cache, self.journal
         pairs = [
             (j, item)
             for item in items
             for j, (judge, version) in enumerate(zip(self.judges, self._versions, strict=True))
-            if cache is None or cache.get((judge.name, version, _digest(item))) is None
+            if (cache is None and journal is None)
+            or not _answered_before(cache, journal, (judge.name, version, _digest(item)))
         ]
         asyncio.run_coroutine_threadsafe(self._start(pairs), self._running_loop())
 
@@ -509,9 +527,12 @@ class JudgePanel:
                 row.append(verdict)
             rows.append(row)
 
+        # Calls keep their verdicts as they are answered (`_call`); graded ones here.
+        keep = self._graders is not None
+
         def assemble(judged: list[Verdict]) -> list[tuple[Verdict, ...]]:
             for key, (first, *repeats), verdict in zip(keys, places, judged, strict=True):
-                if key is not None:
+                if key is not None and keep:
                     cache.put(key, verdict)
                 rows[first[0]][first[1]] = verdict
                 # Repeats within the batch share the one call's outcome, an error included
@@ -580,25 +601,51 @@ class JudgePanel:
         # Copied into each task's context as the task is created.
         _BATCH_DEADLINE.set(None if budget is None else asyncio.get_running_loop().time() + budget)
 
-    def _call(self, j: int, item: JudgeInput) -> asyncio.Task[Verdict]:
+    def _call(self, j: int, item: JudgeInput, fresh: bool = False) -> asyncio.Task[Verdict]:
+        """Call judge number j on `item`; its verdict is kept (cache, journal) as it arrives,
+        under its key unless the input is `fresh` (a canary: journaled for its tokens only)."""
         self.calls_in_flight += 1
         task = asyncio.get_running_loop().create_task(self._judged(self.judges[j], item))
-        task.add_done_callback(self._call_ended)
+        key = None
+        if not fresh and (self.cache is not None or self.journal is not None):
+            key = self._key(j, item)
+
+        def ended(done: asyncio.Task[Verdict]) -> None:
+            self.calls_in_flight -= 1
+            if done.cancelled() or done.exception() is not None:
+                return
+            verdict = done.result()
+            if key is not None and self.cache is not None:
+                self.cache.put(key, verdict)
+            if self.journal is not None:
+                self.journal.answered(key, verdict)
+
+        task.add_done_callback(ended)
         return task
 
-    def _call_ended(self, _: asyncio.Task[Verdict]) -> None:
-        self.calls_in_flight -= 1
+    def _key(self, j: int, item: JudgeInput) -> CacheKey:
+        return self.judges[j].name, self._versions[j], _digest(item)
 
-    def _take_over(self, j: int, item: JudgeInput) -> asyncio.Task[Verdict]:
-        """The call of judge number j on `item` started ahead, or a new one."""
+    def _take_over(self, j: int, item: JudgeInput) -> asyncio.Future[Verdict]:
+        """The call of judge number j on `item` started ahead, the journal's answer, or a new
+        call."""
         if self._ahead:
-            key = (j, _digest(item))
-            tasks = self._ahead.get(key)
+            ahead = (j, _digest(item))
+            tasks = self._ahead.get(ahead)
             if tasks:
                 task = tasks.pop(0)
                 if not tasks:
-                    del self._ahead[key]
+                    del self._ahead[ahead]
                 return task
+        if self.journal is not None:
+            key = self._key(j, item)
+            verdict = self.journal.take(key)
+            if verdict is not None:
+                if self.cache is not None:
+                    self.cache.put(key, verdict)
+                answer: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+                answer.set_result(verdict)
+                return answer
         return self._call(j, item)
 
     async def _start(self, pairs: Sequence[tuple[int, JudgeInput]]) -> None:
@@ -620,7 +667,7 @@ class JudgePanel:
         started ahead takes that call over, except the pairs numbered in `own`."""
         self._set_deadline()
         tasks = [
-            self._call(j, item) if n in own else self._take_over(j, item)
+            self._call(j, item, fresh=True) if n in own else self._take_over(j, item)
             for n, (j, item) in enumerate(pairs)
         ]
         if not tasks:
@@ -662,6 +709,14 @@ class JudgePanel:
         thread.join()
         loop.close()
         self._loop = self._thread = None
+
+
+def _answered_before(
+    cache: VerdictCache | None, journal: CallJournal | None, key: CacheKey
+) -> bool:
+    return (cache is not None and cache.get(key) is not None) or (
+        journal is not None and journal.holds(key)
+    )
 
 
 def _digest(item: JudgeInput) -> bytes:

@@ -24,8 +24,13 @@ Every event judged carries weight 1 / the rate it was sampled at, whatever the f
 cycle, so window counts stay unbiased estimates (`ragpulse_judge_verdicts_weighted_total`):
 spending less makes the estimate noisier, not wrong.
 
-The spend of the current hour is kept in this process: a restart starts the hour afresh (the
-spend so far stays in `ragpulse_judge_spend_total`).
+The spend of the current hour is saved in serve's state file with each cycle's counters, and a
+restart within the same clock hour goes on from it (a deployment restarted every 12 s in the
+last 6 minutes of an hour once spent 2.94 times the hour's budget, each process starting from
+zero); the spend per judged event and the strata's shares are read back from the saved
+counters, so a restarted process does not probe again. The spend of calls answered by a cycle
+that did not commit (a crash, a failed cycle) is counted by the next cycle that does
+(`pipeline.service.journal`), probes included.
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ GAUGE_HELP = {
     "ragpulse_judge_budget_per_hour": "The judge budget per clock hour (--judge-budget-per-hour), "
     "in tokens, or in the currency of --judge-price-table.",
     "ragpulse_judge_budget_spent_this_hour": "Judge spend in the current clock hour, in the "
-    "budget's unit, as counted by this process.",
+    "budget's unit (saved in the state file: restarts within the hour go on from it).",
     "ragpulse_judge_sample_factor": "The budget governor's factor on every sampling stratum's "
     "rate in the last cycle (1: not limited; rates never go below --judge-min-sample-rate).",
 }
@@ -169,19 +174,54 @@ class BudgetGovernor:
             )
         return plan.governed(self.factor, floor)
 
+    def restore(
+        self, hour: int, unit: str, spent: float, counts: Mapping[counting.CounterKey, float]
+    ) -> None:
+        """Go on from a saved state: the spend of clock hour `hour` (kept if it is this hour
+        and in this budget's unit), and the saved cumulative counters (events seen per stratum,
+        judged, their tokens), which stand in for a probe."""
+        if hour == self._hour and unit == self.settings.unit:
+            self.spent_this_hour = spent
+            log.info(
+                "judge budget: %.6g of %.6g %s already spent this hour (saved state)",
+                spent, self.settings.per_hour, unit,
+            )
+        elif hour == self._hour:
+            log.warning(
+                "judge budget: the saved spend of this hour is in %s, the budget now in %s; "
+                "this hour's spend starts from 0", unit, self.settings.unit,
+            )
+        self._learn(counts, spend_of(counts, self.settings.prices))
+
+    def this_hour_with(self, spend: float) -> tuple[int, float]:
+        """(clock hour, its spend) once a cycle's `spend` is added: what the cycle saves."""
+        hour = math.floor(self._clock() / 3600)
+        return hour, (self.spent_this_hour if hour == self._hour else 0.0) + spend
+
+    def spend(self, counts: Mapping[counting.CounterKey, float]) -> float:
+        """The spend the token counters of a cycle's `counts` stand for."""
+        return spend_of(counts, self.settings.prices)
+
+    def spend_counter(self, spend: float) -> counting.Counts:
+        """The spend counter's increment for a cycle's `spend`."""
+        key = counting.key(SPEND, unit=self.settings.unit)
+        return Counter({key: to_micros(spend)}) if spend else Counter()
+
     def record(self, counts: Mapping[counting.CounterKey, float]) -> counting.Counts:
-        """Takes in a finished cycle's counts; returns the spend counter's increment."""
+        """Takes in a committed cycle's counts; returns the spend counter's increment."""
         self._roll_hour()
         spend = spend_of(counts, self.settings.prices)
         self.spent_this_hour += spend
+        self._learn(counts, spend)
+        return self.spend_counter(spend)
+
+    def _learn(self, counts: Mapping[counting.CounterKey, float], spend: float) -> None:
         self._spend += spend
         for (metric, labels), n in counts.items():
             if metric == SEEN:
                 self._seen[dict(labels)["stratum"]] += int(n)
             elif metric == SAMPLED:
                 self._judged += int(n)
-        key = counting.key(SPEND, unit=self.settings.unit)
-        return Counter({key: to_micros(spend)}) if spend else Counter()
 
     def _records_to_come(self, now: float, records: int) -> float:
         """Records expected in the rest of the clock hour after this cycle's: the arrival rate

@@ -49,6 +49,11 @@ what the "model" does:
   *outside* every fence is obeyed. A judge that fails to fence untrusted text therefore gets
   the injected verdict back, which is what makes the prompt-injection test able to fail.
 
+`hold_after(n)` answers the next n chat requests and holds every later one until `release()`:
+`release(answer=False)` then ends the held requests without a reply (outcome "abandoned"), as
+for a client killed while waiting; `held` says how many are waiting. A test builds a crash in
+the middle of a batch this way, deterministically, not by timing.
+
 Every request is logged (`requests`), the peak number of requests in flight is kept
 (`max_concurrent`), and every change of that number with its time (`in_flight_log`), from which
 `occupancy()` says how busy the server was kept: calls per second, the mean number in flight
@@ -169,6 +174,7 @@ class RecordedRequest:
     outcome: str
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    answered_at: float = 0.0  # time.monotonic() when it was answered (or given up on)
 
 
 Decide = Callable[[FencedRequest], tuple[FakeRating, str]]
@@ -177,6 +183,15 @@ ReplyFor = Callable[[dict[str, Any]], str | None]
 
 # The last line of a combined call's system message (judges.combined) names its judges.
 _VERDICTS_WANTED = re.compile(r"^Verdicts wanted: ([a-z0-9_, ]+)$", re.MULTILINE)
+
+
+def request_identity(body: dict[str, Any] | None) -> str:
+    """What a request asks, without the fences' per-call nonces: equal for two calls of the same
+    judge on the same event, so a test can count how often each input was paid for."""
+    return _NONCE.sub(">", json.dumps(body.get("messages") if body else None, sort_keys=True))
+
+
+_NONCE = re.compile(r"-[0-9a-f]{8,}>")
 
 
 def read_fences(user_message: str) -> FencedRequest:
@@ -332,6 +347,11 @@ class FakeOpenAI:
         self._faults: collections.deque[Fault] = collections.deque()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        # hold_after / release: replies still given before holding (None: never hold).
+        self._replies_left: int | None = None
+        self._released = threading.Event()
+        self._answer_held = True
+        self.held = 0
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -341,6 +361,31 @@ class FakeOpenAI:
         """Queue faults; each is served to exactly one request, before normal replies resume."""
         with self._lock:
             self._faults.extend(faults)
+
+    def hold_after(self, n: int) -> None:
+        """Answer the next `n` chat requests, then hold every later one until `release`."""
+        with self._lock:
+            self._replies_left = n
+            self._released.clear()
+
+    def release(self, *, answer: bool = True) -> None:
+        """Let the held requests go on (answered, or, with answer=False, ended unanswered) and
+        stop holding."""
+        with self._lock:
+            self._replies_left = None
+            self._answer_held = answer
+            self._released.set()
+
+    def _holds(self) -> bool:
+        """Whether this request is to be held (counts it against `hold_after`)."""
+        with self._lock:
+            if self._replies_left is None:
+                return False
+            if self._replies_left > 0:
+                self._replies_left -= 1
+                return False
+            self.held += 1
+            return True
 
     def reset_log(self) -> None:
         """Forget the request log and the concurrency peak (e.g. between benchmark rounds)."""
@@ -520,7 +565,8 @@ class FakeOpenAI:
                 def record(outcome: str, prompt: int = 0, completion: int = 0) -> None:
                     fake._record(
                         RecordedRequest(
-                            self.path, body, headers, received_at, outcome, prompt, completion
+                            self.path, body, headers, received_at, outcome, prompt, completion,
+                            time.monotonic(),
                         )
                     )
 
@@ -531,6 +577,16 @@ class FakeOpenAI:
                     record("404")
                     self._send(404, b'{"error": {"message": "not found"}}', {})
                     return
+                if fake._holds():
+                    while not (fake._released.wait(0.05) or fake._stopping.is_set()):
+                        pass
+                    with fake._lock:
+                        fake.held -= 1
+                        answer = fake._answer_held
+                    if not answer:
+                        record("abandoned")
+                        self.close_connection = True
+                        return
                 fault = fake._next_fault()
                 if fault is not None and fault.kind == "hang":
                     record("hang")

@@ -120,6 +120,29 @@ def test_a_spent_budget_leaves_every_stratum_at_the_floor() -> None:
     assert (plan.effective(1.0), plan.effective(0.01)) == (0.02, 0.01)
 
 
+def test_a_restart_within_the_hour_goes_on_from_the_saved_spend_and_does_not_probe_again() -> None:
+    settings = BudgetSettings(per_hour=10_000, min_sample_rate=0.0)
+    plan = plan_from_data({"rules": [{"name": "vip", "when": {"app": "vip"}, "rate": 1.0}]}, 1.0)
+    saved = cycle_counts({"default": 1000}, 100, 10_000)  # 100 tokens per judged event
+    clock = Clock(HOUR + 3300)
+    restarted = BudgetGovernor(settings, clock)
+    restarted.restore(int(HOUR // 3600), "tokens", 9_990.0, saved)
+    assert restarted.gauges()["ragpulse_judge_budget_spent_this_hour"] == 9_990.0
+    # 10 tokens left: no probe of PROBE_EVENTS events (3,200 tokens), the floor alone.
+    restarted.plan_for(plan, records=1000)
+    assert restarted.factor == 0.0
+    assert restarted.this_hour_with(50.0) == (int(HOUR // 3600), 10_040.0)
+    # The saved spend of another hour, or in another unit, is not this hour's.
+    for hour, unit in ((int(HOUR // 3600) - 1, "tokens"), (int(HOUR // 3600), "cost")):
+        other = BudgetGovernor(settings, clock)
+        other.restore(hour, unit, 9_990.0, saved)
+        assert other.spent_this_hour == 0.0
+        other.plan_for(plan, records=1000)
+        # No probe: the factor keeps m + 3 sqrt(100 m) within the 10,000 tokens, as known
+        # from the saved 100 tokens per judged event (m = 7,417 tokens).
+        assert other.factor == pytest.approx(0.0742, abs=1e-3)
+
+
 def parse_budget_flags(*argv: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     add_budget_arguments(p)

@@ -8,6 +8,7 @@ import dataclasses
 import importlib.resources
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from fake_openai import FakeOpenAI, Fault, fake_openai_fixture  # noqa: F401
 from graph_runs import stage_config
 from test_llm_judges import BAD, GOOD, endpoint_for
 
-from judges.base import Chunk, Guideline, JudgeInput, JudgePanel, Turn, Verdict
+from judges.base import Chunk, Guideline, JudgeInput, JudgePanel, Turn, Verdict, judge_version
 from judges.endpoint import forget_shared_endpoint_states, usage_counts
 from judges.llm import build_llm_judges, load_prompt
 from judges.local_safety import SafetyJudge
@@ -365,3 +366,34 @@ def test_the_graph_counts_cache_hits_and_cached_prompt_tokens_and_calls_only_for
     assert ok_requests(fake_openai) == 2
     assert counter(second, "ragpulse_judge_cache_hits_total", judge="safety") == 2
     assert counter(second, "ragpulse_judge_calls_total", judge="safety", backend="openai") == 0
+
+
+def test_a_verdict_is_kept_as_its_call_is_answered_so_a_batch_sent_meanwhile_pays_nothing(
+    fake_openai: FakeOpenAI,
+) -> None:
+    # An endpoint stalling on one call of a batch (a fault, a slow reply) must not make a later
+    # batch pay again for an input whose call in the first batch was answered already.
+    cache = VerdictCache(100, 600)
+    panel = llm_panel(fake_openai, cache, concurrency=1)
+    fake_openai.hold_after(1)
+    try:
+        first = panel.submit([GOOD, BAD])
+        deadline = time.monotonic() + 30
+        while len(cache) < 1:  # one answer arrived; the other call is held
+            assert time.monotonic() < deadline, "no verdict kept while its batch was pending"
+            time.sleep(0.01)
+        assert not first.done()
+        answered = next(item for item in (GOOD, BAD) if panel_cached(panel, item))
+        second = panel.submit([answered])
+        fake_openai.release()
+        rows = first.result(timeout=30) + second.result(timeout=30)
+    finally:
+        panel.close()
+    assert ok_requests(fake_openai) == 2
+    assert [v.cached for (v,) in rows] == [False, False, True]
+
+
+def panel_cached(panel: JudgePanel, item: JudgeInput) -> bool:
+    assert panel.cache is not None
+    judge = panel.judges[0]
+    return panel.cache.get((judge.name, judge_version(judge), input_digest(item))) is not None

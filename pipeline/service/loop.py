@@ -39,6 +39,12 @@ the next (`pipeline.service.owners`), so a second live owner of a partition, or 
 other --instances, stops the newer instance (/healthz 503, one ERROR line); the lag of every
 partition of the topic, read or not, is exported (`ragpulse_consumer_group_lag`).
 
+Judge calls are paid as they are answered, before the cycle commits: each answered call is
+journaled in the state file as it arrives (`pipeline.service.journal`), so a cycle replayed
+after a crash takes those answers instead of paying again, and the tokens of every paid call
+are counted once, by the first cycle to commit after the answer. The judge budget's spend of
+the clock hour is saved with each cycle (`pipeline.budget`).
+
 Judge calls keep flowing between cycles: while a cycle runs, `pipeline.service.lookahead`
 starts the calls for the events after its ranges, which the next cycle's judge stage takes over
 and counts as its own; only calls are shared, so the guarantees above hold as they are.
@@ -57,16 +63,17 @@ import apache_beam as beam
 
 from judges import shared_panel
 from pipeline import counting
-from pipeline.budget import BudgetGovernor
+from pipeline.budget import TOKENS, BudgetGovernor
 from pipeline.calibration import by_judge
 from pipeline.errors import SettingsError
 from pipeline.graph import GraphResult, Sinks, pipeline_options, run_graph
 from pipeline.sampling import SPEND, SamplingPlan
 from pipeline.service.canaries import CanaryFeed
+from pipeline.service.journal import AnsweredCalls
 from pipeline.service.labels import LabelBudget
 from pipeline.service.lookahead import Lookahead, runs_here
 from pipeline.service.owners import Commit, Owner, conflicts, read_metadata
-from pipeline.service.state import StateError, StateStore
+from pipeline.service.state import HourSpend, StateError, StateStore
 from pipeline.service.watermark import closed_before, compute_watermark, merge_latest
 from pipeline.settings import ServeSettings
 from pipeline.sinks.kafka import UNDELIVERABLE, KafkaTopic, PublishDeadLetters, PublishVerdicts
@@ -151,7 +158,8 @@ class TopicWatcher:
         self._lock = threading.Lock()
         self._lag: dict[tuple[str, int], int] = {}
         self._cycles = CycleStats()
-        self._governor = BudgetGovernor(settings.budget) if settings.budget else None
+        self._governor = _governor(settings, state)
+        self._journal = _journal(settings, state)
         self._heartbeat = time.time()  # start-up counts as alive until the first cycle fails
         self._first_failure: float | None = None
         self._cycle_started: float | None = None
@@ -186,6 +194,8 @@ class TopicWatcher:
         )
         starts.update(reset_to)
         ranges = plan_batch(starts, ends, s.max_batch_events, bounds.beginnings)
+        if self._journal is not None:
+            self._journal.begin_attempt()
         previous_wm = self.state.watermark(topic)
         cutoff = closed_before(previous_wm, s.allowed_lateness_seconds)
         if self._lookahead is not None:
@@ -200,9 +210,12 @@ class TopicWatcher:
         traces = None if s.input_format == "ragpulse" else self._traces(ranges, increments, now)
         if traces.records if traces is not None else ranges:
             result = self._judge(ranges, traces, cutoff)
-            if self._governor is not None:
-                # Spent even if the cycle fails from here on: the calls were made.
-                increments.update(self._governor.record(result.counts))
+            if self._journal is not None:
+                # Tokens are counted from the journal (below), once per paid call.
+                result = dataclasses.replace(
+                    result, counts=Counter({k: n for k, n in result.counts.items()
+                                            if k[0] != TOKENS})
+                )
             increments.update(self._undeliverable(result))
             result = self._bound_labels(result)
             increments.update(result.counts)
@@ -212,6 +225,19 @@ class TopicWatcher:
             latest, list(ranges), s.out_of_orderness_seconds, previous=previous_wm
         )
         new_offsets = {p: stop for p, (_, stop) in ranges.items()}
+        settlement = self._journal.settle() if self._journal is not None else None
+        paid = counting.merge(
+            result.counts if result is not None else {},
+            settlement.tokens if settlement is not None else {},
+        )
+        hour_spend = None
+        if settlement is not None:
+            increments.update(settlement.tokens)
+        if self._governor is not None:
+            spend = self._governor.spend(paid)
+            increments.update(self._governor.spend_counter(spend))
+            hour, spent = self._governor.this_hour_with(spend)
+            hour_spend = HourSpend(hour, self._governor.settings.unit, spent)
         completed = self.state.apply_cycle(
             topic,
             result.windows if result else {},
@@ -233,7 +259,13 @@ class TopicWatcher:
                 + s.out_of_orderness_seconds
                 + s.allowed_lateness_seconds
             ),
+            hour_spend=hour_spend,
+            calls_settled=settlement.calls if settlement is not None else None,
         )
+        if self._journal is not None and settlement is not None:
+            self._journal.settled(settlement)
+        if self._governor is not None:
+            self._governor.record(paid)
         self._delivery_failing_since, self._delivery_failures = None, 0
         _log_completed(completed)
         if result is not None:
@@ -736,6 +768,8 @@ class TopicWatcher:
             self.release()
         if self._lookahead is not None:
             self._lookahead.close()
+        if self._journal is not None:
+            self._journal.close()
         self.state.close()
 
 
@@ -783,6 +817,32 @@ def _lookahead(settings: ServeSettings) -> Lookahead | None:
     ):
         return None
     return Lookahead(settings, shared_panel(config.judges), config.judge_batch_size)
+
+
+def _governor(settings: ServeSettings, state: StateStore) -> BudgetGovernor | None:
+    """The judge budget's governor, going on from the spend and counters saved in `state`."""
+    if settings.budget is None:
+        return None
+    governor = BudgetGovernor(settings.budget)
+    saved = state.hour_spend()
+    if saved is not None:
+        governor.restore(saved.hour, saved.unit, saved.spent, state.counters())
+    return governor
+
+
+def _journal(settings: ServeSettings, state: StateStore) -> AnsweredCalls | None:
+    """The journal of answered calls, attached to the process's judge panel, where calls are
+    paid for (an LLM backend) and the judge stage runs in this process (the panel is there to
+    attach it to); the cascade's panels are its bundles' own, and are not journaled."""
+    if (
+        settings.judges.backend == "local"
+        or not runs_here(settings)
+        or settings.cascade is not None
+    ):
+        return None
+    journal = AnsweredCalls(state.path, settings.judges.text_policy())
+    shared_panel(settings.stage_config().judges).journal = journal
+    return journal
 
 
 def open_state(settings: ServeSettings) -> tuple[StateStore, bool]:

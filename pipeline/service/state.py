@@ -15,6 +15,7 @@ restart every count from zero.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sqlite3
@@ -121,6 +122,47 @@ CREATE INDEX IF NOT EXISTS finished_traces_age ON finished_traces (finished_at)
 """
 
 
+# Money across crashes (added like the exemplars table, no schema bump: an older ragpulse
+# ignores both tables, and only loses what they add). `judge_spend` holds the judge budget's
+# spend of the current clock hour (pipeline/budget.py), saved with each cycle's counters;
+# `answered_calls` is the journal of judge calls answered and not yet settled by a committed
+# cycle (pipeline/service/journal.py), written as the answers arrive: a restart takes their
+# verdicts instead of paying again, and every call's tokens are counted once.
+_MONEY_TABLES = """
+CREATE TABLE IF NOT EXISTS judge_spend (
+    hour INTEGER PRIMARY KEY,
+    unit TEXT NOT NULL,
+    spent REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS answered_calls (
+    id INTEGER PRIMARY KEY,
+    judge TEXT NOT NULL,
+    version TEXT NOT NULL,
+    digest BLOB,
+    verdict TEXT NOT NULL,
+    counted INTEGER NOT NULL DEFAULT 0
+)
+"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HourSpend:
+    """The judge budget's spend in clock hour `hour` (epoch seconds // 3600), in `unit`."""
+
+    hour: int
+    unit: str
+    spent: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CallsSettled:
+    """What a committed cycle does to the journal of answered calls (`answered_calls` ids):
+    `counted` now have their tokens in the cycle's counters; `dropped` are done with."""
+
+    counted: Sequence[int] = ()
+    dropped: Sequence[int] = ()
+
+
 class StateError(RuntimeError):
     """The state file cannot be used (missing pieces, damaged, newer schema, not a file...),
     or a cycle contradicts it."""
@@ -144,6 +186,8 @@ class StateStore:
         self._db = _open_checked(self.path)
         self._db.execute(_EXEMPLARS_TABLE)
         for statement in _TRACE_SPANS_TABLE.split(";"):
+            self._db.execute(statement)
+        for statement in _MONEY_TABLES.split(";"):
             self._db.execute(statement)
 
     @staticmethod
@@ -188,6 +232,8 @@ class StateStore:
         traces_finished: Iterable[str] = (),
         finished_at: float = 0.0,
         forget_finished_before: float | None = None,
+        hour_spend: HourSpend | None = None,
+        calls_settled: CallsSettled | None = None,
     ) -> dict[WindowKey, RatingCounts]:
         """Save one cycle atomically; returns the windows this cycle completed, with their counts.
 
@@ -201,7 +247,9 @@ class StateStore:
         cycle's spans of traces still pending, `traces_finished` the traces it assembled or
         dead-lettered (their saved spans are dropped, and the trace is remembered as finished
         at `finished_at` until `forget_finished_before` passes it): saved with the offsets that
-        read them.
+        read them. `hour_spend` replaces the judge budget's saved spend (older hours are
+        dropped); `calls_settled` marks journaled calls as counted (their tokens are in
+        `counts`) and deletes the ones done with.
         """
         db = self._db
         db.execute("BEGIN IMMEDIATE")
@@ -302,6 +350,21 @@ class StateStore:
                     for a in spans_added
                 ],
             )
+            if hour_spend is not None:
+                db.execute("DELETE FROM judge_spend WHERE hour <> ?", (hour_spend.hour,))
+                db.execute(
+                    "INSERT OR REPLACE INTO judge_spend (hour, unit, spent) VALUES (?, ?, ?)",
+                    (hour_spend.hour, hour_spend.unit, hour_spend.spent),
+                )
+            if calls_settled is not None:
+                db.executemany(
+                    "UPDATE answered_calls SET counted = 1 WHERE id = ?",
+                    [(i,) for i in calls_settled.counted],
+                )
+                db.executemany(
+                    "DELETE FROM answered_calls WHERE id = ?",
+                    [(i,) for i in calls_settled.dropped],
+                )
             completed: dict[WindowKey, RatingCounts] = {}
             if closed_before is not None:
                 rows = db.execute(
@@ -465,6 +528,11 @@ class StateStore:
             "SELECT COUNT(DISTINCT trace_id) FROM trace_spans WHERE topic = ?", (topic,)
         ).fetchone()
         return int(row[0])
+
+    def hour_spend(self) -> HourSpend | None:
+        """The judge budget's saved spend (of the clock hour of the last cycle that had one)."""
+        row = self._db.execute("SELECT hour, unit, spent FROM judge_spend").fetchone()
+        return None if row is None else HourSpend(int(row[0]), row[1], float(row[2]))
 
     def latest_event_times(self, topic: str) -> dict[int, float]:
         """Latest event time read per partition (the watermark's inputs)."""
