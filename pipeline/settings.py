@@ -442,6 +442,9 @@ class ServeSettings(BatchSettings):
     state: Path = Path("ragpulse-state.sqlite")
     allowed_lateness_seconds: float = Field(600.0, ge=0, title="--allowed-lateness")
     out_of_orderness_seconds: float = Field(30.0, ge=0, title="--out-of-orderness")
+    # A partition with no backlog for this long stops holding the watermark back
+    # (pipeline/service/watermark.py); 0 makes it idle at its first quiet cycle.
+    partition_idle_after_seconds: float = Field(60.0, ge=0, title="--partition-idle-after")
     trigger_interval_seconds: float = Field(15.0, gt=0, title="--trigger-interval")
     max_batch_events: int = Field(50_000, ge=1)
     metrics_host: str = "127.0.0.1"

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cycle_holds import CycleHolds
 from kafka_broker import TansuBroker, kafka_broker  # noqa: F401
 from serve_process import Scrape, serve_processes_fixture, windows_rows  # noqa: F401
 from test_serve import (
@@ -42,6 +42,8 @@ ARGS = [
     "--window", "10s",
     "--allowed-lateness", "5s",
     "--out-of-orderness", "0s",
+    # A partition caught up for a moment while the producer writes another is not idle.
+    "--partition-idle-after", "30s",
     "--max-batch-events", "200",
     "--judges", ",".join(JUDGES),
 ]
@@ -65,6 +67,18 @@ def added_up(scrapes: Sequence[Scrape]) -> dict[CounterKey, float]:
     for scrape in scrapes:
         total.update(durable_counters(scrape))
     return dict(total)
+
+
+def produce_interleaved(
+    broker: TansuBroker, topic: str, payloads: Sequence[bytes], partitions: int, chunk: int = 10
+) -> None:
+    """Record i to partition i % partitions, as produce_round_robin places them, but written
+    `chunk` records per partition in turn, so that every partition moves on together in
+    event time, as a live producer's partitions do."""
+    for at in range(0, len(payloads), chunk * partitions):
+        block = payloads[at : at + chunk * partitions]
+        for p in range(partitions):
+            broker.produce(topic, list(block[p::partitions]), partition=(at + p) % partitions)
 
 
 def lag_partitions(scrape: Scrape) -> set[int]:
@@ -92,10 +106,15 @@ def test_two_instances_one_killed_and_restarted_count_together_what_one_instance
 
     states = [tmp_path / "instance-0.sqlite", tmp_path / "instance-1.sqlite"]
     first = serve_processes(broker.bootstrap, topic, states[0], instance(0)).start()
-    second = serve_processes(broker.bootstrap, topic, states[1], instance(1)).start()
+    holds = CycleHolds(tmp_path / "hooks")
+    second = serve_processes(
+        broker.bootstrap, topic, states[1], instance(1), env=holds.env
+    ).start()
     second.wait_for(caught_up(200), 60, "a saved cycle of instance 1")
-    produce_round_robin(broker, topic, payloads[EVENTS // 2 :], PARTITIONS)
-    time.sleep(0.5)
+    # Killed mid-cycle: held after judging a batch of which nothing is saved.
+    holds.hold("judged")
+    produce_interleaved(broker, topic, payloads[EVENTS // 2 :], PARTITIONS)
+    holds.wait_at("judged", second)
     assert second.kill() != 0
     killed_at = saved_offsets(states[1], topic)
     print(f"instance 1 killed with offsets {killed_at} saved")
@@ -142,6 +161,8 @@ def test_two_instances_one_killed_and_restarted_count_together_what_one_instance
     assert window_counts(split_rows) == window_counts(reference_rows)
     assert added_up(scrapes) == durable_counters(reference_scrape)
     assert reference_scrape.value("ragpulse_events_total", outcome="accepted") == EVENTS
+    for scrape in (*scrapes, reference_scrape):
+        assert scrape.total("ragpulse_late_events_total") == 0
 
 
 def read_to_the_end(scrape: Scrape) -> bool:

@@ -59,10 +59,16 @@ from pipeline.errors import SettingsError
 from pipeline.graph import GraphResult, Sinks, pipeline_options, run_graph
 from pipeline.sampling import SPEND, SamplingPlan
 from pipeline.service.canaries import CanaryFeed
+from pipeline.service.cycle_hooks import CycleHooks
 from pipeline.service.labels import LabelBudget
 from pipeline.service.lookahead import Lookahead, runs_here
 from pipeline.service.state import StateError, StateStore
-from pipeline.service.watermark import closed_before, compute_watermark, merge_latest
+from pipeline.service.watermark import (
+    closed_before,
+    compute_watermark,
+    holding_partitions,
+    merge_latest,
+)
 from pipeline.settings import ServeSettings
 from pipeline.sinks.kafka import UNDELIVERABLE, KafkaTopic, PublishDeadLetters, PublishVerdicts
 from pipeline.sinks.otlp_evaluations import ExportEvaluations
@@ -138,6 +144,11 @@ class TopicWatcher:
         self._snapshot = self._load_snapshot()
         self.labels = LabelBudget(settings.labels)
         self._lookahead = _lookahead(settings)
+        self._hooks = CycleHooks.from_environment()
+        # When each partition last had a backlog (time.monotonic()), for --partition-idle-after;
+        # a partition with saved event times counts from start-up, so a restart idles none.
+        started = time.monotonic()
+        self._last_backlog = {p: started for p in self.state.latest_event_times(settings.topic)}
         if settings.instances > 1:
             log.info(
                 "instance %d of %d: reading the partitions p of %s with p %% %d == %d",
@@ -167,6 +178,8 @@ class TopicWatcher:
         )
         starts.update(reset_to)
         ranges = plan_batch(starts, ends, s.max_batch_events, bounds.beginnings)
+        if ranges:
+            self._hooks.at("planned")
         previous_wm = self.state.watermark(topic)
         cutoff = closed_before(previous_wm, s.allowed_lateness_seconds)
         if self._lookahead is not None:
@@ -181,6 +194,7 @@ class TopicWatcher:
         traces = None if s.input_format == "ragpulse" else self._traces(ranges, increments, now)
         if traces.records if traces is not None else ranges:
             result = self._judge(ranges, traces, cutoff)
+            self._hooks.at("judged")
             if self._governor is not None:
                 # Spent even if the cycle fails from here on: the calls were made.
                 increments.update(self._governor.record(result.counts))
@@ -189,8 +203,14 @@ class TopicWatcher:
             increments.update(result.counts)
             latest = merge_latest(latest, result.latest_event_time)
             took = time.perf_counter() - started
+        clock = time.monotonic()
+        self._last_backlog.update(dict.fromkeys(ranges, clock))
         watermark = compute_watermark(
-            latest, list(ranges), s.out_of_orderness_seconds, previous=previous_wm
+            latest,
+            holding_partitions(self._last_backlog, clock, s.partition_idle_after_seconds),
+            s.out_of_orderness_seconds,
+            previous=previous_wm,
+            now=now,
         )
         new_offsets = {p: stop for p, (_, stop) in ranges.items()}
         completed = self.state.apply_cycle(
@@ -216,6 +236,8 @@ class TopicWatcher:
             ),
         )
         self._delivery_failing_since, self._delivery_failures = None, 0
+        if ranges:
+            self._hooks.at("saved")
         _log_completed(completed)
         if result is not None:
             self.state.save_exemplars(result.exemplars)
