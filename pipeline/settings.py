@@ -270,6 +270,8 @@ class BatchSettings(BaseModel):
     cascade: InstanceOf[CascadeSettings] | None = Field(None, title="--cascade-llm-sample-rate")
     window_seconds: float = Field(300.0, gt=0, title="--window")
     max_event_bytes: int = Field(1_048_576, ge=1024)
+    # Events dated further ahead of their record time or the clock are refused (stages.py).
+    max_future_skew_seconds: float = Field(300.0, gt=0, title="--max-future-skew")
     labels: LabelLimits = LabelLimits()
     beam_args: tuple[str, ...] = Field((), title="--beam-arg")
     runner: str | None = Field(None, title="--runner")  # None: FnApiRunner in this process
@@ -331,6 +333,7 @@ class BatchSettings(BaseModel):
             # Enough events in flight to keep every concurrent judge call busy.
             judge_batch_size=max(256, self.judges.concurrency * 16),
             closed_before=closed_before,
+            max_future_skew_s=self.max_future_skew_seconds,
         )
 
 
@@ -366,6 +369,7 @@ class StreamSettings(BaseModel):
     sample_rate: float = Field(1.0, ge=0, le=1)
     window_seconds: float = Field(300.0, gt=0, title="--window")
     max_event_bytes: int = Field(1_048_576, ge=1024)
+    max_future_skew_seconds: float = Field(300.0, gt=0, title="--max-future-skew")
     bootstrap: str = Field(min_length=3, title="--kafka-bootstrap")
     topic: str = Field(min_length=1)
     dead_letter_topic: str = Field(min_length=1)
@@ -408,6 +412,7 @@ class StreamSettings(BaseModel):
             window_seconds=self.window_seconds,
             max_event_bytes=self.max_event_bytes,
             judge_batch_size=max(256, self.judges.concurrency * 16),
+            max_future_skew_s=self.max_future_skew_seconds,
         )
 
 
@@ -427,6 +432,8 @@ class ExporterSettings(BaseModel):
     # Windows older than this behind the newest one are folded into the counters; keep it
     # above the stream's --allowed-lateness, after which no pane of a window comes.
     retention_seconds: float = Field(86400.0, gt=0, title="--retention")
+    # Panes of windows starting further ahead of the clock are ignored (service/panes.py).
+    max_future_skew_seconds: float = Field(300.0, gt=0, title="--max-future-skew")
     labels: LabelLimits = LabelLimits()
 
 
@@ -548,6 +555,21 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+def add_future_skew_argument(g: Any, model: type[BaseModel]) -> None:
+    """--max-future-skew, for the commands that admit events (run, serve, stream) and the
+    exporter (which ignores panes of windows beyond it)."""
+    g.add_argument(
+        "--max-future-skew",
+        type=positive_duration,
+        default=default_of(model, "max_future_skew_seconds"),
+        metavar="DURATION",
+        help="events dated more than this ahead of their Kafka record time or the clock are "
+        "dead-lettered as future-dated, so that one wrong clock cannot move the watermark to "
+        "the future (default: "
+        f"{format_duration(default_of(model, 'max_future_skew_seconds'))})",
+    )
+
+
 def add_batch_arguments(p: argparse.ArgumentParser) -> None:
     """Sampling, window and record-size flags, shared by `run` and `serve`."""
     g = p.add_argument_group("events and windows")
@@ -582,6 +604,7 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="largest accepted event; larger ones are dead-lettered (default: %(default)s)",
     )
+    add_future_skew_argument(g, BatchSettings)
     p.add_argument_group("judge calibration").add_argument(
         "--judge-calibration",
         action="append",
@@ -664,6 +687,7 @@ def batch_fields(args: argparse.Namespace) -> dict[str, Any]:
         "cascade": cascade_settings(args, judges.names, judges.backend),
         "window_seconds": args.window,
         "max_event_bytes": args.max_event_bytes,
+        "max_future_skew_seconds": args.max_future_skew,
         "labels": label_limits(args),
         "beam_args": tuple(args.beam_arg),
         "runner": args.runner,
