@@ -121,7 +121,8 @@ def future_reason(
         if reference is not None and event_time - reference > max_future_skew_s:
             return (
                 f"future-dated event: its time {isoformat_utc(event_time)} is "
-                f"{_ahead(event_time - reference)} ahead of {what} ({isoformat_utc(reference)}), "
+                f"{_ahead(event_time - reference)} ahead of {what} "
+                f"({isoformat_utc(round(reference))}), "
                 f"over --max-future-skew {_ahead(max_future_skew_s)}"
             )
     return None
