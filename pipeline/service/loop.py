@@ -64,6 +64,7 @@ from pipeline.service.labels import LabelBudget
 from pipeline.service.lookahead import Lookahead, runs_here
 from pipeline.service.state import StateError, StateStore
 from pipeline.service.watermark import (
+    ceiling,
     closed_before,
     compute_watermark,
     holding_partitions,
@@ -181,6 +182,10 @@ class TopicWatcher:
         if ranges:
             self._hooks.at("planned")
         previous_wm = self.state.watermark(topic)
+        if previous_wm is not None:
+            # A watermark saved from a future-dated event (before --max-future-skew) would
+            # close every window for this cycle too: pulled back to the ceiling at once.
+            previous_wm = min(previous_wm, ceiling(time.time(), s.out_of_orderness_seconds))
         cutoff = closed_before(previous_wm, s.allowed_lateness_seconds)
         if self._lookahead is not None:
             self._lookahead.cycle_started(
