@@ -86,7 +86,7 @@ def lag_partitions(scrape: Scrape) -> set[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # three serves over 4,000 events: minutes on a loaded machine
 def test_two_instances_one_killed_and_restarted_count_together_what_one_instance_counts(
     kafka_broker: TansuBroker,  # noqa: F811
     serve_processes: ServeFactory,

@@ -108,3 +108,11 @@ def test_watermark_never_passes_the_clock_plus_the_out_of_orderness() -> None:
     assert got == ceiling(now, 30) == now + 30
     # A watermark saved from a future-dated event by an older version is pulled back.
     assert compute_watermark({0: now - 100}, {0}, 30, previous=year_2099, now=now) == now + 30
+
+
+def test_a_partition_within_its_grace_with_no_event_time_yet_holds_the_watermark() -> None:
+    # After --state-reset, a partition caught up by the group's offsets has no event time in
+    # the new file: until its grace passes, the other partition's events cannot pass it.
+    got = compute_watermark({0: 500.0}, {0, 1}, out_of_orderness_s=0, previous=100.0)
+    assert got == 100.0
+    assert compute_watermark({0: 500.0}, {0}, out_of_orderness_s=0, previous=100.0) == 500.0

@@ -147,9 +147,10 @@ class TopicWatcher:
         self._lookahead = _lookahead(settings)
         self._hooks = CycleHooks.from_environment()
         # When each partition last had a backlog (time.monotonic()), for --partition-idle-after;
-        # a partition with saved event times counts from start-up, so a restart idles none.
-        started = time.monotonic()
-        self._last_backlog = {p: started for p in self.state.latest_event_times(settings.topic)}
+        # every partition counts from start-up (or from when it appears), so a restart idles
+        # none before its grace.
+        self._started = time.monotonic()
+        self._last_backlog: dict[int, float] = {}
         if settings.instances > 1:
             log.info(
                 "instance %d of %d: reading the partitions p of %s with p %% %d == %d",
@@ -209,6 +210,8 @@ class TopicWatcher:
             latest = merge_latest(latest, result.latest_event_time)
             took = time.perf_counter() - started
         clock = time.monotonic()
+        for p in ends:
+            self._last_backlog.setdefault(p, self._started)
         self._last_backlog.update(dict.fromkeys(ranges, clock))
         watermark = compute_watermark(
             latest,

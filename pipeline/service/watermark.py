@@ -7,7 +7,9 @@ The watermark is the minimum, over partitions, of the latest event time read, mi
 out-of-orderness bound: events older than that are not expected any more. Partitions that do
 not hold it back:
 - partitions that are *idle*: nothing was planned for them (they were caught up when a cycle
-  started) for --partition-idle-after, and partitions that never had data. A quiet partition
+  started) for --partition-idle-after, counted from start-up for every partition of the
+  topic. Until then a partition holds the watermark at its latest event time or, when it has
+  none yet, where it is. A quiet partition
   would otherwise stop every window from closing. Anything it receives later is judged
   against the watermark then and counted late if its window has already closed. The grace
   (like Flink's `WatermarkStrategy.withIdleness`) is what keeps a partition that was merely
@@ -66,9 +68,14 @@ def compute_watermark(
     `now`: the wall clock; the watermark is kept at or below `ceiling(now, ...)`, a previous
     one above it included.
     """
-    active = [latest_event_time[p] for p in active_partitions if p in latest_event_time]
-    if active:
-        candidate: float | None = min(active) - out_of_orderness_s
+    active = [latest_event_time.get(p) for p in active_partitions]
+    if any(t is None for t in active):
+        # A partition within its grace that has told no event time yet (new to this state
+        # file, e.g. after --state-reset or a change of --instances): its next events may be
+        # the oldest, so the watermark waits for it, as a Flink source split does.
+        candidate: float | None = None
+    elif active:
+        candidate = min(t for t in active if t is not None) - out_of_orderness_s
     elif latest_event_time and not active_partitions:
         candidate = max(latest_event_time.values()) - out_of_orderness_s
     else:
