@@ -35,6 +35,7 @@ from judges.base import JudgeInput, JudgePanel, Verdict
 from judges.local import build_local_judges
 from pipeline import counting
 from pipeline.errors import SettingsError
+from pipeline.sampling import sample_point
 
 AGREEMENT = "ragpulse_cascade_agreement_total"
 COUNTER_HELP = {
@@ -60,8 +61,6 @@ class HasMargin(Protocol):
 
 
 def _hash_point(item: JudgeInput) -> float:
-    # Imported here: pipeline.stages imports this module.
-    from pipeline.stages import sample_point
 
     return sample_point(f"{item.question}\0{item.answer}")
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import logging
 import time
 from collections import Counter
@@ -38,7 +37,7 @@ from pipeline import counting, sampling
 from pipeline.cascade import CascadePanel, CascadeSettings
 from pipeline.counting import COUNTER_NAMESPACE
 from pipeline.events import InferenceRecord, InvalidEvent, Rejected, SourceRecord, parse_event
-from pipeline.sampling import SamplingPlan
+from pipeline.sampling import SamplingPlan, is_sampled
 from pipeline.service.canaries import CANARY_VERDICTS, CanaryEvent, outcome
 from pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_start
 
@@ -80,27 +79,6 @@ EVENTS_SAMPLED = counting.key("ragpulse_events_sampled_total")
 LATE_EVENTS = counting.key("ragpulse_late_events_total")
 DEAD_LETTERS = counting.key("ragpulse_dead_letters_total")
 LATEST_EVENT_TIME_PREFIX = "event_time_ms:"
-
-
-_SCALE = float(2**64)
-
-
-def sample_point(request_id: str) -> float:
-    """A stable number in [0, 1) derived from the request id (BLAKE2b, 64 bits)."""
-    digest = hashlib.blake2b(request_id.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / _SCALE
-
-
-def is_sampled(request_id: str, rate: float) -> bool:
-    """True when the event belongs to the sample at `rate` (0 keeps none, 1 keeps all).
-
-    The decision depends on the request id alone, so the same event gets the same decision on
-    every runner, in every order and after every restart: a replayed partition never samples
-    differently and counts stay exactly-once.
-    """
-    if not 0.0 <= rate <= 1.0:
-        raise ValueError(f"sample rate must be within [0, 1], got {rate}")
-    return sample_point(request_id) < rate
 
 
 DEFAULT_MAX_FUTURE_SKEW_S = 300.0

@@ -146,12 +146,15 @@ def test_an_event_with_a_span_id_that_is_not_16_hex_digits_is_rejected() -> None
 
 def _one_span(attributes: dict[str, str]) -> list[Arrival]:
     """A trace of one root span with `attributes`, made by the SDK, as it arrives."""
+    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
+    # An explicit resource: the SDK's default service.name depends on how Python was started
+    # (sys.executable's name) and on OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES.
+    provider = TracerProvider(resource=Resource({"service.name": "support-bot"}))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     with provider.get_tracer("t").start_as_current_span("answer", attributes=attributes):
         pass
@@ -192,7 +195,7 @@ def test_other_attribute_shapes_give_the_same_question_and_answer(
 ) -> None:
     event = parse_event(only_record(_one_span(attributes)).raw)
     assert (event.judge_input.question, event.judge_input.answer) == (QUESTION, ANSWER)
-    assert event.app == "unknown_service:python"  # the SDK default when none is set
+    assert event.app == "support-bot"  # the resource's service.name
 
 
 def test_a_trace_with_two_root_spans_is_refused() -> None:

@@ -35,8 +35,11 @@ from rules import (
     WILSON,
 )
 
+from judges.registry import DEFAULT_JUDGES
+
 DATASOURCE = models.DataSourceRef(type_val="prometheus", uid="prometheus")
-JUDGES = ("groundedness", "safety", "relevance_to_query")
+# The default judges, in the registry's order: one row of panels each on the overview.
+JUDGES = DEFAULT_JUDGES
 Step = tuple[str, float | None]
 
 

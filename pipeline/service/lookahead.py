@@ -39,9 +39,10 @@ from kafka import KafkaConsumer, TopicPartition
 
 from judges.base import JudgeInput, JudgePanel, ThrottledLog
 from pipeline.events import parse_event
+from pipeline.sampling import is_sampled
 from pipeline.settings import ServeSettings
 from pipeline.sources.kafka import _consumer
-from pipeline.stages import admission, is_sampled
+from pipeline.stages import admission
 
 log = logging.getLogger(__name__)
 
