@@ -46,6 +46,7 @@ from pipeline.service.canaries import CanaryEvent
 from pipeline.sinks.kafka import UNACKNOWLEDGED_NAMESPACE
 from pipeline.stages import (
     COUNTER_NAMESPACE,
+    DEFAULT_MAX_FUTURE_SKEW_S,
     EXEMPLAR_NAMESPACE,
     LATEST_EVENT_TIME_PREFIX,
     WINDOW_NAMESPACE,
@@ -77,6 +78,8 @@ class StageConfig:
     max_event_bytes: int
     judge_batch_size: int
     closed_before: float | None = None  # windows ending at or before this are final (serve)
+    # Events dated further ahead of their record time or the clock are refused.
+    max_future_skew_s: float = DEFAULT_MAX_FUTURE_SKEW_S
     # Strata and rates (--sampling-rules, a judge budget); None samples at sample_rate alone.
     sampling: SamplingPlan | None = None
     # The judge cascade (--cascade-llm-sample-rate); None: the backend's judges alone.
@@ -157,6 +160,7 @@ def build_graph(
         closed_before=config.closed_before,
         max_bytes=config.max_event_bytes,
         sampling=config.sampling,
+        max_future_skew_s=config.max_future_skew_s,
     )
     _ = parsed[ParseEvents.DEAD_LETTER] | "WriteDeadLetters" >> sinks.dead_letters
     to_judge = parsed.events

@@ -289,6 +289,8 @@ class BatchSettings(BaseModel):
     cascade: InstanceOf[CascadeSettings] | None = Field(None, title="--cascade-llm-sample-rate")
     window_seconds: float = Field(300.0, gt=0, title="--window")
     max_event_bytes: int = Field(1_048_576, ge=1024, le=MAX_EVENT_BYTES)
+    # Events dated further ahead of their record time or the clock are refused (stages.py).
+    max_future_skew_seconds: float = Field(300.0, gt=0, title="--max-future-skew")
     labels: LabelLimits = LabelLimits()
     beam_args: tuple[str, ...] = Field((), title="--beam-arg")
     runner: str | None = Field(None, title="--runner")  # None: FnApiRunner in this process
@@ -351,6 +353,7 @@ class BatchSettings(BaseModel):
             # Enough events in flight to keep every concurrent judge call busy.
             judge_batch_size=max(256, self.judges.concurrency * 16),
             closed_before=closed_before,
+            max_future_skew_s=self.max_future_skew_seconds,
         )
 
 
@@ -386,6 +389,7 @@ class StreamSettings(BaseModel):
     sample_rate: float = Field(1.0, ge=0, le=1)
     window_seconds: float = Field(300.0, gt=0, title="--window")
     max_event_bytes: int = Field(1_048_576, ge=1024, le=MAX_EVENT_BYTES)
+    max_future_skew_seconds: float = Field(300.0, gt=0, title="--max-future-skew")
     bootstrap: str = Field(min_length=3, title="--kafka-bootstrap")
     topic: str = Field(min_length=1)
     dead_letter_topic: str = Field(min_length=1)
@@ -428,6 +432,7 @@ class StreamSettings(BaseModel):
             window_seconds=self.window_seconds,
             max_event_bytes=self.max_event_bytes,
             judge_batch_size=max(256, self.judges.concurrency * 16),
+            max_future_skew_s=self.max_future_skew_seconds,
         )
 
 
@@ -447,6 +452,8 @@ class ExporterSettings(BaseModel):
     # Windows older than this behind the newest one are folded into the counters; keep it
     # above the stream's --allowed-lateness, after which no pane of a window comes.
     retention_seconds: float = Field(86400.0, gt=0, title="--retention")
+    # Panes of windows starting further ahead of the clock are ignored (service/panes.py).
+    max_future_skew_seconds: float = Field(300.0, gt=0, title="--max-future-skew")
     labels: LabelLimits = LabelLimits()
 
 
@@ -462,6 +469,9 @@ class ServeSettings(BatchSettings):
     state: Path = Path("ragpulse-state.sqlite")
     allowed_lateness_seconds: float = Field(600.0, ge=0, title="--allowed-lateness")
     out_of_orderness_seconds: float = Field(30.0, ge=0, title="--out-of-orderness")
+    # A partition with no backlog for this long stops holding the watermark back
+    # (pipeline/service/watermark.py); 0 makes it idle at its first quiet cycle.
+    partition_idle_after_seconds: float = Field(60.0, ge=0, title="--partition-idle-after")
     trigger_interval_seconds: float = Field(15.0, gt=0, title="--trigger-interval")
     # Bounded: a cycle holds its records in memory (1e20 was accepted, issue 19).
     max_batch_events: int = Field(50_000, ge=1, le=MAX_BATCH_EVENTS)
@@ -566,6 +576,21 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+def add_future_skew_argument(g: Any, model: type[BaseModel]) -> None:
+    """--max-future-skew, for the commands that admit events (run, serve, stream) and the
+    exporter (which ignores panes of windows beyond it)."""
+    g.add_argument(
+        "--max-future-skew",
+        type=positive_duration,
+        default=default_of(model, "max_future_skew_seconds"),
+        metavar="DURATION",
+        help="events dated more than this ahead of their Kafka record time or the clock are "
+        "dead-lettered as future-dated, so that one wrong clock cannot move the watermark to "
+        "the future (default: "
+        f"{format_duration(default_of(model, 'max_future_skew_seconds'))})",
+    )
+
+
 def add_event_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """`--sample-rate`, `--window` and `--max-event-bytes`, shared by `run`, `serve` and
     `stream`; returns their group."""
@@ -591,6 +616,7 @@ def add_event_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         metavar="N",
         help="largest accepted event; larger ones are dead-lettered (default: %(default)s)",
     )
+    add_future_skew_argument(g, BatchSettings)
     return g
 
 
@@ -690,6 +716,7 @@ def batch_fields(args: argparse.Namespace) -> dict[str, Any]:
         "cascade": cascade_settings(args, judges.names, judges.backend),
         "window_seconds": args.window,
         "max_event_bytes": args.max_event_bytes,
+        "max_future_skew_seconds": args.max_future_skew,
         "labels": label_limits(args),
         "beam_args": tuple(args.beam_arg),
         "runner": args.runner,

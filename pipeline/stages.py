@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
@@ -119,6 +120,57 @@ def agent_counts(event: InferenceRecord) -> list[tuple[counting.CounterKey, int]
     return out
 
 
+DEFAULT_MAX_FUTURE_SKEW_S = 300.0
+
+
+def _ahead(seconds: float) -> str:
+    return f"{seconds:.0f}s" if seconds < 86_400 else f"{seconds / 86_400:.0f} days"
+
+
+def future_reason(
+    event_time: float, record_time: float | None, now: float, max_future_skew_s: float
+) -> str | None:
+    """Why an event dated in the future is refused (None when it is not): its time is more
+    than `max_future_skew_s` ahead of its source record's time (Kafka's record timestamp) or of
+    the clock. Admitted, one event dated 2099 would move serve's watermark to 2099 and make
+    every later event late."""
+    for what, reference in (("its Kafka record time", record_time), ("the clock", now)):
+        if reference is not None and event_time - reference > max_future_skew_s:
+            return (
+                f"future-dated event: its time {isoformat_utc(event_time)} is "
+                f"{_ahead(event_time - reference)} ahead of {what} "
+                f"({isoformat_utc(round(reference))}), "
+                f"over --max-future-skew {_ahead(max_future_skew_s)}"
+            )
+    return None
+
+
+def admission(
+    event: InferenceRecord,
+    record_time: float | None,
+    *,
+    now: float,
+    max_future_skew_s: float,
+    window_size: float,
+    closed_before: float | None,
+) -> tuple[str, bool] | None:
+    """Why `ParseEvents` refuses a parsed event, and whether it is late (None: admitted).
+    serve's lookahead (pipeline/service/lookahead.py) asks the same, to start no call for an
+    event the cycle will refuse."""
+    future = future_reason(event.event_time, record_time, now, max_future_skew_s)
+    if future is not None:
+        return future, False
+    if closed_before is not None:
+        end = window_start(event.event_time, window_size) + window_size
+        if end <= closed_before:
+            return (
+                f"late event: its window ending {isoformat_utc(end)} was already closed "
+                f"(windows ending at or before {isoformat_utc(closed_before)} are final)",
+                True,
+            )
+    return None
+
+
 class _ParseAndSample(beam.DoFn):
     def __init__(
         self,
@@ -127,12 +179,14 @@ class _ParseAndSample(beam.DoFn):
         closed_before: float | None,
         max_bytes: int,
         plan: SamplingPlan | None,
+        max_future_skew_s: float,
     ) -> None:
         self._sample_rate = sample_rate
         self._plan = plan
         self._window_size = window_size
         self._closed_before = closed_before
         self._max_bytes = max_bytes
+        self._max_future_skew_s = max_future_skew_s
 
     def setup(self) -> None:
         self._counters = _Counters()
@@ -171,18 +225,26 @@ class _ParseAndSample(beam.DoFn):
         except InvalidEvent as exc:
             yield self._reject(record, exc.reason)
             return
+        except Exception as exc:  # one record never fails the bundle
+            why = f"could not read the event ({type(exc).__name__}: {exc}"[:300] + ")"
+            yield self._reject(record, why)
+            return
+        refused = admission(
+            event,
+            record.record_time,
+            now=time.time(),
+            max_future_skew_s=self._max_future_skew_s,
+            window_size=self._window_size,
+            closed_before=self._closed_before,
+        )
+        if refused is not None and not refused[1]:
+            yield self._reject(record, refused[0])  # future-dated: no event time noted
+            return
         self._counters.inc(EVENTS_ACCEPTED)
         self._note_event_time(record.partition, event.event_time)
-        if self._closed_before is not None:
-            end = window_start(event.event_time, self._window_size) + self._window_size
-            if end <= self._closed_before:
-                yield self._reject(
-                    record,
-                    f"late event: its window ending {isoformat_utc(end)} was already closed "
-                    f"(windows ending at or before {isoformat_utc(self._closed_before)} are final)",
-                    late=True,
-                )
-                return
+        if refused is not None:
+            yield self._reject(record, refused[0], late=True)
+            return
         for counter_key, n in agent_counts(event):
             self._counters.inc(counter_key, n)
         if self._plan is not None:
@@ -214,8 +276,10 @@ class ParseEvents(beam.PTransform):
     Sampling is by `sample_rate`, or, with a `sampling` plan (`--sampling-rules`, a judge
     budget), by the rate of each event's stratum, kept events carrying their weight
     (`pipeline.sampling`). The main output holds sampled `InferenceRecord`s; the `dead_letter`
-    output holds a `Rejected` for every record that was invalid, or late for a window already closed
-    (`closed_before`, set by `serve`; a file run has no closed windows).
+    output holds a `Rejected` for every record that was invalid, dated more than
+    `max_future_skew_s` ahead of its record time or the clock (`future_reason`), or late for a
+    window already closed (`closed_before`, set by `serve`; a file run has no closed windows).
+    Any exception while reading one record refuses that record, with the exception as reason.
     """
 
     DEAD_LETTER = "dead_letter"
@@ -228,9 +292,12 @@ class ParseEvents(beam.PTransform):
         closed_before: float | None = None,
         max_bytes: int = 1_048_576,
         sampling: SamplingPlan | None = None,
+        max_future_skew_s: float = DEFAULT_MAX_FUTURE_SKEW_S,
     ) -> None:
         super().__init__()
-        self._fn = _ParseAndSample(sample_rate, window_size, closed_before, max_bytes, sampling)
+        self._fn = _ParseAndSample(
+            sample_rate, window_size, closed_before, max_bytes, sampling, max_future_skew_s
+        )
 
     def expand(self, records: Any) -> Any:
         return records | "ParseAndSample" >> beam.ParDo(self._fn).with_outputs(

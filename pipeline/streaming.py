@@ -134,6 +134,7 @@ def build_stream(
         sample_rate=config.sample_rate,
         window_size=config.window_seconds,
         max_bytes=config.max_event_bytes,
+        max_future_skew_s=config.max_future_skew_s,
     )
     _ = parsed[ParseEvents.DEAD_LETTER] | "WriteDeadLetters" >> sinks.dead_letters
     panes = (

@@ -20,7 +20,8 @@ starts serve processes on it with 10 s windows:
     letters = topic.read("dlq", 20)
 
 Defaults suit tests: local judges, /metrics on a free port of 127.0.0.1, a 0.5 s trigger
-interval and a 5 s Kafka timeout; `extra_args` come last, so they override these.
+interval, a 5 s Kafka timeout and a 2 s --partition-idle-after; `extra_args` come last, so
+they override these.
 """
 
 from __future__ import annotations
@@ -143,6 +144,9 @@ class ServeProcess:
             "--judge-backend", "local",
             "--trigger-interval", "0.5s",
             "--kafka-timeout", "5s",
+            # Tests wait for the watermark to reach the last event once every partition is
+            # read; the default (60s) would make each wait a minute.
+            "--partition-idle-after", "2s",
             *self.extra_args,
         ]
 

@@ -116,6 +116,25 @@ def test_windows_past_retention_are_folded_into_the_counters_and_take_no_more_pa
     assert reg.get_sample_value("ragpulse_judge_pass_ratio", SERIES) == 1.0
 
 
+def test_a_pane_dated_in_2099_is_ignored_and_the_real_windows_keep_counting() -> None:
+    # Before --max-future-skew in the exporter, the 2099 pane became the newest window for
+    # good: every real pane after it was folded on arrival and ignored, the gauges froze.
+    year_2099 = 4_070_908_800.0
+    table = PaneTable(retention_seconds=3600, max_future_skew_seconds=300)
+    reg = registry(table)
+    assert not table.apply(pane(year_2099, "on_time", 1, yes=1, no=0), now=T0 + 120)
+    assert table.apply(pane(T0, "on_time", 1, yes=6, no=2), now=T0 + 120)
+    assert table.apply(pane(T0 + 60, "on_time", 1, yes=3, no=1), now=T0 + 180)
+    # Within the skew a window ahead of the clock is taken.
+    assert table.apply(pane(T0 + 480, "early", 0, yes=1, no=0), now=T0 + 180)
+
+    assert (verdicts(reg, "yes"), verdicts(reg, "no")) == (10, 3)
+    assert reg.get_sample_value("ragpulse_judge_pass_ratio", SERIES) == 0.75
+    assert reg.get_sample_value(
+        "ragpulse_last_complete_window_end_timestamp_seconds"
+    ) == T0 + 120
+
+
 def test_the_exporter_bounds_app_values_as_serve_does() -> None:
     settings = ExporterSettings(
         bootstrap="127.0.0.1:9092", ratings_topic="r", labels=LabelLimits(max_values=1)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cycle_holds import CycleHolds
 from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from serve_process import Scrape, serve_processes_fixture, windows_rows  # noqa: F401
 from test_serve import (
@@ -42,6 +42,8 @@ ARGS = [
     "--window", "10s",
     "--allowed-lateness", "5s",
     "--out-of-orderness", "0s",
+    # A partition caught up for a moment while the producer writes another is not idle.
+    "--partition-idle-after", "30s",
     "--max-batch-events", "200",
     "--judges", ",".join(JUDGES),
 ]
@@ -67,12 +69,28 @@ def added_up(scrapes: Sequence[Scrape]) -> dict[CounterKey, float]:
     return dict(total)
 
 
+def produce_interleaved(
+    broker: ApacheKafkaBroker,
+    topic: str,
+    payloads: Sequence[bytes],
+    partitions: int,
+    chunk: int = 10,
+) -> None:
+    """Record i to partition i % partitions, as produce_round_robin places them, but written
+    `chunk` records per partition in turn, so that every partition moves on together in
+    event time, as a live producer's partitions do."""
+    for at in range(0, len(payloads), chunk * partitions):
+        block = payloads[at : at + chunk * partitions]
+        for p in range(partitions):
+            broker.produce(topic, list(block[p::partitions]), partition=(at + p) % partitions)
+
+
 def lag_partitions(scrape: Scrape) -> set[int]:
     return {int(labels["partition"]) for labels, _ in scrape.select("ragpulse_consumer_lag")}
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(1200)  # three serves over 4,000 events: minutes on a loaded machine
 def test_two_instances_one_killed_and_restarted_count_together_what_one_instance_counts(
     kafka_broker: ApacheKafkaBroker,  # noqa: F811
     serve_processes: ServeFactory,
@@ -92,10 +110,15 @@ def test_two_instances_one_killed_and_restarted_count_together_what_one_instance
 
     states = [tmp_path / "instance-0.sqlite", tmp_path / "instance-1.sqlite"]
     first = serve_processes(broker.bootstrap, topic, states[0], instance(0)).start()
-    second = serve_processes(broker.bootstrap, topic, states[1], instance(1)).start()
+    holds = CycleHolds(tmp_path / "hooks")
+    second = serve_processes(
+        broker.bootstrap, topic, states[1], instance(1), env=holds.env
+    ).start()
     second.wait_for(caught_up(200), 60, "a saved cycle of instance 1")
-    produce_round_robin(broker, topic, payloads[EVENTS // 2 :], PARTITIONS)
-    time.sleep(0.5)
+    # Killed mid-cycle: held after judging a batch of which nothing is saved.
+    holds.hold("judged")
+    produce_interleaved(broker, topic, payloads[EVENTS // 2 :], PARTITIONS)
+    holds.wait_at("judged", second)
     assert second.kill() != 0
     killed_at = saved_offsets(states[1], topic)
     print(f"instance 1 killed with offsets {killed_at} saved")
@@ -104,7 +127,7 @@ def test_two_instances_one_killed_and_restarted_count_together_what_one_instance
     # While instance 1 is down, instance 0 reads its own partitions to the end and leaves
     # partitions 1 and 3, in its state and in the consumer group, where instance 1 left them.
     mine = EVENTS // 2  # round robin: partitions 0 and 2 hold half of the events
-    scrape = first.wait_for(caught_up(mine), 120, "instance 0 caught up")
+    scrape = first.wait_for(caught_up(mine), 300, "instance 0 caught up")
     ends = end_offsets(broker.bootstrap, topic)
     assert saved_offsets(states[0], topic) == {0: ends[0], 2: ends[2]}
     group = committed_offsets(broker.bootstrap, "split", topic)
@@ -115,7 +138,7 @@ def test_two_instances_one_killed_and_restarted_count_together_what_one_instance
     restarted = serve_processes(broker.bootstrap, topic, states[1], instance(1)).start()
     scrapes = [
         first.wait_for(caught_up(mine), 60, "instance 0"),
-        restarted.wait_for(caught_up(EVENTS - mine), 120, "instance 1 restarted"),
+        restarted.wait_for(caught_up(EVENTS - mine), 300, "instance 1 restarted"),
     ]
     assert lag_partitions(scrapes[1]) == {1, 3}
     assert committed_offsets(broker.bootstrap, "split", topic) == ends
@@ -125,7 +148,7 @@ def test_two_instances_one_killed_and_restarted_count_together_what_one_instance
     reference = serve_processes(
         broker.bootstrap, topic, reference_state, [*ARGS, "--group-id", "reference"]
     ).start()
-    reference_scrape = reference.wait_for(caught_up(EVENTS, last), 120, "reference")
+    reference_scrape = reference.wait_for(caught_up(EVENTS, last), 300, "reference")
     # Each instance's watermark follows its own partitions: caught up, it is the latest event
     # time of those partitions (--out-of-orderness 0s).
     for i, serve in enumerate((first, restarted)):
@@ -142,6 +165,8 @@ def test_two_instances_one_killed_and_restarted_count_together_what_one_instance
     assert window_counts(split_rows) == window_counts(reference_rows)
     assert added_up(scrapes) == durable_counters(reference_scrape)
     assert reference_scrape.value("ragpulse_events_total", outcome="accepted") == EVENTS
+    for scrape in (*scrapes, reference_scrape):
+        assert scrape.total("ragpulse_late_events_total") == 0
 
 
 def read_to_the_end(scrape: Scrape) -> bool:

@@ -155,6 +155,53 @@ def test_parse_events_reports_the_latest_event_time_per_partition_for_the_waterm
     assert result.latest_event_time == {0: T0 + 30, 3: T0 + 5}
 
 
+def test_parse_events_refuses_events_dated_beyond_the_future_skew_and_keeps_their_time_out(
+) -> None:
+    # Ahead of the clock (2099), or ahead of its Kafka record time though the clock is later
+    # still (a backlog read long after): refused, not accepted, and no partition's latest
+    # event time moves, so serve's watermark cannot jump.
+    year_2099 = 4_070_908_800.0
+    records = [
+        record(event("ok", T0 + 10), 0),
+        record(event("in-2099", year_2099), 1),
+        SourceRecord(event("ahead-of-its-record", T0 + 3600), "events", 1, 2, T0),
+        SourceRecord(event("within-the-skew", T0 + 200), "events", 1, 3, T0),
+    ]
+    result = parse(
+        records,
+        ["ok", "within-the-skew"],
+        [
+            (0, 1, "future-dated event: its time 2099-01-01T00:00:00Z is"),
+            (1, 2, "future-dated event: its time 2023-11-14T23:20:00Z is 3600s ahead of its "
+             "Kafka record time (2023-11-14T22:20:00Z), over --max-future-skew 300s"),
+        ],
+        sample_rate=1.0,
+        window_size=60.0,
+        max_future_skew_s=300.0,
+    )
+    assert result.counts[counting.key("ragpulse_events_total", outcome="accepted")] == 2
+    assert result.counts[counting.key("ragpulse_events_total", outcome="invalid")] == 2
+    assert result.latest_event_time == {0: T0 + 10, 1: T0 + 200}
+
+
+class Hostile(bytes):
+    """Record bytes that raise when parsed: a stand-in for any bug one record can reach."""
+
+    def __len__(self) -> int:
+        raise RuntimeError("boom")
+
+
+def test_parse_events_refuses_a_record_whose_reading_raises_instead_of_failing_the_bundle(
+) -> None:
+    # Any bug one record reaches (here: bytes that fail when read) refuses that record.
+    records = [record(event("ok", T0), 0), record(Hostile(b"{}"), 1)]
+    result = parse(
+        records, ["ok"], [(0, 1, "could not read the event (RuntimeError: boom)")],
+        sample_rate=1.0, window_size=60.0,
+    )
+    assert result.dead_letters == 1
+
+
 # --- JudgeEvents ---------------------------------------------------------------------------------
 
 

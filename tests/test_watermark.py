@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from pipeline.service.watermark import (
+    ceiling,
     closed_before,
     compute_watermark,
+    holding_partitions,
     is_late,
     is_window_complete,
     merge_latest,
@@ -57,3 +59,60 @@ def test_event_is_late_only_when_its_window_is_complete() -> None:
     assert is_late(250.0, 300.0, watermark=360.0, allowed_lateness_s=60)
     assert not is_late(300.0, 300.0, watermark=360.0, allowed_lateness_s=60)
     assert not is_late(250.0, 300.0, watermark=None, allowed_lateness_s=0)
+
+
+def _late_in_a_paused_partition(idle_after_s: float) -> int:
+    """Cycles every 1 s over two partitions, 0 s out-of-orderness, 5 s lateness, 10 s windows:
+    partition 1's producer pauses for one cycle while partition 0's runs 20 s ahead in event
+    time, then partition 1 goes on from where it was. Returns its events counted late."""
+    latest: dict[int, float] = {}
+    last_backlog: dict[int, float] = {}
+    watermark = None
+    late = 0
+    # (cycle clock, {partition: event times read in that cycle})
+    cycles = [
+        (0.0, {0: [1.0, 2.0], 1: [1.0, 2.0]}),
+        (1.0, {0: [3.0, 10.0, 22.0]}),  # partition 1 caught up for this one cycle
+        (2.0, {0: [23.0], 1: [3.0, 4.0, 5.0]}),
+    ]
+    for clock, read in cycles:
+        for partition, times in read.items():
+            late += sum(is_late(t, 10.0, watermark, 5.0) for t in times)
+            latest = merge_latest(latest, {partition: max(times)})
+        last_backlog.update(dict.fromkeys(read, clock))
+        holding = holding_partitions(last_backlog, clock, idle_after_s)
+        watermark = compute_watermark(latest, holding, 0.0, previous=watermark)
+    return late
+
+
+def test_a_partition_caught_up_for_one_cycle_is_not_idle_within_the_grace() -> None:
+    # Grace 0 (the behaviour before --partition-idle-after): the one quiet cycle let
+    # partition 0 move the watermark to 22 s, closing [0, 10) for partition 1's next events.
+    assert _late_in_a_paused_partition(idle_after_s=0.0) == 3
+    assert _late_in_a_paused_partition(idle_after_s=60.0) == 0
+
+
+def test_a_partition_idle_for_longer_than_the_grace_stops_holding_the_watermark() -> None:
+    last_backlog = {0: 100.0, 1: 30.0}
+    assert holding_partitions(last_backlog, now=100.0, idle_after_s=60.0) == {0}
+    assert holding_partitions(last_backlog, now=89.0, idle_after_s=60.0) == {0, 1}
+    assert holding_partitions(last_backlog, now=100.0, idle_after_s=70.5) == {0, 1}
+    assert holding_partitions(last_backlog, now=100.0, idle_after_s=70.0) == {0}
+    assert holding_partitions(last_backlog, now=100.0, idle_after_s=0.0) == {0}
+
+
+def test_watermark_never_passes_the_clock_plus_the_out_of_orderness() -> None:
+    now = 1_000_000.0
+    year_2099 = 4_070_908_800.0
+    got = compute_watermark({0: year_2099}, {0}, out_of_orderness_s=30, now=now)
+    assert got == ceiling(now, 30) == now + 30
+    # A watermark saved from a future-dated event by an older version is pulled back.
+    assert compute_watermark({0: now - 100}, {0}, 30, previous=year_2099, now=now) == now + 30
+
+
+def test_a_partition_within_its_grace_with_no_event_time_yet_holds_the_watermark() -> None:
+    # After --state-reset, a partition caught up by the group's offsets has no event time in
+    # the new file: until its grace passes, the other partition's events cannot pass it.
+    got = compute_watermark({0: 500.0}, {0, 1}, out_of_orderness_s=0, previous=100.0)
+    assert got == 100.0
+    assert compute_watermark({0: 500.0}, {0}, out_of_orderness_s=0, previous=100.0) == 500.0

@@ -722,9 +722,24 @@ CONSUMER_LAG = """
 """
 
 
+# Late events among the events read (accepted counts the late ones too): a watermark that ran
+# ahead of the traffic (a future-dated event before --max-future-skew, a partition taken as
+# idle) makes every event late while the service looks healthy.
+LATE_SHARE = """
+    sum by ($by) (increase($late[$window]))
+    / on ($by)
+    sum by ($by) (increase($accepted[$window]))
+    > $max_share
+    and on ($by)
+    sum by ($by) (increase($late[$window])) >= $min_events
+"""
+
+
 def pipeline_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Liveness of ragpulse itself: stalled windows or loop, target down, consumer lag."""
+    """Liveness of ragpulse itself: stalled windows or loop, target down, consumer lag, late
+    events."""
     st, lag, job = config["stall"], config["consumer_lag"], config["job"]
+    late = config["late_events"]
     up = selector("up", config)
     window_end = selector("ragpulse_last_complete_window_end_timestamp_seconds", config)
     heartbeat = selector("ragpulse_heartbeat_timestamp_seconds", config)
@@ -765,6 +780,20 @@ def pipeline_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
             'ragpulse is {{ $value | printf "%.0f" }} records behind on topic '
             f"{{{{ $labels.topic }}}} (limit {int(lag['max_records'])}): ratings describe "
             "the past and late events may miss their window.",
+        ),
+        _alert(
+            config, "RagLateEventsHigh",
+            promql(LATE_SHARE, by=", ".join(config["deployment_labels"]), window=late["window"],
+                   max_share=late["max_share"], min_events=int(late["min_events"]),
+                   late=selector("ragpulse_late_events_total", config),
+                   accepted=selector("ragpulse_events_total", config, 'outcome="accepted"')),
+            late,
+            "ragpulse is counting events as late.",
+            f"{{{{ $value | humanizePercentage }}}} of the events read in the last "
+            f"{late['window']} were late (limit {_pct(late['max_share'])}): their windows had "
+            "already closed, so they were dead-lettered and left out of every ratio. A "
+            "watermark ahead of the traffic (a clock or unit bug, a quiet partition) does "
+            "this to every event while /healthz stays green.",
         ),
     ]
 

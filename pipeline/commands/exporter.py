@@ -41,6 +41,7 @@ from pipeline.service.labels import (
 from pipeline.service.panes import PaneTable
 from pipeline.settings import (
     ExporterSettings,
+    add_future_skew_argument,
     add_metrics_server_arguments,
     build,
     default_of,
@@ -67,7 +68,7 @@ class RatingsExporter:
 
     def __init__(self, settings: ExporterSettings) -> None:
         self._settings = settings
-        self._table = PaneTable(settings.retention_seconds)
+        self._table = PaneTable(settings.retention_seconds, settings.max_future_skew_seconds)
         self._budget = LabelBudget(settings.labels, EXPORTER_BOUNDED_LABELS)
         # Counter keys exported so far: a label value admitted once keeps its own series.
         self._admitted: frozenset[counting.CounterKey] = frozenset()
@@ -207,6 +208,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "take no more panes; keep it above the stream's --allowed-lateness "
         f"(default: {_dur('retention_seconds')})",
     )
+    add_future_skew_argument(s, ExporterSettings)
     add_label_arguments(p)
     add_config_arguments(p)
 
@@ -224,6 +226,7 @@ def settings_from_args(args: argparse.Namespace) -> ExporterSettings:
         web_config_file=args.web_config_file,
         unhealthy_after_seconds=args.unhealthy_after,
         retention_seconds=args.retention,
+        max_future_skew_seconds=args.max_future_skew,
         labels=label_limits(args),
     )
 

@@ -187,6 +187,16 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         f"(default: {_dur('out_of_orderness_seconds')})",
     )
     w.add_argument(
+        "--partition-idle-after",
+        type=duration,
+        default=default_of(ServeSettings, "partition_idle_after_seconds"),
+        metavar="DURATION",
+        help="a partition that has had nothing new to read for this long is idle and stops "
+        "holding the watermark back (like Flink's withIdleness); until then a quiet "
+        "partition keeps it, so that its next events are not late "
+        f"(default: {_dur('partition_idle_after_seconds')})",
+    )
+    w.add_argument(
         "--trigger-interval",
         type=positive_duration,
         default=default_of(ServeSettings, "trigger_interval_seconds"),
@@ -291,6 +301,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         state=args.state,
         allowed_lateness_seconds=args.allowed_lateness,
         out_of_orderness_seconds=args.out_of_orderness,
+        partition_idle_after_seconds=args.partition_idle_after,
         trigger_interval_seconds=args.trigger_interval,
         max_batch_events=args.max_batch_events,
         metrics_host=args.metrics_host,

@@ -154,6 +154,7 @@ def settings_from_args(args: argparse.Namespace) -> StreamSettings:
         sample_rate=args.sample_rate,
         window_seconds=args.window,
         max_event_bytes=args.max_event_bytes,
+        max_future_skew_seconds=args.max_future_skew,
         bootstrap=args.kafka_bootstrap,
         topic=args.topic,
         dead_letter_topic=args.dead_letter_topic or f"{args.topic}.dlq",

@@ -32,16 +32,17 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections.abc import Mapping
 
 from kafka import KafkaConsumer, TopicPartition
 
 from judges.base import JudgeInput, JudgePanel, ThrottledLog
-from pipeline.events import InvalidEvent, parse_event
+from pipeline.events import parse_event
 from pipeline.sampling import is_sampled
 from pipeline.settings import ServeSettings
 from pipeline.sources.kafka import _consumer
-from pipeline.windows import window_start
+from pipeline.stages import admission
 
 log = logging.getLogger(__name__)
 
@@ -199,12 +200,17 @@ class Lookahead:
             return None  # dead-lettered by the cycle, never judged
         try:
             event = parse_event(raw, record_time=record_time, max_bytes=s.max_event_bytes)
-        except InvalidEvent:
+        except Exception:  # InvalidEvent or any other: the cycle dead-letters it
             return None
-        if cutoff is not None:
-            size = s.window_seconds
-            if window_start(event.event_time, size) + size <= cutoff:
-                return None
+        if admission(
+            event,
+            record_time,
+            now=time.time(),
+            max_future_skew_s=s.max_future_skew_seconds,
+            window_size=s.window_seconds,
+            closed_before=cutoff,
+        ):
+            return None
         if not is_sampled(event.request_id, s.sample_rate):
             return None
         return event.judge_input

@@ -69,12 +69,19 @@ from pipeline.errors import SettingsError
 from pipeline.graph import GraphResult, Sinks, pipeline_options, run_graph
 from pipeline.sampling import SPEND, SamplingPlan
 from pipeline.service.canaries import CanaryFeed
+from pipeline.service.cycle_hooks import CycleHooks
 from pipeline.service.journal import AnsweredCalls
 from pipeline.service.labels import LabelBudget
 from pipeline.service.lookahead import Lookahead, runs_here
 from pipeline.service.owners import Commit, Owner, conflicts, read_metadata
 from pipeline.service.state import HourSpend, StateError, StateStore
-from pipeline.service.watermark import closed_before, compute_watermark, merge_latest
+from pipeline.service.watermark import (
+    ceiling,
+    closed_before,
+    compute_watermark,
+    holding_partitions,
+    merge_latest,
+)
 from pipeline.settings import ServeSettings
 from pipeline.sinks.kafka import UNDELIVERABLE, KafkaTopic, PublishDeadLetters, PublishVerdicts
 from pipeline.sinks.otlp_evaluations import ExportEvaluations
@@ -166,6 +173,12 @@ class TopicWatcher:
         self._snapshot = self._load_snapshot()
         self.labels = LabelBudget(settings.labels)
         self._lookahead = _lookahead(settings)
+        self._hooks = CycleHooks.from_environment()
+        # When each partition last had a backlog (time.monotonic()), for --partition-idle-after;
+        # every partition counts from start-up (or from when it appears), so a restart idles
+        # none before its grace.
+        self._started = time.monotonic()
+        self._last_backlog: dict[int, float] = {}
         if settings.instances > 1:
             log.info(
                 "instance %d of %d: reading the partitions p of %s with p %% %d == %d",
@@ -196,7 +209,13 @@ class TopicWatcher:
         ranges = plan_batch(starts, ends, s.max_batch_events, bounds.beginnings)
         if self._journal is not None:
             self._journal.begin_attempt()
+        if ranges:
+            self._hooks.at("planned")
         previous_wm = self.state.watermark(topic)
+        if previous_wm is not None:
+            # A watermark saved from a future-dated event (before --max-future-skew) would
+            # close every window for this cycle too: pulled back to the ceiling at once.
+            previous_wm = min(previous_wm, ceiling(time.time(), s.out_of_orderness_seconds))
         cutoff = closed_before(previous_wm, s.allowed_lateness_seconds)
         if self._lookahead is not None:
             self._lookahead.cycle_started(
@@ -210,6 +229,7 @@ class TopicWatcher:
         traces = None if s.input_format == "ragpulse" else self._traces(ranges, increments, now)
         if traces.records if traces is not None else ranges:
             result = self._judge(ranges, traces, cutoff)
+            self._hooks.at("judged")
             if self._journal is not None:
                 # Tokens are counted from the journal (below), once per paid call.
                 result = dataclasses.replace(
@@ -221,8 +241,16 @@ class TopicWatcher:
             increments.update(result.counts)
             latest = merge_latest(latest, result.latest_event_time)
             took = time.perf_counter() - started
+        clock = time.monotonic()
+        for p in ends:
+            self._last_backlog.setdefault(p, self._started)
+        self._last_backlog.update(dict.fromkeys(ranges, clock))
         watermark = compute_watermark(
-            latest, list(ranges), s.out_of_orderness_seconds, previous=previous_wm
+            latest,
+            holding_partitions(self._last_backlog, clock, s.partition_idle_after_seconds),
+            s.out_of_orderness_seconds,
+            previous=previous_wm,
+            now=now,
         )
         new_offsets = {p: stop for p, (_, stop) in ranges.items()}
         settlement = self._journal.settle() if self._journal is not None else None
@@ -267,6 +295,8 @@ class TopicWatcher:
         if self._governor is not None:
             self._governor.record(paid)
         self._delivery_failing_since, self._delivery_failures = None, 0
+        if ranges:
+            self._hooks.at("saved")
         _log_completed(completed)
         if result is not None:
             self.state.save_exemplars(result.exemplars)

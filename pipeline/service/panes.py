@@ -13,6 +13,11 @@ What it exports, through serve's collector (`pipeline.sinks.prometheus`):
   ones (`ragpulse_judge_in_progress_*`) from windows that have only early panes;
 - `ragpulse_last_complete_window_end_timestamp_seconds`.
 
+A pane of a window starting more than `max_future_skew` ahead of the clock is ignored and
+logged: the stream refuses such events (--max-future-skew), and one pane dated 2099 would
+otherwise be the newest window for good, folding every real window into the counters as it
+arrives (the window gauges froze).
+
 Windows ending `retention` before the newest window's end are folded into the counters and
 forgotten (the latest complete window of each series is kept for its gauges): no pane comes
 for them once the stream's allowed lateness has passed, so keep `retention` above it. A pane
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import time
 from collections import Counter
 from collections.abc import Mapping
 
@@ -56,8 +62,11 @@ def verdict_counts(key: WindowKey, counts: RatingCounts) -> Counter[counting.Cou
 class PaneTable:
     """Latest pane per window, and the folded counts of windows past `retention_seconds`."""
 
-    def __init__(self, retention_seconds: float) -> None:
+    def __init__(
+        self, retention_seconds: float, max_future_skew_seconds: float = 300.0
+    ) -> None:
         self._retention = retention_seconds
+        self._max_future_skew = max_future_skew_seconds
         self._panes: dict[WindowKey, RatingPane] = {}
         # Min-heap of the kept windows by end: (end, start, judge, version, app, model).
         self._ends: list[tuple[float, float, str, str, str, str]] = []
@@ -70,9 +79,19 @@ class PaneTable:
         """Windows ending at or before this are folded."""
         return self._newest_end - self._retention
 
-    def apply(self, pane: RatingPane) -> bool:
-        """Take one pane read from the topic; False when it changes nothing."""
+    def apply(self, pane: RatingPane, now: float | None = None) -> bool:
+        """Take one pane read from the topic at `now` (default: the clock); False when it
+        changes nothing."""
         key = pane.key
+        now = time.time() if now is None else now
+        if key.window_start > now + self._max_future_skew:
+            log.warning(
+                "ignored a %s pane of the window %s..%s (%s, %s, %s): it starts more than "
+                "--max-future-skew after the clock (%s); its events were dated in the future",
+                pane.timing, isoformat_utc(key.window_start), isoformat_utc(key.window_end),
+                key.judge, key.app, key.model, isoformat_utc(now),
+            )
+            return False
         if key.window_end <= self.horizon:
             log.warning(
                 "ignored a %s pane of the window %s..%s (%s, %s, %s): windows ending before %s "

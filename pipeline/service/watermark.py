@@ -6,13 +6,21 @@ event time.
 The watermark is the minimum, over partitions, of the latest event time read, minus an
 out-of-orderness bound: events older than that are not expected any more. Partitions that do
 not hold it back:
-- partitions that were *idle* in a cycle, i.e. fully caught up when the cycle started (nothing
-  planned for them), including partitions that never had data. A quiet partition would
-  otherwise stop every window from closing. Anything it receives later is judged against
-  the watermark then and counted late if its window has already closed.
+- partitions that are *idle*: nothing was planned for them (they were caught up when a cycle
+  started) for --partition-idle-after, counted from start-up for every partition of the
+  topic. Until then a partition holds the watermark at its latest event time or, when it has
+  none yet, where it is. A quiet partition
+  would otherwise stop every window from closing. Anything it receives later is judged
+  against the watermark then and counted late if its window has already closed. The grace
+  (like Flink's `WatermarkStrategy.withIdleness`) is what keeps a partition that was merely
+  caught up for a cycle, while its producer wrote to another one, from being overtaken: at
+  grace 0, one such cycle let the other partition move the watermark, and the quiet one's
+  next events were late.
 - when every partition is idle the whole topic has been read, so the watermark may move to the
   latest event time seen anywhere (minus the bound).
-The watermark never moves backwards.
+The watermark never moves backwards, and never passes the clock plus the out-of-orderness
+(`ceiling`): events are refused beyond --max-future-skew, and a watermark saved by an older
+version from a future-dated event is pulled back to it.
 """
 
 from __future__ import annotations
@@ -32,27 +40,53 @@ def merge_latest(
     return merged
 
 
+def holding_partitions(
+    last_backlog: Mapping[int, float], now: float, idle_after_s: float
+) -> set[int]:
+    """Partitions that hold the watermark back at `now`: those that last had a backlog
+    (`last_backlog`, in the same clock as `now`; this cycle's included) less than
+    `idle_after_s` ago, and those with a backlog now (at grace 0, only those)."""
+    return {p for p, at in last_backlog.items() if at >= now or now - at < idle_after_s}
+
+
+def ceiling(now: float, out_of_orderness_s: float) -> float:
+    """The highest watermark there may be at wall-clock time `now`."""
+    return now + out_of_orderness_s
+
+
 def compute_watermark(
     latest_event_time: Mapping[int, float],
     active_partitions: Collection[int],
     out_of_orderness_s: float,
     previous: float | None = None,
+    now: float | None = None,
 ) -> float | None:
     """The watermark after a cycle (None until some event has been read).
 
     `latest_event_time`: latest event time read so far per partition (after this cycle).
-    `active_partitions`: partitions that had a backlog when the cycle started.
+    `active_partitions`: partitions that hold it back (`holding_partitions`).
+    `now`: the wall clock; the watermark is kept at or below `ceiling(now, ...)`, a previous
+    one above it included.
     """
-    active = [latest_event_time[p] for p in active_partitions if p in latest_event_time]
-    if active:
-        candidate: float | None = min(active) - out_of_orderness_s
+    active = [latest_event_time.get(p) for p in active_partitions]
+    if any(t is None for t in active):
+        # A partition within its grace that has told no event time yet (new to this state
+        # file, e.g. after --state-reset or a change of --instances): its next events may be
+        # the oldest, so the watermark waits for it, as a Flink source split does.
+        candidate: float | None = None
+    elif active:
+        candidate = min(t for t in active if t is not None) - out_of_orderness_s
     elif latest_event_time and not active_partitions:
         candidate = max(latest_event_time.values()) - out_of_orderness_s
     else:
         candidate = None
     if candidate is None:
-        return previous
-    return candidate if previous is None else max(previous, candidate)
+        watermark = previous
+    else:
+        watermark = candidate if previous is None else max(previous, candidate)
+    if watermark is not None and now is not None:
+        watermark = min(watermark, ceiling(now, out_of_orderness_s))
+    return watermark
 
 
 def closed_before(watermark: float | None, allowed_lateness_s: float) -> float | None:

@@ -67,8 +67,14 @@ def collect_traces(
             continue
         try:
             parts = decode_spans(r.raw, encoding)
+            for part in parts:
+                part.to_json()  # what the state store saves of a pending span must encode
         except InvalidEvent as exc:
             passed_on.append(dataclasses.replace(r, refused=exc.reason))
+            continue
+        except Exception as exc:  # one record never fails the batch: it is refused
+            reason = f"could not decode the OTLP record ({type(exc).__name__}: {exc}"[:300]
+            passed_on.append(dataclasses.replace(r, refused=reason + ")"))
             continue
         arrived.extend(Arrival(p, r.partition, r.position, now) for p in parts)
     assembly = assemble(
