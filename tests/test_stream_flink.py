@@ -70,6 +70,14 @@ def stream_argv(bootstrap: str, topic: str, services: FlinkServices) -> list[str
     ]
 
 
+def submit(argv: Sequence[str], services: FlinkServices) -> None:
+    """Runs `ragpulse stream`, which returns once the job runs (expanding the Kafka reader and
+    staging its jars take a minute or two on a loaded 2-core machine)."""
+    done = ragpulse(*argv, timeout=600)
+    assert done.returncode == 0, f"{done.stderr[-4000:]}\n{services.logs()}"
+    assert "(job state RUNNING)" in done.stderr
+
+
 def produce_events(bootstrap: str, topic: str, events: Sequence[SimulatedEvent]) -> None:
     """Each event with its event time as the Kafka record time (the stream's event time)."""
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
@@ -224,7 +232,7 @@ def test_stream_on_flink_judges_like_serve_publishes_dead_letters_and_resumes_wi
 
     ratings = RatingsReader(bootstrap, f"{topic}.ratings")
     try:
-        ragpulse(*argv)
+        submit(argv, flink)
         wait_until(lambda: first_windows <= ratings.on_time_windows(),
                    "the on-time panes of the first windows", logs=flink.logs)
         letters = read_topic(bootstrap, f"{topic}.dlq", MALFORMED)
@@ -237,7 +245,7 @@ def test_stream_on_flink_judges_like_serve_publishes_dead_letters_and_resumes_wi
         panes_before_stop = len(ratings.poll())
 
         produce_events(bootstrap, topic, second)
-        ragpulse(*argv)
+        submit(argv, flink)
         wait_until(lambda: second_windows <= ratings.on_time_windows(),
                    "the on-time panes of the second windows", logs=flink.logs)
         wait_until(lambda: committed(bootstrap, topic) == len(first) + len(second),
