@@ -20,6 +20,7 @@ from judges.base import (
     Rating,
     Turn,
     Verdict,
+    prompt_version,
 )
 from judges.composite import Composite, check_composites
 from judges.ensemble import Ensemble
@@ -83,10 +84,36 @@ class JudgeSpec:
     composites: tuple[Composite, ...] = ()
     # --ensemble: judges graded by the majority of several models (judges.ensemble).
     ensembles: tuple[Ensemble, ...] = ()
+    # --judge-logprobs: ask for token logprobs; verdicts carry P(yes) (judges.logprobs).
+    logprobs: bool = False
 
     def __post_init__(self) -> None:
         check_judge_names(self.names, self.backend, tuple(c.entry for c in self.custom_judges))
         check_composites(self.composites, self.names)
+
+    def prompt_versions(self) -> dict[str, str]:
+        """Each judge's prompt version, as its metric series and calibration files label it
+        (`judges.base.prompt_version`), without building a panel or calling anything."""
+        if self.backend == "local":
+            from judges.local import build_local_judges
+
+            return {j.name: prompt_version(j) for j in build_local_judges(self.names)}
+        from judges.endpoint import OpenAIJudgeEndpoint
+        from judges.llm import build_llm_judges
+
+        endpoint = OpenAIJudgeEndpoint(
+            base_url=self.base_url, api_key=self.api_key, model=self.model,
+            reply_format=self.reply_format, max_tokens=self.max_tokens,
+            logprobs=self.logprobs, breaker_failures=self.breaker_failures,
+            breaker_cooldown_seconds=self.breaker_cooldown_seconds, rpm=self.rpm, tpm=self.tpm,
+        )
+        judges = build_llm_judges(
+            self.names, endpoint, Path(self.prompts_dir) if self.prompts_dir else None,
+            guidelines=self.guidelines, custom=self.custom_judges,
+            score_threshold=self.score_threshold, embeddings_model=self.embeddings_model,
+            ensembles=self.ensembles,
+        )
+        return {name: prompt_version(j) for name, j in zip(self.names, judges, strict=True)}
 
     def build(self) -> JudgePanel:
         """A panel of the named judges on this backend."""
@@ -123,6 +150,7 @@ class JudgeSpec:
             breaker_cooldown_seconds=self.breaker_cooldown_seconds,
             rpm=self.rpm,
             tpm=self.tpm,
+            logprobs=self.logprobs,
         )
         prompts = Path(self.prompts_dir) if self.prompts_dir else None
         policy = self.text_policy

@@ -50,8 +50,6 @@ RATINGS: tuple[Rating, ...] = ("yes", "no", "error")
 #   input          the event holds what the judge needs in a form it cannot grade (both
 #                  expected_response and expected_facts, an empty answer ...); an event that
 #                  lacks a required field altogether is `skipped`, not an error
-#   unsupported_input  the event has it, but of a kind the judge's method cannot judge (the
-#                  local groundedness judge on a summary): it abstains rather than guess
 ErrorCause = Literal[
     "timeout",
     "rate_limited",
@@ -65,7 +63,6 @@ ErrorCause = Literal[
     "deadline",
     "internal",
     "input",
-    "unsupported_input",
 ]
 ERROR_CAUSES: tuple[ErrorCause, ...] = get_args(ErrorCause)
 
@@ -95,7 +92,10 @@ class Guideline:
     rules: tuple[str, ...]
 
 
-_GUIDELINE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+# The name of the one set a plain list of guidelines forms: graded as one verdict.
+LIST_GUIDELINES = "guidelines"
+# A guideline's name labels its verdicts' series (`guideline`), so it is short and plain.
+GUIDELINE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 def global_guidelines(flags: Sequence[str]) -> tuple[Guideline, ...]:
@@ -104,9 +104,9 @@ def global_guidelines(flags: Sequence[str]) -> tuple[Guideline, ...]:
     grouped: dict[str, list[str]] = {}
     for flag in flags:
         name, sep, rule = flag.partition("=")
-        if not sep or not _GUIDELINE_NAME.fullmatch(name.strip()) or not rule.strip():
+        if not sep or not GUIDELINE_NAME.fullmatch(name.strip()) or not rule.strip():
             raise ValueError(
-                f"{flag!r} is not NAME=RULE (NAME of letters, digits, _ . -), e.g. "
+                f"{flag!r} is not NAME=RULE (NAME of 1-64 letters, digits, _ . -), e.g. "
                 "'english=The response must be in English'"
             )
         grouped.setdefault(name.strip(), []).append(rule.strip())
@@ -195,6 +195,9 @@ class Verdict:
     derived: bool = False
     # Of an ensemble (judges.ensemble): each member's rating, whose majority is `rating`.
     votes: tuple[Rating, ...] = ()
+    # Of a judge that grades each named guideline on its own (guideline_adherence): one verdict
+    # per name, judged "<judge>/<name>"; the pipeline counts and stores these in its place.
+    parts: tuple[Verdict, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.rating == "error") != (self.error_message is not None):

@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from judges.base import ErrorCause, ThrottledLog, batch_deadline
 from judges.breaker import CircuitBreaker, Refusal
+from judges.logprobs import TOP_LOGPROBS, TokenLogprob, read_logprobs
 from judges.quota import RateQuota, estimate_tokens
 from judges.retry import (
     CallFailure,
@@ -122,6 +123,7 @@ class _ReplyChoice(BaseModel):
 
     message: _ReplyMessage
     finish_reason: StrictStr | None = None
+    logprobs: object = None  # read leniently (judges.logprobs): a bad one only loses P(yes)
 
 
 class ChatCompletionBody(BaseModel):
@@ -254,6 +256,9 @@ class EndpointReply:
     cached_prompt_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
     refusal: str | None = None
     finish_reason: str | None = None
+    # With --judge-logprobs, the reply's tokens and their alternatives, when the endpoint
+    # returned well-formed ones (judges.logprobs).
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -412,6 +417,7 @@ class OpenAIJudgeEndpoint:
         breaker_cooldown_seconds: float = 30.0,
         rpm: int | None = None,
         tpm: int | None = None,
+        logprobs: bool = False,
         backoff_base_seconds: float = 0.5,
         backoff_max_seconds: float = 8.0,
         max_retry_after_seconds: float = 60.0,
@@ -435,6 +441,7 @@ class OpenAIJudgeEndpoint:
         self.concurrency = concurrency
         self.reply_format: ReplyFormat = reply_format
         self.max_tokens = max_tokens
+        self.logprobs = logprobs
         self.policy = RetryPolicy(
             max_retries=max_retries,
             base_delay=backoff_base_seconds,
@@ -486,6 +493,9 @@ class OpenAIJudgeEndpoint:
 
     def _request_options(self, call: _Call) -> dict[str, Any]:
         options: dict[str, Any] = {"max_tokens": call.max_tokens}
+        if self.logprobs:
+            options["logprobs"] = True
+            options["top_logprobs"] = TOP_LOGPROBS
         if self.reply_format == "json_schema":
             options["response_format"] = {"type": "json_schema", "json_schema": call.json_schema}
         elif self.reply_format == "json_object":
@@ -591,6 +601,12 @@ class OpenAIJudgeEndpoint:
                 tokens.charge(used - estimate)
         choice = completion.choices[0]
         message = choice.message
+        logprobs, bad = read_logprobs(choice.logprobs) if self.logprobs else (None, None)
+        if bad:
+            self._failure_log.warning(
+                ("logprobs",), "judge endpoint returned unusable logprobs, verdicts keep no "
+                "probability: %s", bad,
+            )
         return EndpointReply(
             content=self.scrub(message.content) if message.content is not None else None,
             prompt_tokens=prompt_tokens,
@@ -599,6 +615,7 @@ class OpenAIJudgeEndpoint:
             cached_prompt_tokens=cached_prompt_tokens,
             refusal=self.scrub(message.refusal) if message.refusal else None,
             finish_reason=choice.finish_reason,
+            logprobs=logprobs,
         )
 
     async def complete(

@@ -49,10 +49,11 @@ from pydantic import (
     model_validator,
 )
 
-from judges.base import Guideline, InputName, Judge, JudgeInput, Verdict
+from judges.base import LIST_GUIDELINES, Guideline, InputName, Judge, JudgeInput, Verdict
 from judges.chunk_verdicts import event_verdict
 from judges.endpoint import EndpointFailure, EndpointReply, OpenAIJudgeEndpoint
 from judges.fencing import fence, new_nonce, single_line
+from judges.logprobs import TokenLogprob, expected_score, probability_of_yes
 from judges.registry import DEFAULT_SCORE_THRESHOLD, JUDGES, JudgeEntry, judge_entry
 
 if TYPE_CHECKING:
@@ -599,6 +600,9 @@ class LLMJudge:
         missing = self.entry.verdict_if_missing(item)
         if missing is not None:
             return missing
+        named = named_guidelines(item.guidelines) if "guidelines" in self.entry.requires else ()
+        if named:
+            return await self._ask_per_guideline(item, named, model)
         if not self.entry.per_chunk:
             return await self._ask(item, model)
         start = time.perf_counter()
@@ -606,6 +610,20 @@ class LLMJudge:
             *(self._ask_chunk(dataclasses.replace(item, chunks=(c,)), model) for c in item.chunks)
         )
         return event_verdict(self.name, verdicts, time.perf_counter() - start)
+
+    async def _ask_per_guideline(
+        self, item: JudgeInput, named: tuple[Guideline, ...], model: str | None
+    ) -> Verdict:
+        """One call per named guideline, concurrently; the verdict holds them as `parts`."""
+        start = time.perf_counter()
+        asked = await asyncio.gather(
+            *(self._ask(dataclasses.replace(item, guidelines=(g,)), model) for g in named)
+        )
+        parts = tuple(
+            dataclasses.replace(v, judge=f"{self.name}/{g.name}")
+            for g, v in zip(named, asked, strict=True)
+        )
+        return guideline_verdict(self.name, parts, time.perf_counter() - start)
 
     async def _ask_chunk(self, item: JudgeInput, model: str | None) -> Verdict:
         if item.lacks(("chunks",)):
@@ -619,7 +637,25 @@ class LLMJudge:
             json_schema=self._reply_schema,
             model=model,
         )
-        return reply_verdict(self.name, outcome, self.endpoint.max_tokens, self._read_verdict)
+        verdict = reply_verdict(self.name, outcome, self.endpoint.max_tokens, self._read_verdict)
+        if isinstance(outcome, EndpointReply) and outcome.logprobs and verdict.rating in (
+            "yes", "no"
+        ):
+            verdict = self._with_probability(verdict, outcome.logprobs)
+        return verdict
+
+    def _with_probability(
+        self, verdict: Verdict, tokens: tuple[TokenLogprob, ...]
+    ) -> Verdict:
+        """The verdict with its `score` from the reply's logprobs (--judge-logprobs): P(yes) on
+        the binary scale, the expected score on a graded one; unchanged when they do not say."""
+        scores = self.prompt.scores
+        if scores is None:
+            p = probability_of_yes(tokens, verdict.rating)
+        else:
+            assert verdict.score is not None  # a graded verdict that parsed has its score
+            p = expected_score(tokens, scores, round(verdict.score))
+        return verdict if p is None else dataclasses.replace(verdict, score=p)
 
     def _read_verdict(self, content: str | None) -> tuple[BinaryRating, str, float | None]:
         scores = self.prompt.scores
@@ -628,6 +664,38 @@ class LLMJudge:
             return reply.rating, reply.rationale, None
         scored = parse_scored_reply(content, scores)
         return self.prompt.rating_of(scored.score), scored.rationale, float(scored.score)
+
+
+def named_guidelines(guidelines: Sequence[Guideline]) -> tuple[Guideline, ...]:
+    """The sets to grade one by one: each name once (rules of a name given twice, by the event
+    and by --guideline, joined), or () when the only set is a plain list, graded as one."""
+    merged: dict[str, list[str]] = {}
+    for g in guidelines:
+        rules = [r for r in g.rules if r.strip()]
+        if rules:
+            merged.setdefault(g.name, []).extend(rules)
+    if list(merged) in ([], [LIST_GUIDELINES]):
+        return ()
+    return tuple(Guideline(name, tuple(dict.fromkeys(rules))) for name, rules in merged.items())
+
+
+def guideline_verdict(name: str, parts: tuple[Verdict, ...], latency_seconds: float) -> Verdict:
+    """The event's one verdict over its named guidelines' `parts`: "no" when one is not
+    followed, else "error" when one could not be graded, else "yes"."""
+    ratings = {v.rating for v in parts}
+    summary = ", ".join(f"{v.judge.partition('/')[2]} {v.rating}" for v in parts)
+    cost: dict[str, Any] = {
+        "latency_seconds": latency_seconds,
+        "prompt_tokens": sum(v.prompt_tokens for v in parts),
+        "completion_tokens": sum(v.completion_tokens for v in parts),
+        "cached_prompt_tokens": sum(v.cached_prompt_tokens for v in parts),
+        "parts": parts,
+    }
+    if "no" not in ratings and "error" in ratings:
+        first = next(v for v in parts if v.rating == "error")
+        return Verdict(name, "error", error_message=f"{summary}: {first.error_message}",
+                       error_cause=first.error_cause, **cost)
+    return Verdict(name, "no" if "no" in ratings else "yes", f"{summary}.", **cost)
 
 
 def reply_verdict(
@@ -700,6 +768,7 @@ def settings_version(
         endpoint.temperature,
         endpoint.reply_format,
         endpoint.max_tokens,
+        endpoint.logprobs,
         *extra,
     )
     digest = hashlib.blake2b(repr(settings).encode(), digest_size=8).hexdigest()
@@ -727,6 +796,7 @@ def build_llm_judges(
     scored judges (judges.claim_scores) rate "yes" at `score_threshold` or above, and
     answer_correctness blends in the similarity of `embeddings_model`'s embeddings when given;
     `ensembles` (`--ensemble`) make a judge the majority of several models (judges.ensemble).
+    A deterministic judge (no model, e.g. document_recall) is its local implementation.
     With `combine` (`--judge-combine`), the judges that can be graded together get one call
     per event between them (`judges.combined`); the others (ensembles, scored, per-chunk and
     graded-scale judges, those reading ground truth) are asked on their own.
@@ -742,6 +812,10 @@ def build_llm_judges(
         mine = by_name.get(name)
         if mine is not None:
             prompt, entry = mine.prompt, mine.entry
+        elif judge_entry(name).deterministic:
+            # Needs no model (document_recall): the same judge as on the local backend.
+            built[name] = judge_entry(name).build_local()
+            continue
         elif (scored := judge_entry(name).scored) is not None:
             module, _, cls = scored.partition(":")
             built[name] = getattr(importlib.import_module(module), cls)(

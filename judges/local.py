@@ -17,18 +17,12 @@ from typing import ClassVar
 from judges.base import Judge, JudgeInput, Rating, Verdict
 from judges.registry import JudgeEntry, judge_entry
 
-__all__ = ["CannotGrade", "LocalJudge", "UnsupportedInput", "build_local_judges"]
+__all__ = ["CannotGrade", "LocalJudge", "build_local_judges"]
 
 
 class CannotGrade(Exception):
     """Raised by a judge's `decide` when the event holds what the registry requires, but not in
     a form the method can read; the verdict is `error` with cause `input` and this message."""
-
-
-class UnsupportedInput(CannotGrade):
-    """Raised by a judge's `decide` for a well-formed event of a kind its method is known to
-    judge no better than chance (measured); the verdict is `error` with cause
-    `unsupported_input`: the judge abstains rather than guess."""
 
 
 class LocalJudge:
@@ -72,7 +66,7 @@ class LocalJudge:
                 self.name,
                 "error",
                 error_message=str(exc),
-                error_cause="unsupported_input" if isinstance(exc, UnsupportedInput) else "input",
+                error_cause="input",
                 latency_seconds=time.perf_counter() - start,
             )
         return Verdict(

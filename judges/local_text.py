@@ -165,6 +165,12 @@ def _piece_bag(piece: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 _STEMS_PART = operator.itemgetter(0)
+
+
+def content_stems(text: str) -> list[str]:
+    """The content-word stems of `text`, piece by piece (each piece's once), from the
+    memoised piece analyses: a few µs for a sentence."""
+    return list(itertools.chain.from_iterable(map(_STEMS_PART, map(_piece_bag, text.split()))))
 _NUMBERS_PART = operator.itemgetter(1)
 
 

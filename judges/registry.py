@@ -41,6 +41,8 @@ class JudgeEntry:
     says. `per_chunk` judges rate each retrieved chunk on its own (Agent Evaluation's
     chunk_relevance); the event's one verdict is "yes" when at least one chunk is rated "yes"
     (judges.chunk_verdicts). `default` judges run when `--judges` is not given.
+    A `deterministic` judge needs no model: its local implementation is the judge's definition
+    (document_recall counts documents), so it runs the same whatever the backend.
     """
 
     name: str
@@ -52,14 +54,19 @@ class JudgeEntry:
     when_missing: str | None = None
     per_chunk: bool = False
     default: bool = True
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if self.local is None and self.prompt is None and self.scored is None:
             raise ValueError(f"judge {self.name} has no implementation (local, prompt, scored)")
+        if self.deterministic and (self.local is None or self.prompt or self.scored):
+            raise ValueError(f"deterministic judge {self.name} has exactly a local implementation")
 
     @property
     def backends(self) -> tuple[Backend, ...]:
-        """The backends that implement this judge."""
+        """The backends that implement this judge (all of them for a deterministic judge)."""
+        if self.deterministic:
+            return BACKENDS
         made = {
             "local": self.local is not None,
             "openai": self.prompt is not None or self.scored is not None,
@@ -157,6 +164,7 @@ _ENTRIES = (
         local="judges.local_document_recall:DocumentRecallJudge",
         requires=("expected_chunks",),
         default=False,
+        deterministic=True,
     ),
     JudgeEntry(
         "guideline_adherence",
@@ -244,5 +252,9 @@ def check_judge_names(
 
 
 def judges_help() -> str:
-    """The judges and their backends, for help texts: "groundedness (local, openai), ..."."""
-    return ", ".join(f"{e.name} ({', '.join(e.backends)})" for e in JUDGES.values())
+    """The judges and their backends, for help texts: "groundedness (local, openai), ...",
+    "document_recall (any backend, no model)"."""
+    return ", ".join(
+        f"{e.name} ({'any backend, no model' if e.deterministic else ', '.join(e.backends)})"
+        for e in JUDGES.values()
+    )

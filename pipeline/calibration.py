@@ -140,6 +140,8 @@ class AgreementReport:
     model: str | None
     labelled_file: str
     pass_threshold: int | None
+    # The judge's prompt version (judges.base.prompt_version): the rates hold for it alone.
+    prompt_version: str | None
     unlabelled: int
     graded: int
     errors_by_cause: Mapping[str, int]
@@ -156,6 +158,11 @@ class AgreementReport:
     confusion: Mapping[str, Mapping[str, int]]  # label -> verdict -> count
     disagreements: Sequence[Mapping[str, Any]]
     errors: Sequence[Mapping[str, Any]]
+    # With --judge-logprobs, of the yes/no labels whose verdict carries P(yes): the Brier score
+    # (mean squared gap between P(yes) and the label) and the expected calibration error.
+    probabilities: int = 0
+    brier_score: float | None = None
+    expected_calibration_error: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"format": CALIBRATION_FORMAT, **dataclasses.asdict(self)}
@@ -170,10 +177,14 @@ def agreement_report(
     labelled_file: str,
     unlabelled: int = 0,
     pass_threshold: int | None = None,
+    prompt_version: str | None = None,
     rationale: Callable[[str | None], str | None] = lambda text: text,
+    probabilities: bool = False,
 ) -> AgreementReport:
     """Compare each verdict with its label. `rationale` turns a judge's rationale or error
-    message into the text the report keeps (the --store-text policy)."""
+    message into the text the report keeps (the --store-text policy). With `probabilities`
+    (--judge-logprobs: binary verdicts' scores are P(yes)), the Brier score and the expected
+    calibration error of those scores against the yes/no labels too."""
     pairs = [(j.label, v) for j in judged if (v := verdict_value(j.verdict, j.label)) is not None]
     errors = [j for j in judged if verdict_value(j.verdict, j.label) is None]
     confusion: dict[str, Counter[str]] = {}
@@ -189,12 +200,19 @@ def agreement_report(
     tn = sum(1 for t, p in binary if t is False and p is False) if two_classes else None
     positives = sum(1 for t, _ in binary if t) if two_classes else None
     negatives = len(binary) - positives if positives is not None else None
+    forecasts = [
+        (j.verdict.score, 1.0 if j.label == "yes" else 0.0)
+        for j in judged
+        if j.label in ("yes", "no") and j.verdict.rating in ("yes", "no")
+        and j.verdict.score is not None
+    ] if probabilities else []
     return AgreementReport(
         judge=judge,
         backend=backend,
         model=model,
         labelled_file=labelled_file,
         pass_threshold=pass_threshold,
+        prompt_version=prompt_version,
         unlabelled=unlabelled,
         graded=len(pairs),
         errors_by_cause=dict(sorted(Counter(_cause(j.verdict) for j in errors).items())),
@@ -228,6 +246,33 @@ def agreement_report(
             }
             for j in errors
         ],
+        probabilities=len(forecasts),
+        brier_score=brier_score(forecasts),
+        expected_calibration_error=expected_calibration_error(forecasts),
+    )
+
+
+def brier_score(forecasts: Sequence[tuple[float, float]]) -> float | None:
+    """Mean of (p - y)^2 over (P(yes), 1 if labelled yes else 0) pairs; None without any."""
+    if not forecasts:
+        return None
+    return sum((p - y) ** 2 for p, y in forecasts) / len(forecasts)
+
+
+def expected_calibration_error(
+    forecasts: Sequence[tuple[float, float]], bins: int = 10
+) -> float | None:
+    """The expected calibration error over `bins` equal-width bins of P(yes): the share-
+    weighted gap between each bin's mean P(yes) and its share labelled yes."""
+    if not forecasts:
+        return None
+    binned: dict[int, list[tuple[float, float]]] = {}
+    for p, y in forecasts:
+        binned.setdefault(min(int(p * bins), bins - 1), []).append((p, y))
+    return sum(
+        len(group) / len(forecasts)
+        * abs(sum(p for p, _ in group) / len(group) - sum(y for _, y in group) / len(group))
+        for group in binned.values()
     )
 
 
@@ -292,6 +337,7 @@ class JudgeCalibration:
     true_positives: int  # of those, passed by the judge
     negatives: int  # labelled fails the judge graded
     true_negatives: int  # of those, failed by the judge
+    prompt_version: str  # of the judge measured: another version has other error rates
 
     @property
     def sensitivity(self) -> float:
@@ -338,6 +384,9 @@ def load_calibration(path: Path) -> JudgeCalibration:
         raise bad("backend", f"must be one of {', '.join(BACKENDS)}")
     if data.get("model") is not None and not isinstance(data["model"], str):
         raise bad("model", "must be a string or null")
+    if not isinstance(data.get("prompt_version"), str) or not data["prompt_version"]:
+        raise bad("prompt_version", "missing: the file does not say which prompt version it "
+                  "measured; run `ragpulse calibrate` again")
     counts = {}
     for key in ("positives", "true_positives", "negatives", "true_negatives"):
         value = data.get(key)
@@ -354,15 +403,20 @@ def load_calibration(path: Path) -> JudgeCalibration:
             raise bad(part, f"is above {total} ({counts[part]} > {counts[total]})")
     return JudgeCalibration(
         judge=data["judge"], backend=data["backend"], model=data.get("model"), source=str(path),
-        **counts,
+        prompt_version=data["prompt_version"], **counts,
     )
 
 
 def check_calibrations(
-    calibrations: Sequence[JudgeCalibration], judges: Sequence[str], backend: str, model: str
+    calibrations: Sequence[JudgeCalibration],
+    judges: Sequence[str],
+    backend: str,
+    model: str,
+    versions: Mapping[str, str] | Callable[[], Mapping[str, str]] = lambda: {},
 ) -> None:
     """ValueError (one line) unless each calibration is for a judge in use, on the backend in
-    use, one per judge; logs what each one does (or why it does nothing) once, at start."""
+    use, of the prompt version in use (`versions`: each judge's, or a function giving them),
+    one per judge; logs what each one does (or why it does nothing) once, at start."""
     seen: dict[str, str] = {}
     for c in calibrations:
         if c.judge not in judges:
@@ -375,6 +429,16 @@ def check_calibrations(
             raise ValueError(
                 f"{c.source} measured {c.judge} on the {c.backend} backend; this run uses "
                 f"{backend}"
+            )
+        if callable(versions):
+            versions = versions()
+        version = versions.get(c.judge)
+        if version is not None and version != c.prompt_version:
+            # A changed prompt has other error rates: correcting with the old ones would be
+            # silently wrong.
+            raise ValueError(
+                f"{c.source} measured {c.judge} with prompt version {c.prompt_version}; this run "
+                f"uses {version}: run `ragpulse calibrate` again with this prompt"
             )
         if backend == "openai" and c.model is not None and c.model != model:
             log.warning("%s measured %s with model %s; this run uses %s: its error rates may "

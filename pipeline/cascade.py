@@ -13,6 +13,11 @@ each event with the local judges of `--judges`, then sends to the LLM judges:
   events to the LLM only through the sample;
 * golden-set canaries (they test the LLM judges).
 
+With `--judge-logprobs` the LLM verdicts carry P(yes), and the same band says when the LLM is
+unsure too: a verdict with P(yes) within the band of 0.5 is counted in
+`ragpulse_cascade_llm_unsure_total{judge, selected}` (it stays the event's verdict), so an
+operator sees how many escalated events neither tier could settle.
+
 An event's verdicts are the LLM's where it ran (an LLM `error` included, so outages stay
 visible as errors) and the local judges' otherwise: every event has a verdict, so the window
 ratios are not weighted for the cascade; they mix both judges, and the agreement counts
@@ -35,12 +40,17 @@ from judges.base import JudgeInput, JudgePanel, Verdict
 from judges.local import build_local_judges
 from pipeline import counting
 from pipeline.errors import SettingsError
+from pipeline.sampling import sample_point
 
 AGREEMENT = "ragpulse_cascade_agreement_total"
+UNSURE = "ragpulse_cascade_llm_unsure_total"
 COUNTER_HELP = {
     AGREEMENT: "Events both the local and the LLM judge rated yes or no in the judge cascade, "
     "by judge, whether they agreed, and why the LLM ran (sample: the --cascade-llm-sample-rate "
     "share, an estimate for all traffic; uncertain: the local rating was near its threshold).",
+    UNSURE: "LLM verdicts of the judge cascade whose P(yes) (--judge-logprobs) is within "
+    "--cascade-uncertainty-band of 0.5: events neither tier is sure of, by judge and why the "
+    "LLM ran.",
 }
 
 
@@ -60,8 +70,6 @@ class HasMargin(Protocol):
 
 
 def _hash_point(item: JudgeInput) -> float:
-    # Imported here: pipeline.stages imports this module.
-    from pipeline.stages import sample_point
 
     return sample_point(f"{item.question}\0{item.answer}")
 
@@ -74,6 +82,8 @@ class CascadePanel:
         self._local_judges = build_local_judges(spec.names)
         self._local = JudgePanel(self._local_judges, spec.batch_deadline_seconds)
         self._llm = spec.build()
+        # The LLM verdicts' scores are P(yes) (binary judges with --judge-logprobs).
+        self._probabilities = spec.logprobs
         # The `version` label of the cascade's verdicts: the LLM prompt's, marked as mixed
         # with the local judges' (which verdict an event got depends on the event).
         self.prompt_versions = tuple(f"{v}+local" for v in self._llm.prompt_versions)
@@ -100,10 +110,15 @@ class CascadePanel:
         )
         verdicts = list(local)
         agreement: Counter[counting.CounterKey] = Counter()
+        band = self._settings.uncertainty_band
         for i, llm_verdicts in zip(order, llm, strict=True):
             verdicts[i] = llm_verdicts
             if chosen[i] == "canary":
                 continue
+            for mv in llm_verdicts if self._probabilities else ():
+                # P(yes) from the reply's logprobs: the same band, around 0.5.
+                if mv.score is not None and abs(mv.score - 0.5) < band:
+                    agreement[counting.key(UNSURE, judge=mv.judge, selected=chosen[i])] += 1
             for lv, mv in zip(local[i], llm_verdicts, strict=True):
                 if lv.rating != "error" and mv.rating != "error":
                     agree = "true" if lv.rating == mv.rating else "false"

@@ -63,9 +63,38 @@ LATENCY_SUM_US = "ragpulse_judge_latency_seconds_sum_us"
 LATENCY_COUNT = "ragpulse_judge_latency_seconds_count"
 
 
+# The chatbot's own cost and latency, per app and model (pipeline.events.AgentUsage), for every
+# accepted event: Agent Evaluation's agent/input_token_count, output and total.
+AGENT_INPUT_TOKENS = "ragpulse_agent_input_tokens_total"
+AGENT_OUTPUT_TOKENS = "ragpulse_agent_output_tokens_total"
+AGENT_TOTAL_TOKENS = "ragpulse_agent_total_tokens_total"
+# Events that gave token counts: the denominator of tokens per answer.
+AGENT_USAGE_EVENTS = "ragpulse_agent_usage_events_total"
+AGENT_LATENCY_BUCKET = "ragpulse_agent_latency_seconds_bucket"  # non-cumulative count per `le`
+AGENT_LATENCY_SUM_US = "ragpulse_agent_latency_seconds_sum_us"
+AGENT_LATENCY_COUNT = "ragpulse_agent_latency_seconds_count"
+# Upper bounds of the chatbot latency histogram, in seconds: an answer takes 0.1 s to minutes.
+AGENT_LATENCY_BUCKETS: tuple[float, ...] = (
+    0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 20.0, 30.0, 60.0, 120.0,
+)
+
+
 def key(metric: str, **labels: str) -> CounterKey:
-    """The counter key for `metric` with `labels` (label order does not matter)."""
+    """The counter key for `metric` with `labels` (label order does not matter).
+
+    A `judge` of the form "<judge>/<name>" (a named guideline, graded on its own) becomes
+    `judge` and `guideline` labels, so a judge's series still sum up by `judge`.
+    """
+    judge = labels.get("judge")
+    if judge is not None and "/" in judge:
+        labels = {**labels, **judge_labels(judge)}
     return metric, tuple(sorted(labels.items()))
+
+
+def judge_labels(judge: str) -> dict[str, str]:
+    """The labels of a verdict's judge: {"judge": j} or, for "j/name", also {"guideline": name}."""
+    name, sep, guideline = judge.partition("/")
+    return {"judge": name, "guideline": guideline} if sep else {"judge": judge}
 
 
 def encode(counter_key: CounterKey) -> str:
@@ -79,9 +108,9 @@ def decode(name: str) -> CounterKey:
     return metric, tuple(sorted(labels.items()))
 
 
-def latency_bucket(seconds: float) -> str:
+def latency_bucket(seconds: float, bounds: tuple[float, ...] = LATENCY_BUCKETS) -> str:
     """The `le` label of the bucket that holds `seconds` (`+Inf` past the last bound)."""
-    for bound in LATENCY_BUCKETS:
+    for bound in bounds:
         if seconds <= bound:
             return repr(bound)
     return "+Inf"

@@ -5,7 +5,7 @@ An event is the Databricks Agent Evaluation input schema plus a production envel
 
     request_id, request, response, retrieved_context, expected_response, expected_facts,
     guidelines, expected_retrieved_context, trace          (Agent Evaluation input schema)
-    timestamp, app, model, feedback                         (envelope)
+    timestamp, app, model, feedback, usage, latency_seconds (envelope)
 
 `parse_event` validates one raw line/record and returns an `InferenceRecord`, or raises
 `InvalidEvent` whose `reason` says what to fix; `dead_letter` turns a rejected line into a row
@@ -72,11 +72,23 @@ as the chatbot recorded it; absent, null or blank means none. ragpulse judges do
 stratified sampling rules match on it (pipeline/sampling.py), e.g. to judge every answer a user
 disliked. Stripped, at most 128 characters.
 
+`usage`, the chatbot's own token counts for this answer (optional): `{"input_tokens",
+"output_tokens", "total_tokens"}`, or OpenAI's `{"prompt_tokens", "completion_tokens",
+"total_tokens"}`, each a whole number >= 0 and any of them may be left out (a missing total is
+input + output). When the event has no `usage`, the `usage` of a `response` given as a chat
+completion is read. `latency_seconds`, the time the chatbot took to answer (optional), a
+number >= 0. Both are exported per app and model (ragpulse_agent_*_tokens_total,
+ragpulse_agent_latency_seconds) for every accepted event, sampled or not; an event from an
+OpenTelemetry trace gets them from its spans (pipeline/traces.py).
+
 `expected_response`, `expected_facts`, `guidelines`, `expected_retrieved_context`: the ground
 truth of the Agent Evaluation schema, validated for type and handed to the judges that read it
 (correctness, context_sufficiency, document_recall, guideline_adherence; judges/registry.py).
-`guidelines` is a list of rules (one set, named "guidelines") or an object naming lists of
-rules; `expected_retrieved_context` items need `doc_uri`, `content` is optional. Giving both
+`guidelines` is a list of rules (one set, named "guidelines", graded as one verdict) or an
+object naming lists of rules, `{"english": [...], "clarity": [...]}`, each name graded as a
+verdict of its own (its name becomes the `guideline` label: letters, digits, `_ . -`, at most
+64 characters, else the event is rejected); `expected_retrieved_context` items need
+`doc_uri`, `content` is optional. Giving both
 `expected_response` and `expected_facts` is not rejected here: the judges that read the expected
 answer rate such an event `error` (the schema allows one of the two).
 """
@@ -84,6 +96,7 @@ answer rate such an event `error` (the schema allows one of the two).
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NotRequired
@@ -92,9 +105,9 @@ import orjson
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
-from judges.base import Chunk, Guideline, JudgeInput, Turn
+from judges.base import GUIDELINE_NAME, LIST_GUIDELINES, Chunk, Guideline, JudgeInput, Turn
 
-__all__ = ["InferenceRecord", "InvalidEvent", "dead_letter", "parse_event"]
+__all__ = ["AgentUsage", "InferenceRecord", "InvalidEvent", "dead_letter", "parse_event"]
 
 DEFAULT_MAX_BYTES = 1_048_576
 UNKNOWN = "unknown"
@@ -170,6 +183,19 @@ class InferenceRecord:
     stratum: str | None = None
     weight: float = 1.0
     span_id: str | None = None  # OpenTelemetry span of the answer, when it came from a trace
+    # The chatbot's own cost and latency for this answer, when the event gives them.
+    usage: AgentUsage | None = None
+    latency_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentUsage:
+    """The chatbot's token counts for one answer (Agent Evaluation's agent/*_token_count);
+    None where the event does not say."""
+
+    input_tokens: int | None
+    output_tokens: int | None
+    total_tokens: int | None
 
 
 # --- boundary shapes (pydantic, strict: a number is not silently a string) ------------------
@@ -206,6 +232,17 @@ class _Envelope(BaseModel):
     model: str | None = None
     feedback: str | None = None
     span_id: str | None = None
+    usage: _Usage | None = None
+    latency_seconds: int | float | None = None
+
+
+class _Usage(TypedDict, total=False):
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    input_tokens: int | None
+    output_tokens: int | None
+    total_tokens: int | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
 
 
 class _ContentPart(TypedDict):
@@ -283,6 +320,7 @@ class _Document(TypedDict):
 
 _MESSAGES = TypeAdapter(list[_Message])
 _CHAT_COMPLETION = TypeAdapter(_ChatCompletion)
+_USAGE = TypeAdapter(_Usage | None)
 _TRACE = TypeAdapter(_Trace)
 _DOCUMENTS = TypeAdapter(list[_Document] | None)
 
@@ -347,6 +385,8 @@ def parse_event(
         ),
         feedback=_feedback(env.feedback),
         span_id=_span_id(env.span_id),
+        usage=_usage(env.usage, env.response),
+        latency_seconds=_latency(env.latency_seconds),
     )
 
 
@@ -398,7 +438,13 @@ def _guidelines(value: list[str] | dict[str, list[str]] | None) -> tuple[Guideli
     if value is None:
         return ()
     if isinstance(value, list):
-        return (Guideline("guidelines", tuple(value)),)
+        return (Guideline(LIST_GUIDELINES, tuple(value)),)
+    for name in value:
+        if not GUIDELINE_NAME.fullmatch(name):
+            raise InvalidEvent(
+                f"guideline name {name[:40]!r} is not 1-64 letters, digits, _ . - "
+                "(it becomes a metric label)"
+            )
     return tuple(Guideline(name, tuple(rules)) for name, rules in value.items())
 
 
@@ -630,6 +676,41 @@ def _feedback(value: str | None) -> str | None:
             " limit (it is a short label such as 'negative', matched by sampling rules)"
         )
     return feedback or None
+def _usage(value: _Usage | None, response: Any) -> AgentUsage | None:
+    """The event's `usage`, else its chat-completion response's; None when neither says."""
+    where = "usage"
+    if value is None and isinstance(response, dict) and "choices" in response:
+        try:
+            value = _USAGE.validate_python(response.get("usage"))
+        except ValidationError as exc:
+            reason = _validation_reason(exc, response.get("usage"), "response.usage")
+            raise InvalidEvent(reason) from None
+        where = "response.usage"
+    if value is None:
+        return None
+    counts: list[int | None] = []
+    for names in (("input_tokens", "prompt_tokens"), ("output_tokens", "completion_tokens"),
+                  ("total_tokens",)):
+        n = next((value[k] for k in names if value.get(k) is not None), None)
+        if n is not None and n < 0:
+            raise InvalidEvent(f"field '{where}.{names[0]}' must be >= 0, not {n}")
+        counts.append(n)
+    given, taken, total = counts
+    if total is None and given is not None and taken is not None:
+        total = given + taken
+    if given is None and taken is None and total is None:
+        return None
+    return AgentUsage(given, taken, total)
+
+
+def _latency(value: float | None) -> float | None:
+    if value is None:
+        return None
+    if not 0 <= value < math.inf:
+        raise InvalidEvent(f"field 'latency_seconds' must be a number >= 0, not {value!r}")
+    return float(value)
+
+
 def _span_id(value: str | None) -> str | None:
     if value is None:
         return None

@@ -15,7 +15,7 @@ every event with negative user feedback, half of a new model's answers, 5 % of t
 
 `when` reads the event's `app`, `model` and `feedback` fields (pipeline/events.py), each matched
 against one string or a list of strings. Which events are kept is decided by the same hash of
-request_id as plain sampling (`pipeline.stages.is_sampled`), at the stratum's rate.
+request_id as plain sampling (`is_sampled` below), at the stratum's rate.
 
 A judged event of a stratum sampled at rate p stands for 1/p events (inverse-probability, or
 Horvitz-Thompson, weighting): summed weights estimate population counts without bias, so
@@ -41,6 +41,7 @@ whose cycles ran at different rates still add up to unbiased estimates.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 from collections import Counter
 from collections.abc import Iterable
@@ -51,14 +52,37 @@ import yaml
 
 from pipeline import counting
 
+_SCALE = float(2**64)
+
+
+def sample_point(request_id: str) -> float:
+    """A stable number in [0, 1) derived from the request id (BLAKE2b, 64 bits)."""
+    digest = hashlib.blake2b(request_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / _SCALE
+
+
+def is_sampled(request_id: str, rate: float) -> bool:
+    """True when the event belongs to the sample at `rate` (0 keeps none, 1 keeps all).
+
+    The decision depends on the request id alone, so the same event gets the same decision on
+    every runner, in every order and after every restart: a replayed partition never samples
+    differently and counts stay exactly-once.
+    """
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"sample rate must be within [0, 1], got {rate}")
+    return sample_point(request_id) < rate
+
+
 __all__ = [
     "DEFAULT_STRATUM",
     "MATCH_FIELDS",
     "MICRO_COUNTERS",
     "SamplingPlan",
     "SamplingRule",
+    "is_sampled",
     "load_plan",
     "plan_from_data",
+    "sample_point",
 ]
 
 # The event fields a rule may match (InferenceRecord attributes of the same names).

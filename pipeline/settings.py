@@ -125,6 +125,15 @@ class JudgeSettings(BaseModel):
     ensembles: tuple[str, ...] = Field((), title="--ensemble")
     # One call per event for the LLM judges that can share it (judges.combined).
     combine: bool = Field(False, title="--judge-combine")
+    # Ask the endpoint for token logprobs: verdicts carry P(yes) as their score (judges.logprobs).
+    logprobs: bool = Field(False, title="--judge-logprobs")
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs_need_an_llm(cls, logprobs: bool, info: ValidationInfo) -> bool:
+        if logprobs and info.data.get("backend") != "openai":
+            raise ValueError("token logprobs come from an LLM: use it with --judge-backend openai")
+        return logprobs
 
     @field_validator("redact_patterns")
     @classmethod
@@ -253,6 +262,7 @@ class JudgeSettings(BaseModel):
             composites=tuple(parse_composite(f) for f in self.composites),
             ensembles=tuple(parse_ensemble(f) for f in self.ensembles),
             combine=self.combine,
+            logprobs=self.logprobs,
         )
 
 
@@ -289,7 +299,8 @@ class BatchSettings(BaseModel):
         )  # CalibrationError (a ValueError): one line naming the file and key
         judges = info.data.get("judges")
         if judges is not None:
-            check_calibrations(loaded, judges.names, judges.backend, judges.model)
+            check_calibrations(loaded, judges.names, judges.backend, judges.model,
+                               lambda: judges.spec().prompt_versions())
         return loaded
     # What a record is: ragpulse's event (pipeline/events.py) or an OTLP ExportTraceServiceRequest
     # of the Collector's Kafka exporter, assembled into one event per trace (pipeline/traces.py).
@@ -870,6 +881,15 @@ def add_judge_arguments(parser: argparse.ArgumentParser, *, one_judge: bool = Fa
         "once; a reply lacking one judge's verdict makes that verdict an error",
     )
     g.add_argument(
+        "--judge-logprobs",
+        action="store_true",
+        default=default_of(JudgeSettings, "logprobs"),
+        help="ask the endpoint for token log-probabilities: a yes/no verdict then carries "
+        "P(yes) as its score (a graded one its expected score), exported as "
+        "ragpulse_judge_score and used by the cascade and calibrate; an endpoint that returns "
+        "none gives verdicts as without the flag",
+    )
+    g.add_argument(
         "--redact-pii",
         choices=REDACT_MODES,
         default=default_of(JudgeSettings, "redact_pii"),
@@ -975,6 +995,7 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
             score_threshold=args.judge_score_threshold,
             embeddings_model=args.judge_embeddings_model,
             combine=args.judge_combine,
+            logprobs=args.judge_logprobs,
         )
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc, JudgeSettings)) from None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -37,7 +36,7 @@ from pipeline import counting, sampling
 from pipeline.cascade import CascadePanel, CascadeSettings
 from pipeline.counting import COUNTER_NAMESPACE
 from pipeline.events import InferenceRecord, InvalidEvent, Rejected, SourceRecord, parse_event
-from pipeline.sampling import SamplingPlan
+from pipeline.sampling import SamplingPlan, is_sampled
 from pipeline.service.canaries import CANARY_VERDICTS, CanaryEvent, outcome
 from pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_start
 
@@ -57,6 +56,23 @@ class JudgedEvent:
         """Each verdict with its judge's prompt version ("" when none was recorded)."""
         versions = self.versions or ("",) * len(self.verdicts)
         return zip(self.verdicts, versions, strict=True)
+
+
+def with_parts(
+    verdicts: tuple[Verdict, ...], versions: tuple[str, ...]
+) -> tuple[tuple[Verdict, ...], tuple[str, ...]]:
+    """The verdicts with each one that has `parts` (a judge graded per named guideline)
+    replaced by its parts, judged "<judge>/<name>", and the versions to match: what the
+    counts, windows and verdict rows hold (counting.key makes the name a `guideline` label)."""
+    if not any(v.parts for v in verdicts):
+        return verdicts, versions
+    flat: list[Verdict] = []
+    flat_versions: list[str] = []
+    for v, version in zip(verdicts, versions or ("",) * len(verdicts), strict=True):
+        for part in v.parts or (v,):
+            flat.append(part)
+            flat_versions.append(version)
+    return tuple(flat), tuple(flat_versions) if versions else ()
 
 
 class _Counters:
@@ -81,25 +97,26 @@ DEAD_LETTERS = counting.key("ragpulse_dead_letters_total")
 LATEST_EVENT_TIME_PREFIX = "event_time_ms:"
 
 
-_SCALE = float(2**64)
-
-
-def sample_point(request_id: str) -> float:
-    """A stable number in [0, 1) derived from the request id (BLAKE2b, 64 bits)."""
-    digest = hashlib.blake2b(request_id.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / _SCALE
-
-
-def is_sampled(request_id: str, rate: float) -> bool:
-    """True when the event belongs to the sample at `rate` (0 keeps none, 1 keeps all).
-
-    The decision depends on the request id alone, so the same event gets the same decision on
-    every runner, in every order and after every restart: a replayed partition never samples
-    differently and counts stay exactly-once.
-    """
-    if not 0.0 <= rate <= 1.0:
-        raise ValueError(f"sample rate must be within [0, 1], got {rate}")
-    return sample_point(request_id) < rate
+def agent_counts(event: InferenceRecord) -> list[tuple[counting.CounterKey, int]]:
+    """The chatbot's own token counts and latency of one accepted event, per app and model
+    (nothing when the event gives neither)."""
+    labels = {"app": event.app, "model": event.model}
+    out: list[tuple[counting.CounterKey, int]] = []
+    usage = event.usage
+    if usage is not None:
+        out.append((counting.key(counting.AGENT_USAGE_EVENTS, **labels), 1))
+        for metric, n in ((counting.AGENT_INPUT_TOKENS, usage.input_tokens),
+                          (counting.AGENT_OUTPUT_TOKENS, usage.output_tokens),
+                          (counting.AGENT_TOTAL_TOKENS, usage.total_tokens)):
+            if n is not None:
+                out.append((counting.key(metric, **labels), n))
+    seconds = event.latency_seconds
+    if seconds is not None:
+        le = counting.latency_bucket(seconds, counting.AGENT_LATENCY_BUCKETS)
+        out.append((counting.key(counting.AGENT_LATENCY_BUCKET, le=le, **labels), 1))
+        out.append((counting.key(counting.AGENT_LATENCY_COUNT, **labels), 1))
+        out.append((counting.key(counting.AGENT_LATENCY_SUM_US, **labels), round(seconds * 1e6)))
+    return out
 
 
 class _ParseAndSample(beam.DoFn):
@@ -166,6 +183,8 @@ class _ParseAndSample(beam.DoFn):
                     late=True,
                 )
                 return
+        for counter_key, n in agent_counts(event):
+            self._counters.inc(counter_key, n)
         if self._plan is not None:
             yield from self._sample_stratified(event, self._plan)
         elif is_sampled(event.request_id, self._sample_rate):
@@ -307,8 +326,9 @@ class _JudgeInBatches(beam.DoFn):
             if isinstance(event, CanaryEvent):
                 _tally_canary(tally, event, verdicts)
                 continue
-            _tally(tally, event, verdicts, versions)
-            judged.append(JudgedEvent(event, verdicts, versions))
+            flat, flat_versions = with_parts(verdicts, versions)
+            _tally(tally, event, flat, flat_versions)
+            judged.append(JudgedEvent(event, flat, flat_versions))
         inc = self._counters.inc
         backend = self._spec.backend
         for k, n in tally.items():

@@ -20,6 +20,8 @@ answer, model and retrieved documents it carries. Attributes read, first found w
               llm.output_messages.N.message.content; gen_ai.completion (span or event);
               gen_ai.completion.N.content
     model     llm.model_name, gen_ai.request.model, gen_ai.response.model
+    tokens    gen_ai.usage.input_tokens / output_tokens (or prompt_tokens / completion_tokens),
+              llm.token_count.prompt / completion / total
     documents retrieval.documents.N.document.content / .id / .metadata (the id, else the
               metadata's doc_uri or source, becomes the chunk's doc_uri)
 
@@ -29,7 +31,8 @@ arrived, turns it into one ragpulse event, which `parse_event` then validates li
 request_id = the trace id, question and answer from the root span (else the first and last
 LLM span; span_id names the span that gave the answer), chunks from the latest RETRIEVER span,
 model from the latest LLM span (else any span naming one), app = the root's service.name,
-timestamp = the root's start. A trace that
+timestamp = the root's start, usage = the token counts summed over the LLM spans (the root's
+when no LLM span has any), latency_seconds = the root span's duration. A trace that
 cannot be assembled (no root span, no question or no answer, two different copies of one span,
 two roots) becomes a refused record whose reason says so; identical copies of a span (a
 Collector retry) count once, and spans of a trace that was already assembled or refused (a
@@ -113,6 +116,9 @@ class SpanPart:
     answer: Any = None
     model: str | None = None
     documents: tuple[Document, ...] | None = None
+    # The span's token counts (input, output, total) where it gives them, and its end.
+    tokens: tuple[int | None, int | None, int | None] | None = None
+    end_ns: int | None = None
 
     def to_json(self) -> bytes:
         return orjson.dumps(dataclasses.asdict(self))
@@ -121,9 +127,11 @@ class SpanPart:
     def from_json(cls, raw: bytes) -> SpanPart:
         data = orjson.loads(raw)
         docs = data.pop("documents")
+        tokens = data.pop("tokens", None)  # parts saved before tokens were kept have none
         return cls(
             **data,
             documents=None if docs is None else tuple(Document(**d) for d in docs),
+            tokens=None if tokens is None else tuple(tokens),
         )
 
 
@@ -198,6 +206,7 @@ def _decode_proto(raw: bytes) -> list[SpanPart]:
                         service,
                         attributes,
                         events,
+                        span.end_time_unix_nano or None,
                     )
                 )
     if not parts:
@@ -257,6 +266,7 @@ def _decode_json(raw: bytes) -> list[SpanPart]:
                             service,
                             _attributes_json(span.get("attributes")),
                             events,
+                            int(span.get("endTimeUnixNano") or 0) or None,
                         )
                     )
     except (AttributeError, TypeError, ValueError) as exc:
@@ -315,6 +325,7 @@ def _part(
     service: Any,
     attrs: dict[str, Any],
     events: list[tuple[str, dict[str, Any]]],
+    end_ns: int | None = None,
 ) -> SpanPart:
     # The deprecated GenAI content events carry gen_ai.prompt / gen_ai.completion.
     for _, event_attrs in events:
@@ -341,7 +352,49 @@ def _part(
             None,
         ),
         documents=documents,
+        tokens=_tokens(attrs),
+        end_ns=end_ns,
     )
+
+
+# The attributes of a span's token counts, first found wins: OpenTelemetry GenAI (current and
+# older names), then OpenInference.
+_TOKEN_KEYS = (
+    ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt"),
+    ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens",
+     "llm.token_count.completion"),
+    ("gen_ai.usage.total_tokens", "llm.token_count.total"),
+)
+
+
+def _tokens(attrs: Mapping[str, Any]) -> tuple[int | None, int | None, int | None] | None:
+    counts: list[int | None] = []
+    for keys in _TOKEN_KEYS:
+        found = [attrs[k] for k in keys if _is_count(attrs.get(k))]
+        counts.append(int(found[0]) if found else None)
+    given, taken, total = counts
+    return None if counts == [None, None, None] else (given, taken, total)
+
+
+def _is_count(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.isdigit()  # a count written as a string by a hand-rolled exporter
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _usage(root: SpanPart, llms: Sequence[SpanPart]) -> dict[str, int] | None:
+    """The trace's usage: summed over its LLM spans, else the root's; None when none says."""
+    counted = [p.tokens for p in llms if p.tokens is not None] or (
+        [root.tokens] if root.tokens is not None else []
+    )
+    if not counted:
+        return None
+    usage = {}
+    for i, name in enumerate(("input_tokens", "output_tokens", "total_tokens")):
+        values = [t[i] for t in counted if t[i] is not None]
+        if values:
+            usage[name] = sum(v for v in values if v is not None)
+    return usage
 
 
 def _kind(attrs: Mapping[str, Any], documents: tuple[Document, ...] | None) -> str | None:
@@ -603,6 +656,11 @@ def _event(
         "app": root.part.service or next((a.part.service for a in spans if a.part.service), None),
         "model": model,
     }
+    usage = _usage(root.part, llms)
+    if usage:
+        event["usage"] = usage
+    if root.part.end_ns and root.part.end_ns >= root.part.start_ns:
+        event["latency_seconds"] = (root.part.end_ns - root.part.start_ns) / 1e9
     retrievers = [a.part for a in spans if a.part.documents is not None]
     if retrievers:
         latest = retrievers[-1]

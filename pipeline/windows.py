@@ -66,6 +66,11 @@ class WindowKey:
     # judge are two rows, never added up.
     version: str = ""
 
+    @property
+    def guideline(self) -> str:
+        """The named guideline of a per-guideline judge ("<judge>/<name>"), else ""."""
+        return self.judge.partition("/")[2]
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RatingCounts:

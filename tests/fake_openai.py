@@ -36,6 +36,11 @@ what the "model" does:
   `Verdicts wanted: a, b, c` gets one verdict per judge named there, as a JSON object keyed by
   judge name (or `NAME rationale:` / `NAME rating:` lines in "plain" mode), each chosen by
   `decide_for(judge, request)` (default: `decide` for every judge);
+* `logprobs`: what a request asking for `logprobs` gets: "off" none (a server without
+  them), "on" a token list of the reply whose rating token (a yes/no word or score digit after
+  "rating"/"score") has top_logprobs giving it probability `rating_probability` and the rest
+  to the other word (or, on a score, to the score below), "malformed" a logprobs
+  object of the wrong shape;
 * `count_tokens`: how prompt and completion tokens are counted (default: words), e.g. a
   tokenizer's count for a benchmark;
 * `decide`: how the verdict is chosen from the request. The default reads the fenced answer
@@ -58,6 +63,7 @@ import collections
 import dataclasses
 import itertools
 import json
+import math
 import re
 import struct
 import threading
@@ -231,6 +237,38 @@ def claims_reply(request: FencedRequest) -> str:
     })
 
 
+_TOKEN = re.compile(r"\s*\w+|\s*[^\w\s]+")
+
+
+def token_logprobs(content: str, probability: float) -> dict[str, Any]:
+    """OpenAI's `logprobs` of a reply: each token certain, but the rating's value (the first
+    yes/no word or digit after the last "rating" / "score") at `probability`, the rest of the
+    mass on the other word (on a score: on the score below)."""
+    tokens = _TOKEN.findall(content)
+    keyed = [i for i, t in enumerate(tokens) if t.strip().lower() in ("rating", "score")]
+    value_at = None
+    if keyed:
+        value_at = next((i for i in range(keyed[-1] + 1, len(tokens))
+                         if re.fullmatch(r"yes|no|\d", tokens[i].strip().lower())), None)
+    out = []
+    for i, token in enumerate(tokens):
+        top = [{"token": token, "logprob": 0.0}]
+        logprob = 0.0
+        if i == value_at:
+            logprob = math.log(probability)
+            word = token.strip().lower()
+            lead = token[: len(token) - len(token.lstrip())]
+            if word in ("yes", "no"):
+                others = [f"{lead}{'no' if word == 'yes' else 'yes'}"]
+            else:
+                others = [f"{lead}{int(word) - 1}"]
+            share = (1 - probability) / len(others)
+            top = [{"token": token, "logprob": logprob},
+                   *({"token": o, "logprob": math.log(share)} for o in others)]
+        out.append({"token": token, "logprob": logprob, "top_logprobs": top})
+    return {"content": out}
+
+
 def embedding_of(text: str, size: int = 16) -> list[float]:
     """A deterministic vector: the text's lower-cased words hashed into `size` buckets."""
     vector = [0.0] * size
@@ -271,7 +309,11 @@ class FakeOpenAI:
         decide_for: DecideFor | None = None,
         count_tokens: Callable[[str], int] = word_count,
         reply_for: ReplyFor | None = None,
+        logprobs: Literal["off", "on", "malformed"] = "off",
+        rating_probability: float = 0.9,
     ) -> None:
+        self.logprobs = logprobs
+        self.rating_probability = rating_probability
         self.reply_mode: ReplyMode = reply_mode
         self.latency = latency
         self.decide = decide
@@ -546,18 +588,23 @@ class FakeOpenAI:
                     usage["prompt_tokens_details"] = {"cached_tokens": fake._cached_words(body)}
                 if fault is not None and fault.usage is not None:
                     usage = fault.usage
+                choice: dict[str, Any] = {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content},
+                    "finish_reason": finish_reason,
+                }
+                if body.get("logprobs") and fake.logprobs != "off":
+                    choice["logprobs"] = (
+                        token_logprobs(content, fake.rating_probability)
+                        if fake.logprobs == "on"
+                        else {"content": [{"token": "yes", "logprob": "very likely"}]}
+                    )
                 reply = {
                     "id": f"chatcmpl-fake-{len(fake.requests)}",
                     "object": "chat.completion",
                     "created": int(time.time()),
                     "model": body.get("model", "fake"),
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {"role": "assistant", "content": content},
-                            "finish_reason": finish_reason,
-                        }
-                    ],
+                    "choices": [choice],
                     "usage": usage,
                 }
                 self._send(200, json.dumps(reply).encode(), {})

@@ -43,10 +43,12 @@ def openinference_trace(
     service: str = "support-bot",
     model: str = "gpt-4o-mini",
     docs: Sequence[tuple[str, str]] = DOCS,
+    tokens: tuple[int, int] | None = None,
 ) -> list[ReadableSpan]:
     """A CHAIN root with a RETRIEVER and an LLM child, attributes as OpenInference (Phoenix)
     instrumentations set them; in the order the SDK ends them (children first, root last).
-    Without `answer` the root and the LLM span carry no output."""
+    Without `answer` the root and the LLM span carry no output; with `tokens` (prompt,
+    completion) the LLM span carries llm.token_count.*."""
     tracer, exporter = _tracer(service)
     with tracer.start_as_current_span("rag-query") as root:
         root.set_attribute("openinference.span.kind", "CHAIN")
@@ -64,6 +66,10 @@ def openinference_trace(
             llm.set_attribute("openinference.span.kind", "LLM")
             llm.set_attribute("llm.model_name", model)
             llm.set_attribute("input.value", f"Context: ... Question: {question}")
+            if tokens is not None:
+                llm.set_attribute("llm.token_count.prompt", tokens[0])
+                llm.set_attribute("llm.token_count.completion", tokens[1])
+                llm.set_attribute("llm.token_count.total", sum(tokens))
             if answer is not None:
                 llm.set_attribute("output.value", answer)
         if answer is not None:
@@ -78,13 +84,18 @@ def genai_trace(
     service: str = "genai-bot",
     model: str = "gpt-4.1",
     deprecated_events: bool = False,
+    tokens: tuple[int, int] | None = None,
 ) -> list[ReadableSpan]:
     """One `chat` span following the GenAI semantic conventions: gen_ai.input.messages and
     gen_ai.output.messages (JSON strings), or with `deprecated_events` the older
-    gen_ai.content.prompt / gen_ai.content.completion events."""
+    gen_ai.content.prompt / gen_ai.content.completion events; with `tokens` (input, output)
+    gen_ai.usage.*."""
     tracer, exporter = _tracer(service)
     with tracer.start_as_current_span(f"chat {model}") as span:
         span.set_attribute("gen_ai.operation.name", "chat")
+        if tokens is not None:
+            span.set_attribute("gen_ai.usage.input_tokens", tokens[0])
+            span.set_attribute("gen_ai.usage.output_tokens", tokens[1])
         span.set_attribute("gen_ai.request.model", model)
         if deprecated_events:
             span.add_event(

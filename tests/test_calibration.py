@@ -220,11 +220,49 @@ def test_calibrate_an_llm_judge_counts_endpoint_failures_as_errors_apart_from_th
     assert load_calibration(output).model == "judge-m"
 
 
+def test_brier_score_and_calibration_error_of_known_probabilities() -> None:
+    def judged(label: str, rating: str, p: float) -> Judged:
+        return Judged("r", label, Verdict("groundedness", rating, "why", score=p))  # type: ignore[arg-type]
+
+    cases = [judged("yes", "yes", 0.9), judged("yes", "yes", 0.9), judged("no", "yes", 0.9),
+             judged("no", "no", 0.2), judged("yes", "no", 0.2)]
+    report = agreement_report(cases, judge="groundedness", backend="openai", model="m",
+                              labelled_file="f", probabilities=True)
+    # (0.01 + 0.01 + 0.81 + 0.04 + 0.64) / 5
+    assert report.brier_score == pytest.approx(0.302)
+    # Bin 0.9: mean P 0.9, 2/3 yes; bin 0.2: mean P 0.2, 1/2 yes -> 3/5*0.2333 + 2/5*0.3.
+    assert report.expected_calibration_error == pytest.approx(0.6 * (0.9 - 2 / 3) + 0.4 * 0.3)
+    assert report.probabilities == 5
+    without = agreement_report(cases, judge="groundedness", backend="openai", model="m",
+                               labelled_file="f")
+    assert (without.brier_score, without.expected_calibration_error) == (None, None)
+
+
+def test_calibrate_with_logprobs_reports_the_brier_score_of_the_endpoints_p_yes(
+    tmp_path: Path,
+) -> None:
+    lines = [labelled_event(i, f"{RIGHT} ({i}{MARKER if i % 2 else ''})",
+                            "no" if i % 2 else "yes") for i in range(6)]
+    path = tmp_path / "labelled.jsonl"
+    path.write_bytes(b"\n".join(lines))
+    output = tmp_path / "cal.json"
+    with FakeOpenAI(logprobs="on", rating_probability=0.8) as server:
+        assert main(["calibrate", str(path), "--judge", "correctness", "--output", str(output),
+                     "--judge-backend", "openai", "--judge-base-url", server.base_url,
+                     "--judge-logprobs"]) == 0
+    report = json.loads(output.read_text())
+    # Every verdict right, each at 0.8 on its rating: P(yes) 0.8 on yes, 0.2 on no.
+    assert report["probabilities"] == 6
+    assert report["brier_score"] == pytest.approx(0.04)
+    assert report["expected_calibration_error"] == pytest.approx(0.2)
+
+
 # ------------------------------------------------------------------ calibration files
 
 
 def calibration_json(**changes: Any) -> dict[str, Any]:
     base = {"format": 1, "judge": "groundedness", "backend": "local", "model": None,
+            "prompt_version": "local",
             "positives": 200, "true_positives": 180, "negatives": 100, "true_negatives": 80}
     return {**base, **changes}
 
@@ -244,6 +282,7 @@ def write(path: Path, data: object) -> Path:
         ({"true_positives": 201}, "true_positives"),
         ({"negatives": -1}, "negatives"),
         ({"judge": ""}, "judge"),
+        ({"prompt_version": None}, "prompt_version"),
     ],
 )
 def test_a_bad_calibration_file_is_refused_naming_the_file_and_key(
@@ -279,6 +318,28 @@ def test_a_calibration_for_another_backend_twice_the_same_judge_or_not_json_is_r
 
 
 @pytest.mark.slow  # imports Beam in a subprocess
+def test_run_refuses_a_calibration_of_another_prompt_version_in_one_line(
+    tmp_path: Path, fake_openai: FakeOpenAI
+) -> None:
+    events = tmp_path / "e.jsonl"
+    events.write_text("")
+    cal = write(tmp_path / "cal.json", calibration_json(backend="openai", prompt_version="v0f2"))
+    done = ragpulse("run", str(events), "--judges", "groundedness", "--judge-calibration", str(cal),
+                    "--judge-backend", "openai", "--judge-base-url", fake_openai.base_url)
+    line = one_line_error(done.returncode, done.stderr, allow_info=True)
+    assert line == (
+        "ragpulse run: invalid settings: --judge-calibration: "
+        f"{cal} measured groundedness with prompt version v0f2; this run uses v1f2: run "
+        "`ragpulse calibrate` again with this prompt"
+    )
+    # The version calibrate records is the one run checks: the same file with it is accepted.
+    assert main(["calibrate", str(labelled_file(tmp_path)), "--judge", "correctness",
+                 "--output", str(tmp_path / "c.json"), "--judge-backend", "openai",
+                 "--judge-base-url", fake_openai.base_url]) == 0
+    assert load_calibration(tmp_path / "c.json").prompt_version == "v1f2"
+
+
+@pytest.mark.slow  # imports Beam in a subprocess
 def test_run_refuses_a_calibration_for_a_judge_it_does_not_run_in_one_line(
     tmp_path: Path,
 ) -> None:
@@ -297,7 +358,7 @@ def test_run_refuses_a_calibration_for_a_judge_it_does_not_run_in_one_line(
 def calibration(tp: int, pos: int, tn: int, neg: int) -> JudgeCalibration:
     """A groundedness calibration: `tp` of `pos` labelled passes passed, `tn` of `neg` fails
     failed."""
-    return JudgeCalibration("groundedness", "local", None, "test", pos, tp, neg, tn)
+    return JudgeCalibration("groundedness", "local", None, "test", pos, tp, neg, tn, "local")
 
 
 def test_corrected_ratio_is_rogan_gladen_and_its_interval_holds_it() -> None:

@@ -18,6 +18,7 @@ from judges.local_relevance import RelevanceToQueryJudge
 from pipeline import counting
 from pipeline.cascade import (
     AGREEMENT,
+    UNSURE,
     CascadeSettings,
     _hash_point,
     add_cascade_arguments,
@@ -114,6 +115,21 @@ def test_the_llm_judges_the_sample_and_the_uncertain_events_and_agreement_is_cou
     assert agreement("false", "uncertain") == 30 - borderline_sampled
     assert agreement("false", "sample") == wrong_sampled + borderline_sampled
     assert agreement("true", "sample") == len({i for i in sampled if kind[i] == "supported"})
+
+
+@pytest.mark.slow
+def test_with_logprobs_llm_verdicts_near_even_odds_are_counted_as_unsure(tmp_path: Path) -> None:
+    records = events(12)
+    with FakeOpenAI(decide=llm_decides, logprobs="on", rating_probability=0.55) as server:
+        judges = JudgeSettings(backend="openai", names=("groundedness",), logprobs=True,
+                               base_url=server.base_url, max_retries=0, cache_size=0)
+        config = stage_config(judges=judges.spec(), cascade=CascadeSettings(0.0, 0.1))
+        result = run_graph(beam.Create(records), config, Sinks(WriteDeadLetters(tmp_path)))
+        llm_calls = len(server.requests)
+    # Only the borderline answers went (no sample); the LLM gave each P 0.55 on its rating.
+    assert llm_calls == 4
+    unsure = counting.key(UNSURE, judge="groundedness", selected="uncertain")
+    assert result.counts[unsure] == 4
 
 
 def cascade_flags(*argv: str) -> argparse.Namespace:

@@ -15,6 +15,7 @@ from test_llm_judges import BAD, GOOD, endpoint_for
 
 from judges.base import JudgeInput, JudgePanel, Verdict
 from judges.combined import parse_combined_reply
+from judges.custom import load_custom_judge
 from judges.endpoint import OpenAIJudgeEndpoint, forget_shared_endpoint_states
 from judges.llm import build_llm_judges
 from judges.verdict_cache import VerdictCache
@@ -59,6 +60,34 @@ def test_one_call_per_event_gives_each_judge_its_own_verdict(fake_openai: FakeOp
     user = fake_openai.requests[0].body["messages"][1]["content"]  # type: ignore[index]
     # The chunks are sent once, whatever the number of judges reading them.
     assert user.count("Deleted files stay in the trash") == 1
+
+
+def _prompt_words(messages: list[dict[str, str]]) -> int:
+    return sum(len(m["content"].split()) for m in messages)
+
+
+def test_a_combined_call_costs_at_most_55_percent_of_the_separate_calls_prompt() -> None:
+    endpoint = OpenAIJudgeEndpoint(base_url="http://127.0.0.1:9/v1", api_key="unused")
+    separate = build_llm_judges(DEFAULTS, endpoint)
+    (member, *_) = build_llm_judges(DEFAULTS, endpoint, combine=True)
+    group = member.group  # type: ignore[attr-defined]
+    apart = sum(_prompt_words(j.messages(GOOD, "n" * 16)) for j in separate)  # type: ignore[attr-defined,misc]
+    together = _prompt_words(group.messages(group.prompts, GOOD, "n" * 16))
+    assert together <= 0.55 * apart, (together, apart)
+    # One shared set of examples: each example's passage is shown once, not once per judge.
+    system = group.messages(group.prompts, GOOD, "n" * 16)[0]["content"]
+    assert system.count("Deleted files stay in the trash for 30 days, then") == 2
+
+
+def test_a_custom_judge_in_a_combined_call_keeps_its_own_examples() -> None:
+    judge = load_custom_judge(SAMPLES.parent / "no_pricing_promises.yaml")
+    endpoint = OpenAIJudgeEndpoint(base_url="http://127.0.0.1:9/v1", api_key="unused")
+    (member, *_) = build_llm_judges(("groundedness", judge.entry.name), endpoint,
+                                    custom=[judge], combine=True)
+    system = member.group.messages(member.group.prompts, GOOD, "n" * 16)[0]["content"]  # type: ignore[attr-defined]
+    section = system.split(f"## {judge.entry.name}\n", 1)[1].split("\n\n", 1)[0]
+    assert section.count("Example, ") == len(judge.prompt.examples) > 0
+    assert "groundedness yes:" in system and "no_pricing_promises yes:" not in system
 
 
 def test_the_call_s_tokens_are_shared_out_so_the_judges_add_up_to_what_was_spent(

@@ -130,6 +130,8 @@ def test_overview_shows_every_required_signal() -> None:
         "ragpulse_judge_tokens_total", "ragpulse_consumer_lag", "ragpulse_dead_letters_total",
         'ALERTS{alertname=~"Rag.*"', "ragpulse_retrieved_chunks_total",
         "ragpulse_events_without_context_total",
+        "rate(ragpulse_agent_latency_seconds_bucket", "ragpulse_agent_input_tokens_total",
+        "ragpulse_agent_output_tokens_total", "ragpulse_agent_total_tokens_total",
     ):
         assert needle in exprs, needle
 

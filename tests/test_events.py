@@ -14,7 +14,13 @@ import orjson
 import pytest
 
 from judges.base import Chunk, Guideline, Turn
-from pipeline.events import InferenceRecord, InvalidEvent, dead_letter, parse_event
+from pipeline.events import (
+    AgentUsage,
+    InferenceRecord,
+    InvalidEvent,
+    dead_letter,
+    parse_event,
+)
 
 T0_ISO = "2024-05-01T12:00:00Z"
 T0 = datetime(2024, 5, 1, 12, tzinfo=UTC).timestamp()
@@ -737,6 +743,11 @@ def test_the_ground_truth_of_the_schema_reaches_the_judges() -> None:
         ),
         ({"guidelines": 5}, "field 'guidelines' must be a list or a JSON object, not a number"),
         (
+            {"guidelines": {"user 42/tone": ["Be calm"]}},
+            "guideline name 'user 42/tone' is not 1-64 letters, digits, _ . - (it becomes a "
+            "metric label)",
+        ),
+        (
             {"expected_retrieved_context": [{"content": "c"}]},
             "field 'expected_retrieved_context[0].doc_uri' is missing",
         ),
@@ -856,3 +867,34 @@ def test_a_span_name_with_line_breaks_gives_a_one_line_reason_cut_to_a_readable_
         parse_event(raw)
     assert "\n" not in caught.value.reason
     assert "has no outputs" in caught.value.reason and len(caught.value.reason) < 300
+
+
+# --- the chatbot's own usage and latency ---------------------------------------------------
+
+
+def test_usage_and_latency_are_read_from_the_event_or_its_chat_completion() -> None:
+    event = parse_event(line(usage={"input_tokens": 900, "output_tokens": 60},
+                             latency_seconds=1.5))
+    assert (event.usage, event.latency_seconds) == (AgentUsage(900, 60, 960), 1.5)
+    completion = {"choices": [{"message": {"role": "assistant", "content": "Paris."}}],
+                  "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}}
+    event = parse_event(line(response=completion))
+    assert (event.usage, event.latency_seconds) == (AgentUsage(12, 3, 15), None)
+    assert parse_event(line()).usage is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"usage": {"input_tokens": -1}}, "field 'usage.input_tokens' must be >= 0, not -1"),
+        ({"usage": {"input_tokens": "12"}},
+         "field 'usage.input_tokens' must be an integer, not a string"),
+        ({"latency_seconds": -0.5}, "field 'latency_seconds' must be a number >= 0, not -0.5"),
+        ({"response": {"choices": [{"message": {"content": "a"}}], "usage": {"total_tokens": 1.5}}},
+         "field 'response.usage.total_tokens' must be an integer, not a number"),
+    ],
+)
+def test_malformed_usage_or_latency_is_rejected_naming_the_field(
+    fields: dict[str, Any], reason: str
+) -> None:
+    assert reason_for(line(**fields)) == reason

@@ -67,7 +67,14 @@ def test_the_judges_flag_help_lists_every_registered_judge_with_its_backends() -
     add_judge_arguments(parser)
     text = " ".join(parser.format_help().split())
     for name, entry in JUDGES.items():
-        assert f"{name} ({', '.join(entry.backends)})" in text
+        backends = "any backend, no model" if entry.deterministic else ", ".join(entry.backends)
+        assert f"{name} ({backends})" in text
+
+
+def test_a_judge_that_needs_no_model_is_accepted_on_every_backend() -> None:
+    assert JUDGES["document_recall"].backends == ("local", "openai")
+    for backend in ("local", "openai"):
+        check_judge_names(("groundedness", "document_recall"), backend)
 
 
 def test_every_registered_prompt_file_is_shipped_and_every_shipped_one_is_registered() -> None:

@@ -216,3 +216,23 @@ def test_serve_keeps_the_cap_across_a_restart_and_admitted_apps_keep_their_own_s
     assert apps_in(second) == admitted | {OTHER}
     assert second.value("ragpulse_label_overflow_total", label="app") == 35 + 3
     assert second.total("ragpulse_events_judged_total", app="t00") == 2
+
+
+def test_guideline_names_beyond_the_cap_are_counted_as_other_with_their_verdicts_overflow() -> None:
+    windows: dict[WindowKey, RatingCounts] = {}
+    counts: counting.Counts = counting.merge()
+    for name in ("clarity", "english", "tone"):
+        judge = f"guideline_adherence/{name}"
+        windows[WindowKey(0.0, 60.0, judge, "faq", "gpt")] = RatingCounts(yes=2)
+        counts[counting.key(counting.VERDICTS, judge=judge, rating="yes", app="faq",
+                            model="gpt")] += 2
+    bounded_windows, bounded_counts = LabelBudget(LabelLimits(max_values=2)).bound(
+        windows, counts
+    )
+    assert {k.judge for k in bounded_windows} == {
+        "guideline_adherence/clarity", "guideline_adherence/english", "guideline_adherence/other"
+    }
+    other = counting.key(counting.VERDICTS, judge="guideline_adherence", guideline=OTHER,
+                         rating="yes", app="faq", model="gpt")
+    assert bounded_counts[other] == 2
+    assert bounded_counts[counting.key("ragpulse_label_overflow_total", label="guideline")] == 2

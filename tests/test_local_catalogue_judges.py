@@ -7,6 +7,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from test_local_judges import _eval_script
 
 from judges.base import Chunk, JudgeInput, Verdict
@@ -181,15 +182,18 @@ def test_document_recall_is_yes_only_when_every_expected_document_was_retrieved(
     assert (v.rating, v.rationale) == (
         "no", "recall 1/2 = 0.50; not retrieved: 'wiki/paris.md'."
     )
+    assert v.score == 0.5  # the recall, exported as the window's mean recall
     v = grade("document_recall", event(expected_chunks=both[:1]))
     assert (v.rating, v.rationale) == (
         "yes", "recall 1/1 = 1.00: every expected document was retrieved."
     )
+    assert v.score == 1.0
 
 
 def test_document_recall_of_an_event_with_nothing_retrieved_is_zero() -> None:
     v = grade("document_recall", event(chunks=(), expected_chunks=(Chunk("", "a.md"),)))
     assert (v.rating, v.rationale) == ("no", "recall 0/1 = 0.00: nothing was retrieved.")
+    assert v.score == 0.0
 
 
 def test_document_recall_cannot_match_chunks_without_doc_uri() -> None:
@@ -272,3 +276,12 @@ def test_ragpulse_run_grades_the_ground_truth_of_each_event_with_the_opt_in_judg
     (window,) = [w for w in map(orjson.loads, (out / "windows.jsonl").read_bytes().splitlines())
                  if w["judge"] == "chunk_relevance"]
     assert (window["scored"], window["score_mean"]) == (3, 0.5)
+    # The window's mean recall, with its count: req-1 found its document, req-2 did not.
+    (window,) = [w for w in map(orjson.loads, (out / "windows.jsonl").read_bytes().splitlines())
+                 if w["judge"] == "document_recall"]
+    assert (window["scored"], window["score_mean"]) == (2, 0.5)
+    samples = {(s.name, s.labels["judge"]): s.value
+               for f in text_string_to_metric_families((out / "metrics.prom").read_text())
+               for s in f.samples if "judge" in s.labels}
+    assert samples[("ragpulse_judge_score_sum", "document_recall")] == 1.0
+    assert samples[("ragpulse_judge_score_count", "document_recall")] == 2

@@ -288,13 +288,29 @@ def test_an_invented_name_or_number_in_a_data_to_text_answer_is_still_not_ground
         assert v.rationale is not None and named in v.rationale
 
 
+REPORT = Chunk(
+    "The city's engineers inspected the old bridge in March. Their report concluded that the "
+    "bridge was unsafe for heavy trucks, and the council closed it to traffic above 3.5 tonnes."
+)
+
+
 @pytest.mark.parametrize("question", ["Summarize this article in 100 words.", "  ", "tl;dr?"])
-def test_the_judge_abstains_on_a_summary_request_with_cause_unsupported_input(
-    question: str,
-) -> None:
-    v = grounded("The Eiffel Tower was built between 1887 and 1889.", EIFFEL, question=question)
-    assert (v.rating, v.error_cause) == ("error", "unsupported_input")
-    assert v.error_message is not None and "summar" in v.error_message
+def test_a_summary_that_rewords_its_source_is_grounded(question: str) -> None:
+    # "conclusion" is not a stem of the source, but "concluded" starts with its letters.
+    v = grounded(
+        "Engineers inspected the bridge; their conclusion was that heavy trucks made it unsafe, "
+        "so the council closed it.", REPORT, question=question,
+    )
+    assert v.rating == "yes", v.rationale
+
+
+def test_a_summary_sentence_of_mostly_new_words_is_not_grounded() -> None:
+    v = grounded(
+        "Engineers inspected the bridge. The mayor later resigned over a bribery scandal "
+        "involving private contractors.", REPORT, question="Summarize this article.",
+    )
+    assert v.rating == "no"
+    assert v.rationale is not None and "The mayor later resigned" in v.rationale
 
 
 @pytest.mark.parametrize(

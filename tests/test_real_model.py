@@ -243,3 +243,17 @@ def test_the_catalogue_and_claim_score_judges_real_replies_parse_and_their_token
         assert tokens(counters, judge, "completion") > 0, judge
     predicted = server_counter(real_model, "llamacpp:tokens_predicted") - predicted_before
     assert sum(tokens(counters, j, "completion") for j in CATALOGUE) == predicted
+
+
+def test_with_logprobs_a_real_servers_binary_verdicts_carry_p_yes(
+    real_model: LlamaServer, events: Path, tmp_path: Path
+) -> None:
+    # llama-server returns OpenAI-shaped logprobs (with top_logprobs) when asked: every yes/no
+    # verdict whose rating token is among them carries P(yes) in [0, 1] as its score.
+    rows, _ = judge_with(
+        real_model, events, tmp_path / "out", "--judge-logprobs", judges=("safety",)
+    )
+    scores = [row["response/llm_judged/safety/score"] for row in rows
+              if row["response/llm_judged/safety/rating"] in ("yes", "no")]
+    assert scores, outcomes(rows, ("safety",))
+    assert all(isinstance(s, float) and 0.0 <= s <= 1.0 for s in scores), scores

@@ -20,7 +20,7 @@ from otlp_spans import (
 )
 
 from judges.base import Chunk
-from pipeline.events import InvalidEvent, SourceRecord, parse_event
+from pipeline.events import AgentUsage, InvalidEvent, SourceRecord, parse_event
 from pipeline.traces import Arrival, SpanPart, assemble, decode_spans
 
 ENCODERS = {"otlp_json": otlp_json, "otlp_proto": otlp_proto}
@@ -60,6 +60,24 @@ def test_an_openinference_trace_split_over_messages_in_reverse_order_is_one_judg
     assert event.event_time == pytest.approx((root.start_time or 0) / 1e9, abs=0.001)
     assert record.position == 0  # attributed to the root's message
     assert event.span_id == f"{root.context.span_id:016x}"  # the span that gave the answer
+
+
+@pytest.mark.parametrize("encoding", ["otlp_json", "otlp_proto"])
+def test_a_traces_token_counts_and_root_duration_become_the_events_usage_and_latency(
+    encoding: str,
+) -> None:
+    spans = openinference_trace(tokens=(1200, 80))
+    event = parse_event(only_record(arrivals([ENCODERS[encoding](spans)], encoding)).raw)
+    assert event.usage == AgentUsage(1200, 80, 1280)
+    root = next(s for s in spans if s.parent is None)
+    duration = ((root.end_time or 0) - (root.start_time or 0)) / 1e9
+    assert event.latency_seconds == pytest.approx(duration, abs=1e-6)
+
+    event = parse_event(only_record(arrivals([otlp_json(genai_trace(tokens=(50, 7)))],
+                                             "otlp_json")).raw)
+    assert event.usage == AgentUsage(50, 7, 57)  # no total given: input + output
+    untracked = parse_event(only_record(arrivals([otlp_json(genai_trace())], "otlp_json")).raw)
+    assert untracked.usage is None and untracked.latency_seconds is not None
 
 
 @pytest.mark.parametrize("deprecated_events", [False, True])
@@ -146,12 +164,15 @@ def test_an_event_with_a_span_id_that_is_not_16_hex_digits_is_rejected() -> None
 
 def _one_span(attributes: dict[str, str]) -> list[Arrival]:
     """A trace of one root span with `attributes`, made by the SDK, as it arrives."""
+    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
+    # An explicit resource: the SDK's default service.name depends on how Python was started
+    # (sys.executable's name) and on OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES.
+    provider = TracerProvider(resource=Resource({"service.name": "support-bot"}))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     with provider.get_tracer("t").start_as_current_span("answer", attributes=attributes):
         pass
@@ -192,7 +213,7 @@ def test_other_attribute_shapes_give_the_same_question_and_answer(
 ) -> None:
     event = parse_event(only_record(_one_span(attributes)).raw)
     assert (event.judge_input.question, event.judge_input.answer) == (QUESTION, ANSWER)
-    assert event.app == "unknown_service:python"  # the SDK default when none is set
+    assert event.app == "support-bot"  # the resource's service.name
 
 
 def test_a_trace_with_two_root_spans_is_refused() -> None:

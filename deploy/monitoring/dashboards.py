@@ -35,8 +35,11 @@ from rules import (
     WILSON,
 )
 
+from judges.registry import DEFAULT_JUDGES
+
 DATASOURCE = models.DataSourceRef(type_val="prometheus", uid="prometheus")
-JUDGES = ("groundedness", "safety", "relevance_to_query")
+# The default judges, in the registry's order: one row of panels each on the overview.
+JUDGES = DEFAULT_JUDGES
 Step = tuple[str, float | None]
 
 
@@ -187,6 +190,39 @@ def overview(cfg: dict[str, Any]) -> dict[str, Any]:
         )).thresholds(floor_steps(floors[judge]))
             .thresholds_style(line(common.GraphThresholdsStyleMode.LINE_AND_AREA))
             .fill_opacity(0))
+    # The chatbot's own cost and latency beside its quality: a drop above can be read against
+    # a model change (the model label) or a latency or token change here.
+    board.with_panel(graph(
+        "Chatbot latency p50 / p95",
+        query("histogram_quantile(0.5, sum by (app, model, le) "
+              "(rate(ragpulse_agent_latency_seconds_bucket[$__rate_interval])))",
+              "p50 {{app}} / {{model}}"),
+        query("histogram_quantile(0.95, sum by (app, model, le) "
+              "(rate(ragpulse_agent_latency_seconds_bucket[$__rate_interval])))",
+              "p95 {{app}} / {{model}}"),
+        width=8, unit="s",
+        description="The chatbot's own time to answer (the events' latency_seconds, or the "
+                    "trace's root span duration), over every accepted event."))
+    board.with_panel(graph(
+        "Chatbot tokens per answer",
+        query("sum by (app, model) (rate(ragpulse_agent_input_tokens_total[$__rate_interval]))"
+              "\n/\nsum by (app, model) "
+              "(rate(ragpulse_agent_usage_events_total[$__rate_interval]))",
+              "input {{app}} / {{model}}"),
+        query("sum by (app, model) (rate(ragpulse_agent_output_tokens_total[$__rate_interval]))"
+              "\n/\nsum by (app, model) "
+              "(rate(ragpulse_agent_usage_events_total[$__rate_interval]))",
+              "output {{app}} / {{model}}"),
+        width=8,
+        description="The chatbot's own tokens (the events' usage: agent/input_token_count, "
+                    "output_token_count) per answer that reported them."))
+    board.with_panel(graph(
+        "Chatbot tokens per second",
+        query("sum by (app, model) (rate(ragpulse_agent_total_tokens_total[$__rate_interval]))",
+              "{{app}} / {{model}}"),
+        width=8,
+        description="The chatbot's own total token spend (agent/total_token_count), per app "
+                    "and model: its cost rate.").stacking(stacked()).fill_opacity(30))
     board.with_panel(graph(
         "Judged answers per complete window",
         query("sum by (judge) (ragpulse_judge_window_samples)", "{{judge}}"),

@@ -103,6 +103,8 @@ def calibrate(settings: CalibrateSettings) -> AgreementReport:
         unlabelled=unlabelled,
         pass_threshold=settings.pass_threshold,
         rationale=_stored_text(settings.judges.text_policy()),
+        probabilities=spec.logprobs,
+        prompt_version=panel.prompt_versions[0],
     )
 
 
@@ -187,7 +189,8 @@ def summary(report: AgreementReport, output: Path, show: int) -> str:
     errors = sum(r.errors_by_cause.values())
     by_cause = ", ".join(f"{cause} {n}" for cause, n in r.errors_by_cause.items())
     lines = [
-        f"{r.judge} ({r.backend}{', ' + r.model if r.model else ''}) against the human labels "
+        f"{r.judge} ({r.backend}{', ' + r.model if r.model else ''}, prompt version "
+        f"{r.prompt_version}) against the human labels "
         f"of {r.labelled_file}",
         f"graded {r.graded}; judge errors and skips {errors}"
         f"{f' ({by_cause})' if by_cause else ''}, left out; unlabelled {r.unlabelled}, left out",
@@ -205,6 +208,14 @@ def summary(report: AgreementReport, output: Path, show: int) -> str:
         f"  specificity         {_fmt(r.specificity)}"
         + (f"  ({r.true_negatives}/{r.negatives} labelled fails failed)"
            if r.negatives is not None else "  (needs labelled fails; --pass-threshold)"),
+    ]
+    if r.probabilities:
+        lines += [
+            f"  Brier score         {_fmt(r.brier_score)}  (P(yes) of {r.probabilities} "
+            "verdicts, --judge-logprobs)",
+            f"  calibration error   {_fmt(r.expected_calibration_error)}  (expected, 10 bins)",
+        ]
+    lines += [
         "",
         "confusion: rows are human labels, columns the judge's verdicts",
         *_matrix(r.confusion),

@@ -1,4 +1,4 @@
-"""Bounded `app` and `model` label values, so /metrics cannot grow without end.
+"""Bounded `app`, `model` and `guideline` label values, so /metrics cannot grow without end.
 
 For operators (the flags) and for the drivers of `serve` and `run`, which call `LabelBudget.bound`
 where a batch's window counts and counter increments are merged, before they are saved or
@@ -9,8 +9,9 @@ Each label keeps the values it has already admitted; a new value is admitted whi
 `--max-label-values` are, or, with `--allowed-apps` / `--allowed-models`, when it is in the list
 (the list is then the bound). Any other value is counted under `other`, and each event judged
 under `other` adds one to `ragpulse_label_overflow_total{label=...}`; the first overflow of each
-label is logged once. New values of one batch are admitted in sorted order, so the choice does
-not depend on the order events arrived in.
+label is logged once (a `guideline` beyond its bound adds its verdicts to the overflow
+counter instead: a guideline has no events of its own). New values of one batch are admitted
+in sorted order, so the choice does not depend on the order events arrived in.
 
 The other labels of judge series are bounded by construction, not here: `judge` by --judges,
 --custom-judge and --composite; `version` by the prompt versions deployed (one value per judge
@@ -35,10 +36,12 @@ from pipeline.windows import RatingCounts, WindowKey
 log = logging.getLogger(__name__)
 
 OTHER = "other"
-BOUNDED_LABELS = ("app", "model")
+BOUNDED_LABELS = ("app", "model", "guideline")
 OVERFLOW_METRIC = "ragpulse_label_overflow_total"
 # Each judged event adds 1 to this counter, under its (app, model): it is what overflow counts.
 _EVENTS_JUDGED = "ragpulse_events_judged_total"
+# A guideline has no events of its own: its overflow counts its verdicts.
+_VERDICTS = counting.VERDICTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +71,11 @@ class LabelBudget:
                    for label in BOUNDED_LABELS}
         bounded_windows: dict[WindowKey, RatingCounts] = {}
         for key, rating_counts in windows.items():
+            judge = key.judge
+            if key.guideline:
+                judge = f"{judge.partition('/')[0]}/{mapping['guideline'][key.guideline]}"
             bounded = dataclasses.replace(
-                key, app=mapping["app"][key.app], model=mapping["model"][key.model]
+                key, judge=judge, app=mapping["app"][key.app], model=mapping["model"][key.model]
             )
             bounded_windows[bounded] = bounded_windows.get(bounded, RatingCounts()) + rating_counts
         bounded_counts: counting.Counts = counting.merge()
@@ -79,7 +85,8 @@ class LabelBudget:
                 if label in named:
                     real = named[label]
                     named[label] = mapping[label][real]
-                    if metric == _EVENTS_JUDGED and named[label] != real:
+                    overflows = _VERDICTS if label == "guideline" else _EVENTS_JUDGED
+                    if metric == overflows and named[label] != real:
                         bounded_counts[counting.key(OVERFLOW_METRIC, label=label)] += int(value)
             bounded_counts[counting.key(metric, **named)] += int(value)
         return bounded_windows, bounded_counts
@@ -91,7 +98,7 @@ class LabelBudget:
         counts: Mapping[counting.CounterKey, float],
         admitted_from: Iterable[counting.CounterKey],
     ) -> dict[str, str]:
-        seen = {getattr(key, label) for key in windows}
+        seen = {value for key in windows if (value := getattr(key, label))}
         seen.update(dict(labels)[label] for _, labels in counts if _has(labels, label))
         admitted = {dict(labels)[label] for _, labels in admitted_from if _has(labels, label)}
         allowed = self.limits.allowed.get(label)
@@ -135,15 +142,16 @@ def _has(labels: counting.Labels, label: str) -> bool:
 
 
 def add_label_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags that bound the app and model labels, shared by `run` and `serve`."""
+    """The flags that bound the app, model and guideline labels, shared by `run` and
+    `serve`."""
     g = p.add_argument_group("labels")
     g.add_argument(
         "--max-label-values",
         type=_positive_int,
         default=LabelLimits.max_values,
         metavar="N",
-        help="most distinct values of the app and of the model label in metrics; later new "
-        "values are counted as 'other' (default: %(default)s)",
+        help="most distinct values of the app, the model and the guideline label in metrics; "
+        "later new values are counted as 'other' (default: %(default)s)",
     )
     g.add_argument(
         "--allowed-apps",
@@ -159,12 +167,24 @@ def add_label_arguments(p: argparse.ArgumentParser) -> None:
         metavar="M,N,...",
         help="the only model label values exported; others are counted as 'other'",
     )
+    g.add_argument(
+        "--allowed-guidelines",
+        type=_comma_list,
+        default=None,
+        metavar="G,H,...",
+        help="the only guideline label values exported (names of the events' named "
+        "guidelines); others are counted as 'other'",
+    )
 
 
 def label_limits(args: argparse.Namespace) -> LabelLimits:
     allowed = {
         label: values
-        for label, values in (("app", args.allowed_apps), ("model", args.allowed_models))
+        for label, values in (
+            ("app", args.allowed_apps),
+            ("model", args.allowed_models),
+            ("guideline", args.allowed_guidelines),
+        )
         if values is not None
     }
     return LabelLimits(max_values=args.max_label_values, allowed=allowed)

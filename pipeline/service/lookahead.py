@@ -38,9 +38,9 @@ from kafka import KafkaConsumer, TopicPartition
 
 from judges.base import JudgeInput, JudgePanel, ThrottledLog
 from pipeline.events import InvalidEvent, parse_event
+from pipeline.sampling import is_sampled
 from pipeline.settings import ServeSettings
 from pipeline.sources.kafka import _consumer
-from pipeline.stages import is_sampled
 from pipeline.windows import window_start
 
 log = logging.getLogger(__name__)

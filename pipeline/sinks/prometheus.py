@@ -28,6 +28,7 @@ from prometheus_client.core import (
     SummaryMetricFamily,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from judges.base import RATINGS
 from pipeline import budget, cascade, counting, sampling
@@ -71,7 +72,16 @@ COUNTER_HELP: dict[str, str] = {
     "the broker refused them for good or did not acknowledge them within "
     "--undeliverable-after, by the topic they were meant for.",
     "ragpulse_label_overflow_total": "Judged events counted under app or model 'other': their "
-    "value was beyond --max-label-values or not in --allowed-apps/--allowed-models.",
+    "value was beyond --max-label-values or not in --allowed-apps/--allowed-models (for "
+    "guideline: the verdicts counted under 'other').",
+    counting.AGENT_INPUT_TOKENS: "The chatbot's own input (prompt) tokens, from the events' "
+    "usage, per app and model, over every accepted event (sampled or not).",
+    counting.AGENT_OUTPUT_TOKENS: "The chatbot's own output (completion) tokens, from the "
+    "events' usage, per app and model.",
+    counting.AGENT_TOTAL_TOKENS: "The chatbot's own total tokens, from the events' usage "
+    "(input + output when the event gives no total), per app and model.",
+    counting.AGENT_USAGE_EVENTS: "Accepted events that gave the chatbot's token usage, per app "
+    "and model: tokens per answer = rate(ragpulse_agent_total_tokens_total) / rate(this).",
     **sampling.COUNTER_HELP,
     **budget.COUNTER_HELP,
     **cascade.COUNTER_HELP,
@@ -93,7 +103,10 @@ _PER_APP_MODEL = (
     "ragpulse_retrieved_chunks_total",
     "ragpulse_events_without_context_total",
 )
-_HISTOGRAM_PARTS = {counting.LATENCY_BUCKET, counting.LATENCY_COUNT, counting.LATENCY_SUM_US}
+_HISTOGRAM_PARTS = {
+    counting.LATENCY_BUCKET, counting.LATENCY_COUNT, counting.LATENCY_SUM_US,
+    counting.AGENT_LATENCY_BUCKET, counting.AGENT_LATENCY_COUNT, counting.AGENT_LATENCY_SUM_US,
+}
 _SUMMARY_PARTS = {counting.SCORE_COUNT, counting.SCORE_SUM_MILLI}
 
 
@@ -228,15 +241,23 @@ def _window_families(
     )
     for series, (_, counts) in sorted(latest_by_series(windows).items()):
         n = counts.graded
-        samples.add_metric(list(series), n)
+        _add(samples, series, n)
         if n:
-            ratio.add_metric(list(series), counts.yes / n)
+            _add(ratio, series, counts.yes / n)
             ci_low, ci_high = wilson_interval(counts.yes, n)
-            low.add_metric(list(series), ci_low or 0.0)
-            high.add_metric(list(series), ci_high or 0.0)
+            _add(low, series, ci_low or 0.0)
+            _add(high, series, ci_high or 0.0)
         if counts.score_mean is not None:
-            mean.add_metric(list(series), counts.score_mean)
+            _add(mean, series, counts.score_mean)
     yield from (ratio, samples, low, high, mean)
+
+
+def _add(family: Metric, series: tuple[str, str, str, str], value: float) -> None:
+    """One sample of a window gauge; a named guideline's judge ("j/name") adds a `guideline`
+    label, which the other series of the family do not have."""
+    judge, version, app, model = series
+    labels = {**counting.judge_labels(judge), "version": version, "app": app, "model": model}
+    family.samples.append(Sample(family.name, labels, value))
 
 
 def _corrected_families(
@@ -379,15 +400,43 @@ def _latency_family(counts: Mapping[counting.CounterKey, float]) -> Metric:
     for (metric, labels), value in counts.items():
         lab = dict(labels)
         if metric == counting.LATENCY_BUCKET:
-            per_judge[lab["judge"]][lab["le"]] = value
+            # Added up: a judge graded per named guideline has a series per guideline.
+            buckets = per_judge[lab["judge"]]
+            buckets[lab["le"]] = buckets.get(lab["le"], 0.0) + value
         elif metric == counting.LATENCY_SUM_US:
-            sums[lab["judge"]] = value / 1e6
+            sums[lab["judge"]] = sums.get(lab["judge"], 0.0) + value / 1e6
     for judge, buckets in sorted(per_judge.items()):
         cumulative, running = [], 0.0
         for bound in [*(repr(b) for b in counting.LATENCY_BUCKETS), "+Inf"]:
             running += buckets.get(bound, 0.0)
             cumulative.append((bound, running))
         family.add_metric([judge], cumulative, sum_value=sums.get(judge, 0.0))
+    return family
+
+
+def _agent_latency_family(counts: Mapping[counting.CounterKey, float]) -> Metric:
+    """`ragpulse_agent_latency_seconds`: the chatbot's own answer time, per app and model."""
+    family = HistogramMetricFamily(
+        "ragpulse_agent_latency_seconds",
+        "The chatbot's own time to answer (the events' latency_seconds, or the trace's root "
+        "span duration), per app and model, over every accepted event that gave one.",
+        labels=["app", "model"],
+    )
+    buckets: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+    sums: dict[tuple[str, str], float] = {}
+    for (metric, labels), value in counts.items():
+        lab = dict(labels)
+        series = (lab.get("app", ""), lab.get("model", ""))
+        if metric == counting.AGENT_LATENCY_BUCKET:
+            buckets[series][lab["le"]] = buckets[series].get(lab["le"], 0.0) + value
+        elif metric == counting.AGENT_LATENCY_SUM_US:
+            sums[series] = sums.get(series, 0.0) + value / 1e6
+    for series, per_le in sorted(buckets.items()):
+        cumulative, running = [], 0.0
+        for bound in [*(repr(b) for b in counting.AGENT_LATENCY_BUCKETS), "+Inf"]:
+            running += per_le.get(bound, 0.0)
+            cumulative.append((bound, running))
+        family.add_metric(list(series), cumulative, sum_value=sums.get(series, 0.0))
     return family
 
 
@@ -431,6 +480,7 @@ class RagpulseCollector(Collector):
         snap = self._current()
         yield from _counter_families(snap.counts, snap.exemplars, self._event_counters)
         yield _latency_family(snap.counts)
+        yield _agent_latency_family(snap.counts)
         yield _score_family(snap.counts)
         yield from _window_families(snap.complete, "ragpulse_judge_", "latest complete")
         if snap.in_progress:

@@ -41,10 +41,9 @@ from pipeline import counting
 from pipeline.budget import BudgetGovernor, BudgetSettings
 from pipeline.events import parse_event
 from pipeline.graph import Sinks, run_graph
-from pipeline.sampling import SAMPLED, SEEN, WEIGHTED_VERDICTS, plan_from_data
+from pipeline.sampling import SAMPLED, SEEN, WEIGHTED_VERDICTS, is_sampled, plan_from_data
 from pipeline.settings import JudgeSettings
 from pipeline.sinks.files import WriteDeadLetters
-from pipeline.stages import is_sampled
 
 THREE_RULES = {
     "rules": [

@@ -130,7 +130,7 @@ def main() -> int:
             judged_yes = sum(row.get("yes", 0) for row in report["confusion"].values())
             n = report["graded"]
             if not n:
-                # The local judge abstains on summaries (error, cause unsupported_input).
+                # Nothing graded (every event an error or skipped): nothing to correct.
                 print(f"| {cal} ({len(sets[cal])}) | {target} (0 graded) | | | judge abstained |")
                 continue
             corrected = corrected_ratio(judged_yes, n, load_calibration(cal_file))

@@ -33,9 +33,11 @@ from judges.local_correctness import CorrectnessJudge, normalise_answer
 from judges.local_groundedness import (
     DEFAULT_MAX_UNSUPPORTED,
     DEFAULT_MIN_WORDS,
+    SUMMARY_MAX_UNSUPPORTED,
     ClaimSupport,
     GroundednessJudge,
     first_unsupported,
+    summary_shares,
     support_of_claims,
 )
 from judges.local_relevance import RelevanceToQueryJudge
@@ -47,6 +49,7 @@ DEFAULT_DATA_DIR = REPO.parent / "shared" / "eval-data"
 # The small grid the 2-fold check tunes over: the groundedness judge's only two parameters.
 GRID_MIN_WORDS = (2, 3, 4, 5, 6)
 GRID_MAX_UNSUPPORTED = (0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7)
+GRID_SUMMARY_MAX_UNSUPPORTED = (0.2, 0.22, 0.24, 0.26, 0.28, 0.3, 0.32, 0.34, 0.36, 0.4)
 TOKEN_F1_PASS = 0.5
 _PASSAGE_RE = re.compile(r"(?:^|\n)passage \d+:")
 
@@ -176,7 +179,7 @@ def evaluate_ragtruth(rows: list[dict[str, object]]) -> list[str]:
     tasks = [str(r.get("task")) for r in rows]
 
     def subset(task: str | None) -> str:
-        # Rows the judge abstained on (error: unsupported_input) are left out, and counted.
+        # Rows the judge could not grade (error) are left out, and counted.
         idx = [i for i, t in enumerate(tasks) if task is None or t == task]
         graded = [i for i in idx if ratings[i] != "error"]
         name = f"groundedness · RAGTruth {task or 'all tasks'}"
@@ -219,6 +222,28 @@ def evaluate_ragtruth(rows: list[dict[str, object]]) -> list[str]:
             _row(f"groundedness · RAGTruth QA fold {2 - tune_fold} (defaults)",
                  _score(test_truth, default))
         )
+    # 2-fold for the summary rule: tune its threshold on one half of the summary sources,
+    # score the other half (the shipped threshold was picked on all of them).
+    summaries = [i for i, t in enumerate(tasks) if t == "Summary"]
+    top_share = [
+        max((share for _, share, _ in summary_shares(inputs[i].answer,
+                                                     [c.content for c in inputs[i].chunks])),
+            default=0.0)
+        for i in summaries
+    ]
+    folds = [_fold(rows[i]) for i in summaries]
+    for tune_fold in (0, 1):
+        tune = [k for k, f in enumerate(folds) if f == tune_fold]
+        test = [k for k, f in enumerate(folds) if f != tune_fold]
+        best = max(GRID_SUMMARY_MAX_UNSUPPORTED, key=lambda t: (balanced_accuracy(
+            [truth[summaries[k]] for k in tune], [top_share[k] <= t for k in tune]), -t))
+        test_truth = [truth[summaries[k]] for k in test]
+        for label, threshold in ((f"tuned on fold {tune_fold + 1}: max_unsupported={best}",
+                                  best), ("defaults", SUMMARY_MAX_UNSUPPORTED)):
+            lines.append(_row(
+                f"groundedness · RAGTruth Summary fold {2 - tune_fold} ({label})",
+                _score(test_truth, [top_share[k] <= threshold for k in test]),
+            ))
     return lines
 
 
@@ -280,8 +305,9 @@ def evaluate_correctness(name: str, rows: list[dict[str, object]]) -> list[str]:
     ]
 
 
-def throughput(inputs: Sequence[JudgeInput], repeats: int = 3) -> list[str]:
-    """Events/s of the three judges together on `inputs`, median of passes."""
+def throughput(inputs: Sequence[JudgeInput], repeats: int = 5) -> list[str]:
+    """Events/s per core (CPU time) of the three judges together on `inputs`, median of
+    passes."""
     judges = (GroundednessJudge(), SafetyJudge(), RelevanceToQueryJudge())
     lines = []
     # "unseen chunks": every event's chunks are new to the judge (memoised chunk analyses are
@@ -295,13 +321,15 @@ def throughput(inputs: Sequence[JudgeInput], repeats: int = 3) -> list[str]:
                 bag_of.cache_clear()
                 _clear_evidence()
             gc.collect()
-            start = time.perf_counter()
+            # CPU time of this process: events/s per core, whatever else the machine runs.
+            start = time.process_time()
             for item in inputs:
                 for j in judges:
                     per_judge[j.name].append(j.grade(item).latency_seconds)
-            rates.append(len(inputs) / (time.perf_counter() - start))
+            rates.append(len(inputs) / (time.process_time() - start))
         lines.append(
-            f"- {label}: {statistics.median(rates):,.0f} events/s for all three judges "
+            f"- {label}: {statistics.median(rates):,.0f} events/s per core (CPU time) for all "
+            "three judges "
             f"(median of {repeats} passes over {len(inputs)} events); median µs per event: "
             + ", ".join(f"{n} {1e6 * statistics.median(v):.0f}" for n, v in per_judge.items())
         )
@@ -312,6 +340,7 @@ def _clear_evidence() -> None:
     from judges import local_groundedness
 
     local_groundedness._chunks_bag.cache_clear()
+    local_groundedness._prefixes.cache_clear()
 
 
 def main(argv: Iterable[str] | None = None) -> int:
@@ -352,7 +381,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         lines += evaluate_correctness(name, load_rows(path))
     print("\n".join(lines))
     print()
-    print("Throughput (RAGTruth inputs, one core):")
+    print("Throughput (RAGTruth inputs, CPU time of one core):")
     print("\n".join(throughput([to_input(r) for r in ragtruth])))
     return 0
 
