@@ -85,6 +85,7 @@ class FlinkServices:
     expansion_port: int
     pool_port: int
     log_dir: Path
+    pids: tuple[int, ...] = ()  # the services' process (and session) ids, once started
 
     @property
     def expansion_service(self) -> str:
@@ -159,7 +160,8 @@ def flink_services(log_dir: Path) -> Iterator[FlinkServices]:
     """Starts the three services on free loopback ports; stops them when the block ends."""
     services = FlinkServices(free_port(), free_port(), free_port(), free_port(), log_dir)
     with ExitStack() as stack:
-        stack.enter_context(
+        pids = []
+        pids.append(stack.enter_context(
             _service(
                 "expansion-service",
                 java_command(
@@ -170,8 +172,8 @@ def flink_services(log_dir: Path) -> Iterator[FlinkServices]:
                 services.expansion_port,
                 log_dir,
             )
-        )
-        stack.enter_context(
+        ))
+        pids.append(stack.enter_context(
             _service(
                 "flink-job-server",
                 java_command(
@@ -186,16 +188,16 @@ def flink_services(log_dir: Path) -> Iterator[FlinkServices]:
                 services.job_port,
                 log_dir,
             )
-        )
-        stack.enter_context(
+        ))
+        pids.append(stack.enter_context(
             _service(
                 "worker-pool",
                 [sys.executable, str(REPO / "tests" / "beam_services.py"), str(services.pool_port)],
                 services.pool_port,
                 log_dir,
             )
-        )
-        yield services
+        ))
+        yield dataclasses.replace(services, pids=tuple(pids))
 
 
 @pytest.fixture(scope="module")
