@@ -101,7 +101,7 @@ def serve_run(broker: TansuBroker, topic: str, n: int, work: Path, run: int) -> 
         log_path=work / f"serve-{run}.log",
     )
     t0 = time.monotonic()
-    with serve.start():
+    with serve:
         assert serve.process is not None
         serve.wait_for(lambda m: m.total("ragpulse_events_total") >= n, timeout=1800)
         elapsed = time.monotonic() - t0
