@@ -79,6 +79,8 @@ def stream_run(broker: TansuBroker, services: FlinkServices, topic: str, n_windo
         f"--ratings-topic={ratings}", f"--dead-letter-topic={topic}.dlq-{run}",
         f"--window={WINDOW_S}s", f"--judges={JUDGES}", "--judge-backend=local",
         *services.stream_args,
+        # Without checkpoints no pane left the job in the tests' runs (Beam 2.62.0, Flink 1.19).
+        "--beam-arg=--checkpointing_interval=2000",
     ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
