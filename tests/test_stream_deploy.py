@@ -15,6 +15,7 @@ import importlib.util
 import json
 import re
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -22,6 +23,8 @@ from typing import Any
 import apache_beam
 import pytest
 import yaml
+from flink_runner import FlinkServices
+from test_stream_flink import stream_argv
 
 from pipeline import cli
 from pipeline.commands import exporter, stream
@@ -39,8 +42,8 @@ DOCKERFILES = [
 OUR_IMAGES = {
     "REGISTRY/ragpulse:TAG": REPO / "deploy" / "Dockerfile",
     "REGISTRY/ragpulse-beam-sdk:TAG": REPO / "deploy" / "beam-sdk.Dockerfile",
-    "REGISTRY/ragpulse-flink:1.19-beam2.77.0": FLINK / "flink.Dockerfile",
-    "REGISTRY/ragpulse-kafka-expansion:2.77.0": FLINK / "expansion-service.Dockerfile",
+    "REGISTRY/ragpulse-flink:1.19-beam2.62.0": FLINK / "flink.Dockerfile",
+    "REGISTRY/ragpulse-kafka-expansion:2.62.0": FLINK / "expansion-service.Dockerfile",
 }
 
 
@@ -191,3 +194,37 @@ def test_every_ragpulse_command_in_the_flink_manifests_gives_valid_settings() ->
             # The Python stages run in the sidecar the FlinkDeployment starts on port 50000.
             assert "--environment_config=localhost:50000" in settings.beam_args
             assert settings.runner == "PortableRunner"
+def submit_job_args() -> list[str]:
+    job = yaml.safe_load((REPO / "deploy" / "flink" / "submit-job.yaml").read_text("utf-8"))
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    return list(container["args"])
+
+
+def flag_names(argv: Sequence[str]) -> list[str]:
+    """Each flag's name; for --beam-arg, the Beam option's name, and for the options whose
+    value is not an address or a size (the environment type), the value too."""
+    names = []
+    for arg in argv[1:]:
+        flag, _, value = arg.partition("=")
+        if flag == "--beam-arg":
+            option, _, option_value = value.partition("=")
+            names.append(f"{flag}={option}" + (
+                f"={option_value}" if option == "--environment_type" else ""))
+        elif flag == "--kafka-consumer-config":
+            names.append(f"{flag}={value.partition('=')[0]}")
+        else:
+            names.append(flag)
+    return names
+
+
+# The test judges offline; the deployment's judges are its own choice (its config file).
+NOT_IN_DEPLOYMENT = {"--judges", "--judge-backend"}
+
+
+def test_the_flink_deployment_submits_the_flags_this_test_runs() -> None:
+    services = FlinkServices(8099, 8098, 8097, 50000, REPO)
+    tested = [f for f in flag_names(stream_argv("k:9092", "t", services))
+              if f not in NOT_IN_DEPLOYMENT]
+    deployed = submit_job_args()
+    assert deployed[0] == "stream"
+    assert flag_names(deployed) == tested

@@ -1,0 +1,212 @@
+"""Beam's Flink runner on loopback, for `ragpulse stream`: the Java services from the jars that
+`make stream-tools` resolves with Maven (.ci/tools/beam/pom.xml) into
+${RAGPULSE_CACHE:-.cache}/beam-VERSION/lib, and a Python SDK worker pool.
+
+    def test_x(flink: FlinkServices) -> None:
+        ragpulse("stream", ..., *flink.stream_args)
+
+Three processes, each in its own session and stopped by its id:
+- Beam's expansion service (`ExpansionService PORT --defaultEnvironmentType=EMBEDDED`): expands
+  `ReadFromKafka` into the Java KafkaIO, whose environment is EMBEDDED: the Java SDK harness runs
+  inside the Flink JVM, so no Docker is needed.
+- Beam's Flink job server (`FlinkJobServerDriver --flink-master=[local]`): an embedded Flink
+  mini cluster that runs the submitted jobs.
+- Beam's Python worker pool (tests/beam_services.py), which runs the Python stages of the job
+  (`--environment_type=EXTERNAL`), as the worker pool sidecar does in deploy/flink.
+
+The job server's gRPC ports bind every interface (Beam's ServerFactory ignores --job-host for
+the bind address, it only uses it to advertise); the tests use them through 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import apache_beam
+import pytest
+from processes import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 120.0
+EXPANSION_SERVICE = "org.apache.beam.sdk.expansion.service.ExpansionService"
+FLINK_JOB_SERVER = "org.apache.beam.runners.flink.FlinkJobServerDriver"
+
+
+def beam_tools_dir() -> Path:
+    """Where `make stream-tools` puts Beam's jars (lib/) and Prism (bin/) for the pinned Beam."""
+    cache = Path(os.environ.get("RAGPULSE_CACHE") or REPO / ".cache")
+    return cache / f"beam-{apache_beam.__version__}"
+
+
+def beam_classpath() -> str:
+    """The Java classpath of the job server and the expansion service; fails the test (it
+    does not skip) when the jars were not fetched."""
+    lib = beam_tools_dir() / "lib"
+    if not (lib / ".complete").is_file():
+        pytest.fail(
+            f"Beam's Java jars are not in {lib}: run `make stream-tools` (Maven resolves "
+            ".ci/tools/beam/pom.xml into the cache)",
+            pytrace=False,
+        )
+    return f"{lib}/*"
+
+
+# Flink's Kryo serializer reaches into JDK internals: on Java 17 these packages must be opened
+# (the list of Flink 1.19's env.java.opts.all for Java 17).
+JAVA_17_OPENS = [
+    f"--add-opens=java.base/{package}=ALL-UNNAMED"
+    for package in (
+        "java.lang", "java.lang.reflect", "java.io", "java.net", "java.nio", "java.text",
+        "java.time", "java.util", "java.util.concurrent", "java.util.concurrent.atomic",
+        "java.util.concurrent.locks", "sun.nio.ch",
+    )
+]
+
+
+def java_command(main_class: str, *args: str) -> list[str]:
+    return ["java", "-Xmx768m", *JAVA_17_OPENS, "-cp", beam_classpath(), main_class, *args]
+
+
+@dataclasses.dataclass(frozen=True)
+class FlinkServices:
+    """The addresses of a running Flink job server, expansion service and worker pool."""
+
+    job_port: int
+    artifact_port: int
+    expansion_port: int
+    pool_port: int
+    log_dir: Path
+    pids: tuple[int, ...] = ()  # the services' process (and session) ids, once started
+
+    @property
+    def expansion_service(self) -> str:
+        return f"127.0.0.1:{self.expansion_port}"
+
+    @property
+    def stream_args(self) -> list[str]:
+        """The `ragpulse stream` flags that submit a job to these services (deploy/flink's
+        submit-job.yaml has the same flags, with its cluster's addresses)."""
+        return [
+            f"--expansion-service={self.expansion_service}",
+            "--runner=PortableRunner",
+            f"--beam-arg=--job_endpoint=127.0.0.1:{self.job_port}",
+            f"--beam-arg=--artifact_endpoint=127.0.0.1:{self.artifact_port}",
+            "--beam-arg=--environment_type=EXTERNAL",
+            f"--beam-arg=--environment_config=127.0.0.1:{self.pool_port}",
+        ]
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {log.name}\n{log.read_text(errors='replace')[-6000:]}"
+            for log in sorted(self.log_dir.glob("*.log"))
+        )
+
+
+def _wait_for_port(process: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"exited with {process.returncode}:\n{log.read_text()}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"port {port} did not open within {START_TIMEOUT_S}s:\n{log.read_text()}")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the process's session (its children too), SIGKILL if it lingers."""
+    for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            process.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@contextmanager
+def _service(name: str, argv: Sequence[str], port: int, log_dir: Path) -> Iterator[int]:
+    """Runs `argv` in its own session until the block ends, once `port` accepts; yields its
+    process id."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    log = log_dir / f"{name}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            list(argv), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        _wait_for_port(process, port, log)
+        yield process.pid
+    finally:
+        _stop(process)
+
+
+@contextmanager
+def flink_services(log_dir: Path) -> Iterator[FlinkServices]:
+    """Starts the three services on free loopback ports; stops them when the block ends."""
+    services = FlinkServices(free_port(), free_port(), free_port(), free_port(), log_dir)
+    with ExitStack() as stack:
+        pids = []
+        pids.append(stack.enter_context(
+            _service(
+                "expansion-service",
+                java_command(
+                    EXPANSION_SERVICE,
+                    str(services.expansion_port),
+                    "--defaultEnvironmentType=EMBEDDED",
+                ),
+                services.expansion_port,
+                log_dir,
+            )
+        ))
+        pids.append(stack.enter_context(
+            _service(
+                "flink-job-server",
+                java_command(
+                    FLINK_JOB_SERVER,
+                    "--flink-master=[local]",
+                    "--job-host=127.0.0.1",
+                    f"--job-port={services.job_port}",
+                    f"--artifact-port={services.artifact_port}",
+                    # Its own expansion service is not used (no KafkaIO environment option).
+                    f"--expansion-port={free_port()}",
+                ),
+                services.job_port,
+                log_dir,
+            )
+        ))
+        pids.append(stack.enter_context(
+            _service(
+                "worker-pool",
+                [sys.executable, str(REPO / "tests" / "beam_services.py"), str(services.pool_port)],
+                services.pool_port,
+                log_dir,
+            )
+        ))
+        yield dataclasses.replace(services, pids=tuple(pids))
+
+
+@pytest.fixture(scope="module")
+def flink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlinkServices]:
+    """Fixture `flink`: the Flink job server, expansion service and worker pool for a module;
+    their logs are printed at teardown (pytest shows them when a test failed)."""
+    log_dir = tmp_path_factory.mktemp("flink")
+    try:
+        with flink_services(log_dir) as services:
+            yield services
+    finally:
+        print(FlinkServices(0, 0, 0, 0, log_dir).logs())
