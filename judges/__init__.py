@@ -16,7 +16,6 @@ from judges.base import (
     Guideline,
     Judge,
     JudgeInput,
-    JudgePanel,
     Rating,
     Turn,
     Verdict,
@@ -24,6 +23,7 @@ from judges.base import (
 )
 from judges.composite import Composite, check_composites
 from judges.ensemble import Ensemble
+from judges.panel import JudgePanel
 from judges.redaction import TextPolicy
 from judges.registry import (
     DEFAULT_JUDGES,

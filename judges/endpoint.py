@@ -36,9 +36,10 @@ from typing import Any, TypeVar
 import openai
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
-from judges.base import ErrorCause, ThrottledLog, batch_deadline
+from judges.base import ErrorCause, ThrottledLog
 from judges.breaker import CircuitBreaker, Refusal
 from judges.logprobs import TOP_LOGPROBS, TokenLogprob, read_logprobs
+from judges.panel import batch_deadline
 from judges.quota import RateQuota, estimate_tokens
 from judges.retry import (
     CallFailure,
@@ -629,7 +630,7 @@ class OpenAIJudgeEndpoint:
     ) -> EndpointReply | EndpointFailure:
         """Send one chat request, retrying as `judges.retry` decides; never raises for I/O.
 
-        Ends by the batch deadline (`judges.base.batch_deadline`) when there is one. With the
+        Ends by the batch deadline (`judges.panel.batch_deadline`) when there is one. With the
         json_schema reply format, `json_schema` (OpenAI's `{"name", "strict", "schema"}`)
         replaces the one-verdict schema, for calls that reply with another shape (a graded
         scale, claims, several verdicts at once: judges.combined); `model` replaces the

@@ -1,6 +1,6 @@
 """Verdicts already given, so that identical judge inputs are judged once within a time bound.
 
-For the judge panel (`judges.base.JudgePanel`): a chatbot's traffic repeats itself (the same
+For the judge panel (`judges.panel.JudgePanel`): a chatbot's traffic repeats itself (the same
 question answered from the same passages, retries of a request, canaries), and an LLM judge
 asked twice about the same input spends the same tokens for the same verdict. A verdict is kept
 under (judge name, judge version, digest of the input) for `ttl_seconds`, at most `size` of them,

@@ -36,8 +36,9 @@ from concurrent.futures import Future
 from typing import Any, Protocol, runtime_checkable
 
 from judges import JudgeSpec
-from judges.base import JudgeInput, JudgePanel, Verdict
+from judges.base import JudgeInput, Verdict
 from judges.local import build_local_judges
+from judges.panel import JudgePanel
 from pipeline import counting
 from pipeline.errors import SettingsError
 from pipeline.sampling import sample_point

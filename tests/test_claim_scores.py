@@ -12,9 +12,10 @@ import pytest
 from fake_openai import MARKER, FakeOpenAI, Fault, fake_openai_fixture  # noqa: F401
 from test_llm_judges import endpoint_for
 
-from judges.base import Chunk, JudgeInput, JudgePanel, Verdict
+from judges.base import Chunk, JudgeInput, Verdict
 from judges.claim_scores import ClaimVerdict, CorrectnessReply, claim_f1, cosine
 from judges.llm import build_llm_judges
+from judges.panel import JudgePanel
 from judges.redaction import TextPolicy
 from pipeline.settings import SettingsError, add_judge_arguments, judge_settings
 

@@ -13,11 +13,12 @@ from test_config_sources import SAMPLES, printed, write
 from test_file_run import event, events_file, rows
 from test_llm_judges import BAD, GOOD, endpoint_for
 
-from judges.base import JudgeInput, JudgePanel, Verdict
+from judges.base import JudgeInput, Verdict
 from judges.combined import parse_combined_reply
 from judges.custom import load_custom_judge
 from judges.endpoint import OpenAIJudgeEndpoint, forget_shared_endpoint_states
 from judges.llm import build_llm_judges
+from judges.panel import JudgePanel
 from judges.verdict_cache import VerdictCache
 from pipeline.cli import main
 

@@ -16,9 +16,10 @@ from fake_openai import FakeOpenAI, Fault, fake_openai_fixture  # noqa: F401
 from pydantic import SecretStr
 from test_llm_judges import BAD, GOOD, endpoint_for
 
-from judges.base import JudgeInput, JudgePanel, Verdict
+from judges.base import JudgeInput, Verdict
 from judges.endpoint import OpenAIJudgeEndpoint, forget_shared_endpoint_states
 from judges.llm import LLMJudge, build_llm_judges, load_prompt, new_nonce
+from judges.panel import JudgePanel
 from judges.quota import estimate_tokens
 from judges.retry import ReplyFormat
 from pipeline.settings import JudgeSettings

@@ -13,10 +13,11 @@ import pytest
 from fake_openai import MARKER, FakeOpenAI, read_fences
 from test_llm_judges import endpoint_for
 
-from judges.base import JudgeInput, JudgePanel, Verdict
+from judges.base import JudgeInput, Verdict
 from judges.custom import load_custom_judge
 from judges.llm import build_llm_judges
 from judges.logprobs import TokenLogprob, expected_score, probability_of_yes, read_logprobs
+from judges.panel import JudgePanel
 from pipeline.settings import SettingsError, add_judge_arguments, judge_settings
 
 SAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "samples"

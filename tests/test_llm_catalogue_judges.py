@@ -22,8 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_llm_judges import endpoint_for
 
 import judges
-from judges.base import Chunk, Guideline, JudgeInput, JudgePanel, Verdict
+from judges.base import Chunk, Guideline, JudgeInput, Verdict
 from judges.llm import build_llm_judges, load_prompt
+from judges.panel import JudgePanel
 from pipeline.cli import main
 from pipeline.settings import SettingsError, add_judge_arguments, judge_settings
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fake_openai import MARKER, FakeOpenAI, Fault, fake_openai_fixture  # noqa: F401
 
-from judges.base import Chunk, JudgeInput, JudgePanel, Turn, Verdict
+from judges.base import Chunk, JudgeInput, Turn, Verdict
 from judges.llm import (
     LLMJudge,
     OpenAIJudgeEndpoint,
@@ -23,6 +23,7 @@ from judges.llm import (
     load_prompt_file,
     parse_reply,
 )
+from judges.panel import JudgePanel
 
 GOOD = JudgeInput(
     question="How long are deleted files kept?",

@@ -10,12 +10,13 @@ from types import ModuleType
 
 import pytest
 
-from judges.base import Chunk, JudgeInput, JudgePanel, Verdict
+from judges.base import Chunk, JudgeInput, Verdict
 from judges.local import build_local_judges
 from judges.local_groundedness import GroundednessJudge, is_structured
 from judges.local_relevance import RelevanceToQueryJudge
 from judges.local_safety import SafetyJudge, find_harm, first_word_triggers
 from judges.local_text import normalise_number
+from judges.panel import JudgePanel
 
 EIFFEL = Chunk(
     "The Eiffel Tower was designed by the engineering company of Gustave Eiffel and built "

@@ -15,9 +15,10 @@ import pytest
 from fake_openai import FakeOpenAI
 from obedient_judge import FRAME_TEXT, injected_instruction, obedient_decide, reads_as
 
-from judges.base import Chunk, JudgeInput, JudgePanel, Turn
+from judges.base import Chunk, JudgeInput, Turn
 from judges.fencing import defuse, fence, single_line
 from judges.llm import OpenAIJudgeEndpoint, build_llm_judges, load_prompt
+from judges.panel import JudgePanel
 
 NONCE_GUESS = "0123456789abcdef"
 BASE = JudgeInput(

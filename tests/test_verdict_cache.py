@@ -19,10 +19,11 @@ from fake_openai import FakeOpenAI, Fault, fake_openai_fixture  # noqa: F401
 from graph_runs import stage_config
 from test_llm_judges import BAD, GOOD, endpoint_for
 
-from judges.base import Chunk, Guideline, JudgeInput, JudgePanel, Turn, Verdict, judge_version
+from judges.base import Chunk, Guideline, JudgeInput, Turn, Verdict, judge_version
 from judges.endpoint import forget_shared_endpoint_states, usage_counts
 from judges.llm import build_llm_judges, load_prompt
 from judges.local_safety import SafetyJudge
+from judges.panel import JudgePanel
 from judges.verdict_cache import VerdictCache, input_digest
 from pipeline import counting
 from pipeline.events import SourceRecord

@@ -37,7 +37,8 @@ from collections.abc import Mapping
 
 from kafka import KafkaConsumer, TopicPartition
 
-from judges.base import JudgeInput, JudgePanel, ThrottledLog
+from judges.base import JudgeInput, ThrottledLog
+from judges.panel import JudgePanel
 from pipeline.events import parse_event
 from pipeline.sampling import is_sampled
 from pipeline.settings import ServeSettings

@@ -38,10 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fake
 
 from fake_openai import FakeOpenAI
 
-from judges.base import JudgeInput, JudgePanel
+from judges.base import JudgeInput
 from judges.endpoint import VERDICT_JSON_SCHEMA, OpenAIJudgeEndpoint, _Call
 from judges.fencing import new_nonce
 from judges.llm import LLMJudge, build_llm_judges
+from judges.panel import JudgePanel
 from pipeline.commands.simulate import simulate
 from pipeline.events import parse_event
 

@@ -197,9 +197,9 @@ def _ragpulse_inputs(records: list[dict[str, Any]]) -> list[Any]:
 def run_ragpulse(
     records: list[dict[str, Any]], url: str, concurrency: int, judges: list[str], mode: str
 ) -> dict[str, Any]:
-    from judges.base import JudgePanel
     from judges.endpoint import OpenAIJudgeEndpoint
     from judges.llm import build_llm_judges
+    from judges.panel import JudgePanel
 
     endpoint = OpenAIJudgeEndpoint(
         base_url=url, api_key="bench", model=MODEL, concurrency=concurrency, max_retries=0

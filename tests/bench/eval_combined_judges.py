@@ -41,9 +41,10 @@ from eval_local_judges import DEFAULT_DATA_DIR, cohen_kappa, load_rows, to_input
 from llama_server import MissingLlamaServer
 
 from judges import DEFAULT_JUDGES
-from judges.base import JudgeInput, JudgePanel, Verdict
+from judges.base import JudgeInput, Verdict
 from judges.endpoint import OpenAIJudgeEndpoint
 from judges.llm import build_llm_judges
+from judges.panel import JudgePanel
 
 
 def judge_all(

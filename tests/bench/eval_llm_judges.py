@@ -53,10 +53,11 @@ from eval_local_judges import (
 from llama_server import MissingLlamaServer, llama_server
 
 from judges import DEFAULT_JUDGES, JUDGES
-from judges.base import JudgeInput, JudgePanel, Verdict
+from judges.base import JudgeInput, Verdict
 from judges.endpoint import OpenAIJudgeEndpoint
 from judges.llm import build_llm_judges
 from judges.local_groundedness import GroundednessJudge
+from judges.panel import JudgePanel
 from judges.retry import ReplyFormat
 from pipeline.events import InvalidEvent, parse_event
 
