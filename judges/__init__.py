@@ -99,7 +99,7 @@ class JudgeSpec:
 
             return {j.name: prompt_version(j) for j in build_local_judges(self.names)}
         from judges.endpoint import OpenAIJudgeEndpoint
-        from judges.llm import build_llm_judges
+        from judges.llm_build import build_llm_judges
 
         endpoint = OpenAIJudgeEndpoint(
             base_url=self.base_url, api_key=self.api_key, model=self.model,
@@ -134,7 +134,7 @@ class JudgeSpec:
             else None
         )
         from judges.endpoint import OpenAIJudgeEndpoint
-        from judges.llm import build_llm_judges
+        from judges.llm_build import build_llm_judges
 
         endpoint = OpenAIJudgeEndpoint(
             base_url=self.base_url,

@@ -14,7 +14,7 @@ from test_llm_judges import endpoint_for
 
 from judges.base import Chunk, JudgeInput, Verdict
 from judges.claim_scores import ClaimVerdict, CorrectnessReply, claim_f1, cosine
-from judges.llm import build_llm_judges
+from judges.llm_build import build_llm_judges
 from judges.panel import JudgePanel
 from judges.redaction import TextPolicy
 from pipeline.settings import SettingsError, add_judge_arguments, judge_settings

@@ -17,7 +17,7 @@ from judges.base import JudgeInput, Verdict
 from judges.combined import parse_combined_reply
 from judges.custom import load_custom_judge
 from judges.endpoint import OpenAIJudgeEndpoint, forget_shared_endpoint_states
-from judges.llm import build_llm_judges
+from judges.llm_build import build_llm_judges
 from judges.panel import JudgePanel
 from judges.verdict_cache import VerdictCache
 from pipeline.cli import main

@@ -19,7 +19,7 @@ from test_file_run import event, rows
 from judges import JudgeInput, JudgePanel
 from judges.custom import CustomJudgeError, load_custom_judge, load_custom_judges
 from judges.endpoint import forget_shared_endpoint_states
-from judges.llm import build_llm_judges
+from judges.llm_build import build_llm_judges
 from judges.registry import check_judge_names
 from pipeline.cli import main
 

@@ -18,7 +18,8 @@ from test_llm_judges import BAD, GOOD, endpoint_for
 
 from judges.base import JudgeInput, Verdict
 from judges.endpoint import OpenAIJudgeEndpoint, forget_shared_endpoint_states
-from judges.llm import LLMJudge, build_llm_judges, load_prompt, new_nonce
+from judges.llm import LLMJudge, load_prompt, new_nonce
+from judges.llm_build import build_llm_judges
 from judges.panel import JudgePanel
 from judges.quota import estimate_tokens
 from judges.retry import ReplyFormat

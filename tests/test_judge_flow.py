@@ -21,7 +21,7 @@ from serve_process import Scrape, ServeProcess, serve_processes_fixture  # noqa:
 
 from judges.base import Chunk, JudgeInput
 from judges.endpoint import OpenAIJudgeEndpoint
-from judges.llm import build_llm_judges
+from judges.llm_build import build_llm_judges
 from judges.panel import JudgePanel
 from pipeline.commands.simulate import simulate
 

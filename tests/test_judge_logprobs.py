@@ -15,7 +15,7 @@ from test_llm_judges import endpoint_for
 
 from judges.base import JudgeInput, Verdict
 from judges.custom import load_custom_judge
-from judges.llm import build_llm_judges
+from judges.llm_build import build_llm_judges
 from judges.logprobs import TokenLogprob, expected_score, probability_of_yes, read_logprobs
 from judges.panel import JudgePanel
 from pipeline.settings import SettingsError, add_judge_arguments, judge_settings

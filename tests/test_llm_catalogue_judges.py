@@ -23,7 +23,8 @@ from test_llm_judges import endpoint_for
 
 import judges
 from judges.base import Chunk, Guideline, JudgeInput, Verdict
-from judges.llm import build_llm_judges, load_prompt
+from judges.llm import load_prompt
+from judges.llm_build import build_llm_judges
 from judges.panel import JudgePanel
 from pipeline.cli import main
 from pipeline.settings import SettingsError, add_judge_arguments, judge_settings

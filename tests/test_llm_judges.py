@@ -17,12 +17,12 @@ from judges.llm import (
     OpenAIJudgeEndpoint,
     UnparsableReply,
     available_prompts,
-    build_llm_judges,
     fence,
     load_prompt,
     load_prompt_file,
     parse_reply,
 )
+from judges.llm_build import build_llm_judges
 from judges.panel import JudgePanel
 
 GOOD = JudgeInput(

@@ -17,7 +17,8 @@ from obedient_judge import FRAME_TEXT, injected_instruction, obedient_decide, re
 
 from judges.base import Chunk, JudgeInput, Turn
 from judges.fencing import defuse, fence, single_line
-from judges.llm import OpenAIJudgeEndpoint, build_llm_judges, load_prompt
+from judges.llm import OpenAIJudgeEndpoint, load_prompt
+from judges.llm_build import build_llm_judges
 from judges.panel import JudgePanel
 
 NONCE_GUESS = "0123456789abcdef"

@@ -21,7 +21,8 @@ from test_llm_judges import BAD, GOOD, endpoint_for
 
 from judges.base import Chunk, Guideline, JudgeInput, Turn, Verdict, judge_version
 from judges.endpoint import forget_shared_endpoint_states, usage_counts
-from judges.llm import build_llm_judges, load_prompt
+from judges.llm import load_prompt
+from judges.llm_build import build_llm_judges
 from judges.local_safety import SafetyJudge
 from judges.panel import JudgePanel
 from judges.verdict_cache import VerdictCache, input_digest

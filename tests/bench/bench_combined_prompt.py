@@ -20,7 +20,8 @@ from judges.base import JudgeInput
 from judges.combined import CombinedJudges, CombinedMember
 from judges.endpoint import OpenAIJudgeEndpoint
 from judges.fencing import new_nonce
-from judges.llm import LLMJudge, build_llm_judges
+from judges.llm import LLMJudge
+from judges.llm_build import build_llm_judges
 
 JUDGES = ["groundedness", "relevance_to_query", "safety"]
 

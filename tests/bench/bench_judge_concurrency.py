@@ -41,7 +41,8 @@ from fake_openai import FakeOpenAI
 from judges.base import JudgeInput
 from judges.endpoint import VERDICT_JSON_SCHEMA, OpenAIJudgeEndpoint, _Call
 from judges.fencing import new_nonce
-from judges.llm import LLMJudge, build_llm_judges
+from judges.llm import LLMJudge
+from judges.llm_build import build_llm_judges
 from judges.panel import JudgePanel
 from pipeline.commands.simulate import simulate
 from pipeline.events import parse_event

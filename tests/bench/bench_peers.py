@@ -198,7 +198,7 @@ def run_ragpulse(
     records: list[dict[str, Any]], url: str, concurrency: int, judges: list[str], mode: str
 ) -> dict[str, Any]:
     from judges.endpoint import OpenAIJudgeEndpoint
-    from judges.llm import build_llm_judges
+    from judges.llm_build import build_llm_judges
     from judges.panel import JudgePanel
 
     endpoint = OpenAIJudgeEndpoint(

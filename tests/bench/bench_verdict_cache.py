@@ -36,7 +36,7 @@ from fake_openai import FakeOpenAI
 from judges import DEFAULT_JUDGES
 from judges.base import JudgeInput, Verdict
 from judges.endpoint import OpenAIJudgeEndpoint
-from judges.llm import build_llm_judges
+from judges.llm_build import build_llm_judges
 from judges.local import build_local_judges
 from judges.panel import JudgePanel
 from judges.verdict_cache import VerdictCache

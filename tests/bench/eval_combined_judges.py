@@ -43,7 +43,7 @@ from llama_server import MissingLlamaServer
 from judges import DEFAULT_JUDGES
 from judges.base import JudgeInput, Verdict
 from judges.endpoint import OpenAIJudgeEndpoint
-from judges.llm import build_llm_judges
+from judges.llm_build import build_llm_judges
 from judges.panel import JudgePanel
 
 

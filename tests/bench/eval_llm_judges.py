@@ -55,7 +55,7 @@ from llama_server import MissingLlamaServer, llama_server
 from judges import DEFAULT_JUDGES, JUDGES
 from judges.base import JudgeInput, Verdict
 from judges.endpoint import OpenAIJudgeEndpoint
-from judges.llm import build_llm_judges
+from judges.llm_build import build_llm_judges
 from judges.local_groundedness import GroundednessJudge
 from judges.panel import JudgePanel
 from judges.retry import ReplyFormat
