@@ -730,6 +730,7 @@ class ReportLatestFailing(beam.PTransform):
         return (
             judged
             | "FailingSeries" >> beam.FlatMap(_failing_series)
-            | "LatestPerSeries" >> beam.CombinePerKey(max)
+            # Beam 2.62's stubs type CombinePerKey's argument as a CombineFn; a callable works.
+            | "LatestPerSeries" >> beam.CombinePerKey(max)  # type: ignore[arg-type]
             | "Report" >> beam.Map(_report_exemplar)
         )

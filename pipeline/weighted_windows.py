@@ -69,6 +69,7 @@ class ReportWeightedWindows(beam.PTransform):
             >> beam.Map(lambda j: window.TimestampedValue(j, j.record.event_time))
             | "FixedWindows" >> beam.WindowInto(window.FixedWindows(self._size))
             | "WeightPerRating" >> beam.FlatMap(_weighted_ratings)
-            | "SumWeights" >> beam.CombinePerKey(sum)
+            # Beam 2.62's stubs type CombinePerKey's argument as a CombineFn; a callable works.
+            | "SumWeights" >> beam.CombinePerKey(sum)  # type: ignore[arg-type]
             | "Report" >> beam.ParDo(_ReportWeightedWindow())
         )
