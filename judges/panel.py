@@ -259,7 +259,11 @@ class JudgePanel:
             row: list[Verdict | None] = []
             for j, (name, version) in enumerate(keyed):
                 key = None if digest is None else (name, version, digest)
-                verdict = None if key is None else cache.get(key)
+                # A call started ahead for this pair (serve's lookahead) is this batch's to take
+                # over and count as a call, even once its answer is in the cache: read from the
+                # cache, it would count as a hit and the call that paid for it as nobody's.
+                taken_over = digest is not None and (j, digest) in self._ahead
+                verdict = None if key is None or taken_over else cache.get(key)
                 if verdict is None:
                     n = None if key is None else pending.get(key)
                     if n is None:

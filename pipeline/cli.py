@@ -13,6 +13,11 @@ from judges.registry import JUDGE_NAMES
 from pipeline import config_sources
 from pipeline.errors import SettingsError
 
+# Beam warns at import, before logging is configured (so on stderr, bare), that its Google Cloud
+# Storage filesystem cannot load when a `google.cloud` namespace exists without the storage
+# client. ragpulse reads local files and Kafka only; the line would break every one-line error.
+logging.getLogger("apache_beam.io.filesystems").setLevel(logging.ERROR)
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run", "judge a file of inference-log events and write windowed ratings"),
     "serve": ("serve", "watch a Kafka topic continuously and serve /metrics"),

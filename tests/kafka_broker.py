@@ -36,12 +36,12 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
 from kafka import KafkaAdminClient, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, NewPartitions, NewTopic
-from kafka.errors import KafkaError
+from kafka.errors import CoordinatorLoadInProgressError, KafkaError
 from processes import free_port, stop_process
 
 KAFKA_VERSION = "4.4.0"
@@ -380,6 +380,18 @@ class ApacheKafkaBroker:
             producer.close()
         return [(m.partition, m.offset) for m in metadata]
 
+    @staticmethod
+    def _list_groups(admin: Any) -> list[dict[str, Any]]:
+        """The broker's consumer groups; right after a restart the group coordinator is still
+        loading __consumer_offsets and answers CoordinatorLoadInProgress, a retriable error."""
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                return list(admin.list_groups())
+            except CoordinatorLoadInProgressError:
+                assert time.monotonic() < deadline, "the group coordinator still loading after 60 s"
+                time.sleep(0.1)
+
     def forget_test_data(self) -> None:
         """Delete every topic and consumer group a test made (internal topics stay), so the
         next test on this broker starts from nothing; restart the broker if it was stopped."""
@@ -387,7 +399,7 @@ class ApacheKafkaBroker:
             self.start()
         admin = self.admin()
         try:
-            groups = [g["group_id"] for g in admin.list_groups()]
+            groups = [g["group_id"] for g in self._list_groups(admin)]
             if groups:
                 with contextlib.suppress(KafkaError):
                     admin.delete_groups(groups)
