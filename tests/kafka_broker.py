@@ -115,6 +115,16 @@ def java_binary() -> str:
     return found
 
 
+def _cluster_id() -> str:
+    """A random KRaft cluster id (16 bytes, URL-safe base64) that does not start with "-": the
+    storage tool would read one that does as an option (Kafka's own Uuid.randomUuid skips
+    those too), and one format in 64 failed."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 class ApacheKafkaBroker:
     """A single-node Apache Kafka broker (KRaft, broker and controller in one JVM).
 
@@ -199,7 +209,7 @@ class ApacheKafkaBroker:
             "".join(f"{key}={value}\n" for key, value in self._config().items())
         )
         (self.folder / "log4j2.properties").write_text(LOG4J2)
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = _cluster_id()
         scram: list[str] = []
         for mechanism, user, password in self.scram_users:
             scram += ["--add-scram", f"{mechanism}=[name={user},password={password}]"]
