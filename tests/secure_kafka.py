@@ -24,6 +24,7 @@ one file).
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,14 @@ class SecureKafka:
         """Authentications (TLS handshakes or SASL exchanges) the broker saw fail on this
         listener since this object was made."""
         return self._failures() - self._mark
+
+    def wait_failed_authentications(self, at_least: int, timeout_s: float = 30.0) -> int:
+        """`failed_authentications()` once it reaches `at_least`: the broker logs a failed
+        handshake after the client has seen it fail, so a count read at once may be short."""
+        deadline = time.monotonic() + timeout_s
+        while (count := self.failed_authentications()) < at_least and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return count
 
     def logs(self) -> str:
         return self.broker.log_text()[-6000:]

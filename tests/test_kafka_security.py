@@ -339,7 +339,7 @@ def test_a_missing_client_certificate_is_reported_as_such(tls_kafka: SecureKafka
     without = tls_kafka.client_security(ssl_certfile=None, ssl_keyfile=None)
     with pytest.raises(KafkaSecurityError, match="check --kafka-ssl-certfile"):
         check_access(tls_kafka.bootstrap, without, timeout_s=10)
-    assert tls_kafka.failed_authentications() == 1, tls_kafka.logs()
+    assert tls_kafka.wait_failed_authentications(at_least=1) == 1, tls_kafka.logs()
 
 
 def test_tls_without_a_client_certificate_works_where_the_broker_asks_for_none(
