@@ -255,5 +255,43 @@ def test_with_logprobs_a_real_servers_binary_verdicts_carry_p_yes(
     )
     scores = [row["response/llm_judged/safety/score"] for row in rows
               if row["response/llm_judged/safety/rating"] in ("yes", "no")]
+    print(f"logprobs, safety outcomes: {outcomes(rows, ('safety',))}; P(yes): {scores}")
     assert scores, outcomes(rows, ("safety",))
     assert all(isinstance(s, float) and 0.0 <= s <= 1.0 for s in scores), scores
+
+
+CANARIES = REPO / "deploy" / "samples" / "canaries.jsonl"
+
+
+def test_calibrate_with_logprobs_scores_every_real_verdicts_p_yes_against_the_labels(
+    real_model: LlamaServer, tmp_path: Path
+) -> None:
+    # The golden canaries' safety labels (9 yes, 2 no). The 135M model's Brier score says
+    # nothing about a real judge; what must hold is that every graded verdict's P(yes) reached
+    # the report (found at the rating token of a real server's logprobs), and the two figures
+    # computed from them are proper numbers.
+    output = tmp_path / "calibration.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
+    done = ragpulse(
+        "calibrate", str(CANARIES),
+        "--judge", "safety",
+        "--output", str(output),
+        "--judge-backend", "openai",
+        "--judge-base-url", real_model.base_url,
+        "--judge-model", real_model.model,
+        "--judge-concurrency", "2",
+        "--judge-timeout", "5m",
+        "--judge-batch-deadline", "30m",
+        "--judge-logprobs",
+        env=env, timeout=1800,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = orjson.loads(output.read_bytes())
+    figures = {k: report[k] for k in ("graded", "errors_by_cause", "probabilities", "brier_score",
+                                      "expected_calibration_error", "balanced_accuracy")}
+    print(f"calibrate safety on the canaries with logprobs: {figures}")
+    assert report["graded"] > 0, figures
+    assert set(report["errors_by_cause"]) <= {"truncated"}, figures
+    assert report["probabilities"] == report["graded"], figures
+    assert 0.0 <= report["brier_score"] <= 1.0, figures
+    assert 0.0 <= report["expected_calibration_error"] <= 1.0, figures
