@@ -105,16 +105,45 @@ def global_guidelines(flags: Sequence[str]) -> tuple[Guideline, ...]:
 # expected answer (`expected_response` or `expected_facts`), "expected_chunks" the
 # `expected_retrieved_context`, "guidelines" the event's guidelines.
 InputName = Literal[
-    "history", "question", "chunks", "answer", "expected", "expected_chunks", "guidelines"
+    "history",
+    "question",
+    "chunks",
+    "answer",
+    "expected",
+    "expected_chunks",
+    "guidelines",
+    "tool_calls",
 ]
+
+ToolStatus = Literal["ok", "error"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool the chatbot's agent called while answering, in the order it called them: the
+    event's `tool_calls`, or the tool spans of its trace (pipeline.events, pipeline.traces).
+
+    `arguments` and `result` are text as the agent and the tool gave them (objects as JSON
+    text), cut at the event's size bound; `status` "error" means the call failed, `error` then
+    says how when the source did. `description` is what the tool does (its description and
+    parameter schema, when the source gives them); `span_id` names the tool's span.
+    """
+
+    name: str
+    arguments: str | None = None
+    result: str | None = None
+    status: ToolStatus = "ok"
+    error: str | None = None
+    span_id: str | None = None
+    description: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class JudgeInput:
     """The part of an inference-log event that judges look at.
 
-    The last four fields are the optional ground truth of the Agent Evaluation input schema,
-    present in evaluation sets and golden canaries, rarely in production traffic.
+    The four fields after `history` are the optional ground truth of the Agent Evaluation input
+    schema, present in evaluation sets and golden canaries, rarely in production traffic.
     """
 
     question: str
@@ -125,10 +154,12 @@ class JudgeInput:
     expected_facts: tuple[str, ...] = ()
     expected_chunks: tuple[Chunk, ...] = ()  # `content` may be empty: only doc_uri is required
     guidelines: tuple[Guideline, ...] = ()
+    # The agent's tool calls while answering (empty for a chatbot that called none).
+    tool_calls: tuple[ToolCall, ...] = ()
 
     def lacks(self, names: Sequence[InputName]) -> list[InputName]:
         """Those of `names` this event does not have: blank text, no chunk with text, no turns,
-        no expected answer, no expected doc_uri, no guideline rule."""
+        no expected answer, no expected doc_uri, no guideline rule, no tool call."""
         return [name for name in names if not self._has(name)]
 
     @property
@@ -153,6 +184,8 @@ class JudgeInput:
             return any(c.doc_uri and c.doc_uri.strip() for c in self.expected_chunks)
         if name == "guidelines":
             return any(rule.strip() for g in self.guidelines for rule in g.rules)
+        if name == "tool_calls":
+            return bool(self.tool_calls)
         return bool((self.question if name == "question" else self.answer).strip())
 
 

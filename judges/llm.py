@@ -14,10 +14,11 @@ retrieved passages as a whole (context_sufficiency), or one passage per call (ch
 which the registry marks per_chunk; the chunks' ratings become one verdict in
 `judges.chunk_verdicts`). Guidelines given with `--guideline` are added to every event's own.
 
-Untrusted text (question, history, retrieved chunks, answer, expected answer, guidelines) is
-fenced between tags carrying a random per-call nonce, e.g. `<answer-3f9a0c...>` ...
-`</answer-3f9a0c...>`; no angle bracket or look-alike of one survives inside (see
-`judges.fencing`), so the data cannot close its fence and speak as the prompt. The model replies
+Untrusted text (question, history, retrieved chunks, answer, expected answer, guidelines, the
+agent's tool calls: arguments, results, errors) is fenced between tags carrying a random
+per-call nonce, e.g. `<answer-3f9a0c...>` ... `</answer-3f9a0c...>`; no angle bracket or
+look-alike of one survives inside (see `judges.fencing`), so the data cannot close its fence
+and speak as the prompt. The model replies
 with JSON (`response_format` json_schema or json_object) or, with `--judge-reply-format text` or
 a server that ignores the format, with `rationale:` / `rating:` lines. Failures never become
 "no": they are rating "error" with a cause from `judges.base.ERROR_CAUSES`.
@@ -48,7 +49,7 @@ from pydantic import (
     model_validator,
 )
 
-from judges.base import LIST_GUIDELINES, Guideline, InputName, JudgeInput, Verdict
+from judges.base import LIST_GUIDELINES, Guideline, InputName, JudgeInput, ToolCall, Verdict
 from judges.chunk_verdicts import event_verdict
 from judges.endpoint import EndpointFailure, EndpointReply, OpenAIJudgeEndpoint
 from judges.fencing import fence, new_nonce, single_line
@@ -91,15 +92,18 @@ _INPUT_DESCRIPTIONS: dict[InputName, str] = {
     "expected": "the expected answer (a reference answer, or the facts a correct answer states)",
     "expected_chunks": "the documents the retriever was expected to return",
     "guidelines": "the guidelines the answer must follow, by name",
+    "tool_calls": "the tools the chatbot's agent called to answer, in call order, each with "
+    "what the tool does, the arguments it was given, and its result or error",
 }
 
 # What a judge grades: the answer (response judges), the retrieved passages as a whole, or one
 # passage at a time (per-chunk judges, one call per chunk). The frame's wording follows it.
-Subject = Literal["answer", "passages", "passage"]
+Subject = Literal["answer", "passages", "passage", "tool_calls"]
 _SUBJECT_INPUT: dict[Subject, InputName] = {
     "answer": "answer",
     "passages": "chunks",
     "passage": "chunks",
+    "tool_calls": "tool_calls",
 }
 _SUBJECT_WORDS: dict[Subject, tuple[str, str, str]] = {
     # (what the judge grades, how to grade it, the closing instruction)
@@ -109,6 +113,8 @@ _SUBJECT_WORDS: dict[Subject, tuple[str, str, str]] = {
                  "these passages as a whole", "the passages above"),
     "passage": ("one passage the retriever of a retrieval-augmented chatbot returned",
                 "this single passage on its own", "the passage above"),
+    "tool_calls": ("the tool calls a chatbot's agent made to answer one request",
+                   "these tool calls as a whole", "the tool calls above"),
 }
 
 # -- prompt files (a boundary: validated with pydantic) -----------------------------------------
@@ -129,6 +135,8 @@ class FewShotExample(BaseModel):
     history: tuple[str, ...] = ()
     expected: str | None = None
     guidelines: tuple[str, ...] = ()
+    # Each call as the judge is shown one (see `_tool_calls_text`), without the number.
+    tool_calls: tuple[str, ...] = ()
 
 
 class JudgePrompt(BaseModel):
@@ -326,9 +334,32 @@ def _input_text(name: InputName, item: JudgeInput) -> str:
             f"{single_line(g.name)}:\n" + "\n".join(f"- {rule}" for rule in g.rules)
             for g in item.guidelines
         )
+    if name == "tool_calls":
+        return _tool_calls_text(item.tool_calls)
     if not item.history:
         return "(no earlier conversation)"
     return "\n".join(f"{t.role}: {t.content}" for t in item.history)
+
+
+def _tool_calls_text(calls: Sequence[ToolCall]) -> str:
+    """The agent's tool calls as a judge reads them: numbered, one block each. The name is
+    flattened to one line (it heads the block); the other texts are fenced as they are."""
+    if not calls:
+        return "(no tool was called)"
+    blocks = []
+    for i, call in enumerate(calls, start=1):
+        lines = [f"[{i}] {single_line(call.name)}"]
+        if call.description:
+            lines.append(f"description: {call.description}")
+        lines.append(f"arguments: {call.arguments if call.arguments is not None else '(none)'}")
+        if call.status == "error":
+            lines.append(f"status: error{f': {call.error}' if call.error else ''}")
+        else:
+            lines.append("status: ok")
+        if call.result is not None:
+            lines.append(f"result: {call.result}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
 
 
 def _example_text(name: InputName, example: FewShotExample) -> str:
@@ -340,6 +371,8 @@ def _example_text(name: InputName, example: FewShotExample) -> str:
         return example.expected or "(no expected answer was given)"
     if name == "guidelines":
         return "\n".join(example.guidelines)
+    if name == "tool_calls":
+        return "\n\n".join(f"[{i}] {c}" for i, c in enumerate(example.tool_calls, start=1))
     return (example.question if name == "question" else example.answer) or ""
 
 

@@ -35,7 +35,7 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from judges.base import Chunk, Guideline, JudgeInput, Turn
+from judges.base import Chunk, Guideline, JudgeInput, ToolCall, Turn
 
 RedactMode = Literal["auto", "on", "off"]
 StoreText = Literal["none", "redacted", "full"]
@@ -389,6 +389,20 @@ class Redactor:
             guidelines=tuple(
                 Guideline(g.name, tuple(r(rule) for rule in g.rules)) for g in item.guidelines
             ),
+            tool_calls=tuple(self._tool_call(c) for c in item.tool_calls),
+        )
+
+    def _tool_call(self, call: ToolCall) -> ToolCall:
+        # Arguments, results and errors carry the user's data (an order number, an e-mail);
+        # the name and description are the developer's, but redacted too: cheap, and a
+        # description may quote an example value.
+        r = self.redact
+        return dataclasses.replace(
+            call,
+            arguments=r(call.arguments) if call.arguments else call.arguments,
+            result=r(call.result) if call.result else call.result,
+            error=r(call.error) if call.error else call.error,
+            description=r(call.description) if call.description else call.description,
         )
 
 

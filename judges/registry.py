@@ -112,6 +112,7 @@ class JudgeEntry:
 _FIELDS: Mapping[str, str] = {
     "expected": "expected_response or expected_facts",
     "expected_chunks": "expected_retrieved_context with doc_uri",
+    "tool_calls": "tool calls (tool_calls, or tool spans in its trace)",
 }
 
 
@@ -185,6 +186,27 @@ _ENTRIES = (
         "answer_correctness",
         scored="judges.claim_scores:AnswerCorrectnessJudge",
         requires=("expected",),
+        default=False,
+    ),
+    # The agent's tool calls (pipeline.events `tool_calls`): opt-in, and skipped for an event
+    # without tool calls, so a chatbot that calls no tool pays nothing for them.
+    JudgeEntry(
+        "tool_call_errors",
+        local="judges.local_tool_calls:ToolCallErrorsJudge",
+        requires=("tool_calls",),
+        default=False,
+        deterministic=True,
+    ),
+    JudgeEntry(
+        "tool_selection",
+        prompt="tool_selection.yaml",
+        requires=("tool_calls",),
+        default=False,
+    ),
+    JudgeEntry(
+        "tool_arguments",
+        prompt="tool_arguments.yaml",
+        requires=("tool_calls",),
         default=False,
     ),
 )

@@ -44,8 +44,23 @@ still valid, and counted as an answer without retrieved context.
 form (`{"info", "data": {"spans": [...]}}`, span type/inputs/outputs in the JSON-encoded
 attributes "mlflow.spanType"/"mlflow.spanInputs"/"mlflow.spanOutputs", parent in "parent_id")
 and a simpler form (`{"spans": [...]}` or `data.spans`, spans carrying "span_type", "inputs" and
-"outputs" directly) are read. The trace is only read when `response` or `retrieved_context` is
-missing, so a trace that is not needed is not validated.
+"outputs" directly) are read. The trace is only read when `response`, `retrieved_context` or
+`tool_calls` is missing, so a trace that is not needed is not validated.
+
+`tool_calls`, the tools the chatbot's agent called while answering, in call order (optional):
+`[{"name": str, "arguments": JSON text or object, "result": text or any JSON value, "status":
+"ok" | "error", "error": str, "span_id": str, "description": str}]`; only `name` is required,
+`status` defaults to "ok", `error` (why the call failed) is allowed only with status "error",
+`description` says what the tool does (the tool_arguments judge reads it). Objects are kept as
+JSON text. Unknown keys are rejected (a misspelt "args" would otherwise vanish). When absent or
+null and a `trace` is given, the calls are the trace's TOOL spans in start order: name = the
+span's name, arguments = its inputs, result = its outputs, failed when its status is ERROR
+(MLflow 2.x `status_code`, MLflow 3 `status.code`, "STATUS_CODE_ERROR" too), the error being
+the status message, else its "exception" event's exception.message. Bounds: at most
+MAX_TOOL_CALLS (32) calls per event, else the event is rejected; a name of at most 256
+characters; arguments, result, error and description are cut at MAX_TOOL_TEXT_CHARS (4000)
+characters, the cut text ending "… [cut: N characters in all]". The tool judges read them
+(tool_call_errors, tool_selection, tool_arguments); an event without tool calls skips them.
 
 `timestamp`, giving the event time: an ISO 8601 string (no zone means UTC) or epoch
 MILLISECONDS as a number. When absent or null, `record_time` (the source's record time, epoch
@@ -99,15 +114,32 @@ import hashlib
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NotRequired
+from typing import Any, Literal, NotRequired
 
 import orjson
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
-from judges.base import GUIDELINE_NAME, LIST_GUIDELINES, Chunk, Guideline, JudgeInput, Turn
+from judges.base import (
+    GUIDELINE_NAME,
+    LIST_GUIDELINES,
+    Chunk,
+    Guideline,
+    JudgeInput,
+    ToolCall,
+    Turn,
+)
 
-__all__ = ["AgentUsage", "InferenceRecord", "InvalidEvent", "dead_letter", "parse_event"]
+__all__ = [
+    "MAX_TOOL_CALLS",
+    "MAX_TOOL_TEXT_CHARS",
+    "AgentUsage",
+    "InferenceRecord",
+    "InvalidEvent",
+    "bound_tool_text",
+    "dead_letter",
+    "parse_event",
+]
 
 DEFAULT_MAX_BYTES = 1_048_576
 UNKNOWN = "unknown"
@@ -121,6 +153,11 @@ _MIN_TIME = 946_684_800.0
 _MAX_TIME = 4_102_444_800.0
 # Values quoted back in reasons are cut so a reason stays one readable line.
 _QUOTE_CHARS = 60
+# Bounds on an event's tool calls (see `tool_calls` in the module docstring): an agent stuck
+# in a loop must not make one event a prompt of megabytes, nor a serve state file hold it.
+MAX_TOOL_CALLS = 32
+MAX_TOOL_TEXT_CHARS = 4000
+MAX_TOOL_NAME_CHARS = 256
 
 
 class InvalidEvent(Exception):
@@ -187,6 +224,12 @@ class InferenceRecord:
     usage: AgentUsage | None = None
     latency_seconds: float | None = None
 
+    @property
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        """The agent's tool calls for this answer (empty when none): they are part of what the
+        judges read, so they live on `judge_input`."""
+        return self.judge_input.tool_calls
+
 
 @dataclass(frozen=True, slots=True)
 class AgentUsage:
@@ -234,6 +277,19 @@ class _Envelope(BaseModel):
     span_id: str | None = None
     usage: _Usage | None = None
     latency_seconds: int | float | None = None
+    tool_calls: list[_ToolCallField] | None = None
+
+
+class _ToolCallField(TypedDict):
+    # Unknown keys are refused: a misspelt "args" or "output" would otherwise vanish.
+    __pydantic_config__ = ConfigDict(strict=True, extra="forbid")  # type: ignore[misc]
+    name: str
+    arguments: NotRequired[str | dict[str, Any] | None]
+    result: NotRequired[Any]  # text, or any JSON value (kept as JSON text)
+    status: NotRequired[Literal["ok", "error"] | None]
+    error: NotRequired[str | None]
+    span_id: NotRequired[str | None]
+    description: NotRequired[str | None]
 
 
 class _Usage(TypedDict, total=False):
@@ -293,6 +349,13 @@ class _Span(TypedDict, total=False):
     attributes: dict[str, Any]
     inputs: Any
     outputs: Any
+    # Read of TOOL spans only (so a span of another type is not held to them): MLflow 2.x
+    # "status_code"/"status_message", MLflow 3 "status": {"code", "message"}, and "events"
+    # (an "exception" event says why a call failed).
+    status_code: Any
+    status_message: Any
+    status: Any
+    events: Any
 
 
 class _TraceData(TypedDict):
@@ -365,6 +428,15 @@ def parse_event(
     else:
         chunks = ()
 
+    if env.tool_calls is not None:
+        tool_calls = _tool_calls(env.tool_calls)
+    elif env.trace is not None:
+        if trace is None:
+            trace = _trace_spans(env.trace)
+        tool_calls = _tool_calls_from_trace(trace)
+    else:
+        tool_calls = ()
+
     return InferenceRecord(
         request_id=_request_id(env.request_id, raw),
         event_time=_event_time(env.timestamp, record_time),
@@ -382,6 +454,7 @@ def parse_event(
                 for c in env.expected_retrieved_context or ()
             ),
             guidelines=_guidelines(env.guidelines),
+            tool_calls=tool_calls,
         ),
         feedback=_feedback(env.feedback),
         span_id=_span_id(env.span_id),
@@ -623,6 +696,155 @@ def _chunks_from_trace(spans: list[_Span]) -> tuple[Chunk, ...]:
     return tuple(
         Chunk(d["page_content"], (d.get("metadata") or {}).get("doc_uri")) for d in documents
     )
+
+
+def bound_tool_text(text: str) -> str:
+    """`text` cut to at most MAX_TOOL_TEXT_CHARS characters, the cut said at its end with the
+    full length (so two texts cut alike but of different lengths stay different); a text
+    within the bound, or cut already, comes back unchanged."""
+    if len(text) <= MAX_TOOL_TEXT_CHARS:
+        return text
+    marker = f"… [cut: {len(text)} characters in all]"
+    return text[: MAX_TOOL_TEXT_CHARS - len(marker)] + marker
+
+
+def _json_text(value: Any) -> str | None:
+    """A tool's arguments or result as text: a string as it is, other JSON values encoded."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value).decode()
+
+
+def _tool_call(
+    name: str,
+    arguments: Any,
+    result: Any,
+    failed: bool,
+    error: str | None,
+    span_id: str | None,
+    description: str | None,
+    where: str,
+) -> ToolCall:
+    name = name.strip()
+    if not name:
+        raise InvalidEvent(f"{where} has no tool name")
+    if len(name) > MAX_TOOL_NAME_CHARS:
+        raise InvalidEvent(
+            f"{where} tool name is {len(name)} characters, over the {MAX_TOOL_NAME_CHARS}-"
+            "character limit"
+        )
+    if span_id is not None and len(span_id) > 64:
+        raise InvalidEvent(f"{where} span_id is over 64 characters: {_quote(span_id)}")
+    args, output = _json_text(arguments), _json_text(result)
+    return ToolCall(
+        name=name,
+        arguments=None if args is None else bound_tool_text(args),
+        result=None if output is None else bound_tool_text(output),
+        status="error" if failed else "ok",
+        error=bound_tool_text(error) if failed and error and error.strip() else None,
+        span_id=span_id,
+        description=bound_tool_text(description) if description and description.strip() else None,
+    )
+
+
+def _too_many_tool_calls(count: int, where: str) -> InvalidEvent:
+    return InvalidEvent(
+        f"{where} holds {count} tool calls, over the {MAX_TOOL_CALLS}-call limit per event"
+    )
+
+
+def _tool_calls(fields: list[_ToolCallField]) -> tuple[ToolCall, ...]:
+    if len(fields) > MAX_TOOL_CALLS:
+        raise _too_many_tool_calls(len(fields), "field 'tool_calls'")
+    calls = []
+    for i, f in enumerate(fields):
+        where = f"'tool_calls[{i}]'"
+        failed = f.get("status") == "error"
+        if f.get("error") is not None and not failed:
+            raise InvalidEvent(
+                f"{where} gives an 'error' but its status is not \"error\" (set \"status\": "
+                "\"error\" for a failed call)"
+            )
+        calls.append(
+            _tool_call(
+                f["name"], f.get("arguments"), f.get("result"), failed, f.get("error"),
+                f.get("span_id"), f.get("description"), where,
+            )
+        )
+    return tuple(calls)
+
+
+def _span_inputs(span: _Span) -> Any:
+    if "inputs" in span:
+        return span["inputs"]
+    return _attribute(span, "mlflow.spanInputs")
+
+
+_MLFLOW_STATUSES = frozenset({"OK", "ERROR", "UNSET"})
+
+
+def _mlflow_status(span: _Span, where: str) -> tuple[bool, str | None]:
+    """Whether an MLflow span failed, and its message: MLflow 2.x `status_code` and
+    `status_message`, or MLflow 3 `status` {"code", "message"} (or a bare code)."""
+    status = span.get("status")
+    code: Any
+    message: Any
+    if "status_code" in span:
+        code, message = span["status_code"], span.get("status_message")
+    elif isinstance(status, dict):
+        code, message = status.get("code"), status.get("message")
+    else:
+        code, message = status, None
+    if code is None:
+        return False, None
+    plain = code.upper().removeprefix("STATUS_CODE_") if isinstance(code, str) else None
+    if plain not in _MLFLOW_STATUSES:
+        raise InvalidEvent(f"{where} status {code!r:.40} is not OK, ERROR or UNSET")
+    if message is not None and not isinstance(message, str):
+        raise InvalidEvent(f"{where} status message must be a string, not {_json_type(message)}")
+    failed = plain == "ERROR"
+    if failed and not (message and message.strip()):
+        message = _exception_message(span.get("events"))
+    return failed, message
+
+
+def _exception_message(events: Any) -> str | None:
+    """The message of a span's first "exception" event (its type when it has none)."""
+    for event in events if isinstance(events, list) else ():
+        if isinstance(event, dict) and event.get("name") == "exception":
+            attrs = event.get("attributes")
+            attrs = attrs if isinstance(attrs, dict) else {}
+            for key in ("exception.message", "exception.type"):
+                text = attrs.get(key)
+                if isinstance(text, str) and text.strip():
+                    return text
+    return None
+
+
+def _tool_calls_from_trace(spans: list[_Span]) -> tuple[ToolCall, ...]:
+    """The TOOL spans of an MLflow trace as tool calls, in start order (listed order when a
+    span has no start time)."""
+    tools = [(i, s) for i, s in enumerate(spans) if _span_type(s) == "TOOL"]
+    if len(tools) > MAX_TOOL_CALLS:
+        raise _too_many_tool_calls(len(tools), "field 'trace'")
+    starts = [_start_time(s) for _, s in tools]
+    if all(t is not None for t in starts):
+        tools = [tools[k] for k in sorted(range(len(tools)), key=lambda k: (starts[k], k))]
+    calls = []
+    for index, span in tools:
+        where = f"trace tool span {_span_name(span, index)}"
+        failed, message = _mlflow_status(span, where)
+        context = span.get("context") or {}
+        span_id = span.get("span_id") or context.get("span_id")
+        calls.append(
+            _tool_call(
+                span.get("name", ""), _span_inputs(span), _span_outputs(span), failed, message,
+                span_id, None, where,
+            )
+        )
+    return tuple(calls)
 
 
 def _event_time(timestamp: str | int | float | None, record_time: float | None) -> float:

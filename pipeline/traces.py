@@ -24,6 +24,13 @@ answer, model and retrieved documents it carries. Attributes read, first found w
               llm.token_count.prompt / completion / total
     documents retrieval.documents.N.document.content / .id / .metadata (the id, else the
               metadata's doc_uri or source, becomes the chunk's doc_uri)
+    tool call of a TOOL span (openinference.span.kind TOOL, or gen_ai.operation.name
+              execute_tool): name tool.name, gen_ai.tool.name, else the span's name;
+              arguments input.value, gen_ai.tool.call.arguments; result output.value,
+              gen_ai.tool.call.result; description tool.description, gen_ai.tool.description,
+              with the parameter schema tool.parameters; failed when the span's status is
+              ERROR or it sets error.type, the error being the status message, else
+              error.type, else its "exception" event's exception.message
 
 `assemble` groups the parts that arrived (in any order, from any number of messages and
 cycles) by trace id and, once a trace has waited `wait` seconds since its first span
@@ -32,7 +39,8 @@ request_id = the trace id, question and answer from the root span (else the firs
 LLM span; span_id names the span that gave the answer), chunks from the latest RETRIEVER span,
 model from the latest LLM span (else any span naming one), app = the root's service.name,
 timestamp = the root's start, usage = the token counts summed over the LLM spans (the root's
-when no LLM span has any), latency_seconds = the root span's duration. A trace that
+when no LLM span has any), latency_seconds = the root span's duration, tool_calls = the TOOL
+spans in start order (texts cut at the event's bound, pipeline.events). A trace that
 cannot be assembled (no root span, no question or no answer, two different copies of one span,
 two roots) becomes a refused record whose reason says so; identical copies of a span (a
 Collector retry) count once, and spans of a trace that was already assembled or refused (a
@@ -68,7 +76,7 @@ from typing import Any, Literal
 
 import orjson
 
-from pipeline.events import InvalidEvent, SourceRecord
+from pipeline.events import InvalidEvent, SourceRecord, bound_tool_text
 
 __all__ = [
     "INPUT_FORMATS",
@@ -77,6 +85,7 @@ __all__ = [
     "Document",
     "InputFormat",
     "SpanPart",
+    "ToolSpan",
     "assemble",
     "decode_spans",
 ]
@@ -95,6 +104,18 @@ class Document:
 
     content: str | None
     doc_uri: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolSpan:
+    """The tool call of a TOOL span: texts as the span gave them, cut at the event's bound."""
+
+    name: str
+    arguments: str | None
+    result: str | None
+    failed: bool
+    error: str | None
+    description: str | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -119,6 +140,7 @@ class SpanPart:
     # The span's token counts (input, output, total) where it gives them, and its end.
     tokens: tuple[int | None, int | None, int | None] | None = None
     end_ns: int | None = None
+    tool: ToolSpan | None = None  # of a TOOL span
 
     def to_json(self) -> bytes:
         return orjson.dumps(dataclasses.asdict(self))
@@ -128,10 +150,12 @@ class SpanPart:
         data = orjson.loads(raw)
         docs = data.pop("documents")
         tokens = data.pop("tokens", None)  # parts saved before tokens were kept have none
+        tool = data.pop("tool", None)  # nor tool calls
         return cls(
             **data,
             documents=None if docs is None else tuple(Document(**d) for d in docs),
             tokens=None if tokens is None else tuple(tokens),
+            tool=None if tool is None else ToolSpan(**tool),
         )
 
 
@@ -207,11 +231,33 @@ def _decode_proto(raw: bytes) -> list[SpanPart]:
                         attributes,
                         events,
                         span.end_time_unix_nano or None,
+                        (span.status.code == _STATUS_ERROR, span.status.message or None),
                     )
                 )
     if not parts:
         raise InvalidEvent("the OTLP request holds no spans")
     return parts
+
+
+# OTLP's Status.StatusCode: UNSET 0, OK 1, ERROR 2 (OTLP JSON may spell it out).
+_STATUS_ERROR = 2
+_STATUS_NAMES = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
+
+
+def _status_json(status: Any) -> tuple[bool, str | None]:
+    """(failed, message) of an OTLP JSON span's status."""
+    if not status:
+        return False, None
+    if not isinstance(status, dict):
+        raise InvalidEvent(f"a span's status is not an object: {status!r:.60}")
+    code = status.get("code", 0)
+    code = _STATUS_NAMES.get(code, code) if isinstance(code, str) else code
+    if code not in (0, 1, 2) or isinstance(code, bool):
+        raise InvalidEvent(f"a span's status code is not UNSET, OK or ERROR: {code!r:.60}")
+    message = status.get("message")
+    if message is not None and not isinstance(message, str):
+        raise InvalidEvent(f"a span's status message is not a string: {message!r:.60}")
+    return code == _STATUS_ERROR, message or None
 
 
 def _hex_id(value: bytes, size: int, field: str) -> str:
@@ -267,6 +313,7 @@ def _decode_json(raw: bytes) -> list[SpanPart]:
                             _attributes_json(span.get("attributes")),
                             events,
                             int(span.get("endTimeUnixNano") or 0) or None,
+                            _status_json(span.get("status")),
                         )
                     )
     except (AttributeError, TypeError, ValueError) as exc:
@@ -355,6 +402,7 @@ def _part(
     attrs: dict[str, Any],
     events: list[tuple[str, dict[str, Any]]],
     end_ns: int | None = None,
+    status: tuple[bool, str | None] = (False, None),
 ) -> SpanPart:
     # The deprecated GenAI content events carry gen_ai.prompt / gen_ai.completion.
     for _, event_attrs in events:
@@ -362,12 +410,13 @@ def _part(
             if key in event_attrs:
                 attrs.setdefault(key, event_attrs[key])
     documents = _documents(attrs)
+    kind = _kind(attrs, documents)
     return SpanPart(
         trace_id=trace_id,
         span_id=span_id,
         parent_span_id=parent,
         name=name,
-        kind=_kind(attrs, documents),
+        kind=kind,
         start_ns=start_ns,
         service=service if isinstance(service, str) and service.strip() else None,
         question=_question(attrs),
@@ -383,6 +432,62 @@ def _part(
         documents=documents,
         tokens=_tokens(attrs),
         end_ns=end_ns,
+        tool=_tool(name, attrs, events, status) if kind == "TOOL" else None,
+    )
+
+
+def _first_text(attrs: Mapping[str, Any], *keys: str) -> str | None:
+    for key in keys:
+        value = attrs.get(key)
+        if isinstance(value, str) and value.strip():
+            return value
+    return None
+
+
+def _tool_text(value: Any) -> str | None:
+    """A tool's arguments or result: a string as it is, another value as JSON, cut."""
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
+    return bound_tool_text(text)
+
+
+def _tool(
+    span_name: str,
+    attrs: Mapping[str, Any],
+    events: list[tuple[str, dict[str, Any]]],
+    status: tuple[bool, str | None],
+) -> ToolSpan:
+    failed, message = status
+    error_type = _first_text(attrs, "error.type")
+    failed = failed or error_type is not None
+    if failed and not message:
+        message = error_type or next(
+            (
+                text
+                for name, event_attrs in events
+                if name in ("exception", "gen_ai.execute_tool.exception")
+                for text in [_first_text(event_attrs, "exception.message", "exception.type")]
+                if text
+            ),
+            None,
+        )
+    description = _first_text(attrs, "tool.description", "gen_ai.tool.description")
+    schema = _first_text(attrs, "tool.parameters")
+    if schema is not None:
+        description = f"{description or ''}\nparameters: {schema}".strip()
+    name = _first_text(attrs, "tool.name", "gen_ai.tool.name")
+    if name is None:  # GenAI names the span "execute_tool {gen_ai.tool.name}"
+        name = span_name.removeprefix("execute_tool ").strip() or span_name
+    return ToolSpan(
+        name=name,
+        arguments=_tool_text(
+            attrs.get("input.value", attrs.get("gen_ai.tool.call.arguments"))
+        ),
+        result=_tool_text(attrs.get("output.value", attrs.get("gen_ai.tool.call.result"))),
+        failed=failed,
+        error=None if message is None else bound_tool_text(message),
+        description=None if description is None else bound_tool_text(description),
     )
 
 
@@ -695,6 +800,10 @@ def _event(
         event["usage"] = usage
     if root.part.end_ns and root.part.end_ns >= root.part.start_ns:
         event["latency_seconds"] = (root.part.end_ns - root.part.start_ns) / 1e9
+    tools = [a.part for a in spans if a.part.tool is not None]
+    if tools:
+        # Validated (and counted against the per-event limit) by parse_event.
+        event["tool_calls"] = [_tool_call_field(p) for p in tools]
     retrievers = [a.part for a in spans if a.part.documents is not None]
     if retrievers:
         latest = retrievers[-1]
@@ -708,3 +817,20 @@ def _event(
             {"content": d.content, "doc_uri": d.doc_uri} for d in latest.documents or ()
         ]
     return event, root
+
+
+def _tool_call_field(part: SpanPart) -> dict[str, Any]:
+    """A TOOL span as an event's `tool_calls` item (pipeline.events)."""
+    tool = part.tool
+    assert tool is not None
+    field: dict[str, Any] = {
+        "name": tool.name,
+        "arguments": tool.arguments,
+        "result": tool.result,
+        "status": "error" if tool.failed else "ok",
+        "span_id": part.span_id,
+        "description": tool.description,
+    }
+    if tool.failed:
+        field["error"] = tool.error
+    return field

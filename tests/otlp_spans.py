@@ -148,3 +148,60 @@ def otlp_json(spans: Sequence[ReadableSpan]) -> bytes:
 def trace_id(spans: Sequence[ReadableSpan]) -> str:
     """The trace id of `spans` as ragpulse names it (32 hex digits): the request id."""
     return f"{spans[0].context.trace_id:032x}"
+
+
+# (name, arguments as JSON text, result, error message or None for a call that worked)
+ToolStep = tuple[str, str, str | None, str | None]
+TOOL_STEPS: tuple[ToolStep, ...] = (
+    ("lookup_order", '{"order_id": "A-17"}', None, "HTTP 503 from orders-api"),
+    ("lookup_order", '{"order_id": "A-17"}', '{"status": "shipped"}', None),
+)
+
+
+def agent_trace(
+    steps: Sequence[ToolStep] = TOOL_STEPS,
+    *,
+    conventions: str = "openinference",
+    question: str = "Where is my order A-17?",
+    answer: str = "Your order A-17 has shipped.",
+    service: str = "agent-bot",
+) -> list[ReadableSpan]:
+    """An agent's trace: a root span with one tool span per step, then an LLM span, as
+    OpenInference (`conventions="openinference"`: TOOL spans with tool.name, input.value,
+    output.value) or the GenAI conventions ("genai": execute_tool spans with gen_ai.tool.*
+    and error.type). A failed step's span has status ERROR and records the exception, as the
+    SDK does for an exception raised inside the span."""
+    from opentelemetry.trace import Status, StatusCode
+
+    tracer, exporter = _tracer(service)
+    with tracer.start_as_current_span("agent") as root:
+        root.set_attribute("openinference.span.kind", "AGENT")
+        root.set_attribute("input.value", question)
+        for name, arguments, result, error in steps:
+            span_name = name if conventions == "openinference" else f"execute_tool {name}"
+            with tracer.start_as_current_span(span_name, record_exception=False,
+                                              set_status_on_exception=False) as tool:
+                if conventions == "openinference":
+                    tool.set_attribute("openinference.span.kind", "TOOL")
+                    tool.set_attribute("tool.name", name)
+                    tool.set_attribute("tool.description", "Looks an order up by its id.")
+                    tool.set_attribute("input.value", arguments)
+                    if result is not None:
+                        tool.set_attribute("output.value", result)
+                else:
+                    tool.set_attribute("gen_ai.operation.name", "execute_tool")
+                    tool.set_attribute("gen_ai.tool.name", name)
+                    tool.set_attribute("gen_ai.tool.call.arguments", arguments)
+                    if result is not None:
+                        tool.set_attribute("gen_ai.tool.call.result", result)
+                if error is not None:
+                    tool.record_exception(RuntimeError(error))
+                    if conventions == "genai":
+                        tool.set_attribute("error.type", "RuntimeError")
+                    tool.set_status(Status(StatusCode.ERROR, error))
+        with tracer.start_as_current_span("llm") as llm:
+            llm.set_attribute("openinference.span.kind", "LLM")
+            llm.set_attribute("llm.model_name", "gpt-4o-mini")
+            llm.set_attribute("output.value", answer)
+        root.set_attribute("output.value", answer)
+    return list(exporter.get_finished_spans())

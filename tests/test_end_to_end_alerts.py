@@ -112,6 +112,11 @@ EMPTY_WITH_LOCAL_JUDGES = {
     "default judges, without the opt-in context_sufficiency and chunk_relevance, and its "
     "groundedness drop leaves retrieval unchanged (tests/promtool/root_cause.test.yaml covers "
     "both causes)",
+    "Answers whose tool calls all worked (5m)": "this run judges with the default judges, "
+    "without the opt-in tool_call_errors (the simulated answers do carry tool calls; "
+    "tests/promtool/tool_calls.test.yaml covers RagToolCallErrorsHigh)",
+    "Tool judges: verdicts by rating": "this run judges with the default judges, without the "
+    "opt-in tool judges (tests/test_tool_judges.py checks their counters)",
 }
 
 

@@ -543,11 +543,14 @@ def test_malformed_trace_is_rejected_when_it_is_needed(trace: Any, reason_start:
     assert reason_for(line(response=_DROP, trace=trace)).startswith(reason_start)
 
 
-def test_unneeded_trace_is_not_read_when_response_and_context_are_given() -> None:
-    raw = line(retrieved_context=[], trace="{not json")
+def test_unneeded_trace_is_not_read_when_response_context_and_tool_calls_are_given() -> None:
+    raw = line(retrieved_context=[], tool_calls=[], trace="{not json")
     item = parse_event(raw).judge_input
     assert item.answer == "They are kept for 10 years."
     assert item.chunks == ()
+    # Without `tool_calls` the trace is read for its tool spans, so a broken one is refused.
+    reason = reason_for(line(retrieved_context=[], trace="{not json"))
+    assert reason.startswith("field 'trace' is a string but not valid JSON")
 
 
 # --- event time ------------------------------------------------------------------------------

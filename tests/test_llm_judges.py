@@ -344,6 +344,8 @@ def test_every_shipped_prompt_has_yes_no_ratings_and_one_example_per_rating() ->
         "context_sufficiency",
         "correctness",
         "guideline_adherence",
+        "tool_selection",
+        "tool_arguments",
     )
     for name in available_prompts():
         prompt = load_prompt(name)

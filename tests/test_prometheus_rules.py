@@ -31,7 +31,7 @@ EXPECTED_ALERTS = {
     "RagGroundednessDrop", "RagSafetyViolations", "RagRelevanceDrop", "RagJudgeErrorsHigh",
     "RagQualityBudgetBurn", "RagPulseStalled", "RagPulseDown", "RagConsumerLagHigh",
     "RagRecordsLost", "RagOffsetReset", "RagDeadLettersUndeliverable", "RagLabelOverflow",
-    "RagJudgeCanaryDisagreement", "RagLateEventsHigh",
+    "RagJudgeCanaryDisagreement", "RagLateEventsHigh", "RagToolCallErrorsHigh",
 }
 # Raw ragpulse metrics in an expression (recording rules' own names contain a colon).
 RAW_METRIC = re.compile(r"(?<![:\w])(ragpulse_\w+)(\{[^}]*\})?")

@@ -295,3 +295,42 @@ def test_calibrate_with_logprobs_scores_every_real_verdicts_p_yes_against_the_la
     assert report["probabilities"] == report["graded"], figures
     assert 0.0 <= report["brier_score"] <= 1.0, figures
     assert 0.0 <= report["expected_calibration_error"] <= 1.0, figures
+
+
+TOOL_JUDGES = ("tool_call_errors", "tool_selection", "tool_arguments")
+TOOL_EVENTS = (
+    {"request_id": "tools-right", "timestamp": "2025-11-20T10:00:00Z", "app": "shop",
+     "model": "m1", "request": "Where is my order A-17?",
+     "response": "Your order A-17 shipped yesterday with DHL.",
+     "tool_calls": [{"name": "lookup_order", "arguments": {"order_id": "A-17"},
+                     "description": "Looks an order up by its id.",
+                     "result": {"status": "shipped", "carrier": "DHL"}}]},
+    {"request_id": "tools-wrong", "timestamp": "2025-11-20T10:00:01Z", "app": "shop",
+     "model": "m1", "request": "Where is my order A-17?",
+     "response": "I could not find your order.",
+     "tool_calls": [{"name": "update_newsletter", "arguments": {"subscribed": True},
+                     "status": "error", "error": "HTTP 503"},
+                    {"name": "update_newsletter", "arguments": {"subscribed": True},
+                     "status": "error", "error": "HTTP 503"}]},
+)
+
+
+def test_the_tool_judges_real_replies_parse_and_their_tokens_count(
+    real_model: LlamaServer, tmp_path: Path
+) -> None:
+    events = tmp_path / "tools.jsonl"
+    events.write_bytes(b"\n".join(orjson.dumps(e) for e in TOOL_EVENTS) + b"\n")
+    rows, counters = judge_with(real_model, events, tmp_path / "out",
+                                "--judge-reply-format", "json_schema", judges=TOOL_JUDGES)
+    counts = outcomes(rows, TOOL_JUDGES)
+    print(f"tool judges on the real model, outcomes: {counts}")
+    assert len(rows) == len(TOOL_EVENTS)
+    assert set(counts) <= {"yes", "no", "error:truncated"}, counts
+    # The deterministic judge needs no model: its verdicts are exact, its tokens none.
+    by_id = {str(r["request_id"]): r for r in rows}
+    assert by_id["tools-right"]["response/llm_judged/tool_call_errors/rating"] == "yes"
+    assert by_id["tools-wrong"]["response/llm_judged/tool_call_errors/rating"] == "no"
+    assert tokens(counters, "tool_call_errors", "prompt") == 0
+    for judge in ("tool_selection", "tool_arguments"):
+        assert tokens(counters, judge, "prompt") > 0, judge
+        assert tokens(counters, judge, "completion") > 0, judge

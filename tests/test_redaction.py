@@ -12,7 +12,7 @@ import pytest
 from fake_openai import FakeOpenAI, fake_openai_fixture  # noqa: F401
 
 from judges import TextPolicy
-from judges.base import Chunk, Guideline, JudgeInput, Turn, Verdict
+from judges.base import Chunk, Guideline, JudgeInput, ToolCall, Turn, Verdict
 from judges.llm import available_prompts
 from judges.redaction import (
     Redactor,
@@ -178,7 +178,7 @@ def test_auto_redacts_unless_the_endpoint_is_marked_trusted_and_on_and_off_mean_
 
 
 def pii_events() -> list[JudgeInput]:
-    """One event carrying every planted item in every field a prompt shows."""
+    """One event carrying every planted item in every field a prompt shows (tool calls too)."""
     items = " ; ".join([item for item, _ in PLANTED] + [lb + it for lb, it, _ in LABELLED])
     return [
         JudgeInput(
@@ -188,6 +188,12 @@ def pii_events() -> list[JudgeInput]:
             history=(Turn("user", f"My details: {items}"),),
             expected_response=f"They are: {items}",
             guidelines=(Guideline("privacy", (f"Never repeat {items}",)),),
+            tool_calls=(
+                ToolCall("lookup_customer", f'{{"query": "{items}"}}', f"Found {items}",
+                         description=f"Looks customers up, e.g. {items}"),
+                ToolCall("email_customer", f'{{"to": "{items}"}}', status="error",
+                         error=f"mailbox {items} is full"),
+            ),
         )
     ]
 

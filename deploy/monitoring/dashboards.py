@@ -383,6 +383,33 @@ def overview(cfg: dict[str, Any]) -> dict[str, Any]:
               "{{app}}"),
         unit="percentunit"))
 
+    # Empty unless the opt-in tool judges run (--judges tool_call_errors,tool_selection,...)
+    # on traffic whose answers carry tool calls.
+    tool_floor = floors.get("tool_call_errors")
+    tool_window = cfg["windows"]["fast_long"]
+    board.with_row(builders.Row("Agent tool calls"))
+    tool_ratio = graph(
+        f"Answers whose tool calls all worked ({tool_window})",
+        query(f'{PASS_RATIO.format(w=tool_window)}{{judge="tool_call_errors"}}',
+              "{{app}} / {{model}} {{version}}"),
+        unit="percentunit",
+        description="Pass ratio of the tool_call_errors judge: answers whose agent called "
+                    "tools, none of which failed. Answers without tool calls are skipped. "
+                    "RagToolCallErrorsHigh warns below the line.")
+    if tool_floor is not None:
+        tool_ratio = tool_ratio.thresholds(floor_steps(tool_floor)).thresholds_style(line())
+    board.with_panel(tool_ratio)
+    board.with_panel(graph(
+        "Tool judges: verdicts by rating",
+        query('sum by (judge, rating) (rate(ragpulse_judge_verdicts_total{judge=~"tool_.*"}'
+              "[$__rate_interval]))", "{{judge}} {{rating}}"),
+        query('sum by (judge) (rate(ragpulse_judge_skipped_total{judge=~"tool_.*"}'
+              "[$__rate_interval]))", "{{judge}} skipped (no tool calls)"),
+        unit="reqps",
+        description="tool_call_errors (failed or repeated calls), tool_selection (the right "
+                    "tools, none missing) and tool_arguments (arguments supported by the "
+                    "conversation); skipped: answers without tool calls, in no ratio."))
+
     board.with_row(builders.Row("Pipeline health and alerts"))
     board.with_panel(graph(
         "Seconds since last complete window / heartbeat",

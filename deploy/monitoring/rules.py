@@ -417,7 +417,8 @@ def quality_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     win = config["windows"]
     alerts: list[dict[str, Any]] = []
     for judge, spec in config["quality_alerts"].items():
-        label, floor, margin = judge.replace("_", " "), float(spec["floor"]), float(spec["margin"])
+        label = str(spec.get("label", judge.replace("_", " ")))
+        floor, margin = float(spec["floor"]), float(spec["margin"])
 
         def series(name: str, judge: str = judge, **window: str) -> str:
             return selector(name.format(**window), config, judge=judge)

@@ -4,11 +4,16 @@ For demos, load tests and the samples in deploy/samples: questions over a small 
 knowledge base (product docs, HR policy, billing), 1-5 retrieved chunks, answers that reuse the
 chunk's wording (so a lexical groundedness judge finds them supported) and the question's words
 (so a relevance judge finds them on topic). Every request/response shape of the Agent Evaluation
-schema appears, including MLflow traces. Incidents can be switched on: a groundedness drop
-(answers inventing numbers and names), a burst of unsafe answers, a burst of malformed records,
-late events and answers without retrieved context.
+schema appears, including MLflow traces. Some answers (`tool_call_share`) come from an agent
+that called 1-3 tools (a knowledge-base search, a document fetch, an account lookup): as the
+event's `tool_calls`, or as TOOL spans when the event carries an MLflow trace. Incidents can be
+switched on: a groundedness drop (answers inventing numbers and names), a burst of unsafe
+answers, a burst of malformed records, late events, answers without retrieved context, and a
+tool that starts failing (its calls error, and the agent often repeats the failed call).
 
-Everything is drawn from one seeded RNG, so a seed and the options give the same bytes.
+Everything is drawn from one seeded RNG, so a seed and the options give the same bytes. The
+tool calls are drawn from an RNG seeded with the event's request id, so adding them left every
+other field of every event as it was.
 """
 
 from __future__ import annotations
@@ -182,6 +187,30 @@ _UNSAFE_ANSWERS = (
 )
 
 
+# The simulated agent's tools, in the order it calls them (an answer calls the first 1-3):
+# name -> what the tool does (the tool_arguments judge reads it).
+TOOLS: dict[str, str] = {
+    "search_knowledge_base": "Searches the company knowledge base. parameters: query (string).",
+    "get_document": "Fetches one knowledge-base document. parameters: doc_uri (string).",
+    "lookup_account": "Looks up the user's account: plan, seats, billing contact. "
+    "parameters: user_id (string).",
+}
+# Share of answers that come with tool calls, and of calls that fail in healthy traffic (a
+# transient error the agent retries once).
+TOOL_CALL_SHARE = 0.3
+TRANSIENT_TOOL_ERRORS = 0.02
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SimulatedToolCall:
+    """One call of the simulated agent, as `_event` writes it (field or trace span)."""
+
+    name: str
+    arguments: dict[str, str]
+    result: str | None
+    error: str | None
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Incidents:
     """Faults to inject; times are seconds after the start of the simulated traffic."""
@@ -196,6 +225,11 @@ class Incidents:
     late_events: int = 0
     late_by: float = 900.0
     no_context_share: float = 0.0
+    # From tool_failure_at until tool_recover_at, every call of `failing_tool` fails.
+    tool_failure_at: float | None = None
+    tool_recover_at: float | None = None
+    failing_tool: str = "get_document"
+    tool_call_share: float = TOOL_CALL_SHARE
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -207,6 +241,8 @@ class SimulatedEvent:
     kind: str  # grounded | ungrounded | unsafe | malformed
     late: bool = False
     without_context: bool = False
+    tool_calls: int = 0  # how many tool calls the answer carries
+    tool_failed: bool = False  # whether one of them failed
 
 
 def simulate(
@@ -251,7 +287,12 @@ def simulate(
         grounded = not dropping or rng.random() < inc.drop_to
         without_context = rng.random() < inc.no_context_share
         app_index = rng.randrange(len(apps))
-        event = _event(
+        tool_failing = (
+            inc.tool_failure_at is not None
+            and offset >= inc.tool_failure_at
+            and (inc.tool_recover_at is None or offset < inc.tool_recover_at)
+        )
+        event, calls = _event(
             rng,
             app=apps[app_index],
             model=rng.choice(models),
@@ -260,9 +301,14 @@ def simulate(
             grounded=grounded,
             unsafe=unsafe,
             without_context=without_context,
+            tool_call_share=inc.tool_call_share,
+            failing_tool=inc.failing_tool if tool_failing else None,
         )
         kind = "unsafe" if unsafe else ("grounded" if grounded else "ungrounded")
-        yield SimulatedEvent(_dumps(event), event_time, kind, late, without_context)
+        yield SimulatedEvent(
+            _dumps(event), event_time, kind, late, without_context, len(calls),
+            any(c.error is not None for c in calls),
+        )
 
 
 def _dumps(obj: Any) -> bytes:
@@ -279,7 +325,9 @@ def _event(
     grounded: bool,
     unsafe: bool,
     without_context: bool,
-) -> dict[str, Any]:
+    tool_call_share: float = TOOL_CALL_SHARE,
+    failing_tool: str | None = None,
+) -> tuple[dict[str, Any], tuple[SimulatedToolCall, ...]]:
     fact = rng.choice(kb)
     if unsafe:
         answer = rng.choice(_UNSAFE_ANSWERS)
@@ -308,6 +356,7 @@ def _event(
         # the random stream, and with it every other field, stays as it was.
         "latency_seconds": 0.2 + int(request_id[:4], 16) % 2000 / 1000,
     }
+    calls = _tool_calls(request_id, fact, tool_call_share, failing_tool)
     request_kind = rng.randrange(4)
     if request_kind == 0:
         event["request"] = fact.question
@@ -347,12 +396,66 @@ def _event(
             "usage": _usage(fact.question, answer),
         }
     if response_kind == 2:
-        trace = _trace(rng, fact.question, answer, chunks, event_time)
+        trace = _trace(rng, fact.question, answer, chunks, event_time, calls)
         # The Agent Evaluation schema allows the trace as an object or as a JSON string.
         event["trace"] = json.dumps(trace) if rng.random() < 0.3 else trace
-    elif chunks or rng.random() < 0.5:
-        event["retrieved_context"] = [{"content": c.chunk, "doc_uri": c.doc_uri} for c in chunks]
-    return event
+    else:
+        if chunks or rng.random() < 0.5:
+            event["retrieved_context"] = [
+                {"content": c.chunk, "doc_uri": c.doc_uri} for c in chunks
+            ]
+        if calls:
+            event["tool_calls"] = [_tool_call_field(c) for c in calls]
+    return event, calls
+
+
+def _tool_calls(
+    request_id: str, fact: Fact, share: float, failing_tool: str | None
+) -> tuple[SimulatedToolCall, ...]:
+    """The agent's calls for one answer: none for most, else the first 1-3 of TOOLS. Drawn
+    from the request id (not the event's RNG), so every other field stays as it was. A call
+    of `failing_tool` fails, and the agent repeats it with the same arguments half the time;
+    in healthy traffic a few calls fail once and are retried."""
+    tool_rng = random.Random(request_id)
+    if tool_rng.random() >= share:
+        return ()
+    arguments = {
+        "search_knowledge_base": {"query": fact.question},
+        "get_document": {"doc_uri": fact.doc_uri},
+        "lookup_account": {"user_id": f"u-{tool_rng.randrange(10_000)}"},
+    }
+    results = {
+        "search_knowledge_base": json.dumps([fact.doc_uri]),
+        "get_document": fact.chunk,
+        "lookup_account": json.dumps({"plan": "Team", "seats": 12}),
+    }
+    calls: list[SimulatedToolCall] = []
+    for name in list(TOOLS)[: tool_rng.randint(1, 3)]:
+        if name == failing_tool:
+            failed = SimulatedToolCall(name, arguments[name], None, f"HTTP 503 from {name}")
+            calls.append(failed)
+            if tool_rng.random() < 0.5:
+                calls.append(failed)  # the agent tries the same call again, in vain
+        elif tool_rng.random() < TRANSIENT_TOOL_ERRORS:
+            calls.append(SimulatedToolCall(name, arguments[name], None, "timed out after 10 s"))
+            calls.append(SimulatedToolCall(name, arguments[name], results[name], None))
+        else:
+            calls.append(SimulatedToolCall(name, arguments[name], results[name], None))
+    return tuple(calls)
+
+
+def _tool_call_field(call: SimulatedToolCall) -> dict[str, Any]:
+    field: dict[str, Any] = {
+        "name": call.name,
+        "arguments": call.arguments,
+        "description": TOOLS[call.name],
+        "status": "ok" if call.error is None else "error",
+    }
+    if call.error is None:
+        field["result"] = call.result
+    else:
+        field["error"] = call.error
+    return field
 
 
 def _usage(question: str, answer: str) -> dict[str, int]:
@@ -364,9 +467,15 @@ def _usage(question: str, answer: str) -> dict[str, int]:
 
 
 def _trace(
-    rng: random.Random, question: str, answer: str, chunks: Sequence[Fact], event_time: float
+    rng: random.Random,
+    question: str,
+    answer: str,
+    chunks: Sequence[Fact],
+    event_time: float,
+    calls: Sequence[SimulatedToolCall] = (),
 ) -> dict[str, Any]:
-    """An MLflow 2.x serialized trace: a CHAIN root span and a RETRIEVER child span."""
+    """An MLflow 2.x serialized trace: a CHAIN root span, a RETRIEVER child span and a TOOL
+    child span per tool call (their ids numbered from the root's, not drawn)."""
     trace_id = f"0x{rng.getrandbits(128):032x}"
     root_id, retriever_id = f"0x{rng.getrandbits(64):016x}", f"0x{rng.getrandbits(64):016x}"
     start_ns = int((event_time - 1.2) * 1e9)
@@ -377,7 +486,7 @@ def _trace(
 
     def span(
         name: str, span_id: str, parent: str | None, kind: str, inputs: Any, outputs: Any,
-        start: int, end: int,
+        start: int, end: int, error: str | None = None,
     ) -> dict[str, Any]:
         return {
             "name": name,
@@ -385,8 +494,8 @@ def _trace(
             "parent_id": parent,
             "start_time": start,
             "end_time": end,
-            "status_code": "OK",
-            "status_message": "",
+            "status_code": "OK" if error is None else "ERROR",
+            "status_message": error or "",
             "attributes": {
                 "mlflow.traceRequestId": json.dumps(f"tr-{trace_id[2:]}"),
                 "mlflow.spanType": json.dumps(kind),
@@ -410,6 +519,12 @@ def _trace(
                      start_ns, start_ns + 1_200_000_000),
                 span("retrieve", retriever_id, root_id, "RETRIEVER", {"query": question},
                      documents, start_ns + 10_000_000, start_ns + 200_000_000),
+                *(
+                    span(c.name, f"0x{int(root_id, 16) + k + 1:016x}", root_id, "TOOL",
+                         c.arguments, c.result, start_ns + (210 + 100 * k) * 1_000_000,
+                         start_ns + (300 + 100 * k) * 1_000_000, c.error)
+                    for k, c in enumerate(calls)
+                ),
             ]
         },
     }
@@ -478,6 +593,15 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="how late the late events are (default 15m)")
     p.add_argument("--no-context-share", type=float, default=0.0, metavar="S",
                    help="share of events retrieved without any chunk (0..1)")
+    p.add_argument("--tool-call-share", type=float, default=TOOL_CALL_SHARE, metavar="S",
+                   help="share of answers whose agent called 1-3 tools (0..1, default "
+                   "%(default)s)")
+    p.add_argument("--tool-failure-at", type=dur, default=None, metavar="T",
+                   help="from T on, every call of --failing-tool fails (and is often repeated)")
+    p.add_argument("--tool-recover-at", type=dur, default=None, metavar="T",
+                   help="from T on, the failing tool works again")
+    p.add_argument("--failing-tool", default="get_document", choices=tuple(TOOLS),
+                   help="the tool that fails from --tool-failure-at (default %(default)s)")
 
 
 def incidents_from_args(args: argparse.Namespace) -> Incidents:
@@ -494,6 +618,10 @@ def incidents_from_args(args: argparse.Namespace) -> Incidents:
         late_events=args.late_events,
         late_by=args.late_by,
         no_context_share=args.no_context_share,
+        tool_failure_at=args.tool_failure_at,
+        tool_recover_at=args.tool_recover_at,
+        failing_tool=args.failing_tool,
+        tool_call_share=args.tool_call_share,
     )
 
 
@@ -509,9 +637,10 @@ def main(args: argparse.Namespace) -> int:
     if args.rate <= 0 or args.duration <= 0:
         print("simulate: --rate and --duration must be positive", file=sys.stderr)
         return 2
-    if not 0 <= args.drop_to <= 1 or not 0 <= args.no_context_share <= 1:
-        print("simulate: --drop-to and --no-context-share are shares between 0 and 1",
-              file=sys.stderr)
+    if not all(0 <= x <= 1 for x in (args.drop_to, args.no_context_share,
+                                        args.tool_call_share)):
+        print("simulate: --drop-to, --no-context-share and --tool-call-share are shares "
+              "between 0 and 1", file=sys.stderr)
         return 2
     security = security_from_args(args) if args.output is None else PLAINTEXT
     n = max(1, round(args.rate * args.duration))
