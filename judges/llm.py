@@ -48,12 +48,12 @@ from pydantic import (
     model_validator,
 )
 
-from judges.base import LIST_GUIDELINES, Guideline, InputName, JudgeInput, Verdict
+from judges.base import LIST_GUIDELINES, Guideline, InputName, JudgeInput, Turn, Verdict
 from judges.chunk_verdicts import event_verdict
 from judges.endpoint import EndpointFailure, EndpointReply, OpenAIJudgeEndpoint
 from judges.fencing import fence, new_nonce, single_line
 from judges.logprobs import TokenLogprob, expected_score, probability_of_yes
-from judges.registry import JUDGES, JudgeEntry, judge_entry
+from judges.registry import JUDGES, SESSION_JUDGES, JudgeEntry, judge_entry
 from judges.yaml_file import YamlFileError, load_yaml
 
 BinaryRating = Literal["yes", "no"]
@@ -91,15 +91,19 @@ _INPUT_DESCRIPTIONS: dict[InputName, str] = {
     "expected": "the expected answer (a reference answer, or the facts a correct answer states)",
     "expected_chunks": "the documents the retriever was expected to return",
     "guidelines": "the guidelines the answer must follow, by name",
+    "transcript": "the whole conversation, turn by turn: the user's requests, the chatbot's "
+    "answers and the feedback the user gave",
 }
 
 # What a judge grades: the answer (response judges), the retrieved passages as a whole, or one
 # passage at a time (per-chunk judges, one call per chunk). The frame's wording follows it.
-Subject = Literal["answer", "passages", "passage"]
+# A session judge (judges.sessions) grades a whole conversation, its transcript.
+Subject = Literal["answer", "passages", "passage", "conversation"]
 _SUBJECT_INPUT: dict[Subject, InputName] = {
     "answer": "answer",
     "passages": "chunks",
     "passage": "chunks",
+    "conversation": "transcript",
 }
 _SUBJECT_WORDS: dict[Subject, tuple[str, str, str]] = {
     # (what the judge grades, how to grade it, the closing instruction)
@@ -109,6 +113,8 @@ _SUBJECT_WORDS: dict[Subject, tuple[str, str, str]] = {
                  "these passages as a whole", "the passages above"),
     "passage": ("one passage the retriever of a retrieval-augmented chatbot returned",
                 "this single passage on its own", "the passage above"),
+    "conversation": ("one whole conversation between a user and a retrieval-augmented chatbot",
+                     "this conversation as a whole", "the conversation above"),
 }
 
 # -- prompt files (a boundary: validated with pydantic) -----------------------------------------
@@ -129,6 +135,7 @@ class FewShotExample(BaseModel):
     history: tuple[str, ...] = ()
     expected: str | None = None
     guidelines: tuple[str, ...] = ()
+    transcript: tuple[str, ...] = ()  # a session judge's example: "user: ...", "assistant: ..."
 
 
 class JudgePrompt(BaseModel):
@@ -273,7 +280,7 @@ def load_prompt(name: str, prompts_dir: Path | None = None) -> JudgePrompt:
     ValueError lists the known judges when there is no such judge, and names the file when it
     does not show the judge an input the registry says it requires.
     """
-    entry = judge_entry(name)
+    entry = SESSION_JUDGES[name] if name in SESSION_JUDGES else judge_entry(name)
     if entry.prompt is None:
         raise ValueError(
             f"judge {name} has no LLM prompt; LLM judges: {', '.join(available_prompts())}"
@@ -290,6 +297,11 @@ def load_prompt(name: str, prompts_dir: Path | None = None) -> JudgePrompt:
         raise ValueError(
             f"prompt file {path} does not show {', '.join(unshown)}, which {name} requires "
             "(add it to inputs)"
+        )
+    if entry.session != (prompt.subject == "conversation"):
+        raise ValueError(
+            f"prompt file {path} grades the {prompt.subject}, but {name} is "
+            f"{'' if entry.session else 'not '}a session judge (subject: conversation)"
         )
     if entry.per_chunk != (prompt.subject == "passage"):
         want = "passage" if entry.per_chunk else "answer or passages"
@@ -326,9 +338,22 @@ def _input_text(name: InputName, item: JudgeInput) -> str:
             f"{single_line(g.name)}:\n" + "\n".join(f"- {rule}" for rule in g.rules)
             for g in item.guidelines
         )
+    if name == "transcript":
+        return transcript_text(item.history)
     if not item.history:
         return "(no earlier conversation)"
     return "\n".join(f"{t.role}: {t.content}" for t in item.history)
+
+
+def transcript_text(turns: Sequence[Turn]) -> str:
+    """A conversation as a session judge reads it: one line per message, numbered by the user's
+    turns ("turn 2 user: ...", "turn 2 assistant: ...", "turn 2 feedback: negative")."""
+    lines: list[str] = []
+    number = 0
+    for t in turns:
+        number += t.role == "user"
+        lines.append(f"turn {max(number, 1)} {single_line(t.role)}: {t.content}")
+    return "\n".join(lines) or "(an empty conversation)"
 
 
 def _example_text(name: InputName, example: FewShotExample) -> str:
@@ -336,6 +361,8 @@ def _example_text(name: InputName, example: FewShotExample) -> str:
         return "\n\n".join(f"[{i}] {c}" for i, c in enumerate(example.chunks, start=1))
     if name == "history":
         return "\n".join(example.history) or "(no earlier conversation)"
+    if name == "transcript":
+        return "\n".join(example.transcript)
     if name == "expected":
         return example.expected or "(no expected answer was given)"
     if name == "guidelines":
