@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from judges.base import JudgeInput, Turn
 
 __all__ = [
+    "DEFAULT_SESSION_GAP_SECONDS",
     "DEFAULT_SESSION_MAX_BYTES",
     "DEFAULT_SESSION_MAX_TURNS",
     "Session",
@@ -34,6 +35,8 @@ __all__ = [
     "transcript_input",
 ]
 
+# A conversation is over once no turn came for this long in event time (--session-gap).
+DEFAULT_SESSION_GAP_SECONDS = 300.0
 DEFAULT_SESSION_MAX_TURNS = 50
 DEFAULT_SESSION_MAX_BYTES = 65_536
 

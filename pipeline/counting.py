@@ -132,3 +132,9 @@ class FailingExample:
 
     request_id: str
     timestamp: float  # epoch seconds
+
+
+# Conversations (pipeline.sessions): judged, judged on their last turns only, judged again.
+SESSIONS_JUDGED = "ragpulse_sessions_judged_total"
+SESSIONS_TRUNCATED = "ragpulse_sessions_truncated_total"
+SESSION_REJUDGED = "ragpulse_session_rejudged_total"

@@ -113,6 +113,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
 from judges.base import GUIDELINE_NAME, LIST_GUIDELINES, Chunk, Guideline, JudgeInput, Turn
+from judges.sessions import Session
 
 __all__ = ["AgentUsage", "InferenceRecord", "InvalidEvent", "dead_letter", "parse_event"]
 
@@ -195,6 +196,8 @@ class InferenceRecord:
     usage: AgentUsage | None = None
     latency_seconds: float | None = None
     session_id: str | None = None  # the conversation of this turn, when the event names one
+    # Set on the record a session judge grades (pipeline.sessions): the whole conversation.
+    session: Session | None = None
 
 
 @dataclass(frozen=True, slots=True)
