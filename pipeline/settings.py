@@ -458,7 +458,7 @@ class RunSettings(SessionFields, BatchSettings):
 STREAM_RUNNERS = ("PortableRunner", "FlinkRunner", "DataflowRunner")
 
 
-class StreamSettings(BaseModel):
+class StreamSettings(SessionFields):
     """Validated settings of `ragpulse stream`: one unbounded pipeline on a distributed runner.
 
     Judges, sampling and windows mean what they mean for `serve`; lateness is Beam's (allowed
@@ -515,7 +515,21 @@ class StreamSettings(BaseModel):
             max_event_bytes=self.max_event_bytes,
             judge_batch_size=max(256, self.judges.concurrency * 16),
             max_future_skew_s=self.max_future_skew_seconds,
+            sessions=self.session_config(),
         )
+
+    @model_validator(mode="after")
+    def _sessions_land_within_lateness(self) -> StreamSettings:
+        # A session is judged when the watermark passes its last turn + the gap, and counted
+        # in the window of its last turn: a late pane of that window, so it must still be open.
+        if self.session_judges and self.session_gap_seconds > self.allowed_lateness_seconds:
+            raise ValueError(
+                f"--session-gap ({format_duration(self.session_gap_seconds)}) must not exceed "
+                f"--allowed-lateness ({format_duration(self.allowed_lateness_seconds)}): a "
+                "session's verdicts are counted in the window of its last turn, once the gap "
+                "has passed"
+            )
+        return self
 
 
 class ExporterSettings(BaseModel):
