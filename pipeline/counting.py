@@ -134,7 +134,6 @@ class FailingExample:
     timestamp: float  # epoch seconds
 
 
-# Conversations (pipeline.sessions): judged, judged on their last turns only, judged again.
+# Conversations (pipeline.sessions): judged, and judged on their last turns only.
 SESSIONS_JUDGED = "ragpulse_sessions_judged_total"
 SESSIONS_TRUNCATED = "ragpulse_sessions_truncated_total"
-SESSION_REJUDGED = "ragpulse_session_rejudged_total"

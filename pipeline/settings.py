@@ -416,6 +416,16 @@ class SessionFields(BaseModel):
                     f"--session-judges: session judge {name} has no {judges.backend} "
                     f"implementation (it has: {', '.join(entry.backends)})"
                 )
+            if judges.backend == "openai" and judges.prompts_dir is not None and (
+                name in SESSION_JUDGES
+            ):
+                from judges.llm import load_prompt
+
+                # Fail at start-up, not in a Beam worker, when --judge-prompts lacks it.
+                try:
+                    load_prompt(name, judges.prompts_dir)
+                except ValueError as exc:
+                    raise ValueError(f"--judge-prompts: {exc}") from None
         unused = [f"{e.name} ({e.prompt})" for e in custom if e.session and e.name not in names]
         if unused:
             raise ValueError(

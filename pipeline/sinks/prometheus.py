@@ -89,8 +89,6 @@ COUNTER_HELP: dict[str, str] = {
     "that went through the session judges, per app and model.",
     counting.SESSIONS_TRUNCATED: "Judged conversations over --session-max-turns or "
     "--session-max-bytes, judged on their last turns only, per app and model.",
-    counting.SESSION_REJUDGED: "Conversations judged again because a late turn re-opened them; "
-    "their earlier verdicts were replaced in the windowed counts.",
 }
 # Counters whose label sets are known up front are exported at 0 before the first event,
 # so that rates and alerts have a series to work with from the first scrape.
