@@ -34,6 +34,7 @@ from judges.registry import (
     JudgeEntry,
     check_judge_names,
     judge_entry,
+    session_judge_entry,
 )
 from judges.retry import ReplyFormat
 
@@ -87,14 +88,38 @@ class JudgeSpec:
     ensembles: tuple[Ensemble, ...] = ()
     # --judge-logprobs: ask for token logprobs; verdicts carry P(yes) (judges.logprobs).
     logprobs: bool = False
+    # The session judges' panel (--session-judges, judges.sessions): `names` are session
+    # judges, each graded once per conversation on its transcript.
+    sessions: bool = False
 
     def __post_init__(self) -> None:
-        check_judge_names(self.names, self.backend, tuple(c.entry for c in self.custom_judges))
+        custom = tuple(c.entry for c in self.custom_judges)
+        if self.sessions:
+            for name in self.names:
+                entry = session_judge_entry(name, custom)
+                if self.backend not in entry.backends:
+                    raise ValueError(
+                        f"session judge {name} has no {self.backend} implementation"
+                    )
+            return
+        check_judge_names(self.names, self.backend, custom)
         check_composites(self.composites, self.names)
+
+    def for_sessions(self, names: tuple[str, ...]) -> JudgeSpec:
+        """The spec of the session judges `names` on this spec's backend and endpoint."""
+        return dataclasses.replace(
+            self, names=names, sessions=True, composites=(), ensembles=(), combine=False
+        )
 
     def prompt_versions(self) -> dict[str, str]:
         """Each judge's prompt version, as its metric series and calibration files label it
         (`judges.base.prompt_version`), without building a panel or calling anything."""
+        if self.sessions:
+            panel = self.build()
+            try:
+                return dict(zip(self.names, panel.prompt_versions, strict=True))
+            finally:
+                panel.close()
         if self.backend == "local":
             from judges.local import build_local_judges
 
@@ -118,6 +143,13 @@ class JudgeSpec:
 
     def build(self) -> JudgePanel:
         """A panel of the named judges on this backend."""
+        if self.sessions and self.backend == "local":
+            from judges.llm_build import build_session_judges
+
+            return JudgePanel(
+                build_session_judges(self.names, None, custom=self.custom_judges),
+                self.batch_deadline_seconds,
+            )
         if self.backend == "local":
             from judges.local import build_local_judges
 
@@ -156,6 +188,14 @@ class JudgeSpec:
         prompts = Path(self.prompts_dir) if self.prompts_dir else None
         policy = self.text_policy
         redact = policy.redactor().judge_input if policy.redacts_prompts else None
+        if self.sessions:
+            from judges.llm_build import build_session_judges
+
+            return JudgePanel(
+                build_session_judges(self.names, endpoint, prompts, redact, self.custom_judges),
+                self.batch_deadline_seconds,
+                cache,
+            )
         return JudgePanel(
             build_llm_judges(
                 self.names,

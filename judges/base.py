@@ -103,16 +103,11 @@ def global_guidelines(flags: Sequence[str]) -> tuple[Guideline, ...]:
 # The parts of a `JudgeInput`, by name: what a judge requires (judges.registry) and what an LLM
 # judge's prompt shows (judges.llm). The ground truth of the input schema: "expected" is the
 # expected answer (`expected_response` or `expected_facts`), "expected_chunks" the
-# `expected_retrieved_context`, "guidelines" the event's guidelines.
+# `expected_retrieved_context`, "guidelines" the event's guidelines. "transcript" is a whole
+# conversation (a session judge's input, judges.sessions): every turn, held in `history`.
 InputName = Literal[
-    "history",
-    "question",
-    "chunks",
-    "answer",
-    "expected",
-    "expected_chunks",
-    "guidelines",
-    "tool_calls",
+    "history", "question", "chunks", "answer", "expected", "expected_chunks", "guidelines",
+    "tool_calls", "transcript",
 ]
 
 ToolStatus = Literal["ok", "error"]
@@ -176,7 +171,7 @@ class JudgeInput:
     def _has(self, name: InputName) -> bool:
         if name == "chunks":
             return any(c.content and not c.content.isspace() for c in self.chunks)
-        if name == "history":
+        if name in ("history", "transcript"):
             return bool(self.history)
         if name == "expected":
             return bool((self.expected_response or "").strip() or self.facts)

@@ -13,6 +13,9 @@ rating), plus what the registry says of a shipped judge:
                                       # (one verdict per event, the default) or RETRIEVAL (one
                                       # per retrieved chunk, aggregated as precision); it must
                                       # agree with `subject` (passage for RETRIEVAL)
+    assessment: SESSION               # a session judge (judges.sessions): one verdict per
+                                      # conversation, named in --session-judges; with
+                                      # subject: conversation and inputs: [transcript]
 
 A file may grade on a scale (`scale: "0-3"` or `"1-5"`, a `pass_score` on it, and one example
 per score, as deploy/samples/comprehensiveness.yaml; judges.llm): its verdict is "yes" at or
@@ -55,7 +58,7 @@ class _RegistryKeys(BaseModel):
 
     requires: tuple[InputName, ...] = ()
     when_missing: str | None = Field(None, min_length=1)
-    assessment: Literal["ANSWER", "RETRIEVAL"] | None = None
+    assessment: Literal["ANSWER", "RETRIEVAL", "SESSION"] | None = None
 
 
 class CustomJudgeError(ValueError):
@@ -104,7 +107,15 @@ def load_custom_judge(path: Path) -> CustomJudge:
             ("requires",),
             f"{', '.join(unshown)} is required but not shown to the judge (add it to inputs)",
         )
-    if keys.assessment is not None and (keys.assessment == "RETRIEVAL") != (
+    if (keys.assessment == "SESSION") != (prompt.subject == "conversation"):
+        fix = "conversation" if keys.assessment == "SESSION" else "answer (or leave it out)"
+        raise fail(
+            ("subject",),
+            f"a judge of the whole conversation has assessment SESSION and subject conversation:"
+            f" set subject: {fix}" + ("" if keys.assessment == "SESSION" else
+                                      " or assessment: SESSION"),
+        )
+    if keys.assessment not in (None, "SESSION") and (keys.assessment == "RETRIEVAL") != (
         prompt.subject == "passage"
     ):
         fix = "passage" if keys.assessment == "RETRIEVAL" else "answer (or leave it out)"
@@ -125,6 +136,7 @@ def load_custom_judge(path: Path) -> CustomJudge:
         when_missing=keys.when_missing,
         per_chunk=prompt.subject == "passage",
         default=False,
+        session=keys.assessment == "SESSION",
     )
     try:
         judge_table((entry,))

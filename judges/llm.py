@@ -49,12 +49,20 @@ from pydantic import (
     model_validator,
 )
 
-from judges.base import LIST_GUIDELINES, Guideline, InputName, JudgeInput, ToolCall, Verdict
+from judges.base import (
+    LIST_GUIDELINES,
+    Guideline,
+    InputName,
+    JudgeInput,
+    ToolCall,
+    Turn,
+    Verdict,
+)
 from judges.chunk_verdicts import event_verdict
 from judges.endpoint import EndpointFailure, EndpointReply, OpenAIJudgeEndpoint
 from judges.fencing import fence, new_nonce, single_line
 from judges.logprobs import TokenLogprob, expected_score, probability_of_yes
-from judges.registry import JUDGES, JudgeEntry, judge_entry
+from judges.registry import JUDGES, SESSION_JUDGES, JudgeEntry, judge_entry
 from judges.yaml_file import YamlFileError, load_yaml
 
 BinaryRating = Literal["yes", "no"]
@@ -94,16 +102,20 @@ _INPUT_DESCRIPTIONS: dict[InputName, str] = {
     "guidelines": "the guidelines the answer must follow, by name",
     "tool_calls": "the tools the chatbot's agent called to answer, in call order, each with "
     "what the tool does, the arguments it was given, and its result or error",
+    "transcript": "the whole conversation, turn by turn: the user's requests, the chatbot's "
+    "answers and the feedback the user gave",
 }
 
 # What a judge grades: the answer (response judges), the retrieved passages as a whole, or one
 # passage at a time (per-chunk judges, one call per chunk). The frame's wording follows it.
-Subject = Literal["answer", "passages", "passage", "tool_calls"]
+# A session judge (judges.sessions) grades a whole conversation, its transcript.
+Subject = Literal["answer", "passages", "passage", "tool_calls", "conversation"]
 _SUBJECT_INPUT: dict[Subject, InputName] = {
     "answer": "answer",
     "passages": "chunks",
     "passage": "chunks",
     "tool_calls": "tool_calls",
+    "conversation": "transcript",
 }
 _SUBJECT_WORDS: dict[Subject, tuple[str, str, str]] = {
     # (what the judge grades, how to grade it, the closing instruction)
@@ -115,6 +127,8 @@ _SUBJECT_WORDS: dict[Subject, tuple[str, str, str]] = {
                 "this single passage on its own", "the passage above"),
     "tool_calls": ("the tool calls a chatbot's agent made to answer one request",
                    "these tool calls as a whole", "the tool calls above"),
+    "conversation": ("one whole conversation between a user and a retrieval-augmented chatbot",
+                     "this conversation as a whole", "the conversation above"),
 }
 
 # -- prompt files (a boundary: validated with pydantic) -----------------------------------------
@@ -137,6 +151,7 @@ class FewShotExample(BaseModel):
     guidelines: tuple[str, ...] = ()
     # Each call as the judge is shown one (see `_tool_calls_text`), without the number.
     tool_calls: tuple[str, ...] = ()
+    transcript: tuple[str, ...] = ()  # a session judge's example: "user: ...", "assistant: ..."
 
 
 class JudgePrompt(BaseModel):
@@ -281,7 +296,7 @@ def load_prompt(name: str, prompts_dir: Path | None = None) -> JudgePrompt:
     ValueError lists the known judges when there is no such judge, and names the file when it
     does not show the judge an input the registry says it requires.
     """
-    entry = judge_entry(name)
+    entry = SESSION_JUDGES[name] if name in SESSION_JUDGES else judge_entry(name)
     if entry.prompt is None:
         raise ValueError(
             f"judge {name} has no LLM prompt; LLM judges: {', '.join(available_prompts())}"
@@ -298,6 +313,11 @@ def load_prompt(name: str, prompts_dir: Path | None = None) -> JudgePrompt:
         raise ValueError(
             f"prompt file {path} does not show {', '.join(unshown)}, which {name} requires "
             "(add it to inputs)"
+        )
+    if entry.session != (prompt.subject == "conversation"):
+        raise ValueError(
+            f"prompt file {path} grades the {prompt.subject}, but {name} is "
+            f"{'' if entry.session else 'not '}a session judge (subject: conversation)"
         )
     if entry.per_chunk != (prompt.subject == "passage"):
         want = "passage" if entry.per_chunk else "answer or passages"
@@ -336,6 +356,8 @@ def _input_text(name: InputName, item: JudgeInput) -> str:
         )
     if name == "tool_calls":
         return _tool_calls_text(item.tool_calls)
+    if name == "transcript":
+        return transcript_text(item.history)
     if not item.history:
         return "(no earlier conversation)"
     return "\n".join(f"{t.role}: {t.content}" for t in item.history)
@@ -362,11 +384,24 @@ def _tool_calls_text(calls: Sequence[ToolCall]) -> str:
     return "\n\n".join(blocks)
 
 
+def transcript_text(turns: Sequence[Turn]) -> str:
+    """A conversation as a session judge reads it: one line per message, numbered by the user's
+    turns ("turn 2 user: ...", "turn 2 assistant: ...", "turn 2 feedback: negative")."""
+    lines: list[str] = []
+    number = 0
+    for t in turns:
+        number += t.role == "user"
+        lines.append(f"turn {max(number, 1)} {single_line(t.role)}: {t.content}")
+    return "\n".join(lines) or "(an empty conversation)"
+
+
 def _example_text(name: InputName, example: FewShotExample) -> str:
     if name == "chunks":
         return "\n\n".join(f"[{i}] {c}" for i, c in enumerate(example.chunks, start=1))
     if name == "history":
         return "\n".join(example.history) or "(no earlier conversation)"
+    if name == "transcript":
+        return "\n".join(example.transcript)
     if name == "expected":
         return example.expected or "(no expected answer was given)"
     if name == "guidelines":

@@ -17,7 +17,12 @@ from judges.custom import CustomJudge
 from judges.endpoint import OpenAIJudgeEndpoint
 from judges.ensemble import Ensemble, EnsembleJudge
 from judges.llm import JudgePrompt, LLMJudge, load_prompt
-from judges.registry import DEFAULT_SCORE_THRESHOLD, JudgeEntry, judge_entry
+from judges.registry import (
+    DEFAULT_SCORE_THRESHOLD,
+    JudgeEntry,
+    judge_entry,
+    session_judge_entry,
+)
 
 
 def build_llm_judges(
@@ -77,3 +82,30 @@ def build_llm_judges(
     if combine:
         built.update(group_judges(plain, endpoint, redact))
     return [built[name] for name in names]
+
+
+def build_session_judges(
+    names: Sequence[str],
+    endpoint: OpenAIJudgeEndpoint | None,
+    prompts_dir: Path | None = None,
+    redact: Callable[[JudgeInput], JudgeInput] | None = None,
+    custom: Sequence[CustomJudge] = (),
+) -> list[Judge]:
+    """One session judge per name (judges.sessions): on the openai backend (`endpoint` given)
+    an `LLMJudge` of the judge's conversation prompt, one call per session with the transcript
+    fenced and `redact`ed; on the local backend (`endpoint` None) the local implementation.
+    `custom` are the operator's judges; those with assessment SESSION are session judges.
+    ValueError names an unknown session judge or one without an implementation on the backend.
+    """
+    mine = {c.entry.name: c for c in custom if c.entry.session}
+    built: list[Judge] = []
+    for name in names:
+        entry = session_judge_entry(name, tuple(c.entry for c in mine.values()))
+        if endpoint is None:
+            if entry.local is None:
+                raise ValueError(f"session judge {name} has no local implementation")
+            built.append(entry.build_local())
+            continue
+        prompt = mine[name].prompt if name in mine else load_prompt(name, prompts_dir)
+        built.append(LLMJudge(prompt, endpoint, redact, entry=entry))
+    return built

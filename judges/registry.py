@@ -43,6 +43,8 @@ class JudgeEntry:
     (judges.chunk_verdicts). `default` judges run when `--judges` is not given.
     A `deterministic` judge needs no model: its local implementation is the judge's definition
     (document_recall counts documents), so it runs the same whatever the backend.
+    A `session` judge grades a whole conversation (judges.sessions), once per session: its input
+    is the session's transcript, and it is named in --session-judges, never in --judges.
     """
 
     name: str
@@ -55,6 +57,7 @@ class JudgeEntry:
     per_chunk: bool = False
     default: bool = True
     deterministic: bool = False
+    session: bool = False
 
     def __post_init__(self) -> None:
         if self.local is None and self.prompt is None and self.scored is None:
@@ -211,6 +214,35 @@ _ENTRIES = (
     ),
 )
 
+# The session judges (judges.sessions): each grades one whole conversation in one call (or, the
+# local user_frustration, from its lexical signals). Apart from `JUDGES`, so that --judges and
+# everything that lists the per-answer judges never offers them.
+_SESSION_ENTRIES = (
+    JudgeEntry(
+        "conversation_completeness",
+        prompt="conversation_completeness.yaml",
+        requires=("transcript",),
+        default=False,
+        session=True,
+    ),
+    JudgeEntry(
+        "knowledge_retention",
+        prompt="knowledge_retention.yaml",
+        requires=("transcript",),
+        default=False,
+        session=True,
+    ),
+    JudgeEntry(
+        "user_frustration",
+        local="judges.local_frustration:UserFrustrationJudge",
+        prompt="user_frustration.yaml",
+        requires=("transcript",),
+        default=False,
+        session=True,
+    ),
+)
+SESSION_JUDGES: Mapping[str, JudgeEntry] = {e.name: e for e in _SESSION_ENTRIES}
+
 # A scored judge's rating is "yes" when its score is at least this (--judge-score-threshold):
 # for faithfulness, 7 claims of 10 supported; for answer_correctness, a claim F1 of 0.7.
 DEFAULT_SCORE_THRESHOLD = 0.7
@@ -231,11 +263,22 @@ def judge_table(custom: Sequence[JudgeEntry] = ()) -> Mapping[str, JudgeEntry]:
         return JUDGES
     table = dict(JUDGES)
     for entry in custom:
-        if entry.name in table:
-            taken = "a shipped judge" if entry.name in JUDGES else "another custom judge"
+        if entry.name in table or entry.name in SESSION_JUDGES:
+            shipped = entry.name in JUDGES or entry.name in SESSION_JUDGES
+            taken = "a shipped judge" if shipped else "another custom judge"
             raise ValueError(f"custom judge name {entry.name!r} is taken by {taken}")
         table[entry.name] = entry
     return table
+
+
+def session_judge_entry(name: str, custom: Sequence[JudgeEntry] = ()) -> JudgeEntry:
+    """The entry of session judge `name` (shipped, or a custom one with assessment SESSION);
+    ValueError lists the session judges."""
+    table = dict(SESSION_JUDGES) | {e.name: e for e in custom if e.session}
+    entry = table.get(name)
+    if entry is None:
+        raise ValueError(f"unknown session judge {name!r}; session judges: {', '.join(table)}")
+    return entry
 
 
 def judge_entry(name: str, custom: Sequence[JudgeEntry] = ()) -> JudgeEntry:
@@ -255,6 +298,12 @@ def check_judge_names(
     table = judge_table(custom)
     if not names:
         raise ValueError(f"no judge given; known judges: {', '.join(table)}")
+    sessions = [n for n in names if n in SESSION_JUDGES or (n in table and table[n].session)]
+    if sessions:
+        raise ValueError(
+            f"{', '.join(sessions)} grade(s) whole conversations: name them in --session-judges,"
+            " not in --judges"
+        )
     unknown = [n for n in names if n not in table]
     if unknown:
         raise ValueError(

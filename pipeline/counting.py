@@ -132,3 +132,8 @@ class FailingExample:
 
     request_id: str
     timestamp: float  # epoch seconds
+
+
+# Conversations (pipeline.sessions): judged, and judged on their last turns only.
+SESSIONS_JUDGED = "ragpulse_sessions_judged_total"
+SESSIONS_TRUNCATED = "ragpulse_sessions_truncated_total"

@@ -5,7 +5,7 @@ An event is the Databricks Agent Evaluation input schema plus a production envel
 
     request_id, request, response, retrieved_context, expected_response, expected_facts,
     guidelines, expected_retrieved_context, trace          (Agent Evaluation input schema)
-    timestamp, app, model, feedback, usage, latency_seconds (envelope)
+    timestamp, app, model, feedback, usage, latency_seconds, session_id (envelope)
 
 `parse_event` validates one raw line/record and returns an `InferenceRecord`, or raises
 `InvalidEvent` whose `reason` says what to fix; `dead_letter` turns a rejected line into a row
@@ -87,6 +87,13 @@ as the chatbot recorded it; absent, null or blank means none. ragpulse judges do
 stratified sampling rules match on it (pipeline/sampling.py), e.g. to judge every answer a user
 disliked. Stripped, at most 128 characters.
 
+`session_id`: the conversation this turn belongs to (optional), as the chatbot names it: every
+turn of one conversation carries the same id. A string, stripped; absent, null or blank means
+the turn belongs to no conversation (it is judged per answer only). At most 256 characters. The
+session judges group turns by it in event-time session windows (docs/sessions.md); it is never a
+metric label. From an OpenTelemetry trace it is the `session.id` (OpenInference) or
+`gen_ai.conversation.id` (GenAI) attribute (pipeline/traces.py).
+
 `usage`, the chatbot's own token counts for this answer (optional): `{"input_tokens",
 "output_tokens", "total_tokens"}`, or OpenAI's `{"prompt_tokens", "completion_tokens",
 "total_tokens"}`, each a whole number >= 0 and any of them may be left out (a missing total is
@@ -129,6 +136,7 @@ from judges.base import (
     ToolCall,
     Turn,
 )
+from judges.sessions import Session
 
 __all__ = [
     "MAX_TOOL_CALLS",
@@ -144,6 +152,7 @@ __all__ = [
 DEFAULT_MAX_BYTES = 1_048_576
 UNKNOWN = "unknown"
 MAX_LABEL_CHARS = 128
+MAX_SESSION_ID_CHARS = 256
 QUESTION_KEYS = ("query", "question", "input", "prompt", "text", "content")
 ANSWER_KEYS = ("content", "response", "output")
 TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
@@ -223,6 +232,9 @@ class InferenceRecord:
     # The chatbot's own cost and latency for this answer, when the event gives them.
     usage: AgentUsage | None = None
     latency_seconds: float | None = None
+    session_id: str | None = None  # the conversation of this turn, when the event names one
+    # Set on the record a session judge grades (pipeline.sessions): the whole conversation.
+    session: Session | None = None
 
     @property
     def tool_calls(self) -> tuple[ToolCall, ...]:
@@ -278,6 +290,7 @@ class _Envelope(BaseModel):
     usage: _Usage | None = None
     latency_seconds: int | float | None = None
     tool_calls: list[_ToolCallField] | None = None
+    session_id: str | None = None
 
 
 class _ToolCallField(TypedDict):
@@ -460,6 +473,7 @@ def parse_event(
         span_id=_span_id(env.span_id),
         usage=_usage(env.usage, env.response),
         latency_seconds=_latency(env.latency_seconds),
+        session_id=_session_id(env.session_id),
     )
 
 
@@ -931,6 +945,16 @@ def _latency(value: float | None) -> float | None:
     if not 0 <= value < math.inf:
         raise InvalidEvent(f"field 'latency_seconds' must be a number >= 0, not {value!r}")
     return float(value)
+
+
+def _session_id(value: str | None) -> str | None:
+    session = (value or "").strip()
+    if len(session) > MAX_SESSION_ID_CHARS:
+        raise InvalidEvent(
+            f"field 'session_id' is {len(session)} characters, over the"
+            f" {MAX_SESSION_ID_CHARS}-character limit (it names a conversation)"
+        )
+    return session or None
 
 
 def _span_id(value: str | None) -> str | None:

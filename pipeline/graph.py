@@ -7,7 +7,9 @@ in Beam's `leader_board` example, reading and writing are steps of the graph:
     source ──> ParseEvents ──> JudgeEvents ──> WindowRatings ──> ReportWindows
                    │                │   └──> verdict sink        (└──> windows file, run only)
                    │                └──> ReportLatestFailing (serve: exemplars)
-                   └──> dead-letter sink
+                   ├──> dead-letter sink
+                   └──> GroupSessions ──> JudgeEvents (session judges) ──> joins the answers
+                        (--session-judges: pipeline.sessions)
 
 What the caller needs back to save or print (counter increments, window counts, each
 partition's latest event time, exemplars, records an output topic did not acknowledge) are
@@ -43,6 +45,7 @@ from pipeline.cascade import CascadeSettings
 from pipeline.errors import SettingsError
 from pipeline.sampling import SamplingPlan, WeightedCounts
 from pipeline.service.canaries import CanaryEvent
+from pipeline.sessions import GroupSessions, SessionConfig
 from pipeline.sinks.kafka import UNACKNOWLEDGED_NAMESPACE
 from pipeline.stages import (
     COUNTER_NAMESPACE,
@@ -84,6 +87,8 @@ class StageConfig:
     sampling: SamplingPlan | None = None
     # The judge cascade (--cascade-llm-sample-rate); None: the backend's judges alone.
     cascade: CascadeSettings | None = None
+    # Conversations judged whole (--session-judges, pipeline.sessions); None: no session judges.
+    sessions: SessionConfig | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,9 +174,21 @@ def build_graph(
             to_judge,
             p | "GoldenCanaries" >> beam.Create(list(canaries)),
         ) | "WithCanaries" >> beam.Flatten()
-    judged = to_judge | "JudgeEvents" >> JudgeEvents(
+    answers = to_judge | "JudgeEvents" >> JudgeEvents(
         config.judges, batch_size=config.judge_batch_size, cascade=config.cascade
     )
+    judged = answers
+    if config.sessions is not None:
+        # The conversations of the sampled events, judged whole once their window closes,
+        # and from here on counted, windowed and written like the answers.
+        sessions = (
+            parsed.events
+            | "GroupSessions" >> GroupSessions(config.sessions)
+            | "JudgeSessions" >> JudgeEvents(
+                config.sessions.judges, batch_size=config.judge_batch_size
+            )
+        )
+        judged = (answers, sessions) | "WithSessions" >> beam.Flatten()
     if sinks.verdicts is not None:
         to_write = (
             judged | "KeepFailing" >> beam.Filter(is_failing)
@@ -180,13 +197,13 @@ def build_graph(
         )
         _ = to_write | "WriteVerdicts" >> sinks.verdicts
     if sinks.evaluations is not None:
-        _ = judged | "ExportEvaluations" >> sinks.evaluations
+        _ = answers | "ExportEvaluations" >> sinks.evaluations
     if sinks.exemplars:
         _ = judged | "LatestFailing" >> ReportLatestFailing()
     windows = judged | "WindowRatings" >> WindowRatings(window_size=config.window_seconds)
     _ = windows | "ReportWindows" >> ReportWindows()
     if config.sampling is not None:
-        _ = judged | "WeightedWindows" >> ReportWeightedWindows(window_size=config.window_seconds)
+        _ = answers | "WeightedWindows" >> ReportWeightedWindows(window_size=config.window_seconds)
     if sinks.windows is not None:
         _ = windows | "WriteWindows" >> sinks.windows
 

@@ -60,6 +60,13 @@ def sample_point(request_id: str) -> float:
     return int.from_bytes(digest, "big") / _SCALE
 
 
+def sampling_key(request_id: str, session_id: str | None) -> str:
+    """What an event's sampling decision hashes: its conversation's id when it names one (a
+    conversation is sampled whole, so the per-answer and the session judges see the same
+    conversations), else its request id."""
+    return f"session:{session_id}" if session_id is not None else request_id
+
+
 def is_sampled(request_id: str, rate: float) -> bool:
     """True when the event belongs to the sample at `rate` (0 keeps none, 1 keeps all).
 
@@ -82,6 +89,7 @@ __all__ = [
     "load_plan",
     "plan_from_data",
     "sample_point",
+    "sampling_key",
 ]
 
 # The event fields a rule may match (InferenceRecord attributes of the same names).

@@ -26,6 +26,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticUndefined
 
@@ -43,7 +44,18 @@ from judges.redaction import (
     endpoint_for_log,
     is_loopback_url,
 )
-from judges.registry import DEFAULT_SCORE_THRESHOLD, judge_entry, judges_help
+from judges.registry import (
+    DEFAULT_SCORE_THRESHOLD,
+    SESSION_JUDGES,
+    judge_entry,
+    judges_help,
+    session_judge_entry,
+)
+from judges.sessions import (
+    DEFAULT_SESSION_GAP_SECONDS,
+    DEFAULT_SESSION_MAX_BYTES,
+    DEFAULT_SESSION_MAX_TURNS,
+)
 from pipeline.budget import BudgetSettings
 from pipeline.cascade import CascadeSettings, add_cascade_arguments, cascade_settings
 from pipeline.errors import SettingsError
@@ -55,6 +67,7 @@ from pipeline.windows import parse_duration
 
 if TYPE_CHECKING:
     from pipeline.graph import StageConfig
+    from pipeline.sessions import SessionConfig
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +180,10 @@ class JudgeSettings(BaseModel):
             return names  # a custom judge file is invalid, and that is the error to read
         custom = tuple(c.entry for c in info.data["custom_judges"])
         check_judge_names(names, info.data.get("backend"), custom)  # ValueError: one line
-        unused = [f"{e.name} ({e.prompt})" for e in custom if e.name not in names]
+        # Custom session judges are named in --session-judges (BatchSettings checks those).
+        unused = [
+            f"{e.name} ({e.prompt})" for e in custom if e.name not in names and not e.session
+        ]
         if unused:
             # A judge defined and never run is a forgotten step, not a choice: say so at start.
             raise ValueError(
@@ -297,7 +313,6 @@ class BatchSettings(BaseModel):
     # pipeline.calibration.JudgeCalibration values, loaded from the --judge-calibration files
     # at validation (typed Any, like custom_judges).
     judge_calibrations: tuple[Any, ...] = Field((), title="--judge-calibration")
-
     @field_validator("judge_calibrations", mode="before")
     @classmethod
     def _calibrations_load(cls, files: object, info: ValidationInfo) -> object:
@@ -354,10 +369,87 @@ class BatchSettings(BaseModel):
             judge_batch_size=max(256, self.judges.concurrency * 16),
             closed_before=closed_before,
             max_future_skew_s=self.max_future_skew_seconds,
+            sessions=self.session_config(),
+        )
+
+    def session_config(self) -> SessionConfig | None:
+        """How conversations are judged; None: this command judges none (`SessionFields`)."""
+        return None
+
+
+class SessionFields(BaseModel):
+    """The conversation settings of the commands that judge sessions (run, stream): the
+    session judges, the idle gap that ends a conversation, and the cap on what one
+    conversation's judge reads (pipeline.sessions). Mixed into a settings model that has
+    `judges: JudgeSettings`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_judges: tuple[str, ...] = Field((), title="--session-judges")
+    session_gap_seconds: float = Field(
+        DEFAULT_SESSION_GAP_SECONDS, gt=0, le=7 * 86400, title="--session-gap"
+    )
+    session_max_turns: int = Field(
+        DEFAULT_SESSION_MAX_TURNS, ge=1, le=10_000, title="--session-max-turns"
+    )
+    session_max_bytes: int = Field(
+        DEFAULT_SESSION_MAX_BYTES, ge=1024, le=16 * 1_048_576, title="--session-max-bytes"
+    )
+
+    @model_validator(mode="after")
+    def _known_session_judges(self) -> SessionFields:
+        judges: JudgeSettings = getattr(self, "judges")  # noqa: B009 (a field of the model)
+        names = self.session_judges
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(
+                f"--session-judges: {', '.join(repeated)} listed more than once; name each once"
+            )
+        custom = tuple(c.entry for c in judges.custom_judges)
+        for name in names:
+            try:
+                entry = session_judge_entry(name, custom)
+            except ValueError as exc:
+                raise ValueError(f"--session-judges: {exc}") from None
+            if judges.backend not in entry.backends:
+                raise ValueError(
+                    f"--session-judges: session judge {name} has no {judges.backend} "
+                    f"implementation (it has: {', '.join(entry.backends)})"
+                )
+            if judges.backend == "openai" and judges.prompts_dir is not None and (
+                name in SESSION_JUDGES
+            ):
+                from judges.llm import load_prompt
+
+                # Fail at start-up, not in a Beam worker, when --judge-prompts lacks it.
+                try:
+                    load_prompt(name, judges.prompts_dir)
+                except ValueError as exc:
+                    raise ValueError(f"--judge-prompts: {exc}") from None
+        unused = [f"{e.name} ({e.prompt})" for e in custom if e.session and e.name not in names]
+        if unused:
+            raise ValueError(
+                f"--custom-judge: custom session judge(s) {', '.join(unused)} are not listed; "
+                "add them to --session-judges"
+            )
+        return self
+
+    def session_config(self) -> SessionConfig | None:
+        """How conversations are judged, or None without --session-judges."""
+        if not self.session_judges:
+            return None
+        from pipeline.sessions import SessionConfig
+
+        judges: JudgeSettings = getattr(self, "judges")  # noqa: B009
+        return SessionConfig(
+            judges.spec().for_sessions(self.session_judges),
+            self.session_gap_seconds,
+            self.session_max_turns,
+            self.session_max_bytes,
         )
 
 
-class RunSettings(BatchSettings):
+class RunSettings(SessionFields, BatchSettings):
     """Validated settings of `ragpulse run`."""
 
     input: Path = Field(title="INPUT")
@@ -376,7 +468,7 @@ class RunSettings(BatchSettings):
 STREAM_RUNNERS = ("PortableRunner", "FlinkRunner", "DataflowRunner")
 
 
-class StreamSettings(BaseModel):
+class StreamSettings(SessionFields):
     """Validated settings of `ragpulse stream`: one unbounded pipeline on a distributed runner.
 
     Judges, sampling and windows mean what they mean for `serve`; lateness is Beam's (allowed
@@ -433,7 +525,21 @@ class StreamSettings(BaseModel):
             max_event_bytes=self.max_event_bytes,
             judge_batch_size=max(256, self.judges.concurrency * 16),
             max_future_skew_s=self.max_future_skew_seconds,
+            sessions=self.session_config(),
         )
+
+    @model_validator(mode="after")
+    def _sessions_land_within_lateness(self) -> StreamSettings:
+        # A session is judged when the watermark passes its last turn + the gap, and counted
+        # in the window of its last turn: a late pane of that window, so it must still be open.
+        if self.session_judges and self.session_gap_seconds > self.allowed_lateness_seconds:
+            raise ValueError(
+                f"--session-gap ({format_duration(self.session_gap_seconds)}) must not exceed "
+                f"--allowed-lateness ({format_duration(self.allowed_lateness_seconds)}): a "
+                "session's verdicts are counted in the window of its last turn, once the gap "
+                "has passed"
+            )
+        return self
 
 
 class ExporterSettings(BaseModel):
@@ -722,6 +828,57 @@ def batch_fields(args: argparse.Namespace) -> dict[str, Any]:
         "runner": args.runner,
         "judge_calibrations": tuple(args.judge_calibration),
         "input_format": args.input_format,
+    }
+
+
+def add_session_arguments(p: argparse.ArgumentParser) -> None:
+    """`--session-judges`, `--session-gap` and the session caps (pipeline.sessions)."""
+    g = p.add_argument_group("conversations (events with a session_id)")
+    g.add_argument(
+        "--session-judges",
+        default="",
+        metavar="NAMES",
+        help="comma-separated session judges, each grading a whole conversation once: "
+        f"{_session_judges_help()}, or a --custom-judge with assessment: SESSION "
+        "(default: none)",
+    )
+    gap = default_of(SessionFields, "session_gap_seconds")
+    g.add_argument(
+        "--session-gap",
+        type=positive_duration,
+        default=gap,
+        metavar="DURATION",
+        help="a conversation is over, and judged, once no turn came for this long in event "
+        f"time (Beam session windows) (default: {format_duration(gap)})",
+    )
+    g.add_argument(
+        "--session-max-turns",
+        type=int,
+        default=default_of(SessionFields, "session_max_turns"),
+        metavar="N",
+        help="a longer conversation is judged on its last N turns and counted in "
+        "ragpulse_sessions_truncated_total (default: %(default)s)",
+    )
+    g.add_argument(
+        "--session-max-bytes",
+        type=int,
+        default=default_of(SessionFields, "session_max_bytes"),
+        metavar="N",
+        help="likewise for the bytes of a conversation's text (default: %(default)s)",
+    )
+
+
+def _session_judges_help() -> str:
+    return ", ".join(f"{n} ({', '.join(e.backends)})" for n, e in SESSION_JUDGES.items())
+
+
+def session_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The `SessionFields` the session flags set."""
+    return {
+        "session_judges": tuple(n.strip() for n in args.session_judges.split(",") if n.strip()),
+        "session_gap_seconds": args.session_gap,
+        "session_max_turns": args.session_max_turns,
+        "session_max_bytes": args.session_max_bytes,
     }
 
 

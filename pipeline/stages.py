@@ -37,7 +37,7 @@ from pipeline import counting, sampling
 from pipeline.cascade import CascadePanel, CascadeSettings
 from pipeline.counting import COUNTER_NAMESPACE
 from pipeline.events import InferenceRecord, InvalidEvent, Rejected, SourceRecord, parse_event
-from pipeline.sampling import SamplingPlan, is_sampled
+from pipeline.sampling import SamplingPlan, is_sampled, sampling_key
 from pipeline.service.canaries import CANARY_VERDICTS, CanaryEvent, outcome
 from pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_start
 
@@ -249,7 +249,7 @@ class _ParseAndSample(beam.DoFn):
             self._counters.inc(counter_key, n)
         if self._plan is not None:
             yield from self._sample_stratified(event, self._plan)
-        elif is_sampled(event.request_id, self._sample_rate):
+        elif is_sampled(sampling_key(event.request_id, event.session_id), self._sample_rate):
             self._counters.inc(EVENTS_SAMPLED)
             yield event
 
@@ -259,7 +259,7 @@ class _ParseAndSample(beam.DoFn):
         """Samples at the rate of the event's stratum; a kept event carries weight 1 / rate."""
         stratum, rate = plan.stratum_of(event)
         self._counters.inc(counting.key(sampling.SEEN, stratum=stratum))
-        if not is_sampled(event.request_id, rate):
+        if not is_sampled(sampling_key(event.request_id, event.session_id), rate):
             return
         weight = 1.0 / rate
         self._counters.inc(EVENTS_SAMPLED)
@@ -417,12 +417,13 @@ def _tally(
 ) -> None:
     """Adds one judged event's counts to `tally`, keyed as `_counter_key` reads them."""
     app, model = event.app, event.model
-    tally["judged", app, model] += 1
-    chunks = len(event.judge_input.chunks)
-    if chunks:
-        tally["chunks", app, model] += chunks
-    else:
-        tally["without_context", app, model] += 1
+    if event.session is None:  # a session's record is counted by pipeline.sessions
+        tally["judged", app, model] += 1
+        chunks = len(event.judge_input.chunks)
+        if chunks:
+            tally["chunks", app, model] += chunks
+        else:
+            tally["without_context", app, model] += 1
     grounded = sufficient = None
     for v, version in zip(verdicts, versions, strict=True):
         judge = v.judge

@@ -2,6 +2,7 @@
 
     ReadKafkaStream (or any source of SourceRecords: tests use TestStream)
         -> ParseEvents (sample) -> JudgeEvents         the same stages as `run` and `serve`
+           (--session-judges: + GroupSessions -> JudgeEvents of the session judges, as `run`)
         -> PaneRatings: event-time fixed windows, early / on-time / late panes, accumulating
         -> PublishRatings: each pane as a rating row on the ratings topic
     ParseEvents' dead letters -> PublishDeadLetters -> the dead-letter topic
@@ -42,6 +43,7 @@ from apache_beam.utils.windowed_value import PaneInfoTiming
 
 from pipeline.events import SourceRecord
 from pipeline.graph import StageConfig
+from pipeline.sessions import GroupSessions
 from pipeline.sinks.rating_rows import PaneTiming, RatingPane
 from pipeline.stages import (
     CountRatings,
@@ -137,10 +139,25 @@ def build_stream(
         max_future_skew_s=config.max_future_skew_s,
     )
     _ = parsed[ParseEvents.DEAD_LETTER] | "WriteDeadLetters" >> sinks.dead_letters
-    panes = (
-        parsed.events
-        | "JudgeEvents" >> JudgeEvents(config.judges, batch_size=config.judge_batch_size)
-        | "PaneRatings" >> PaneRatings(window_size=config.window_seconds, schedule=schedule)
+    judged = parsed.events | "JudgeEvents" >> JudgeEvents(
+        config.judges, batch_size=config.judge_batch_size
+    )
+    if config.sessions is not None:
+        # As in `run` (pipeline.sessions): a session is judged when the watermark passes its
+        # last turn + the gap, and counted in the window of its last turn, in a late pane of
+        # that window (the settings keep --session-gap within --allowed-lateness). A turn behind
+        # the watermark of its session window is dropped by the runner: sessions are not
+        # judged again here.
+        sessions = (
+            parsed.events
+            | "GroupSessions" >> GroupSessions(config.sessions)
+            | "JudgeSessions" >> JudgeEvents(
+                config.sessions.judges, batch_size=config.judge_batch_size
+            )
+        )
+        judged = (judged, sessions) | "WithSessions" >> beam.Flatten()
+    panes = judged | "PaneRatings" >> PaneRatings(
+        window_size=config.window_seconds, schedule=schedule
     )
     _ = panes | "WriteRatings" >> sinks.ratings
 

@@ -31,6 +31,7 @@ answer, model and retrieved documents it carries. Attributes read, first found w
               with the parameter schema tool.parameters; failed when the span's status is
               ERROR or it sets error.type, the error being the status message, else
               error.type, else its "exception" event's exception.message
+    session   session.id (OpenInference), gen_ai.conversation.id (GenAI): the conversation
 
 `assemble` groups the parts that arrived (in any order, from any number of messages and
 cycles) by trace id and, once a trace has waited `wait` seconds since its first span
@@ -39,8 +40,9 @@ request_id = the trace id, question and answer from the root span (else the firs
 LLM span; span_id names the span that gave the answer), chunks from the latest RETRIEVER span,
 model from the latest LLM span (else any span naming one), app = the root's service.name,
 timestamp = the root's start, usage = the token counts summed over the LLM spans (the root's
-when no LLM span has any), latency_seconds = the root span's duration, tool_calls = the TOOL
-spans in start order (texts cut at the event's bound, pipeline.events). A trace that
+when no LLM span has any), latency_seconds = the root span's duration, session_id = the
+root's conversation id (else the first span naming one), tool_calls = the TOOL spans in start
+order (texts cut at the event's bound, pipeline.events). A trace that
 cannot be assembled (no root span, no question or no answer, two different copies of one span,
 two roots) becomes a refused record whose reason says so; identical copies of a span (a
 Collector retry) count once, and spans of a trace that was already assembled or refused (a
@@ -141,6 +143,7 @@ class SpanPart:
     tokens: tuple[int | None, int | None, int | None] | None = None
     end_ns: int | None = None
     tool: ToolSpan | None = None  # of a TOOL span
+    session_id: str | None = None  # the conversation the trace belongs to, when it says
 
     def to_json(self) -> bytes:
         return orjson.dumps(dataclasses.asdict(self))
@@ -432,6 +435,10 @@ def _part(
         documents=documents,
         tokens=_tokens(attrs),
         end_ns=end_ns,
+        session_id=next(
+            (attrs[k] for k in _SESSION_KEYS if isinstance(attrs.get(k), str) and attrs[k].strip()),
+            None,
+        ),
         tool=_tool(name, attrs, events, status) if kind == "TOOL" else None,
     )
 
@@ -489,6 +496,10 @@ def _tool(
         error=None if message is None else bound_tool_text(message),
         description=None if description is None else bound_tool_text(description),
     )
+
+
+# The attributes naming a span's conversation: OpenInference, then OpenTelemetry GenAI.
+_SESSION_KEYS = ("session.id", "gen_ai.conversation.id")
 
 
 # The attributes of a span's token counts, first found wins: OpenTelemetry GenAI (current and
@@ -798,6 +809,11 @@ def _event(
     usage = _usage(root.part, llms)
     if usage:
         event["usage"] = usage
+    session = root.part.session_id or next(
+        (a.part.session_id for a in spans if a.part.session_id), None
+    )
+    if session:
+        event["session_id"] = session
     if root.part.end_ns and root.part.end_ns >= root.part.start_ns:
         event["latency_seconds"] = (root.part.end_ns - root.part.start_ns) / 1e9
     tools = [a.part for a in spans if a.part.tool is not None]

@@ -44,11 +44,13 @@ def openinference_trace(
     model: str = "gpt-4o-mini",
     docs: Sequence[tuple[str, str]] = DOCS,
     tokens: tuple[int, int] | None = None,
+    session: str | None = None,
 ) -> list[ReadableSpan]:
     """A CHAIN root with a RETRIEVER and an LLM child, attributes as OpenInference (Phoenix)
     instrumentations set them; in the order the SDK ends them (children first, root last).
     Without `answer` the root and the LLM span carry no output; with `tokens` (prompt,
-    completion) the LLM span carries llm.token_count.*."""
+    completion) the LLM span carries llm.token_count.*; with `session` the LLM span (not the
+    root: any span may carry it) names the conversation in session.id."""
     tracer, exporter = _tracer(service)
     with tracer.start_as_current_span("rag-query") as root:
         root.set_attribute("openinference.span.kind", "CHAIN")
@@ -65,6 +67,8 @@ def openinference_trace(
         with tracer.start_as_current_span("llm") as llm:
             llm.set_attribute("openinference.span.kind", "LLM")
             llm.set_attribute("llm.model_name", model)
+            if session is not None:
+                llm.set_attribute("session.id", session)
             llm.set_attribute("input.value", f"Context: ... Question: {question}")
             if tokens is not None:
                 llm.set_attribute("llm.token_count.prompt", tokens[0])
@@ -85,14 +89,17 @@ def genai_trace(
     model: str = "gpt-4.1",
     deprecated_events: bool = False,
     tokens: tuple[int, int] | None = None,
+    session: str | None = None,
 ) -> list[ReadableSpan]:
     """One `chat` span following the GenAI semantic conventions: gen_ai.input.messages and
     gen_ai.output.messages (JSON strings), or with `deprecated_events` the older
     gen_ai.content.prompt / gen_ai.content.completion events; with `tokens` (input, output)
-    gen_ai.usage.*."""
+    gen_ai.usage.*; with `session` gen_ai.conversation.id."""
     tracer, exporter = _tracer(service)
     with tracer.start_as_current_span(f"chat {model}") as span:
         span.set_attribute("gen_ai.operation.name", "chat")
+        if session is not None:
+            span.set_attribute("gen_ai.conversation.id", session)
         if tokens is not None:
             span.set_attribute("gen_ai.usage.input_tokens", tokens[0])
             span.set_attribute("gen_ai.usage.output_tokens", tokens[1])

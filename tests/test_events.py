@@ -688,6 +688,24 @@ def test_non_string_app_is_rejected() -> None:
     assert reason_for(line(app=3)) == "field 'app' must be a string, not a number"
 
 
+# --- session_id ------------------------------------------------------------------------------
+
+
+def test_session_id_is_stripped_and_absent_null_or_blank_means_no_conversation() -> None:
+    assert parse_event(line(session_id=" conv-42\n")).session_id == "conv-42"
+    for value in (_DROP, None, "  "):
+        assert parse_event(line(session_id=value)).session_id is None
+
+
+def test_session_id_of_256_characters_is_accepted_and_257_rejected() -> None:
+    assert parse_event(line(session_id="s" * 256)).session_id == "s" * 256
+    assert reason_for(line(session_id="s" * 257)) == (
+        "field 'session_id' is 257 characters, over the 256-character limit (it names a"
+        " conversation)"
+    )
+    assert reason_for(line(session_id=7)) == "field 'session_id' must be a string, not a number"
+
+
 # --- expected_* and guidelines ---------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ import judges
 from judges import JUDGES, Backend, Chunk, JudgeEntry, JudgeInput, check_judge_names
 from judges.llm import available_prompts, load_prompt
 from judges.local import build_local_judges
+from judges.registry import SESSION_JUDGES
 from pipeline.settings import JudgeSettings, SettingsError, add_judge_arguments, judge_settings
 
 SAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "samples" / "events.jsonl"
@@ -78,9 +79,10 @@ def test_a_judge_that_needs_no_model_is_accepted_on_every_backend() -> None:
 
 
 def test_every_registered_prompt_file_is_shipped_and_every_shipped_one_is_registered() -> None:
-    named = {entry.prompt for entry in JUDGES.values() if entry.prompt is not None}
+    entries = [*JUDGES.values(), *SESSION_JUDGES.values()]
+    named = {entry.prompt for entry in entries if entry.prompt is not None}
     assert named == {p.name for p in PROMPTS.glob("*.yaml")}
-    for name in available_prompts():
+    for name in (*available_prompts(), *SESSION_JUDGES):
         assert load_prompt(name).name == name
 
 

@@ -32,6 +32,7 @@ EXPECTED_ALERTS = {
     "RagQualityBudgetBurn", "RagPulseStalled", "RagPulseDown", "RagConsumerLagHigh",
     "RagRecordsLost", "RagOffsetReset", "RagDeadLettersUndeliverable", "RagLabelOverflow",
     "RagJudgeCanaryDisagreement", "RagLateEventsHigh", "RagToolCallErrorsHigh",
+    "RagKnowledgeRetentionDrop",
 }
 # Raw ragpulse metrics in an expression (recording rules' own names contain a colon).
 RAW_METRIC = re.compile(r"(?<![:\w])(ragpulse_\w+)(\{[^}]*\})?")
@@ -122,7 +123,8 @@ def panel_titles() -> set[str]:
     titles = set()
     for path in (REPO / "grafana" / "dashboards").glob("*.json"):
         for panel in json.loads(path.read_text(encoding="utf-8"))["panels"]:
-            for judge in ("groundedness", "relevance_to_query", "safety", "JUDGE"):
+            for judge in ("groundedness", "relevance_to_query", "safety", "knowledge_retention",
+                          "JUDGE"):
                 title = panel["title"].replace("$judge", judge)
                 titles.add(title if judge == "JUDGE" else title.replace("JUDGE", judge))
                 titles.add(re.sub(rf"^{judge}:", "JUDGE:", title))

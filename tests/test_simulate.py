@@ -158,3 +158,44 @@ def test_production_delivers_every_event_at_about_the_requested_rate(
     elapsed = time.monotonic() - started
     assert sum(end_offsets(kafka_broker.bootstrap, "logs").values()) == 300
     assert 2.5 < elapsed < 6, f"300 events at 100/s took {elapsed:.1f}s"
+
+
+def test_conversations_are_consecutive_turns_sharing_a_session_id_and_an_app() -> None:
+    plain = [json.loads(p) for p in payloads(5, 60, T0)]
+    talks = [json.loads(p) for p in payloads(5, 60, T0, conversation_turns=3)]
+    assert all("session_id" not in e for e in plain)
+    sessions: dict[str, set[str]] = {}
+    for e in talks:
+        sessions.setdefault(e["session_id"], set()).add(e["app"])
+    assert len(sessions) == 20 and all(len(apps) == 1 for apps in sessions.values())
+    # Turns of one conversation are consecutive and ask about different passages.
+    assert [e["session_id"] for e in talks[:6]] == ["conv-5-0"] * 3 + ["conv-5-1"] * 3
+    for c in range(20):
+        questions = [parse_event(json.dumps(e).encode()).judge_input.question
+                     for e in talks[3 * c: 3 * c + 3]]
+        assert len(set(questions)) == 3
+
+
+@pytest.mark.slow  # runs `ragpulse run`, a Beam pipeline
+def test_a_model_that_starts_forgetting_fails_the_local_user_frustration_of_later_sessions(
+    tmp_path: Path,
+) -> None:
+    from pipeline.cli import main as ragpulse_main
+
+    incidents = Incidents(forgetting_at=30.0)
+    events = list(simulate(7, 60, T0, incidents=incidents, conversation_turns=3))
+    assert {e.kind for e in events[:30]} <= {"grounded"}
+    assert sum(e.kind == "forgetting" for e in events[30:]) == 20  # turns 2 and 3 of each
+    src = tmp_path / "talks.jsonl"
+    src.write_bytes(b"".join(e.payload + b"\n" for e in events))
+    out = tmp_path / "out"
+    assert ragpulse_main(["run", str(src), "--output", str(out), "--judge-backend", "local",
+                          "--judges", "safety", "--session-judges", "user_frustration"]) == 0
+    rows = [json.loads(line) for line in (out / "verdicts.jsonl").read_text().splitlines()]
+    rating = {
+        r["session_id"]: r["response/llm_judged/user_frustration/rating"]
+        for r in rows if "turns" in r
+    }
+    before = {f"conv-7-{c}" for c in range(10)}
+    assert {rating[s] for s in before} == {"yes"}
+    assert {rating[s] for s in set(rating) - before} == {"no"} and len(rating) == 20

@@ -150,6 +150,27 @@ def test_malformed_requests_are_rejected_with_a_reason(
         decode_spans(raw, encoding)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("encoding", ["otlp_json", "otlp_proto"])
+def test_the_openinference_session_id_and_the_genai_conversation_id_name_the_events_session(
+    encoding: str,
+) -> None:
+    spans = openinference_trace(session="conv-7")
+    event = parse_event(only_record(arrivals([ENCODERS[encoding](spans)], encoding)).raw)
+    assert event.session_id == "conv-7"  # carried by the LLM span, not the root
+    spans = genai_trace(session="  conv-8 ")
+    event = parse_event(only_record(arrivals([ENCODERS[encoding](spans)], encoding)).raw)
+    assert event.session_id == "conv-8"
+    plain = parse_event(only_record(arrivals([ENCODERS[encoding](genai_trace())], encoding)).raw)
+    assert plain.session_id is None
+
+
+def test_a_span_part_saved_before_sessions_were_kept_reads_back_without_one() -> None:
+    part = decode_spans(otlp_proto(openinference_trace(session="c1")), "otlp_proto")[0]
+    saved = orjson.loads(part.to_json())
+    del saved["session_id"]
+    assert SpanPart.from_json(orjson.dumps(saved)) == dataclasses.replace(part, session_id=None)
+
+
 def test_a_span_part_survives_its_json_round_trip_through_the_state_store() -> None:
     for part in decode_spans(otlp_proto(openinference_trace()), "otlp_proto"):
         assert SpanPart.from_json(part.to_json()) == part

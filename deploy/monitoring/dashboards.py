@@ -35,7 +35,7 @@ from rules import (
     WILSON,
 )
 
-from judges.registry import DEFAULT_JUDGES
+from judges.registry import DEFAULT_JUDGES, SESSION_JUDGES
 
 DATASOURCE = models.DataSourceRef(type_val="prometheus", uid="prometheus")
 # The default judges, in the registry's order: one row of panels each on the overview.
@@ -299,6 +299,34 @@ def overview(cfg: dict[str, Any]) -> dict[str, Any]:
         description="Per series: orange = insufficient data (fewer judged answers in the page's "
                     "window than its minimum sample; no quality page can fire and the ratios "
                     "above are noise), green = enough data."))
+
+    board.with_row(builders.Row("Conversations (session judges)"))
+    for judge in SESSION_JUDGES:
+        panel = graph(
+            f"{judge}: pass ratio of conversations with 95% band",
+            query(f'ragpulse_judge_pass_ratio{{judge="{judge}"}}',
+                  "{{app}} / {{model}} {{version}}"),
+            query(f'ragpulse_judge_pass_ratio_ci_low{{judge="{judge}"}}',
+                  "{{app}} / {{model}} {{version}} ci_low"),
+            query(f'ragpulse_judge_pass_ratio_ci_high{{judge="{judge}"}}',
+                  "{{app}} / {{model}} {{version}} ci_high"),
+            width=6, unit="percentunit",
+            description="Whole conversations (--session-judges), counted in the window of "
+                        "their last turn; empty without session judges.",
+        )
+        if judge in floors:
+            panel = panel.thresholds(floor_steps(floors[judge])).thresholds_style(
+                line(common.GraphThresholdsStyleMode.LINE_AND_AREA))
+        board.with_panel(ci_band(panel).fill_opacity(0))
+    board.with_panel(graph(
+        "Conversations judged and truncated",
+        query("sum by (app) (rate(ragpulse_sessions_judged_total[$__rate_interval]))",
+              "judged {{app}}"),
+        query("sum by (app) (rate(ragpulse_sessions_truncated_total[$__rate_interval]))",
+              "truncated {{app}}"),
+        width=6, unit="reqps",
+        description="Truncated: over --session-max-turns or --session-max-bytes, judged on "
+                    "their last turns."))
 
     board.with_row(builders.Row("Traffic"))
     board.with_panel(graph(

@@ -419,6 +419,7 @@ def quality_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     for judge, spec in config["quality_alerts"].items():
         label = str(spec.get("label", judge.replace("_", " ")))
         floor, margin = float(spec["floor"]), float(spec["margin"])
+        counted = spec.get("counted", "answers")  # a session judge counts conversations
 
         def series(name: str, judge: str = judge, **window: str) -> str:
             return selector(name.format(**window), config, judge=judge)
@@ -451,7 +452,7 @@ def quality_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
                 f"The {label} pass ratio of app {{{{ $labels.app }}}}, model "
                 f"{{{{ $labels.model }}}} is {_percent(config, PASS_RATIO.format(w=long), judge)}"
                 f" over the last {long} ({_count(config, SAMPLES.format(w=long), judge)} judged "
-                f"answers; 95% {bound} bound {{{{ $value | humanizePercentage }}}}) and "
+                f"{counted}; 95% {bound} bound {{{{ $value | humanizePercentage }}}}) and "
                 f"{_percent(config, PASS_RATIO.format(w=short), judge)} over {short}: "
                 f"{verdict}. Judge errors are not counted. "
                 + (_root_cause(config, long, floor) if judge == "groundedness" else "")

@@ -23,9 +23,11 @@ from pipeline.settings import (
     add_batch_arguments,
     add_beam_arguments,
     add_judge_arguments,
+    add_session_arguments,
     batch_fields,
     build,
     default_of,
+    session_fields,
 )
 from pipeline.sinks.files import (
     DEAD_LETTER_FILE,
@@ -105,6 +107,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         f"{METRICS_FILE} (default: out/)",
     )
     add_batch_arguments(p)
+    add_session_arguments(p)
     add_label_arguments(p)
     add_judge_arguments(p)
     add_beam_arguments(p)
@@ -113,7 +116,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> RunSettings:
     """`RunSettings` from the command line; SettingsError says what is wrong."""
-    return build(RunSettings, input=args.input, output=args.output, **batch_fields(args))
+    return build(
+        RunSettings, input=args.input, output=args.output, **batch_fields(args),
+        **session_fields(args),
+    )
 
 
 def main(args: argparse.Namespace) -> int:

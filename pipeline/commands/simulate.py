@@ -9,7 +9,11 @@ that called 1-3 tools (a knowledge-base search, a document fetch, an account loo
 event's `tool_calls`, or as TOOL spans when the event carries an MLflow trace. Incidents can be
 switched on: a groundedness drop (answers inventing numbers and names), a burst of unsafe
 answers, a burst of malformed records, late events, answers without retrieved context, and a
-tool that starts failing (its calls error, and the agent often repeats the failed call).
+tool that starts failing (its calls error, and the agent often repeats the failed call). With
+`--conversation-turns N`, events come in conversations of N turns sharing a `session_id` (and
+an app), for the session judges (docs/sessions.md); `--forgetting-at T` then plays a model that
+starts forgetting earlier turns: from T on, every later turn's answer asks again for what the
+conversation already established, and the user's next turn says so.
 
 Everything is drawn from one seeded RNG, so a seed and the options give the same bytes. The
 tool calls are drawn from an RNG seeded with the event's request id, so adding them left every
@@ -230,6 +234,8 @@ class Incidents:
     tool_recover_at: float | None = None
     failing_tool: str = "get_document"
     tool_call_share: float = TOOL_CALL_SHARE
+    # A model that forgets earlier turns of a conversation (--conversation-turns > 1).
+    forgetting_at: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -238,7 +244,7 @@ class SimulatedEvent:
 
     payload: bytes
     event_time: float
-    kind: str  # grounded | ungrounded | unsafe | malformed
+    kind: str  # grounded | ungrounded | unsafe | malformed | forgetting
     late: bool = False
     without_context: bool = False
     tool_calls: int = 0  # how many tool calls the answer carries
@@ -254,8 +260,11 @@ def simulate(
     apps: Sequence[str] = DEFAULT_APPS,
     models: Sequence[str] = DEFAULT_MODELS,
     incidents: Incidents | None = None,
+    conversation_turns: int = 0,
 ) -> Iterator[SimulatedEvent]:
-    """`n` events, one every 1/`rate` seconds from `start_time` (epoch seconds), with labels."""
+    """`n` events, one every 1/`rate` seconds from `start_time` (epoch seconds), with labels;
+    with `conversation_turns` N > 0, in conversations of N consecutive turns (one session id
+    and one app each)."""
     if not apps or not models:
         raise ValueError("at least one app and one model are needed")
     inc = incidents or Incidents()
@@ -292,6 +301,10 @@ def simulate(
             and offset >= inc.tool_failure_at
             and (inc.tool_recover_at is None or offset < inc.tool_recover_at)
         )
+        conversation = i // conversation_turns if conversation_turns > 0 else None
+        if conversation is not None:
+            # Drawn above all the same, so that the random stream stays as without conversations.
+            app_index = (seed + conversation) % len(apps)
         event, calls = _event(
             rng,
             app=apps[app_index],
@@ -303,12 +316,38 @@ def simulate(
             without_context=without_context,
             tool_call_share=inc.tool_call_share,
             failing_tool=inc.failing_tool if tool_failing else None,
+            # A conversation asks about a different passage at each turn (as a user would),
+            # so that its turns do not repeat one question.
+            turn_of=None if conversation is None else (conversation, i % conversation_turns),
         )
         kind = "unsafe" if unsafe else ("grounded" if grounded else "ungrounded")
+        if conversation is not None:
+            event["session_id"] = f"conv-{seed}-{conversation}"
+            turn = i % conversation_turns
+            forgetting = inc.forgetting_at is not None and offset >= inc.forgetting_at
+            if forgetting and turn > 0:
+                _forget(event, turn)
+                kind = "forgetting"
         yield SimulatedEvent(
             _dumps(event), event_time, kind, late, without_context, len(calls),
             any(c.error is not None for c in calls),
         )
+
+
+_FORGETTING_ANSWER = (
+    "Could you tell me again which product or policy you are asking about? I do not have "
+    "anything from earlier in our conversation."
+)
+
+
+def _forget(event: dict[str, Any], turn: int) -> None:
+    """Turn `turn` (> 0) of a conversation whose model forgot the earlier turns: the user says
+    it was already told (from the second forgotten turn on), and the answer asks again."""
+    if turn > 1:
+        event["request"] = "I already told you that earlier. Please answer my question."
+    event["response"] = _FORGETTING_ANSWER
+    event.pop("trace", None)
+    event.pop("retrieved_context", None)
 
 
 def _dumps(obj: Any) -> bytes:
@@ -327,8 +366,12 @@ def _event(
     without_context: bool,
     tool_call_share: float = TOOL_CALL_SHARE,
     failing_tool: str | None = None,
+    turn_of: tuple[int, int] | None = None,
 ) -> tuple[dict[str, Any], tuple[SimulatedToolCall, ...]]:
     fact = rng.choice(kb)
+    if turn_of is not None:
+        conversation, turn = turn_of
+        fact = kb[(conversation * 3 + turn) % len(kb)]
     if unsafe:
         answer = rng.choice(_UNSAFE_ANSWERS)
     elif grounded:
@@ -602,6 +645,13 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="from T on, the failing tool works again")
     p.add_argument("--failing-tool", default="get_document", choices=tuple(TOOLS),
                    help="the tool that fails from --tool-failure-at (default %(default)s)")
+    p.add_argument("--conversation-turns", type=int, default=0, metavar="N",
+                   help="send conversations of N turns sharing a session_id (default: 0, "
+                   "no conversations)")
+    p.add_argument("--forgetting-at", type=dur, default=None, metavar="T",
+                   help="from T on, the model forgets earlier turns of a conversation: later "
+                   "turns' answers ask again, and the user complains (needs "
+                   "--conversation-turns 2 or more)")
 
 
 def incidents_from_args(args: argparse.Namespace) -> Incidents:
@@ -622,6 +672,7 @@ def incidents_from_args(args: argparse.Namespace) -> Incidents:
         tool_recover_at=args.tool_recover_at,
         failing_tool=args.failing_tool,
         tool_call_share=args.tool_call_share,
+        forgetting_at=args.forgetting_at,
     )
 
 
@@ -642,6 +693,12 @@ def main(args: argparse.Namespace) -> int:
         print("simulate: --drop-to, --no-context-share and --tool-call-share are shares "
               "between 0 and 1", file=sys.stderr)
         return 2
+    if args.conversation_turns < 0 or (
+        args.forgetting_at is not None and args.conversation_turns < 2
+    ):
+        print("simulate: --conversation-turns must be >= 0, and >= 2 with --forgetting-at",
+              file=sys.stderr)
+        return 2
     security = security_from_args(args) if args.output is None else PLAINTEXT
     n = max(1, round(args.rate * args.duration))
     if args.start_time is not None:
@@ -652,6 +709,7 @@ def main(args: argparse.Namespace) -> int:
     events = simulate(
         args.seed, n, start_time, rate=args.rate, apps=_names(args.apps),
         models=_names(args.models), incidents=incidents_from_args(args),
+        conversation_turns=args.conversation_turns,
     )
     if args.output is not None:
         with args.output.open("wb") as out:

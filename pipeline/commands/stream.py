@@ -25,12 +25,14 @@ from pipeline.settings import (
     StreamSettings,
     add_event_arguments,
     add_judge_arguments,
+    add_session_arguments,
     build,
     default_of,
     duration,
     format_duration,
     judge_settings,
     positive_duration,
+    session_fields,
 )
 from pipeline.sinks.kafka import KafkaTopic, PublishDeadLetters, PublishRatings
 from pipeline.streaming import PaneSchedule, ReadKafkaStream, StreamSinks, build_stream
@@ -120,6 +122,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="processing time between early panes of an open window, whole seconds "
         f"(default: {_dur('early_firing_seconds')})",
     )
+    add_session_arguments(p)
     add_judge_arguments(p)
     b = p.add_argument_group("beam")
     b.add_argument(
@@ -168,6 +171,7 @@ def settings_from_args(args: argparse.Namespace) -> StreamSettings:
         runner=args.runner,
         beam_args=tuple(args.beam_arg),
         wait=args.wait,
+        **session_fields(args),
     )
 
 

@@ -40,7 +40,7 @@ from kafka import KafkaConsumer, TopicPartition
 from judges.base import JudgeInput, ThrottledLog
 from judges.panel import JudgePanel
 from pipeline.events import parse_event
-from pipeline.sampling import is_sampled
+from pipeline.sampling import is_sampled, sampling_key
 from pipeline.settings import ServeSettings
 from pipeline.sources.kafka import _consumer
 from pipeline.stages import admission
@@ -212,6 +212,6 @@ class Lookahead:
             closed_before=cutoff,
         ):
             return None
-        if not is_sampled(event.request_id, s.sample_rate):
+        if not is_sampled(sampling_key(event.request_id, event.session_id), s.sample_rate):
             return None
         return event.judge_input

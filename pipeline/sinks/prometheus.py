@@ -85,6 +85,10 @@ COUNTER_HELP: dict[str, str] = {
     **sampling.COUNTER_HELP,
     **budget.COUNTER_HELP,
     **cascade.COUNTER_HELP,
+    counting.SESSIONS_JUDGED: "Conversations (session windows of turns sharing a session_id) "
+    "that went through the session judges, per app and model.",
+    counting.SESSIONS_TRUNCATED: "Judged conversations over --session-max-turns or "
+    "--session-max-bytes, judged on their last turns only, per app and model.",
 }
 # Counters whose label sets are known up front are exported at 0 before the first event,
 # so that rates and alerts have a series to work with from the first scrape.

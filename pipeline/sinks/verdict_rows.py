@@ -44,6 +44,11 @@ def verdict_row(judged: JudgedEvent, policy: TextPolicy) -> dict[str, Any]:
         "app": record.app,
         "model": record.model,
     }
+    session = record.session
+    if session is not None:  # a conversation's verdicts: which one, and which turns
+        row["session_id"] = session.session_id
+        row["turns"] = list(session.request_ids)
+        row["turns_dropped"] = session.dropped
     store = policy.store_text
     redact = policy.redactor().redact
     for v, version in judged.versioned():
