@@ -411,9 +411,24 @@ SLOW_DROP = """
     $samples_long >= $min_samples
 """
 
+# With stratified sampling or a judge budget, the judged sample is not all traffic: a stratum
+# judged at rate 1 can keep the sample's ratio above the floor while the rest of the traffic,
+# judged at 5 %, is below it. The weighted path warns on the estimate for all traffic (1/rate
+# weights summed over the strata; no Wilson bound, whose n would not be the weights' sum), with
+# as many judged answers in the long window as the slow path asks. Without rules or a budget
+# the weighted series do not exist, and this path never fires.
+WEIGHTED_DROP = """
+    $weighted_long < $floor
+    and on ($by)
+    $weighted_short < $floor
+    and on ($by)
+    $samples_long >= $min_samples
+"""
+
 
 def quality_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Drop alerts for each judge in ``quality_alerts``: a fast page and a slow warning."""
+    """Drop alerts for each judge in ``quality_alerts``: a fast page, a slow warning and a
+    warning on the weighted ratio of all traffic (stratified sampling, a judge budget)."""
     win = config["windows"]
     alerts: list[dict[str, Any]] = []
     for judge, spec in config["quality_alerts"].items():
@@ -435,6 +450,11 @@ def quality_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
                       lower_short=series(WILSON, side="lower", w=slow_s),
                       samples_long=series(SAMPLES, w=slow_l),
                       min_samples=int(spec["slow"]["min_samples"]))
+        weighted = promql(WEIGHTED_DROP, by=by(config), floor=f"{floor:g}",
+                          weighted_long=series(WEIGHTED_PASS_RATIO, w=slow_l),
+                          weighted_short=series(WEIGHTED_PASS_RATIO, w=slow_s),
+                          samples_long=series(SAMPLES, w=slow_l),
+                          min_samples=int(spec["slow"]["min_samples"]))
         baseline = (f"confidently below the floor {_pct(floor)} or more than {_pct(margin)} "
                     f"below the {win['baseline']} baseline "
                     f"({_percent(config, PASS_RATIO.format(w=win['baseline']), judge)})")
@@ -457,6 +477,21 @@ def quality_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
                 + _explain_hint(judge),
                 window=path,
             ))
+        alerts.append(_alert(
+            config, spec["alert"], weighted, spec["slow"],
+            f"{label.capitalize()} of all traffic of {{{{ $labels.app }}}} / "
+            f"{{{{ $labels.model }}}} may be below its floor.",
+            f"The {label} pass ratio of all traffic of app {{{{ $labels.app }}}}, model "
+            f"{{{{ $labels.model }}}}, estimated from verdicts weighted by 1 / sample rate, is "
+            f"{{{{ $value | humanizePercentage }}}} over the last {slow_l} and "
+            f"{_percent(config, WEIGHTED_PASS_RATIO.format(w=slow_s), judge)} over {slow_s} "
+            f"({_count(config, SAMPLES.format(w=slow_l), judge)} judged answers; the judged "
+            f"sample's own ratio is {_percent(config, PASS_RATIO.format(w=slow_l), judge)}): "
+            f"below the floor {_pct(floor)}. Strata judged at a low rate carry most of the "
+            "estimate: ragpulse_judge_verdicts_weighted_total by stratum shows which. "
+            + _explain_hint(judge),
+            window="weighted",
+        ))
     return alerts
 
 
