@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from string import Template
 from typing import Any
 
+from pipeline import metrics_catalogue as catalogue
+
 # Recording rule names (level:metric:operation); {w} is the range window, e.g. 5m.
 VERDICTS = "judge_app_model:ragpulse_judge_verdicts:increase{w}"  # every verdict, errors too
 SAMPLES = "judge_app_model:ragpulse_judge_samples:increase{w}"  # judged: yes + no
@@ -141,7 +143,7 @@ BURN = """
 def _verdict_rules(config: Mapping[str, Any], w: str) -> dict[str, dict[str, Any]]:
     """Counts and ratios of the verdict counter over window ``w``, by record name template."""
     def verdicts(*matchers: str) -> str:
-        return selector("ragpulse_judge_verdicts_total", config, *matchers)
+        return selector(catalogue.VERDICTS, config, *matchers)
 
     judged, common = verdicts('rating=~"yes|no"'), {"by": by(config), "window": w}
     exprs = {
@@ -159,7 +161,7 @@ def _verdict_rules(config: Mapping[str, Any], w: str) -> dict[str, dict[str, Any
 
 def _weighted_rule(config: Mapping[str, Any], w: str) -> dict[str, Any]:
     def weighted(*matchers: str) -> str:
-        return selector("ragpulse_judge_verdicts_weighted_total", config, *matchers)
+        return selector(catalogue.WEIGHTED_VERDICTS, config, *matchers)
 
     return {"record": WEIGHTED_PASS_RATIO.format(w=w), "expr": promql(
         RATE_RATIO, numerator=weighted('rating="yes"'), denominator=weighted('rating=~"yes|no"'),
@@ -197,7 +199,7 @@ def _canary_rules(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     w = str(config["canaries"]["window"])
 
     def canaries(*matchers: str) -> str:
-        return selector("ragpulse_canary_verdicts_total", config, *matchers)
+        return selector(catalogue.CANARY_VERDICTS, config, *matchers)
 
     graded, common = canaries('outcome=~"agree|disagree"'), {"by": by(config, "judge"), "window": w}
     return [
@@ -244,21 +246,21 @@ def _root_cause_rules(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Retrieval volume and quality, and groundedness where the context was sufficient, per app
     and model; then, per drop-alert window, whether retrieval changed against the baseline."""
     app_model = by(config, "app", "model")
-    judged = selector("ragpulse_events_judged_total", config)
+    judged = selector(catalogue.EVENTS_JUDGED, config)
     with_context = 'context="sufficient"'
 
     def grounded(*matchers: str) -> str:
-        return selector("ragpulse_groundedness_by_context_total", config, with_context, *matchers)
+        return selector(catalogue.GROUNDED_BY_CONTEXT, config, with_context, *matchers)
 
     rules: list[dict[str, Any]] = []
     for w in root_cause_windows(config):
         common = {"by": app_model, "window": w}
         rules += [
             {"record": CHUNKS_PER_ANSWER.format(w=w), "expr": promql(
-                RATE_RATIO, numerator=selector("ragpulse_retrieved_chunks_total", config),
+                RATE_RATIO, numerator=selector(catalogue.RETRIEVED_CHUNKS, config),
                 denominator=judged, **common)},
             {"record": NO_CONTEXT.format(w=w), "expr": promql(
-                RATE_RATIO, numerator=selector("ragpulse_events_without_context_total", config),
+                RATE_RATIO, numerator=selector(catalogue.WITHOUT_CONTEXT, config),
                 denominator=judged, **common)},
             {"record": GROUNDED_WITH_CONTEXT.format(w=w), "expr": promql(
                 RATE_RATIO, numerator=grounded('rating="yes"'),
@@ -703,21 +705,21 @@ def judge_errors_alert(config: Mapping[str, Any]) -> dict[str, Any]:
 # Counters that must not move, the labels that say where, and what it means.
 LOSS_COUNTERS: dict[str, tuple[str, tuple[str, ...], str, str]] = {
     "RagRecordsLost": (
-        "ragpulse_records_lost_total", ("topic", "reason"),
+        catalogue.RECORDS_LOST, ("topic", "reason"),
         "ragpulse skipped records of topic {{ $labels.topic }} without judging them.",
         "Records of topic {{ $labels.topic }} were skipped without being judged (reason "
         "{{ $labels.reason }}; retention: deleted before they were read, topic_reset: jumped "
         "over by --on-offset-reset latest), so the quality figures miss them.",
     ),
     "RagOffsetReset": (
-        "ragpulse_offset_resets_total", ("topic", "kind"),
+        catalogue.OFFSET_RESETS, ("topic", "kind"),
         "ragpulse reset its Kafka offset on topic {{ $labels.topic }}.",
         "Saved offsets of topic {{ $labels.topic }} were outside their partition "
         "({{ $labels.kind }}: the topic was recreated, truncated or emptied, or retention ran "
         "ahead of serve); --on-offset-reset decided where reading went on.",
     ),
     "RagDeadLettersUndeliverable": (
-        "ragpulse_dead_letters_undeliverable_total", ("topic",),
+        catalogue.UNDELIVERABLE, ("topic",),
         "ragpulse could not deliver records to {{ $labels.topic }}.",
         "Dead letters or verdict rows meant for topic {{ $labels.topic }} were dropped: the "
         "broker refused them for good or did not acknowledge them within "
@@ -725,7 +727,7 @@ LOSS_COUNTERS: dict[str, tuple[str, tuple[str, ...], str, str]] = {
         "verdicts) are gone.",
     ),
     "RagLabelOverflow": (
-        "ragpulse_label_overflow_total", ("label",),
+        catalogue.LABEL_OVERFLOW, ("label",),
         "Judged events were counted under {{ $labels.label }} \"other\".",
         "Judged events whose {{ $labels.label }} was beyond --max-label-values or not in "
         "--allowed-apps/--allowed-models were counted under \"other\": their quality is "
@@ -776,8 +778,8 @@ def pipeline_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     st, lag, job = config["stall"], config["consumer_lag"], config["job"]
     late = config["late_events"]
     up = selector("up", config)
-    window_end = selector("ragpulse_last_complete_window_end_timestamp_seconds", config)
-    heartbeat = selector("ragpulse_heartbeat_timestamp_seconds", config)
+    window_end = selector(catalogue.LAST_COMPLETE_WINDOW_END, config)
+    heartbeat = selector(catalogue.HEARTBEAT, config)
     return [
         _alert(
             config, "RagPulseStalled",
@@ -809,7 +811,7 @@ def pipeline_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
         _alert(
             config, "RagConsumerLagHigh",
             promql(CONSUMER_LAG, by=by(config, "topic"), max_records=int(lag["max_records"]),
-                   lag=selector("ragpulse_consumer_lag", config)),
+                   lag=selector(catalogue.CONSUMER_LAG, config)),
             lag,
             "ragpulse is falling behind topic {{ $labels.topic }}.",
             'ragpulse is {{ $value | printf "%.0f" }} records behind on topic '
@@ -820,8 +822,8 @@ def pipeline_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
             config, "RagLateEventsHigh",
             promql(LATE_SHARE, by=", ".join(config["deployment_labels"]), window=late["window"],
                    max_share=late["max_share"], min_events=int(late["min_events"]),
-                   late=selector("ragpulse_late_events_total", config),
-                   accepted=selector("ragpulse_events_total", config, 'outcome="accepted"')),
+                   late=selector(catalogue.LATE_EVENTS, config),
+                   accepted=selector(catalogue.EVENTS, config, 'outcome="accepted"')),
             late,
             "ragpulse is counting events as late.",
             f"{{{{ $value | humanizePercentage }}}} of the events read in the last "

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline import counting
+from pipeline import metrics_catalogue as catalogue
 from pipeline.calibration import by_judge
 from pipeline.config_sources import add_config_arguments
 from pipeline.service.labels import LabelBudget, add_label_arguments
@@ -148,9 +149,9 @@ def summary(result: GraphResult, out_dir: Path, elapsed: float, read: str = "lin
     weighted ratio, the estimate for all events.
     """
     c = result.counts
-    accepted = c[counting.key("ragpulse_events_total", outcome="accepted")]
-    invalid = c[counting.key("ragpulse_events_total", outcome="invalid")]
-    sampled = c[counting.key("ragpulse_events_sampled_total")]
+    accepted = c[counting.key(catalogue.EVENTS, outcome="accepted")]
+    invalid = c[counting.key(catalogue.EVENTS, outcome="invalid")]
+    sampled = c[counting.key(catalogue.EVENTS_SAMPLED)]
     judges = sorted({k.judge for k in result.windows})
     rows: dict[tuple[float, str, str], dict[str, str]] = {}
     for key, counts in result.windows.items():
