@@ -31,9 +31,8 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import openai
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from judges.base import ErrorCause, ThrottledLog
@@ -51,6 +50,12 @@ from judges.retry import (
     over_budget_note,
     parse_retry_after,
 )
+
+# The client library is imported where a call is made or fails, not with the judges: every
+# command's settings (and a refused flag's one-line error) load this module, and importing
+# openai takes most of a second.
+if TYPE_CHECKING:
+    import openai
 
 log = logging.getLogger(__name__)
 
@@ -294,6 +299,8 @@ def _failure_from(
     exc: BaseException, now: float, scrub: Callable[[str], str]
 ) -> CallFailure | None:
     """Map a client exception to a library-neutral failure (None: not a call failure)."""
+    import openai
+
     if isinstance(exc, openai.APITimeoutError | TimeoutError):
         return CallFailure("timeout")
     if isinstance(exc, openai.APIConnectionError):
@@ -470,6 +477,8 @@ class OpenAIJudgeEndpoint:
     def _loop_state(self) -> _LoopState:
         loop = asyncio.get_running_loop()
         if self._state is None or self._state.loop is not loop:
+            import openai
+
             client = openai.AsyncOpenAI(
                 base_url=self.base_url,
                 api_key=self._api_key,

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 # so that they can stop retrying, waiting for a quota or sleeping on a Retry-After that would
 # outlast the batch, and report why themselves.
 _BATCH_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "ragpulse_batch_deadline", default=None
+    "judges.panel.batch_deadline", default=None
 )
 
 # How long after the deadline the panel waits for judges to report on their own (with their

@@ -47,6 +47,7 @@ from typing import Any
 
 from judges.yaml_file import YamlFileError, load_yaml
 from pipeline import counting
+from pipeline import metrics_catalogue as catalogue
 from pipeline.errors import SettingsError
 from pipeline.sampling import SAMPLED, SEEN, SPEND, SamplingPlan, to_micros
 
@@ -61,21 +62,9 @@ __all__ = [
     "spend_of",
 ]
 
-TOKENS = "ragpulse_judge_tokens_total"
+TOKENS = catalogue.TOKENS
 # Judged events of the first cycle of a process, before any spend per event is known.
 PROBE_EVENTS = 32
-
-GAUGE_HELP = {
-    "ragpulse_judge_budget_per_hour": "The judge budget per clock hour (--judge-budget-per-hour), "
-    "in tokens, or in the currency of --judge-price-table.",
-    "ragpulse_judge_budget_spent_this_hour": "Judge spend in the current clock hour, in the "
-    "budget's unit (saved in the state file: restarts within the hour go on from it).",
-    "ragpulse_judge_sample_factor": "The budget governor's factor on every sampling stratum's "
-    "rate in the last cycle (1: not limited; rates never go below --judge-min-sample-rate).",
-}
-COUNTER_HELP = {
-    SPEND: "Judge spend in the budget's unit (tokens, or the price table's currency), by unit.",
-}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -239,9 +228,9 @@ class BudgetGovernor:
     def gauges(self) -> dict[str, float]:
         self._roll_hour()
         return {
-            "ragpulse_judge_budget_per_hour": self.settings.per_hour,
-            "ragpulse_judge_budget_spent_this_hour": self.spent_this_hour,
-            "ragpulse_judge_sample_factor": self.factor,
+            catalogue.BUDGET_PER_HOUR: self.settings.per_hour,
+            catalogue.BUDGET_SPENT_THIS_HOUR: self.spent_this_hour,
+            catalogue.SAMPLE_FACTOR: self.factor,
         }
 
     def _roll_hour(self) -> None:

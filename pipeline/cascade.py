@@ -40,19 +40,12 @@ from judges.base import JudgeInput, Verdict
 from judges.local import build_local_judges
 from judges.panel import JudgePanel
 from pipeline import counting
+from pipeline import metrics_catalogue as catalogue
 from pipeline.errors import SettingsError
 from pipeline.sampling import sample_point
 
-AGREEMENT = "ragpulse_cascade_agreement_total"
-UNSURE = "ragpulse_cascade_llm_unsure_total"
-COUNTER_HELP = {
-    AGREEMENT: "Events both the local and the LLM judge rated yes or no in the judge cascade, "
-    "by judge, whether they agreed, and why the LLM ran (sample: the --cascade-llm-sample-rate "
-    "share, an estimate for all traffic; uncertain: the local rating was near its threshold).",
-    UNSURE: "LLM verdicts of the judge cascade whose P(yes) (--judge-logprobs) is within "
-    "--cascade-uncertainty-band of 0.5: events neither tier is sure of, by judge and why the "
-    "LLM ran.",
-}
+AGREEMENT = catalogue.CASCADE_AGREEMENT
+UNSURE = catalogue.CASCADE_UNSURE
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

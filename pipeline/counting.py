@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 
 import orjson
 
+from pipeline import metrics_catalogue as catalogue
+
 Labels = tuple[tuple[str, str], ...]
 CounterKey = tuple[str, Labels]
 Counts = Counter[CounterKey]
@@ -38,41 +40,41 @@ LATENCY_BUCKETS: tuple[float, ...] = (
 )
 # The Beam metric namespace of counters that become Prometheus counters.
 COUNTER_NAMESPACE = "ragpulse"
-VERDICTS = "ragpulse_judge_verdicts_total"
+VERDICTS = catalogue.VERDICTS
 # Judges not run on an event that lacks their required field (`missing`: the input names).
-SKIPPED = "ragpulse_judge_skipped_total"
+SKIPPED = catalogue.SKIPPED
 # Verdicts of ensembles (judges.ensemble) by their members' agreement.
-ENSEMBLE_VOTES = "ragpulse_judge_ensemble_votes_total"
+ENSEMBLE_VOTES = catalogue.ENSEMBLE_VOTES
 # Scores of judges on a graded scale, exported as the summary `ragpulse_judge_score`
 # (_sum and _count); the sum is kept in thousandths so that it adds up as an integer.
-SCORE_COUNT = "ragpulse_judge_score_count"
-SCORE_SUM_MILLI = "ragpulse_judge_score_sum_milli"
+SCORE_COUNT = catalogue.SCORE_COUNT
+SCORE_SUM_MILLI = catalogue.SCORE_SUM_MILLI
 
 
 def milli(score: float) -> int:
     """A score in thousandths (how score sums are counted)."""
     return round(score * 1000)
 # Groundedness verdicts by the context_sufficiency verdict of the same answer.
-GROUNDED_BY_CONTEXT = "ragpulse_groundedness_by_context_total"
+GROUNDED_BY_CONTEXT = catalogue.GROUNDED_BY_CONTEXT
 # OpenMetrics caps an exemplar's label names and values at 128 characters together; Prometheus
 # drops a longer one.
 EXEMPLAR_LABEL = "request_id"
 MAX_EXEMPLAR_REQUEST_ID_CHARS = 128 - len(EXEMPLAR_LABEL)
-LATENCY_BUCKET = "ragpulse_judge_latency_seconds_bucket"  # non-cumulative count per `le`
-LATENCY_SUM_US = "ragpulse_judge_latency_seconds_sum_us"
-LATENCY_COUNT = "ragpulse_judge_latency_seconds_count"
+LATENCY_BUCKET = catalogue.LATENCY_BUCKET  # non-cumulative count per `le`
+LATENCY_SUM_US = catalogue.LATENCY_SUM_US
+LATENCY_COUNT = catalogue.LATENCY_COUNT
 
 
 # The chatbot's own cost and latency, per app and model (pipeline.events.AgentUsage), for every
 # accepted event: Agent Evaluation's agent/input_token_count, output and total.
-AGENT_INPUT_TOKENS = "ragpulse_agent_input_tokens_total"
-AGENT_OUTPUT_TOKENS = "ragpulse_agent_output_tokens_total"
-AGENT_TOTAL_TOKENS = "ragpulse_agent_total_tokens_total"
+AGENT_INPUT_TOKENS = catalogue.AGENT_INPUT_TOKENS
+AGENT_OUTPUT_TOKENS = catalogue.AGENT_OUTPUT_TOKENS
+AGENT_TOTAL_TOKENS = catalogue.AGENT_TOTAL_TOKENS
 # Events that gave token counts: the denominator of tokens per answer.
-AGENT_USAGE_EVENTS = "ragpulse_agent_usage_events_total"
-AGENT_LATENCY_BUCKET = "ragpulse_agent_latency_seconds_bucket"  # non-cumulative count per `le`
-AGENT_LATENCY_SUM_US = "ragpulse_agent_latency_seconds_sum_us"
-AGENT_LATENCY_COUNT = "ragpulse_agent_latency_seconds_count"
+AGENT_USAGE_EVENTS = catalogue.AGENT_USAGE_EVENTS
+AGENT_LATENCY_BUCKET = catalogue.AGENT_LATENCY_BUCKET  # non-cumulative count per `le`
+AGENT_LATENCY_SUM_US = catalogue.AGENT_LATENCY_SUM_US
+AGENT_LATENCY_COUNT = catalogue.AGENT_LATENCY_COUNT
 # Upper bounds of the chatbot latency histogram, in seconds: an answer takes 0.1 s to minutes.
 AGENT_LATENCY_BUCKETS: tuple[float, ...] = (
     0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 20.0, 30.0, 60.0, 120.0,
@@ -135,5 +137,5 @@ class FailingExample:
 
 
 # Conversations (pipeline.sessions): judged, and judged on their last turns only.
-SESSIONS_JUDGED = "ragpulse_sessions_judged_total"
-SESSIONS_TRUNCATED = "ragpulse_sessions_truncated_total"
+SESSIONS_JUDGED = catalogue.SESSIONS_JUDGED
+SESSIONS_TRUNCATED = catalogue.SESSIONS_TRUNCATED

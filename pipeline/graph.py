@@ -41,6 +41,7 @@ from apache_beam.runners.worker import sdk_worker
 
 from judges import JudgeSpec
 from pipeline import counting
+from pipeline import metrics_catalogue as catalogue
 from pipeline.cascade import CascadeSettings
 from pipeline.errors import SettingsError
 from pipeline.sampling import SamplingPlan, WeightedCounts
@@ -130,7 +131,7 @@ class GraphResult:
 
     @property
     def dead_letters(self) -> int:
-        return self.counts[counting.key("ragpulse_dead_letters_total")]
+        return self.counts[counting.key(catalogue.DEAD_LETTERS)]
 
 
 def is_failing(judged: JudgedEvent) -> bool:

@@ -50,6 +50,7 @@ from typing import Any
 
 from judges.yaml_file import YamlFileError, load_yaml
 from pipeline import counting
+from pipeline import metrics_catalogue as catalogue
 
 _SCALE = float(2**64)
 
@@ -99,25 +100,15 @@ _NAME = re.compile(r"^[a-z0-9_]{1,64}$")
 _RULE_KEYS = {"name", "when", "rate"}
 _FILE_KEYS = {"rules", "default_rate"}
 
-WEIGHTED_VERDICTS = "ragpulse_judge_verdicts_weighted_total"
-SEEN = "ragpulse_seen_events_total"
-SAMPLED = "ragpulse_sampled_events_total"
-WEIGHTS = "ragpulse_sample_weights_total"
-SPEND = "ragpulse_judge_spend_total"  # the budget governor's (pipeline.budget)
+WEIGHTED_VERDICTS = catalogue.WEIGHTED_VERDICTS
+SEEN = catalogue.SEEN
+SAMPLED = catalogue.SAMPLED
+WEIGHTS = catalogue.WEIGHTS
+SPEND = catalogue.SPEND  # the budget governor's (pipeline.budget)
 # Counters saved in millionths of a unit and exported divided by MICRO.
 MICRO = 1_000_000
 MICRO_COUNTERS = frozenset({WEIGHTED_VERDICTS, WEIGHTS, SPEND})
 
-COUNTER_HELP = {
-    WEIGHTED_VERDICTS: "Judge verdicts weighted by 1 / the sample rate of the event's stratum: "
-    "estimated verdicts in all traffic, by judge, rating, stratum, app and model. The weighted "
-    "pass ratio, yes / (yes + no) of these, is an unbiased estimate of the population's.",
-    SEEN: "Accepted, on-time events by sampling stratum (the first matching --sampling-rules "
-    "rule, or default), judged or not.",
-    SAMPLED: "Events kept for judging, by sampling stratum.",
-    WEIGHTS: "Summed weights (1 / sample rate) of the events kept, by sampling stratum; "
-    "it estimates ragpulse_seen_events_total of the stratum.",
-}
 
 
 class SamplingRulesError(ValueError):

@@ -34,6 +34,7 @@ from judges import JudgeSpec, shared_panel
 from judges.base import RATINGS, Verdict
 from judges.ensemble import agreement
 from pipeline import counting, sampling
+from pipeline import metrics_catalogue as catalogue
 from pipeline.cascade import CascadePanel, CascadeSettings
 from pipeline.counting import COUNTER_NAMESPACE
 from pipeline.events import InferenceRecord, InvalidEvent, Rejected, SourceRecord, parse_event
@@ -90,11 +91,11 @@ class _Counters:
         counter.inc(n)
 
 
-EVENTS_ACCEPTED = counting.key("ragpulse_events_total", outcome="accepted")
-EVENTS_INVALID = counting.key("ragpulse_events_total", outcome="invalid")
-EVENTS_SAMPLED = counting.key("ragpulse_events_sampled_total")
-LATE_EVENTS = counting.key("ragpulse_late_events_total")
-DEAD_LETTERS = counting.key("ragpulse_dead_letters_total")
+EVENTS_ACCEPTED = counting.key(catalogue.EVENTS, outcome="accepted")
+EVENTS_INVALID = counting.key(catalogue.EVENTS, outcome="invalid")
+EVENTS_SAMPLED = counting.key(catalogue.EVENTS_SAMPLED)
+LATE_EVENTS = counting.key(catalogue.LATE_EVENTS)
+DEAD_LETTERS = counting.key(catalogue.DEAD_LETTERS)
 LATEST_EVENT_TIME_PREFIX = "event_time_ms:"
 
 
@@ -497,11 +498,11 @@ def _counter_key(k: tuple[Any, ...], backend: str) -> counting.CounterKey:
     """The Prometheus counter key of one `_tally` entry."""
     match k:
         case ("judged", app, model):
-            return counting.key("ragpulse_events_judged_total", app=app, model=model)
+            return counting.key(catalogue.EVENTS_JUDGED, app=app, model=model)
         case ("chunks", app, model):
-            return counting.key("ragpulse_retrieved_chunks_total", app=app, model=model)
+            return counting.key(catalogue.RETRIEVED_CHUNKS, app=app, model=model)
         case ("without_context", app, model):
-            return counting.key("ragpulse_events_without_context_total", app=app, model=model)
+            return counting.key(catalogue.WITHOUT_CONTEXT, app=app, model=model)
         case ("verdict", judge, version, rating, app, model):
             return counting.key(counting.VERDICTS, judge=judge, version=version, rating=rating,
                                 app=app, model=model)
@@ -518,17 +519,17 @@ def _counter_key(k: tuple[Any, ...], backend: str) -> counting.CounterKey:
             return counting.key(counting.ENSEMBLE_VOTES, judge=judge, version=version,
                                 agreement=agreed)
         case ("calls", judge):
-            return counting.key("ragpulse_judge_calls_total", judge=judge, backend=backend)
+            return counting.key(catalogue.JUDGE_CALLS, judge=judge, backend=backend)
         case ("error", judge, cause):
-            return counting.key("ragpulse_judge_errors_total", judge=judge, cause=cause)
+            return counting.key(catalogue.JUDGE_ERRORS, judge=judge, cause=cause)
         case ("prompt_tokens", judge):
-            return counting.key("ragpulse_judge_tokens_total", judge=judge, kind="prompt")
+            return counting.key(catalogue.TOKENS, judge=judge, kind="prompt")
         case ("completion_tokens", judge):
-            return counting.key("ragpulse_judge_tokens_total", judge=judge, kind="completion")
+            return counting.key(catalogue.TOKENS, judge=judge, kind="completion")
         case ("cached_prompt_tokens", judge):
-            return counting.key("ragpulse_judge_tokens_total", judge=judge, kind="cached_prompt")
+            return counting.key(catalogue.TOKENS, judge=judge, kind="cached_prompt")
         case ("cache_hit", judge):
-            return counting.key("ragpulse_judge_cache_hits_total", judge=judge)
+            return counting.key(catalogue.CACHE_HITS, judge=judge)
         case ("latency_bucket", judge, le):
             return counting.key(counting.LATENCY_BUCKET, judge=judge, le=le)
         case ("latency_count", judge):

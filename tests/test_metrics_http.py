@@ -26,7 +26,8 @@ from certs import make_ca, make_leaf
 from cli import one_line_error
 
 from pipeline import cli
-from pipeline.commands.serve import TopicWatcher, serve_http, settings_from_args
+from pipeline.commands.serve import serve_http, settings_from_args
+from pipeline.service.loop import TopicWatcher
 from pipeline.sinks.prometheus_http import (
     MetricsHTTPServer,
     WebConfig,

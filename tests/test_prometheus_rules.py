@@ -92,6 +92,15 @@ def test_there_are_promtool_unit_tests_for_every_alert() -> None:
     assert tested >= EXPECTED_ALERTS
 
 
+def test_every_promtool_file_has_a_case_where_an_alert_fires() -> None:
+    # A file whose alert cases all expect silence would still pass if every alert broke.
+    for path in PROMTOOL_TESTS:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        firing = [case for test in document["tests"] for case in test.get("alert_rule_test", [])
+                  if case.get("exp_alerts")]
+        assert firing, f"{path.name}: no alert_rule_test case expects an alert to fire"
+
+
 def test_every_expected_alert_exists_with_for_severity_and_annotations() -> None:
     found = {rule["alert"] for rule in alerts()}
     assert found == EXPECTED_ALERTS

@@ -36,6 +36,7 @@ from rules import (
 )
 
 from judges.registry import DEFAULT_JUDGES, SESSION_JUDGES
+from pipeline import metrics_catalogue as catalogue
 
 DATASOURCE = models.DataSourceRef(type_val="prometheus", uid="prometheus")
 # The default judges, in the registry's order: one row of panels each on the overview.
@@ -245,11 +246,9 @@ def overview(cfg: dict[str, Any]) -> dict[str, Any]:
                     "score); their pass ratio is the share at or above the pass score."))
     board.with_panel(graph(
         "Pass ratio corrected for judge error (calibrated judges)",
-        query("ragpulse_judge_pass_ratio_corrected", "{{judge}} {{app}} / {{model}} {{version}}"),
-        query("ragpulse_judge_pass_ratio_corrected_ci_low",
-              "{{judge}} {{app}} / {{model}} {{version}} ci_low"),
-        query("ragpulse_judge_pass_ratio_corrected_ci_high",
-              "{{judge}} {{app}} / {{model}} {{version}} ci_high"),
+        *(query(f"{catalogue.WINDOW_PREFIX}pass_ratio_corrected{part}",
+                f"{{{{judge}}}} {{{{app}}}} / {{{{model}}}} {{{{version}}}}{legend}")
+          for part, legend in (("", ""), ("_ci_low", " ci_low"), ("_ci_high", " ci_high"))),
         unit="percentunit",
         description="The latest complete window's pass ratio corrected for the judge's "
                     "sensitivity and specificity (Rogan-Gladen, --judge-calibration), with a "

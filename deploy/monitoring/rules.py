@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from string import Template
 from typing import Any
 
+from pipeline import metrics_catalogue as catalogue
+
 # Recording rule names (level:metric:operation); {w} is the range window, e.g. 5m.
 VERDICTS = "judge_app_model:ragpulse_judge_verdicts:increase{w}"  # every verdict, errors too
 SAMPLES = "judge_app_model:ragpulse_judge_samples:increase{w}"  # judged: yes + no
@@ -141,7 +143,7 @@ BURN = """
 def _verdict_rules(config: Mapping[str, Any], w: str) -> dict[str, dict[str, Any]]:
     """Counts and ratios of the verdict counter over window ``w``, by record name template."""
     def verdicts(*matchers: str) -> str:
-        return selector("ragpulse_judge_verdicts_total", config, *matchers)
+        return selector(catalogue.VERDICTS, config, *matchers)
 
     judged, common = verdicts('rating=~"yes|no"'), {"by": by(config), "window": w}
     exprs = {
@@ -159,7 +161,7 @@ def _verdict_rules(config: Mapping[str, Any], w: str) -> dict[str, dict[str, Any
 
 def _weighted_rule(config: Mapping[str, Any], w: str) -> dict[str, Any]:
     def weighted(*matchers: str) -> str:
-        return selector("ragpulse_judge_verdicts_weighted_total", config, *matchers)
+        return selector(catalogue.WEIGHTED_VERDICTS, config, *matchers)
 
     return {"record": WEIGHTED_PASS_RATIO.format(w=w), "expr": promql(
         RATE_RATIO, numerator=weighted('rating="yes"'), denominator=weighted('rating=~"yes|no"'),
@@ -197,7 +199,7 @@ def _canary_rules(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     w = str(config["canaries"]["window"])
 
     def canaries(*matchers: str) -> str:
-        return selector("ragpulse_canary_verdicts_total", config, *matchers)
+        return selector(catalogue.CANARY_VERDICTS, config, *matchers)
 
     graded, common = canaries('outcome=~"agree|disagree"'), {"by": by(config, "judge"), "window": w}
     return [
@@ -244,21 +246,21 @@ def _root_cause_rules(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Retrieval volume and quality, and groundedness where the context was sufficient, per app
     and model; then, per drop-alert window, whether retrieval changed against the baseline."""
     app_model = by(config, "app", "model")
-    judged = selector("ragpulse_events_judged_total", config)
+    judged = selector(catalogue.EVENTS_JUDGED, config)
     with_context = 'context="sufficient"'
 
     def grounded(*matchers: str) -> str:
-        return selector("ragpulse_groundedness_by_context_total", config, with_context, *matchers)
+        return selector(catalogue.GROUNDED_BY_CONTEXT, config, with_context, *matchers)
 
     rules: list[dict[str, Any]] = []
     for w in root_cause_windows(config):
         common = {"by": app_model, "window": w}
         rules += [
             {"record": CHUNKS_PER_ANSWER.format(w=w), "expr": promql(
-                RATE_RATIO, numerator=selector("ragpulse_retrieved_chunks_total", config),
+                RATE_RATIO, numerator=selector(catalogue.RETRIEVED_CHUNKS, config),
                 denominator=judged, **common)},
             {"record": NO_CONTEXT.format(w=w), "expr": promql(
-                RATE_RATIO, numerator=selector("ragpulse_events_without_context_total", config),
+                RATE_RATIO, numerator=selector(catalogue.WITHOUT_CONTEXT, config),
                 denominator=judged, **common)},
             {"record": GROUNDED_WITH_CONTEXT.format(w=w), "expr": promql(
                 RATE_RATIO, numerator=grounded('rating="yes"'),
@@ -411,9 +413,24 @@ SLOW_DROP = """
     $samples_long >= $min_samples
 """
 
+# With stratified sampling or a judge budget, the judged sample is not all traffic: a stratum
+# judged at rate 1 can keep the sample's ratio above the floor while the rest of the traffic,
+# judged at 5 %, is below it. The weighted path warns on the estimate for all traffic (1/rate
+# weights summed over the strata; no Wilson bound, whose n would not be the weights' sum), with
+# as many judged answers in the long window as the slow path asks. Without rules or a budget
+# the weighted series do not exist, and this path never fires.
+WEIGHTED_DROP = """
+    $weighted_long < $floor
+    and on ($by)
+    $weighted_short < $floor
+    and on ($by)
+    $samples_long >= $min_samples
+"""
+
 
 def quality_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Drop alerts for each judge in ``quality_alerts``: a fast page and a slow warning."""
+    """Drop alerts for each judge in ``quality_alerts``: a fast page, a slow warning and a
+    warning on the weighted ratio of all traffic (stratified sampling, a judge budget)."""
     win = config["windows"]
     alerts: list[dict[str, Any]] = []
     for judge, spec in config["quality_alerts"].items():
@@ -437,6 +454,11 @@ def quality_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
                       lower_short=series(WILSON, side="lower", w=slow_s),
                       samples_long=series(SAMPLES, w=slow_l),
                       min_samples=int(spec["slow"]["min_samples"]))
+        weighted = promql(WEIGHTED_DROP, by=by(config), floor=f"{floor:g}",
+                          weighted_long=series(WEIGHTED_PASS_RATIO, w=slow_l),
+                          weighted_short=series(WEIGHTED_PASS_RATIO, w=slow_s),
+                          samples_long=series(SAMPLES, w=slow_l),
+                          min_samples=int(spec["slow"]["min_samples"]))
         baseline = (f"confidently below the floor {_pct(floor)} or more than {_pct(margin)} "
                     f"below the {win['baseline']} baseline "
                     f"({_percent(config, PASS_RATIO.format(w=win['baseline']), judge)})")
@@ -459,6 +481,21 @@ def quality_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
                 + _explain_hint(judge),
                 window=path,
             ))
+        alerts.append(_alert(
+            config, spec["alert"], weighted, spec["slow"],
+            f"{label.capitalize()} of all traffic of {{{{ $labels.app }}}} / "
+            f"{{{{ $labels.model }}}} may be below its floor.",
+            f"The {label} pass ratio of all traffic of app {{{{ $labels.app }}}}, model "
+            f"{{{{ $labels.model }}}}, estimated from verdicts weighted by 1 / sample rate, is "
+            f"{{{{ $value | humanizePercentage }}}} over the last {slow_l} and "
+            f"{_percent(config, WEIGHTED_PASS_RATIO.format(w=slow_s), judge)} over {slow_s} "
+            f"({_count(config, SAMPLES.format(w=slow_l), judge)} judged answers; the judged "
+            f"sample's own ratio is {_percent(config, PASS_RATIO.format(w=slow_l), judge)}): "
+            f"below the floor {_pct(floor)}. Strata judged at a low rate carry most of the "
+            "estimate: ragpulse_judge_verdicts_weighted_total by stratum shows which. "
+            + _explain_hint(judge),
+            window="weighted",
+        ))
     return alerts
 
 
@@ -670,21 +707,21 @@ def judge_errors_alert(config: Mapping[str, Any]) -> dict[str, Any]:
 # Counters that must not move, the labels that say where, and what it means.
 LOSS_COUNTERS: dict[str, tuple[str, tuple[str, ...], str, str]] = {
     "RagRecordsLost": (
-        "ragpulse_records_lost_total", ("topic", "reason"),
+        catalogue.RECORDS_LOST, ("topic", "reason"),
         "ragpulse skipped records of topic {{ $labels.topic }} without judging them.",
         "Records of topic {{ $labels.topic }} were skipped without being judged (reason "
         "{{ $labels.reason }}; retention: deleted before they were read, topic_reset: jumped "
         "over by --on-offset-reset latest), so the quality figures miss them.",
     ),
     "RagOffsetReset": (
-        "ragpulse_offset_resets_total", ("topic", "kind"),
+        catalogue.OFFSET_RESETS, ("topic", "kind"),
         "ragpulse reset its Kafka offset on topic {{ $labels.topic }}.",
         "Saved offsets of topic {{ $labels.topic }} were outside their partition "
         "({{ $labels.kind }}: the topic was recreated, truncated or emptied, or retention ran "
         "ahead of serve); --on-offset-reset decided where reading went on.",
     ),
     "RagDeadLettersUndeliverable": (
-        "ragpulse_dead_letters_undeliverable_total", ("topic",),
+        catalogue.UNDELIVERABLE, ("topic",),
         "ragpulse could not deliver records to {{ $labels.topic }}.",
         "Dead letters or verdict rows meant for topic {{ $labels.topic }} were dropped: the "
         "broker refused them for good or did not acknowledge them within "
@@ -692,7 +729,7 @@ LOSS_COUNTERS: dict[str, tuple[str, tuple[str, ...], str, str]] = {
         "verdicts) are gone.",
     ),
     "RagLabelOverflow": (
-        "ragpulse_label_overflow_total", ("label",),
+        catalogue.LABEL_OVERFLOW, ("label",),
         "Judged events were counted under {{ $labels.label }} \"other\".",
         "Judged events whose {{ $labels.label }} was beyond --max-label-values or not in "
         "--allowed-apps/--allowed-models were counted under \"other\": their quality is "
@@ -743,8 +780,8 @@ def pipeline_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     st, lag, job = config["stall"], config["consumer_lag"], config["job"]
     late = config["late_events"]
     up = selector("up", config)
-    window_end = selector("ragpulse_last_complete_window_end_timestamp_seconds", config)
-    heartbeat = selector("ragpulse_heartbeat_timestamp_seconds", config)
+    window_end = selector(catalogue.LAST_COMPLETE_WINDOW_END, config)
+    heartbeat = selector(catalogue.HEARTBEAT, config)
     return [
         _alert(
             config, "RagPulseStalled",
@@ -776,7 +813,7 @@ def pipeline_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
         _alert(
             config, "RagConsumerLagHigh",
             promql(CONSUMER_LAG, by=by(config, "topic"), max_records=int(lag["max_records"]),
-                   lag=selector("ragpulse_consumer_lag", config)),
+                   lag=selector(catalogue.CONSUMER_LAG, config)),
             lag,
             "ragpulse is falling behind topic {{ $labels.topic }}.",
             'ragpulse is {{ $value | printf "%.0f" }} records behind on topic '
@@ -787,8 +824,8 @@ def pipeline_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
             config, "RagLateEventsHigh",
             promql(LATE_SHARE, by=", ".join(config["deployment_labels"]), window=late["window"],
                    max_share=late["max_share"], min_events=int(late["min_events"]),
-                   late=selector("ragpulse_late_events_total", config),
-                   accepted=selector("ragpulse_events_total", config, 'outcome="accepted"')),
+                   late=selector(catalogue.LATE_EVENTS, config),
+                   accepted=selector(catalogue.EVENTS, config, 'outcome="accepted"')),
             late,
             "ragpulse is counting events as late.",
             f"{{{{ $value | humanizePercentage }}}} of the events read in the last "

@@ -29,7 +29,7 @@ from kafka.errors import KafkaError
 
 from pipeline.commands.windows import parse_time
 from pipeline.settings import SettingsError, positive_duration
-from pipeline.sinks.files import VERDICTS_FILE
+from pipeline.sinks import VERDICTS_FILE
 from pipeline.sinks.verdict_rows import (
     FailingVerdict,
     InvalidVerdictRow,

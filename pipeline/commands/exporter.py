@@ -25,6 +25,7 @@ from kafka import KafkaConsumer, TopicPartition
 from prometheus_client import make_wsgi_app
 
 from pipeline import counting
+from pipeline import metrics_catalogue as catalogue
 from pipeline.config_sources import add_config_arguments
 from pipeline.kafka_security import (
     add_kafka_security_arguments,
@@ -59,7 +60,7 @@ from pipeline.sinks.prometheus_http import (
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT = "ragpulse_heartbeat_timestamp_seconds"
+HEARTBEAT = catalogue.HEARTBEAT
 _RETRY_S = 2.0
 
 

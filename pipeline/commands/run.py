@@ -10,13 +10,12 @@ import argparse
 import logging
 import time
 from pathlib import Path
-
-import apache_beam as beam
+from typing import TYPE_CHECKING
 
 from pipeline import counting
+from pipeline import metrics_catalogue as catalogue
 from pipeline.calibration import by_judge
 from pipeline.config_sources import add_config_arguments
-from pipeline.graph import GraphResult, Sinks, pipeline_options, run_graph
 from pipeline.service.labels import LabelBudget, add_label_arguments
 from pipeline.settings import (
     RunSettings,
@@ -29,18 +28,14 @@ from pipeline.settings import (
     default_of,
     session_fields,
 )
-from pipeline.sinks.files import (
-    DEAD_LETTER_FILE,
-    VERDICTS_FILE,
-    WINDOWS_FILE,
-    WriteDeadLetters,
-    WriteVerdicts,
-    WriteWindows,
-)
+from pipeline.sinks import DEAD_LETTER_FILE, VERDICTS_FILE, WINDOWS_FILE
 from pipeline.sinks.prometheus import MetricsSnapshot, write_textfile
-from pipeline.sources.files import ReadLines
-from pipeline.sources.otlp import collect_traces, read_file
 from pipeline.windows import isoformat_utc
+
+if TYPE_CHECKING:
+    import apache_beam as beam
+
+    from pipeline.graph import GraphResult
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +48,11 @@ def run_file(settings: RunSettings) -> GraphResult:
     The metrics textfile has its app and model labels bounded by the label limits; the verdict
     and window rows keep the real values.
     """
+    # Beam is imported here, not with the command's flags: a refused flag or setting answers
+    # in a fraction of a second instead of after the seconds Beam takes to import.
+    from pipeline.graph import Sinks, pipeline_options, run_graph
+    from pipeline.sinks.files import WriteDeadLetters, WriteVerdicts, WriteWindows
+
     out_dir = settings.output
     out_dir.mkdir(parents=True, exist_ok=True)
     policy = settings.judges.text_policy()
@@ -79,6 +79,11 @@ def run_file(settings: RunSettings) -> GraphResult:
 def _source(settings: RunSettings) -> beam.PTransform:
     """The lines of the input file; with --input-format otlp_*, one event per trace of the
     file, assembled here (every trace is complete once the whole file is read)."""
+    import apache_beam as beam
+
+    from pipeline.sources.files import ReadLines
+    from pipeline.sources.otlp import collect_traces, read_file
+
     if settings.input_format == "ragpulse":
         return ReadLines(settings.input, settings.max_event_bytes)
     traces = collect_traces(
@@ -150,9 +155,9 @@ def summary(result: GraphResult, out_dir: Path, elapsed: float, read: str = "lin
     weighted ratio, the estimate for all events.
     """
     c = result.counts
-    accepted = c[counting.key("ragpulse_events_total", outcome="accepted")]
-    invalid = c[counting.key("ragpulse_events_total", outcome="invalid")]
-    sampled = c[counting.key("ragpulse_events_sampled_total")]
+    accepted = c[counting.key(catalogue.EVENTS, outcome="accepted")]
+    invalid = c[counting.key(catalogue.EVENTS, outcome="invalid")]
+    sampled = c[counting.key(catalogue.EVENTS_SAMPLED)]
     judges = sorted({k.judge for k in result.windows})
     rows: dict[tuple[float, str, str], dict[str, str]] = {}
     for key, counts in result.windows.items():

@@ -12,7 +12,7 @@ import logging
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import make_wsgi_app
 
@@ -26,7 +26,6 @@ from pipeline.kafka_security import (
 )
 from pipeline.service.canaries import CanaryFeed, GoldenSetError, load_golden_set
 from pipeline.service.labels import add_label_arguments
-from pipeline.service.loop import OffsetResetRefused, StopRequest, TopicWatcher, open_state
 from pipeline.service.owners import Owner
 from pipeline.service.state import StateError, StateLock
 from pipeline.settings import (
@@ -50,6 +49,9 @@ from pipeline.sinks.prometheus_http import (
     load_web_config,
     start_metrics_server,
 )
+
+if TYPE_CHECKING:
+    from pipeline.service.loop import TopicWatcher
 
 log = logging.getLogger(__name__)
 
@@ -329,6 +331,10 @@ def main(args: argparse.Namespace) -> int:
     # Settings and files first, all of them checked before anything is opened; then the state
     # file, whose one-line error (when it cannot be used) says how to recover.
     settings = settings_from_args(args)
+    # The loop (and with it Beam, seconds to import) once the settings are checked: a refused
+    # flag or setting answers at once.
+    from pipeline.service.loop import OffsetResetRefused, StopRequest, TopicWatcher, open_state
+
     web = load_web_config(settings.web_config_file) if settings.web_config_file else WebConfig()
     canaries = canary_feed(settings)
     owner = Owner.this_process(

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-
-import apache_beam as beam
-import grpc
+from importlib.metadata import version
+from typing import TYPE_CHECKING
 
 from pipeline.config_sources import add_config_arguments
 from pipeline.errors import SettingsError
-from pipeline.graph import pipeline_options
 from pipeline.kafka_security import add_kafka_security_arguments, security_from_args
 from pipeline.settings import (
     STREAM_RUNNERS,
@@ -34,12 +32,16 @@ from pipeline.settings import (
     positive_duration,
     session_fields,
 )
-from pipeline.sinks.kafka import KafkaTopic, PublishDeadLetters, PublishRatings
-from pipeline.streaming import PaneSchedule, ReadKafkaStream, StreamSinks, build_stream
+
+if TYPE_CHECKING:
+    from pipeline.streaming import StreamSinks
 
 log = logging.getLogger(__name__)
 
 EXPANSION_JAR = "beam-sdks-java-io-expansion-service-{version}.jar"
+# The installed Beam's version, read without importing Beam: the flags (and a refused flag's
+# one-line error) should not wait the seconds that import takes; main() imports it.
+BEAM_VERSION = version("apache-beam")
 
 
 def _dur(field: str) -> str:
@@ -99,7 +101,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="HOST:PORT",
         help="a running Beam IO expansion service that expands the Java Kafka reader (default: "
-        "Beam starts " + EXPANSION_JAR.format(version=beam.__version__) + " with the local "
+        "Beam starts " + EXPANSION_JAR.format(version=BEAM_VERSION) + " with the local "
         "java, downloading it from Maven Central)",
     )
     add_kafka_security_arguments(p.add_argument_group("kafka security (publishers)"))
@@ -177,6 +179,8 @@ def settings_from_args(args: argparse.Namespace) -> StreamSettings:
 
 def stream_sinks(settings: StreamSettings) -> StreamSinks:
     """The dead-letter and ratings topics, both retried by the runner until acknowledged."""
+    from pipeline.sinks.kafka import KafkaTopic, PublishDeadLetters, PublishRatings
+    from pipeline.streaming import StreamSinks
 
     def topic(name: str) -> KafkaTopic:
         return KafkaTopic(
@@ -191,6 +195,13 @@ def stream_sinks(settings: StreamSettings) -> StreamSinks:
 
 def main(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
+    # Beam is imported once the settings are checked (see BEAM_VERSION).
+    import apache_beam as beam
+    import grpc
+
+    from pipeline.graph import pipeline_options
+    from pipeline.streaming import PaneSchedule, ReadKafkaStream, build_stream
+
     options = pipeline_options((*settings.beam_args, "--streaming"), settings.runner)
     source = ReadKafkaStream(
         settings.bootstrap,
@@ -208,7 +219,7 @@ def main(args: argparse.Namespace) -> int:
         raise SettingsError(
             f"cannot expand the Kafka reader (ReadFromKafka) with {where}: "
             f"{_first_line(exc)}; start one (java -jar "
-            f"{EXPANSION_JAR.format(version=beam.__version__)} PORT) and pass "
+            f"{EXPANSION_JAR.format(version=BEAM_VERSION)} PORT) and pass "
             "--expansion-service HOST:PORT"
         ) from None
     result = p.run()
@@ -227,6 +238,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _first_line(exc: BaseException) -> str:
+    import grpc
+
     if isinstance(exc, grpc.RpcError) and hasattr(exc, "details"):
         return str(exc.details())
     return (str(exc).splitlines() or [type(exc).__name__])[0][:300]

@@ -27,9 +27,10 @@ import orjson
 
 from judges import judge_entry
 from judges.base import Verdict
+from pipeline import metrics_catalogue as catalogue
 from pipeline.events import InferenceRecord, InvalidEvent, parse_event
 
-CANARY_VERDICTS = "ragpulse_canary_verdicts_total"
+CANARY_VERDICTS = catalogue.CANARY_VERDICTS
 CanaryOutcome = Literal["agree", "disagree", "error"]
 CANARY_OUTCOMES: tuple[CanaryOutcome, ...] = ("agree", "disagree", "error")
 # Golden events need no timestamp: they never enter a window. This one is only there so that

@@ -33,6 +33,7 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from pipeline import counting
+from pipeline import metrics_catalogue as catalogue
 from pipeline.windows import RatingCounts, WindowKey
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,9 @@ BOUNDED_LABELS = ("app", "model", "guideline")
 # `ragpulse exporter` reads every label from the ratings topic, where nothing bounds judge and
 # version by construction: it bounds them too.
 EXPORTER_BOUNDED_LABELS = ("judge", "version", *BOUNDED_LABELS)
-OVERFLOW_METRIC = "ragpulse_label_overflow_total"
+OVERFLOW_METRIC = catalogue.LABEL_OVERFLOW
 # Each judged event adds 1 to this counter, under its (app, model): it is what overflow counts.
-_EVENTS_JUDGED = "ragpulse_events_judged_total"
+_EVENTS_JUDGED = catalogue.EVENTS_JUDGED
 # A guideline has no events of its own: its overflow counts its verdicts.
 _VERDICTS = counting.VERDICTS
 

@@ -63,6 +63,7 @@ import apache_beam as beam
 
 from judges import shared_panel
 from pipeline import counting
+from pipeline import metrics_catalogue as catalogue
 from pipeline.budget import TOKENS, BudgetGovernor
 from pipeline.calibration import by_judge
 from pipeline.errors import SettingsError
@@ -106,7 +107,7 @@ from pipeline.windows import RatingCounts, WindowKey, isoformat_utc
 
 log = logging.getLogger(__name__)
 
-OFFSET_RESETS = "ragpulse_offset_resets_total"
+OFFSET_RESETS = catalogue.OFFSET_RESETS
 # A delivery failure that may clear up is given up on only after --undeliverable-after AND this
 # many failed attempts, so that a broker just back from an outage gets a few tries.
 MIN_DELIVERY_ATTEMPTS = 3
@@ -689,15 +690,15 @@ class TopicWatcher:
             counts.setdefault(zero, 0)
         complete, in_progress = self.state.current_windows()
         wm = self.state.watermark(self.settings.topic)
-        gauges = {"ragpulse_heartbeat_timestamp_seconds": self._heartbeat}
+        gauges = {catalogue.HEARTBEAT: self._heartbeat}
         if wm is not None:
-            gauges["ragpulse_watermark_timestamp_seconds"] = wm
+            gauges[catalogue.WATERMARK] = wm
         if self._governor is not None:
             gauges.update(self._governor.gauges())
         if self.settings.input_format != "ragpulse":
-            gauges["ragpulse_traces_pending"] = self.state.pending_trace_count(self.settings.topic)
+            gauges[catalogue.TRACES_PENDING] = self.state.pending_trace_count(self.settings.topic)
         if complete:
-            gauges["ragpulse_last_complete_window_end_timestamp_seconds"] = max(
+            gauges[catalogue.LAST_COMPLETE_WINDOW_END] = max(
                 k.window_end for k in complete
             )
         with self._lock:
@@ -735,7 +736,7 @@ class TopicWatcher:
             self._cycles = self._cycles.with_cycle(ok, took)
             gauges = dict(self._snapshot.gauges)
             if ok:
-                gauges["ragpulse_heartbeat_timestamp_seconds"] = self._heartbeat
+                gauges[catalogue.HEARTBEAT] = self._heartbeat
             self._snapshot = dataclasses.replace(
                 self._snapshot, gauges=gauges, cycles=self._cycles
             )

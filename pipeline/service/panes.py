@@ -34,6 +34,7 @@ from collections.abc import Mapping
 
 from judges.base import RATINGS
 from pipeline import counting
+from pipeline import metrics_catalogue as catalogue
 from pipeline.sinks.prometheus import MetricsSnapshot
 from pipeline.sinks.rating_rows import RatingPane
 from pipeline.windows import RatingCounts, WindowKey, isoformat_utc
@@ -140,7 +141,7 @@ class PaneTable:
             (complete if pane.complete else in_progress)[key] = pane.counts
         all_gauges = dict(gauges or {})
         if complete:
-            all_gauges["ragpulse_last_complete_window_end_timestamp_seconds"] = max(
+            all_gauges[catalogue.LAST_COMPLETE_WINDOW_END] = max(
                 k.window_end for k in complete
             )
         return MetricsSnapshot(

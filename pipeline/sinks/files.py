@@ -21,12 +21,9 @@ from apache_beam.utils.windowed_value import WindowedValue
 from judges import TextPolicy
 from pipeline.calibration import JudgeCalibration, corrected_fields
 from pipeline.events import Rejected, dead_letter
+from pipeline.sinks import DEAD_LETTER_FILE, VERDICTS_FILE, WINDOWS_FILE
 from pipeline.sinks.verdict_rows import verdict_row
 from pipeline.windows import RatingCounts, WindowKey, window_row
-
-VERDICTS_FILE = "verdicts.jsonl"
-WINDOWS_FILE = "windows.jsonl"
-DEAD_LETTER_FILE = "dead_letter.jsonl"
 
 
 def _json_line(row: dict[str, Any]) -> str:

@@ -32,6 +32,7 @@ from kafka import errors as kafka_errors
 
 from judges import TextPolicy
 from pipeline import counting
+from pipeline import metrics_catalogue as catalogue
 from pipeline.events import HEAD_BYTES, Rejected
 from pipeline.kafka_security import KafkaSecurity, connect
 from pipeline.sinks import rating_rows
@@ -39,7 +40,7 @@ from pipeline.sinks.verdict_rows import verdict_row
 
 log = logging.getLogger(__name__)
 
-UNDELIVERABLE = "ragpulse_dead_letters_undeliverable_total"
+UNDELIVERABLE = catalogue.UNDELIVERABLE
 UNACKNOWLEDGED_NAMESPACE = "ragpulse.unacknowledged"
 # Dead letters carry the whole record up to this size and only its head above it: Kafka's
 # default limits on one record (broker message.max.bytes, producer max.request.size) are 1 MiB,

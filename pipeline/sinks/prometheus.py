@@ -31,81 +31,28 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from judges.base import RATINGS
-from pipeline import budget, cascade, counting, sampling
+from pipeline import counting, sampling
+from pipeline import metrics_catalogue as catalogue
 from pipeline.calibration import JudgeCalibration, corrected_ratio
-from pipeline.service.canaries import CANARY_OUTCOMES, CANARY_VERDICTS
+from pipeline.service.canaries import CANARY_OUTCOMES
 from pipeline.windows import RatingCounts, WindowKey, wilson_interval
 
-COUNTER_HELP: dict[str, str] = {
-    "ragpulse_events_total": "Inference-log records read, by parse outcome (accepted or invalid).",
-    "ragpulse_events_sampled_total": "Accepted events kept by deterministic sampling.",
-    "ragpulse_events_judged_total": "Sampled events that went through the judge panel.",
-    "ragpulse_late_events_total": "Events whose window was already closed; kept out of windows "
-    "and sent to the dead-letter output.",
-    "ragpulse_dead_letters_total": "Records written to the dead-letter output (invalid or late).",
-    "ragpulse_judge_verdicts_total": "Judge verdicts by rating (yes, no, error).",
-    "ragpulse_judge_calls_total": "Verdicts a judge was called for, by judge and backend "
-    "(cache hits are not calls).",
-    "ragpulse_judge_cache_hits_total": "Verdicts given again from the verdict cache for an "
-    "identical input (same judge, prompt version, event), without a call, by judge.",
-    "ragpulse_judge_errors_total": "Verdicts with rating 'error', by cause.",
-    counting.ENSEMBLE_VOTES: "Verdicts of ensemble judges (--ensemble) by how their members "
-    "voted: unanimous, split (the majority decided) or incomplete (some member could not "
-    "grade).",
-    counting.SKIPPED: "Judges skipped for an event that lacks their required field (missing: "
-    "the inputs, e.g. expected for correctness); not verdicts, in no ratio or window.",
-    "ragpulse_judge_tokens_total": "Tokens used by LLM judges, by kind (prompt, completion; "
-    "cached_prompt: the part of prompt the provider read from its prompt cache).",
-    "ragpulse_retrieved_chunks_total": "Retrieved chunks summed over judged events.",
-    "ragpulse_events_without_context_total": "Judged events that had no retrieved context.",
-    counting.GROUNDED_BY_CONTEXT: "Groundedness verdicts of answers that context_sufficiency "
-    "also judged, by whether their retrieved context was sufficient (both judges must run).",
-    "ragpulse_cycles_total": "Serve micro-batch cycles, by outcome.",
-    "ragpulse_canary_verdicts_total": "Verdicts on golden-set canaries, by agreement with the "
-    "human label (agree, disagree, error); canaries count nowhere else.",
-    "ragpulse_offset_resets_total": "Partitions whose saved offset was outside the partition, "
-    "by kind: beyond_end (topic recreated, truncated or emptied), below_start (retention "
-    "ahead of serve); handled by --on-offset-reset.",
-    "ragpulse_records_lost_total": "Records skipped without being judged, by reason: retention "
-    "(deleted before they were read), topic_reset (skipped by --on-offset-reset latest).",
-    "ragpulse_dead_letters_undeliverable_total": "Dead letters and verdict rows dropped because "
-    "the broker refused them for good or did not acknowledge them within "
-    "--undeliverable-after, by the topic they were meant for.",
-    "ragpulse_label_overflow_total": "Judged events counted under app or model 'other': their "
-    "value was beyond --max-label-values or not in --allowed-apps/--allowed-models (for "
-    "guideline: the verdicts counted under 'other').",
-    counting.AGENT_INPUT_TOKENS: "The chatbot's own input (prompt) tokens, from the events' "
-    "usage, per app and model, over every accepted event (sampled or not).",
-    counting.AGENT_OUTPUT_TOKENS: "The chatbot's own output (completion) tokens, from the "
-    "events' usage, per app and model.",
-    counting.AGENT_TOTAL_TOKENS: "The chatbot's own total tokens, from the events' usage "
-    "(input + output when the event gives no total), per app and model.",
-    counting.AGENT_USAGE_EVENTS: "Accepted events that gave the chatbot's token usage, per app "
-    "and model: tokens per answer = rate(ragpulse_agent_total_tokens_total) / rate(this).",
-    **sampling.COUNTER_HELP,
-    **budget.COUNTER_HELP,
-    **cascade.COUNTER_HELP,
-    counting.SESSIONS_JUDGED: "Conversations (session windows of turns sharing a session_id) "
-    "that went through the session judges, per app and model.",
-    counting.SESSIONS_TRUNCATED: "Judged conversations over --session-max-turns or "
-    "--session-max-bytes, judged on their last turns only, per app and model.",
-}
 # Counters whose label sets are known up front are exported at 0 before the first event,
 # so that rates and alerts have a series to work with from the first scrape.
 ALWAYS_PRESENT: tuple[counting.CounterKey, ...] = (
-    counting.key("ragpulse_events_total", outcome="accepted"),
-    counting.key("ragpulse_events_total", outcome="invalid"),
-    counting.key("ragpulse_events_sampled_total"),
-    counting.key("ragpulse_late_events_total"),
-    counting.key("ragpulse_dead_letters_total"),
-    counting.key("ragpulse_label_overflow_total", label="app"),
-    counting.key("ragpulse_label_overflow_total", label="model"),
+    counting.key(catalogue.EVENTS, outcome="accepted"),
+    counting.key(catalogue.EVENTS, outcome="invalid"),
+    counting.key(catalogue.EVENTS_SAMPLED),
+    counting.key(catalogue.LATE_EVENTS),
+    counting.key(catalogue.DEAD_LETTERS),
+    counting.key(catalogue.LABEL_OVERFLOW, label="app"),
+    counting.key(catalogue.LABEL_OVERFLOW, label="model"),
 )
 # Counters of judged events per (app, model), exported at 0 once the pair has verdicts.
 _PER_APP_MODEL = (
-    "ragpulse_events_judged_total",
-    "ragpulse_retrieved_chunks_total",
-    "ragpulse_events_without_context_total",
+    catalogue.EVENTS_JUDGED,
+    catalogue.RETRIEVED_CHUNKS,
+    catalogue.WITHOUT_CONTEXT,
 )
 _HISTOGRAM_PARTS = {
     counting.LATENCY_BUCKET, counting.LATENCY_COUNT, counting.LATENCY_SUM_US,
@@ -173,13 +120,13 @@ class CycleStats:
 
 def _cycle_families(stats: CycleStats) -> Iterator[Metric]:
     cycles = CounterMetricFamily(
-        "ragpulse_cycles", "Serve micro-batch cycles, by outcome.", labels=["outcome"]
+        catalogue.CYCLES, catalogue.COUNTER_HELP[catalogue.CYCLES + "_total"], labels=["outcome"]
     )
     cycles.add_metric(["ok"], stats.ok)
     cycles.add_metric(["failed"], stats.failed)
     yield cycles
     duration = HistogramMetricFamily(
-        "ragpulse_cycle_duration_seconds", "Wall time of one serve cycle that read events."
+        catalogue.CYCLE_DURATION, catalogue.FAMILY_HELP[catalogue.CYCLE_DURATION]
     )
     cumulative, running = [], 0
     for bound, n in zip([*(repr(float(b)) for b in CYCLE_BUCKETS), "+Inf"], stats.durations,
@@ -190,15 +137,6 @@ def _cycle_families(stats: CycleStats) -> Iterator[Metric]:
     yield duration
 
 
-GAUGE_HELP: dict[str, str] = {
-    "ragpulse_last_complete_window_end_timestamp_seconds": "End of the latest complete window.",
-    "ragpulse_watermark_timestamp_seconds": "Event-time watermark: min over partitions of the "
-    "latest event time read, minus the out-of-orderness bound.",
-    "ragpulse_heartbeat_timestamp_seconds": "Unix time at which the last cycle completed.",
-    **budget.GAUGE_HELP,
-    "ragpulse_traces_pending": "Traces whose spans are held for assembly "
-    "(--input-format otlp_*), waiting for --trace-assembly-wait to pass.",
-}
 
 
 def latest_by_series(
@@ -308,18 +246,18 @@ def _corrected_families(
 def _calibration_families(calibrations: Mapping[str, JudgeCalibration]) -> Iterator[Metric]:
     """What each correction rests on: the labelled counts, then the two rates."""
     labelled = GaugeMetricFamily(
-        "ragpulse_judge_calibration_labelled",
-        "Human-labelled events of the --judge-calibration set the judge graded, by label.",
+        catalogue.CALIBRATION_LABELLED,
+        catalogue.FAMILY_HELP[catalogue.CALIBRATION_LABELLED],
         labels=["judge", "label"],
     )
     sensitivity = GaugeMetricFamily(
-        "ragpulse_judge_calibration_sensitivity",
-        "Share of the labelled passes the judge passed (--judge-calibration).",
+        catalogue.CALIBRATION_SENSITIVITY,
+        catalogue.FAMILY_HELP[catalogue.CALIBRATION_SENSITIVITY],
         labels=["judge"],
     )
     specificity = GaugeMetricFamily(
-        "ragpulse_judge_calibration_specificity",
-        "Share of the labelled fails the judge failed (--judge-calibration).",
+        catalogue.CALIBRATION_SPECIFICITY,
+        catalogue.FAMILY_HELP[catalogue.CALIBRATION_SPECIFICITY],
         labels=["judge"],
     )
     for judge, c in sorted(calibrations.items()):
@@ -351,7 +289,7 @@ def _zero_series(
             lab = dict(labels)
             for rating in RATINGS:
                 zeros.add(counting.key(metric, **{**lab, "rating": rating}))
-        elif metric == CANARY_VERDICTS:
+        elif metric == catalogue.CANARY_VERDICTS:
             judge = dict(labels)["judge"]
             for outcome in CANARY_OUTCOMES:
                 zeros.add(counting.key(metric, judge=judge, outcome=outcome))
@@ -380,7 +318,8 @@ def _counter_families(
         # `version`) get it empty, which Prometheus reads as the label being absent.
         label_names = sorted({name for labels, _ in series for name, _ in labels})
         family = CounterMetricFamily(
-            metric.removesuffix("_total"), COUNTER_HELP.get(metric, metric), labels=label_names
+            metric.removesuffix("_total"), catalogue.COUNTER_HELP.get(metric, metric),
+            labels=label_names,
         )
         for labels, value in sorted(series):
             example = exemplars.get((metric, labels))
@@ -400,7 +339,7 @@ def _counter_families(
 
 def _latency_family(counts: Mapping[counting.CounterKey, float]) -> Metric:
     family = HistogramMetricFamily(
-        "ragpulse_judge_latency_seconds", "Time to grade one event, per judge.", labels=["judge"]
+        catalogue.JUDGE_LATENCY, catalogue.FAMILY_HELP[catalogue.JUDGE_LATENCY], labels=["judge"]
     )
     per_judge: dict[str, dict[str, float]] = defaultdict(dict)
     sums: dict[str, float] = {}
@@ -424,9 +363,8 @@ def _latency_family(counts: Mapping[counting.CounterKey, float]) -> Metric:
 def _agent_latency_family(counts: Mapping[counting.CounterKey, float]) -> Metric:
     """`ragpulse_agent_latency_seconds`: the chatbot's own answer time, per app and model."""
     family = HistogramMetricFamily(
-        "ragpulse_agent_latency_seconds",
-        "The chatbot's own time to answer (the events' latency_seconds, or the trace's root "
-        "span duration), per app and model, over every accepted event that gave one.",
+        catalogue.AGENT_LATENCY,
+        catalogue.FAMILY_HELP[catalogue.AGENT_LATENCY],
         labels=["app", "model"],
     )
     buckets: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
@@ -450,10 +388,8 @@ def _agent_latency_family(counts: Mapping[counting.CounterKey, float]) -> Metric
 def _score_family(counts: Mapping[counting.CounterKey, float]) -> Metric:
     """`ragpulse_judge_score` _sum and _count: mean = rate(_sum) / rate(_count), re-aggregable."""
     family = SummaryMetricFamily(
-        "ragpulse_judge_score",
-        "Scores of judges on a graded scale (0-3, 1-5, a composite): rate(_sum) / rate(_count) "
-        "is the mean; ragpulse_judge_verdicts_total{rating=yes} counts those at or above the "
-        "pass score.",
+        catalogue.SCORE,
+        catalogue.FAMILY_HELP[catalogue.SCORE],
         labels=["judge", "version", "app", "model"],
     )
     sums: dict[counting.Labels, float] = {}
@@ -489,29 +425,29 @@ class RagpulseCollector(Collector):
         yield _latency_family(snap.counts)
         yield _agent_latency_family(snap.counts)
         yield _score_family(snap.counts)
-        yield from _window_families(snap.complete, "ragpulse_judge_", "latest complete")
+        yield from _window_families(snap.complete, catalogue.WINDOW_PREFIX, "latest complete")
         if snap.in_progress:
             yield from _window_families(
-                snap.in_progress, "ragpulse_judge_in_progress_", "in-progress"
+                snap.in_progress, catalogue.IN_PROGRESS_PREFIX, "in-progress"
             )
         if snap.calibrations:
             yield from _calibration_families(snap.calibrations)
             yield from _corrected_families(
-                snap.complete, snap.calibrations, "ragpulse_judge_", "latest complete"
+                snap.complete, snap.calibrations, catalogue.WINDOW_PREFIX, "latest complete"
             )
             if snap.in_progress:
                 yield from _corrected_families(
-                    snap.in_progress, snap.calibrations, "ragpulse_judge_in_progress_",
+                    snap.in_progress, snap.calibrations, catalogue.IN_PROGRESS_PREFIX,
                     "in-progress",
                 )
         for name, value in sorted(snap.gauges.items()):
-            gauge = GaugeMetricFamily(name, GAUGE_HELP.get(name, name))
+            gauge = GaugeMetricFamily(name, catalogue.GAUGE_HELP.get(name, name))
             gauge.add_metric([], value)
             yield gauge
         if snap.lag:
             lag = GaugeMetricFamily(
-                "ragpulse_consumer_lag",
-                "Records in the topic not yet processed, per partition.",
+                catalogue.CONSUMER_LAG,
+                catalogue.FAMILY_HELP[catalogue.CONSUMER_LAG],
                 labels=["topic", "partition"],
             )
             for (topic, partition), value in sorted(snap.lag.items()):
@@ -519,10 +455,8 @@ class RagpulseCollector(Collector):
             yield lag
         if snap.group_lag:
             group_lag = GaugeMetricFamily(
-                "ragpulse_consumer_group_lag",
-                "Records after the consumer group's committed offset, on every partition of "
-                "the topic, whichever instance reads it (from its log start when none has "
-                "committed); max by partition across instances.",
+                catalogue.CONSUMER_GROUP_LAG,
+                catalogue.FAMILY_HELP[catalogue.CONSUMER_GROUP_LAG],
                 labels=["topic", "partition"],
             )
             for (topic, partition), value in sorted(snap.group_lag.items()):

@@ -31,11 +31,12 @@ from kafka import errors as kafka_errors
 from kafka.structs import OffsetAndMetadata
 
 from pipeline import counting
+from pipeline import metrics_catalogue as catalogue
 from pipeline.events import HEAD_BYTES, SourceRecord
 from pipeline.kafka_security import PLAINTEXT, KafkaSecurity, connect
 
 DEFAULT_TIMEOUT_S = 10.0
-RECORDS_LOST = "ragpulse_records_lost_total"
+RECORDS_LOST = catalogue.RECORDS_LOST
 OffsetResetPolicy = Literal["earliest", "latest", "fail"]
 
 
