@@ -24,11 +24,13 @@ the graph runs on Beam's FnApiRunner in this process (see README, "Why micro-bat
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
+import shutil
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -222,7 +224,7 @@ def run_graph(
     # Without --runner, Beam's default (the DirectRunner) would try to download Prism first.
     runner = None if options.view_as(StandardOptions).runner else FnApiRunner()
     try:
-        with beam.Pipeline(runner=runner, options=options) as p:
+        with own_temp_dir(beam.Pipeline(runner=runner, options=options)) as p, p:
             build_graph(p, source, config, sinks, canaries)
     except grpc.FutureTimeoutError:  # Beam raises it without a message
         portable = options.view_as(PortableOptions)
@@ -234,6 +236,20 @@ def run_graph(
     result = decode_metrics(p.result.metrics())
     _forget_counter_names()
     return result
+
+
+@contextlib.contextmanager
+def own_temp_dir(p: beam.Pipeline) -> Iterator[beam.Pipeline]:
+    """`p`, whose local temp folder is removed when the block ends, however it ends.
+
+    Beam makes one (/tmp/beam-pipeline-temp*, with the artifacts it stages for cross-language
+    transforms) for every Pipeline and removes it only at the end of `run()`: a pipeline whose
+    building fails (a serve cycle, a stream whose Kafka reader cannot be expanded) would leave
+    it behind."""
+    try:
+        yield p
+    finally:
+        shutil.rmtree(p.local_tempdir, ignore_errors=True)
 
 
 def decode_metrics(metrics: MetricResults) -> GraphResult:

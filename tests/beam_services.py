@@ -21,13 +21,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
-from kafka_broker import free_port
+from processes import free_port
 
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 120.0  # a JVM service (Flink's job server) on a loaded 2-core machine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +48,11 @@ class PortableBeam:
         ]
 
 
+def worker_pool_command(port: int) -> list[str]:
+    """The command that runs this module's worker pool on 127.0.0.1:`port`."""
+    return [sys.executable, str(Path(__file__).resolve()), str(port)]
+
+
 def _wait_for_port(process: subprocess.Popen[bytes], port: int, log: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -61,8 +67,8 @@ def _wait_for_port(process: subprocess.Popen[bytes], port: int, log: Path) -> No
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the whole session (the workers too), SIGKILL if it lingers."""
-    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+    """SIGTERM to the process's session (its children too), SIGKILL if it lingers."""
+    for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(process.pid, sig)
         except ProcessLookupError:
@@ -74,36 +80,49 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             continue
 
 
+@contextmanager
+def service(name: str, argv: Sequence[str], port: int, log_dir: Path) -> Iterator[int]:
+    """Runs `argv` in its own session, output to log_dir/NAME.log, until the block ends, once
+    `port` accepts on loopback; yields its process id. PATH puts this interpreter's directory
+    first, for the `python` processes a worker pool starts."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    log = log_dir / f"{name}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            list(argv), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        _wait_for_port(process, port, log)
+        yield process.pid
+    finally:
+        _stop(process)
+
+
 @pytest.fixture(scope="module")
 def beam_portable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PortableBeam]:
     """A job service and a worker pool on free ports of loopback, stopped after the module."""
     logs = tmp_path_factory.mktemp("beam-services")
     services = PortableBeam(free_port(), free_port())
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    commands = {
-        services.job_port: [
-            sys.executable,
-            "-m",
-            "apache_beam.runners.portability.local_job_service_main",
-            "--port",
-            str(services.job_port),
-        ],
-        services.pool_port: [sys.executable, __file__, str(services.pool_port)],
-    }
-    started: list[subprocess.Popen[bytes]] = []
+    job_service = [
+        sys.executable,
+        "-m",
+        "apache_beam.runners.portability.local_job_service_main",
+        "--port",
+        str(services.job_port),
+    ]
     try:
-        for port, argv in commands.items():
-            log = logs / f"{port}.log"
-            with log.open("wb") as out:
-                process = subprocess.Popen(
-                    argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        with ExitStack() as stack:
+            stack.enter_context(service("job-service", job_service, services.job_port, logs))
+            stack.enter_context(
+                service(
+                    "worker-pool",
+                    worker_pool_command(services.pool_port),
+                    services.pool_port,
+                    logs,
                 )
-            started.append(process)
-            _wait_for_port(process, port, log)
-        yield services
+            )
+            yield services
     finally:
-        for process in started:
-            _stop(process)
         for log in sorted(logs.iterdir()):  # shown by pytest when a test failed
             print(f"--- {log.name}\n{log.read_text()[-4000:]}")
 

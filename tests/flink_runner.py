@@ -22,21 +22,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import apache_beam
 import pytest
+from beam_services import service, worker_pool_command
 from processes import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-START_TIMEOUT_S = 120.0
 EXPANSION_SERVICE = "org.apache.beam.sdk.expansion.service.ExpansionService"
 FLINK_JOB_SERVER = "org.apache.beam.runners.flink.FlinkJobServerDriver"
 
@@ -111,50 +106,6 @@ class FlinkServices:
         )
 
 
-def _wait_for_port(process: subprocess.Popen[bytes], port: int, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"exited with {process.returncode}:\n{log.read_text()}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"port {port} did not open within {START_TIMEOUT_S}s:\n{log.read_text()}")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the process's session (its children too), SIGKILL if it lingers."""
-    for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            process.wait(timeout=wait_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-
-
-@contextmanager
-def _service(name: str, argv: Sequence[str], port: int, log_dir: Path) -> Iterator[int]:
-    """Runs `argv` in its own session until the block ends, once `port` accepts; yields its
-    process id."""
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    log = log_dir / f"{name}.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            list(argv), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    try:
-        _wait_for_port(process, port, log)
-        yield process.pid
-    finally:
-        _stop(process)
-
-
 @contextmanager
 def flink_services(log_dir: Path) -> Iterator[FlinkServices]:
     """Starts the three services on free loopback ports; stops them when the block ends."""
@@ -162,7 +113,7 @@ def flink_services(log_dir: Path) -> Iterator[FlinkServices]:
     with ExitStack() as stack:
         pids = []
         pids.append(stack.enter_context(
-            _service(
+            service(
                 "expansion-service",
                 java_command(
                     EXPANSION_SERVICE,
@@ -174,7 +125,7 @@ def flink_services(log_dir: Path) -> Iterator[FlinkServices]:
             )
         ))
         pids.append(stack.enter_context(
-            _service(
+            service(
                 "flink-job-server",
                 java_command(
                     FLINK_JOB_SERVER,
@@ -190,9 +141,9 @@ def flink_services(log_dir: Path) -> Iterator[FlinkServices]:
             )
         ))
         pids.append(stack.enter_context(
-            _service(
+            service(
                 "worker-pool",
-                [sys.executable, str(REPO / "tests" / "beam_services.py"), str(services.pool_port)],
+                worker_pool_command(services.pool_port),
                 services.pool_port,
                 log_dir,
             )

@@ -366,29 +366,10 @@ class ApacheKafkaBroker:
         headers: Sequence[tuple[str, bytes]] | None = None,
         max_request_size: int = 1_048_576,
     ) -> list[tuple[int, int]]:
-        """Send `values` and wait for every ack; returns (partition, offset) per value.
-
-        Raise `max_request_size` (the producer's limit on one request) to send larger records.
-        """
-        producer = KafkaProducer(
-            bootstrap_servers=self.bootstrap, linger_ms=5, max_request_size=max_request_size
+        """`produce` on this broker."""
+        return produce(
+            self.bootstrap, topic, values, partition, timestamp_ms, headers, max_request_size
         )
-        try:
-            futures = [
-                producer.send(
-                    topic,
-                    value=value,
-                    partition=partition,
-                    timestamp_ms=timestamp_ms,
-                    headers=list(headers) if headers else None,
-                )
-                for value in values
-            ]
-            producer.flush()
-            metadata = [future.get(timeout=30) for future in futures]
-        finally:
-            producer.close()
-        return [(m.partition, m.offset) for m in metadata]
 
     @staticmethod
     def _list_groups(admin: Any) -> list[dict[str, Any]]:
@@ -438,6 +419,41 @@ class ApacheKafkaBroker:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def produce(
+    bootstrap: str,
+    topic: str,
+    values: Iterable[bytes],
+    partition: int | None = None,
+    timestamp_ms: int | None = None,
+    headers: Sequence[tuple[str, bytes]] | None = None,
+    max_request_size: int = 1_048_576,
+) -> list[tuple[int, int]]:
+    """Send `values` to a Kafka-protocol broker (Apache Kafka or Tansu) and wait for every
+    ack; returns (partition, offset) per value.
+
+    Raise `max_request_size` (the producer's limit on one request) to send larger records.
+    """
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap, linger_ms=5, max_request_size=max_request_size
+    )
+    try:
+        futures = [
+            producer.send(
+                topic,
+                value=value,
+                partition=partition,
+                timestamp_ms=timestamp_ms,
+                headers=list(headers) if headers else None,
+            )
+            for value in values
+        ]
+        producer.flush()
+        metadata = [future.get(timeout=30) for future in futures]
+    finally:
+        producer.close()
+    return [(m.partition, m.offset) for m in metadata]
 
 
 def start_broker(**options: object) -> ApacheKafkaBroker:

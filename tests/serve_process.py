@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -101,7 +102,12 @@ class Scrape:
 
 
 class ServeProcess:
-    """One `ragpulse serve` subprocess and its /metrics and /healthz endpoints."""
+    """One `ragpulse serve` subprocess and its /metrics and /healthz endpoints.
+
+    Its TMPDIR is a folder of its own, removed at `stop()`: a serve killed mid-cycle leaves
+    the cycle's Beam temp folder (beam-pipeline-temp*) there, not in /tmp."""
+
+    own_temp_dir = True
 
     def __init__(
         self,
@@ -120,6 +126,10 @@ class ServeProcess:
         self.extra_args = list(extra_args)
         self.port = metrics_port or free_port()
         self.env = dict(env) if env is not None else None
+        self.temp_dir: Path | None = None
+        if self.own_temp_dir:
+            self.temp_dir = Path(tempfile.mkdtemp(prefix="ragpulse-serve-tmp-"))
+            self.env = {**(self.env or os.environ), "TMPDIR": str(self.temp_dir)}
         if log_path is None:
             handle, name = tempfile.mkstemp(prefix="ragpulse-serve-", suffix=".log")
             os.close(handle)
@@ -133,8 +143,11 @@ class ServeProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
+        return [*ragpulse_command(), *self.serve_args()]
+
+    def serve_args(self) -> list[str]:
+        """`serve` and its flags: the test defaults, then `extra_args` (which override)."""
         return [
-            *ragpulse_command(),
             "serve",
             "--kafka-bootstrap", self.bootstrap,
             "--topic", self.topic,
@@ -285,14 +298,14 @@ class ServeProcess:
 
     def stop(self) -> None:
         """Tear-down: terminate, and kill after 20 s; never raises for a process already gone."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
+        if self.process is not None and self.process.poll() is None:
             try:
                 self.terminate(timeout=20)
             except subprocess.TimeoutExpired:
                 self.kill()
         self._close_log()
+        if self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def _close_log(self) -> None:
         if self._log is not None:

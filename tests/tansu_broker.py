@@ -30,8 +30,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO
 
-from kafka import KafkaAdminClient, KafkaProducer
+from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
+from kafka_broker import produce
 from processes import free_port, stop_process
 
 START_TIMEOUT_S = 20.0
@@ -153,29 +154,10 @@ class TansuBroker:
         headers: Sequence[tuple[str, bytes]] | None = None,
         max_request_size: int = 1_048_576,
     ) -> list[tuple[int, int]]:
-        """Send `values` and wait for every ack; returns (partition, offset) per value.
-
-        Raise `max_request_size` (the producer's limit on one record) to send larger records.
-        """
-        producer = KafkaProducer(
-            bootstrap_servers=self.bootstrap, linger_ms=5, max_request_size=max_request_size
+        """`kafka_broker.produce` on this broker."""
+        return produce(
+            self.bootstrap, topic, values, partition, timestamp_ms, headers, max_request_size
         )
-        try:
-            futures = [
-                producer.send(
-                    topic,
-                    value=value,
-                    partition=partition,
-                    timestamp_ms=timestamp_ms,
-                    headers=list(headers) if headers else None,
-                )
-                for value in values
-            ]
-            producer.flush()
-            metadata = [future.get(timeout=10) for future in futures]
-        finally:
-            producer.close()
-        return [(m.partition, m.offset) for m in metadata]
 
     def close(self) -> None:
         self.stop()

@@ -34,6 +34,8 @@ class ContainerServe(ServeProcess):
     """`ragpulse serve` inside the image, run in the foreground by `podman run` (signals are
     passed on to the container); the container is removed at `stop()` whatever happened."""
 
+    own_temp_dir = False  # the container has its own /tmp
+
     def __init__(self, image: str, bootstrap: str, topic: str, *extra: str) -> None:
         super().__init__(bootstrap, topic, Path("/var/lib/ragpulse/state.sqlite"), extra,
                          env=podman_env())
@@ -43,16 +45,7 @@ class ContainerServe(ServeProcess):
     def command(self) -> list[str]:
         return podman_command(
             "run", "--rm", "--name", self.name, "--network", "host", self.image,
-            "serve",
-            "--kafka-bootstrap", self.bootstrap,
-            "--topic", self.topic,
-            "--state", str(self.state),
-            "--metrics-host", "127.0.0.1",
-            "--metrics-port", str(self.port),
-            "--judge-backend", "local",
-            "--trigger-interval", "0.5s",
-            "--kafka-timeout", "5s",
-            *self.extra_args,
+            *self.serve_args(),
         )  # fmt: skip
 
     def stop(self) -> None:

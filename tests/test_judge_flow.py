@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from cycle_holds import CycleHolds
 from fake_openai import FakeOpenAI
 from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from serve_process import Scrape, ServeProcess, serve_processes_fixture  # noqa: F401
@@ -180,3 +181,46 @@ def test_a_sigkill_while_calls_run_ahead_of_the_next_cycle_loses_and_double_coun
     assert m.total("ragpulse_events_total", outcome="accepted") == EVENTS
     # The calls started ahead and lost with the process were made again after the restart.
     assert len(server.requests) > EVENTS and called_before_kill > counted
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_after_the_topic_is_recreated_calls_start_ahead_again_and_the_next_cycle_takes_them_over(
+    serve_processes: ServeFactory, tmp_path: Path, kafka_broker: ApacheKafkaBroker  # noqa: F811
+) -> None:
+    """The lookahead's consumer keeps the position its own reads left it at (with the leader
+    epoch of the records read, KIP-320). A topic deleted and recreated shorter puts that
+    position past the new log's end: the read ahead must start again from the cycle's new
+    range, not fail there (LogTruncationError on Apache Kafka) and stop starting calls."""
+    payloads = [e.payload for e in simulate(8, 46, T0, rate=10)]
+    broker = kafka_broker
+    holds = CycleHolds(tmp_path / "hooks")
+    with FakeOpenAI(latency=0.2) as server:
+        broker.create_topic("ahead-recreated", 1)
+        broker.produce("ahead-recreated", payloads[:24], partition=0)
+        args = [*SERVE_ARGS, "--judge-base-url", server.base_url]
+        serve = serve_processes(
+            broker.bootstrap, "ahead-recreated", tmp_path / "state.sqlite", args, env=holds.env
+        ).start()
+        serve.wait_for(judged(24), 120, "the first topic's 24 events judged")
+        with serve.paused():
+            broker.delete_topic("ahead-recreated")
+            broker.create_topic("ahead-recreated", 1)
+            broker.produce("ahead-recreated", payloads[24:36], partition=0)  # offsets 0..11
+        holds.hold("judged")
+        holds.wait_at("judged", serve)  # the new topic's first 12 events, judged, not saved
+        assert len(server.requests) == 36
+        broker.produce("ahead-recreated", payloads[36:], partition=0)  # offsets 12..21
+        # The cycle is held: only the lookahead can call for these ten.
+        wait_until(lambda: len(server.requests) == 46, 60)
+        holds.release("judged")
+        m = serve.wait_for(judged(46), 120, "the recreated topic's 22 events judged")
+        assert serve.terminate() == 0
+    # A read ahead racing the reset may fail once, on the old log; none fails on the new one.
+    after_reset = serve.log_text().split("going on from offsets", 1)[1]
+    assert "could not read ahead" not in after_reset
+    assert m.total("ragpulse_offset_resets_total", kind="beyond_end") == 1
+    # Taken over by the next cycle: each event judged by one call, counted once.
+    assert len(server.requests) == 46
+    assert m.total("ragpulse_judge_calls_total", judge="groundedness") == 46
+    assert m.total("ragpulse_judge_verdicts_total", judge="groundedness") == 46

@@ -357,3 +357,31 @@ def test_a_record_over_the_limit_is_read_as_its_head_and_the_ones_behind_it_whol
         )
         expected = [(0, b"a", None), (1, big[:HEAD_BYTES], len(big)), (2, b"c", None)]
         assert_that(got, equal_to(expected))
+
+
+def test_a_topic_recreated_shorter_while_a_range_is_read_fails_the_read_saying_so(
+    kafka_broker: ApacheKafkaBroker,  # noqa: F811
+) -> None:
+    """The consumer's position carries the leader epoch of the records it read (KIP-320): on
+    the recreated topic's shorter log kafka-python finds it truncated (LogTruncationError), which
+    must end the read as the documented KafkaReadError, not as a client exception."""
+    kafka_broker.create_topic("events")
+    for batch in range(0, 20, 5):  # four batches; each fetch brings one (KIP-74)
+        kafka_broker.produce("events", [b"%d" % i for i in range(batch, batch + 5)])
+    consumer = KafkaConsumer(
+        bootstrap_servers=kafka_broker.bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="none",
+        max_partition_fetch_bytes=1,
+    )
+    try:
+        records = read_range(consumer, "events", 0, 0, 20)
+        first = [next(records).offset for _ in range(5)]
+        kafka_broker.delete_topic("events")
+        kafka_broker.create_topic("events")
+        kafka_broker.produce("events", [b"new"])
+        with pytest.raises(KafkaReadError, match="recreated or truncated"):
+            list(records)
+    finally:
+        consumer.close()
+    assert first == [0, 1, 2, 3, 4]

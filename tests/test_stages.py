@@ -7,6 +7,7 @@ metrics (`pipeline.graph.decode_metrics`), exactly as `run_graph` does.
 
 from __future__ import annotations
 
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,14 @@ from graph_runs import stage_config
 from judges.base import JudgeInput, Verdict
 from pipeline import counting
 from pipeline.events import InferenceRecord, Rejected, SourceRecord, parse_event
-from pipeline.graph import GraphResult, Sinks, decode_metrics, pipeline_options, run_graph
+from pipeline.graph import (
+    GraphResult,
+    Sinks,
+    decode_metrics,
+    own_temp_dir,
+    pipeline_options,
+    run_graph,
+)
 from pipeline.settings import JudgeSettings
 from pipeline.sinks.files import WriteDeadLetters
 from pipeline.stages import (
@@ -234,9 +242,8 @@ def parse_record(i: int) -> InferenceRecord:
 
 
 def test_judge_events_refuses_windowed_input() -> None:
-    with pytest.raises(ValueError, match="before they are windowed"), beam.Pipeline(
-        runner=FnApiRunner()
-    ) as p:
+    pipeline = own_temp_dir(beam.Pipeline(runner=FnApiRunner()))
+    with pytest.raises(ValueError, match="before they are windowed"), pipeline as p, p:
         _ = (
             p
             | beam.Create([parse_record(0)])
@@ -360,3 +367,19 @@ def test_groundedness_is_not_split_without_the_context_sufficiency_judge() -> No
         _ = p | beam.Create([parse_record(0)]) | JudgeEvents(stage_config().judges, batch_size=1)
     counts = decode_metrics(p.result.metrics()).counts
     assert not [k for k in counts if k[0] == counting.GROUNDED_BY_CONTEXT]
+
+
+class _FailsToBuild(beam.PTransform):
+    def expand(self, pbegin: Any) -> Any:
+        raise RuntimeError("no source here")
+
+
+def test_a_graph_that_fails_to_build_leaves_no_beam_temp_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beam makes a beam-pipeline-temp* folder for every Pipeline and removes it only when
+    run() ends: a failed build (of a serve cycle, say) must not leave it in /tmp."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(RuntimeError, match="no source here"):
+        run_graph(_FailsToBuild(), stage_config(), Sinks(dead_letters=WriteDeadLetters(tmp_path)))
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("beam-pipeline-temp")] == []

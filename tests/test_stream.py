@@ -13,6 +13,8 @@ row published to the ratings topic.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, ClassVar
 
 import apache_beam as beam
@@ -228,12 +230,17 @@ def test_stream_refuses_runners_that_do_not_run_unbounded_pipelines() -> None:
         )
 
 
-def test_stream_without_an_expansion_service_says_how_to_start_one_in_one_line() -> None:
+def test_stream_without_an_expansion_service_says_how_to_start_one_in_one_line(
+    tmp_path: Path,
+) -> None:
     port = free_port()  # nothing listens there
     done = ragpulse(
         "stream", "--kafka-bootstrap", "127.0.0.1:9092", "--topic", "logs",
         "--runner", "PortableRunner", "--expansion-service", f"127.0.0.1:{port}",
+        env={**os.environ, "TMPDIR": str(tmp_path)},
     )
+    # Beam's temp folder of the pipeline that was never run is gone with the command.
+    assert [p.name for p in tmp_path.iterdir()] == []
     line = one_line_error(done.returncode, done.stderr, allow_info=True)
     assert line.startswith(
         f"ragpulse stream: cannot expand the Kafka reader (ReadFromKafka) with 127.0.0.1:{port}:"

@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+from beam_services import service
 from cli import ragpulse
-from flink_runner import EXPANSION_SERVICE, _service, beam_tools_dir, java_command
+from flink_runner import EXPANSION_SERVICE, beam_tools_dir, java_command
 from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from processes import free_port
 from test_stream_flink import create_topics, produce_events
@@ -47,7 +48,7 @@ def test_stream_on_prism_runs_or_prism_still_refuses_its_windowing(
     expansion = java_command(
         EXPANSION_SERVICE, str(expansion_port), "--defaultEnvironmentType=EMBEDDED"
     )
-    with _service("prism", prism, job_port, tmp_path), _service(
+    with service("prism", prism, job_port, tmp_path), service(
         "expansion-service", expansion, expansion_port, tmp_path
     ):
         done = ragpulse(

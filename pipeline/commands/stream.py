@@ -199,7 +199,7 @@ def main(args: argparse.Namespace) -> int:
     import apache_beam as beam
     import grpc
 
-    from pipeline.graph import pipeline_options
+    from pipeline.graph import own_temp_dir, pipeline_options
     from pipeline.streaming import PaneSchedule, ReadKafkaStream, build_stream
 
     options = pipeline_options((*settings.beam_args, "--streaming"), settings.runner)
@@ -210,19 +210,19 @@ def main(args: argparse.Namespace) -> int:
         settings.expansion_service,
     )
     schedule = PaneSchedule(settings.allowed_lateness_seconds, settings.early_firing_seconds)
-    p = beam.Pipeline(options=options)
-    try:
-        build_stream(p, source, settings.stage_config(), schedule, stream_sinks(settings))
-    except (RuntimeError, grpc.RpcError) as exc:
-        # Beam raises these while expanding the Java reader: no jar, no java, no service.
-        where = settings.expansion_service or "the expansion service Beam starts"
-        raise SettingsError(
-            f"cannot expand the Kafka reader (ReadFromKafka) with {where}: "
-            f"{_first_line(exc)}; start one (java -jar "
-            f"{EXPANSION_JAR.format(version=BEAM_VERSION)} PORT) and pass "
-            "--expansion-service HOST:PORT"
-        ) from None
-    result = p.run()
+    with own_temp_dir(beam.Pipeline(options=options)) as p:
+        try:
+            build_stream(p, source, settings.stage_config(), schedule, stream_sinks(settings))
+        except (RuntimeError, grpc.RpcError) as exc:
+            # Beam raises these while expanding the Java reader: no jar, no java, no service.
+            where = settings.expansion_service or "the expansion service Beam starts"
+            raise SettingsError(
+                f"cannot expand the Kafka reader (ReadFromKafka) with {where}: "
+                f"{_first_line(exc)}; start one (java -jar "
+                f"{EXPANSION_JAR.format(version=BEAM_VERSION)} PORT) and pass "
+                "--expansion-service HOST:PORT"
+            ) from None
+        result = p.run()
     log.info(
         "submitted the stream of %s to %s (job state %s): window panes to %s, dead letters "
         "to %s; %s judges (backend %s), sample rate %g, %gs windows, %gs allowed lateness, "

@@ -45,7 +45,7 @@ from judges.redaction import TextPolicy
 from judges.verdict_cache import CacheKey, as_cached
 from pipeline import counting
 from pipeline.budget import TOKENS
-from pipeline.service.state import CallsSettled
+from pipeline.service.state import CallsSettled, write_transaction
 
 log = logging.getLogger(__name__)
 
@@ -266,17 +266,12 @@ class AnsweredCalls:
             )
             for call_id, call in calls
         ]
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with write_transaction(self._db):
             self._db.executemany(
                 "INSERT INTO answered_calls (id, judge, version, digest, verdict) "
                 "VALUES (?, ?, ?, ?, ?)",
                 rows,
             )
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         with self._lock:
             self._written.update(call_id for call_id, _ in calls)
 

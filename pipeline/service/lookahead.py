@@ -33,7 +33,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from kafka import KafkaConsumer, TopicPartition
 
@@ -87,16 +87,23 @@ class Lookahead:
         self._thread.start()
 
     def cycle_started(
-        self, starts: Mapping[int, int], stops: Mapping[int, int], closed_before: float | None
+        self,
+        starts: Mapping[int, int],
+        stops: Mapping[int, int],
+        closed_before: float | None,
+        reset: Collection[int] = (),
     ) -> None:
         """The cycle now running reads [starts[p], stops[p]) (stops only where it reads
         anything) and drops events of windows ending at or before `closed_before`: look ahead
-        from its stops, or from further on where this thread has already read."""
+        from its stops, or from further on where this thread has already read. The partitions
+        in `reset` start where an offset reset put them (a topic recreated or truncated): what
+        this thread read there was another log, so it looks ahead from the stop."""
         with self._lock:
             for p, start in starts.items():
                 stop = stops.get(p, start)
                 seen = self._next.get(p, stop)
-                self._next[p] = max(seen, stop) if seen >= start else stop
+                kept = seen >= start and p not in reset
+                self._next[p] = max(seen, stop) if kept else stop
             for p in [p for p in self._next if p not in starts]:
                 del self._next[p]
             self._cutoff = closed_before
@@ -116,6 +123,7 @@ class Lookahead:
                 continue  # the cycle's own calls fill the endpoint
             with self._lock:
                 room = self._batch_events - self._started
+                cycles = self._cycles
             if room <= 0:
                 continue
             free = self._high - self._panel.calls_in_flight
@@ -128,10 +136,14 @@ class Lookahead:
                     "could not read ahead of the cycle (calls not started early): %s",
                     exc,
                 )
-                # Positions a read failed at (a topic recreated, records deleted) are dropped;
-                # the next cycle sets them again from its own ranges.
+                # Positions a read failed at (a topic recreated, records deleted) are dropped,
+                # unless a cycle started meanwhile and set its own; the next cycle sets them
+                # again from its ranges. The consumer is sought there even where they are the
+                # offsets it failed at: its position still holds the failure (`_read_ahead`).
                 with self._lock:
-                    self._next.clear()
+                    if self._cycles == cycles:
+                        self._next.clear()
+                self._polled_to = {}
                 self._stop.wait(1.0)
                 continue
             if items:
@@ -160,6 +172,11 @@ class Lookahead:
         consumer = self._consumer
         # Assigned and sought only when the positions are not where the last poll left them:
         # each seek drops the fetch under way, and under load one may take longer than a poll.
+        # Between seeks the consumer's position is the one its own fetches left, which carries
+        # the leader epoch of the last record read (KIP-320): if the log under it changes (a
+        # topic recreated shorter), kafka-python validates it against the broker and, with no
+        # reset policy, raises LogTruncationError on every poll until the next seek. A seek
+        # to a plain offset carries no epoch and is never validated.
         if positions != self._polled_to:
             consumer.assign([TopicPartition(s.topic, p) for p in positions])
             for p, offset in positions.items():

@@ -220,7 +220,7 @@ class TopicWatcher:
         cutoff = closed_before(previous_wm, s.allowed_lateness_seconds)
         if self._lookahead is not None:
             self._lookahead.cycle_started(
-                starts, {p: stop for p, (_, stop) in ranges.items()}, cutoff
+                starts, {p: stop for p, (_, stop) in ranges.items()}, cutoff, reset=reset_to
             )
         latest = self.state.latest_event_times(topic)
         result: GraphResult | None = None

@@ -15,13 +15,14 @@ restart every count from zero.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -252,8 +253,7 @@ class StateStore:
         `counts`) and deletes the ones done with.
         """
         db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with write_transaction(db):
             for partition, next_offset in (reset_offsets or {}).items():
                 db.execute(
                     "INSERT INTO offsets (topic, partition, next_offset) VALUES (?, ?, ?) "
@@ -377,10 +377,6 @@ class StateStore:
                     (closed_before,),
                 )
                 completed = dict(_window(r) for r in rows)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return completed
 
     def windows(
@@ -468,8 +464,7 @@ class StateStore:
         ]
         if not rows:
             return
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with write_transaction(self._db):
             self._db.executemany(
                 "INSERT INTO exemplars (name, labels, request_id, timestamp) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (name, labels) DO UPDATE SET request_id = excluded.request_id, "
@@ -477,10 +472,6 @@ class StateStore:
                 "> (exemplars.timestamp, exemplars.request_id)",
                 rows,
             )
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
 
     def exemplars(self) -> dict[counting.CounterKey, counting.FailingExample]:
         """The saved exemplar of every failing verdict series."""
@@ -543,6 +534,20 @@ class StateStore:
         return {int(r["partition"]): float(r["latest_event_time"]) for r in rows}
 
 
+@contextlib.contextmanager
+def write_transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction on `db` (connected with isolation_level=None): the write lock is
+    taken at the start (BEGIN IMMEDIATE: a second writer waits there, not at the commit), the
+    block's writes are committed when it ends and rolled back if it raises."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     # isolation_level=None: transactions are opened explicitly with BEGIN IMMEDIATE.
     db = sqlite3.connect(path, isolation_level=None, timeout=30)
@@ -561,13 +566,12 @@ def _create(path: Path) -> None:
     except sqlite3.Error as exc:
         raise StateError(f"state file {path} cannot be created: {exc}") from None
     try:
-        db.execute("BEGIN IMMEDIATE")
-        # Statement by statement: executescript() would commit the open transaction first.
-        for statement in _SCHEMA.split(";"):
-            if statement.strip():
-                db.execute(statement)
-        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        db.execute("COMMIT")
+        with write_transaction(db):
+            # Statement by statement: executescript() would commit the open transaction first.
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
     finally:
         db.close()
     with open(tmp, "rb") as f:
@@ -636,8 +640,7 @@ def _migrate_to_2(db: sqlite3.Connection) -> None:
     """Schema 1 to 2, in one transaction: the windows table is rebuilt with the `version`
     column in its key (SQLite cannot change a key in place); old windows get version ""."""
     columns = "window_start, window_end, judge, app, model, yes, no, error, complete"
-    db.execute("BEGIN IMMEDIATE")
-    try:
+    with write_transaction(db):
         db.execute("DROP INDEX IF EXISTS windows_open")
         db.execute("DROP INDEX IF EXISTS windows_series")
         db.execute("ALTER TABLE windows RENAME TO windows_v1")
@@ -647,10 +650,6 @@ def _migrate_to_2(db: sqlite3.Connection) -> None:
         db.execute(f"INSERT INTO windows ({columns}) SELECT {columns} FROM windows_v1")
         db.execute("DROP TABLE windows_v1")
         db.execute("PRAGMA user_version=2")
-        db.execute("COMMIT")
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
 
 
 def _window(r: sqlite3.Row) -> tuple[WindowKey, RatingCounts]:

@@ -320,7 +320,9 @@ def read_range(
     deletes records of the range after it was planned, the read goes on from the new log start
     and the deleted records are reported to `on_lost` (and logged as an error). Raises
     KafkaReadError when the range is beyond the partition's end (the topic was recreated or
-    truncated meanwhile: the next cycle sees it) or no progress is made for `stall_timeout_s`
+    truncated meanwhile: the next cycle sees it; on Apache Kafka the consumer finds it by
+    KIP-320 validation of its position, whose leader epoch is that of the records it read, and
+    kafka-python raises LogTruncationError) or no progress is made for `stall_timeout_s`
     (broker down, records gone).
     """
     if stop <= start:
@@ -335,13 +337,12 @@ def read_range(
     while position < stop:
         try:
             batch = consumer.poll(timeout_ms=int(poll_timeout_s * 1000)).get(tp, [])
+        except kafka_errors.LogTruncationError:
+            raise KafkaReadError(_replaced(topic, partition, position)) from None
         except kafka_errors.OffsetOutOfRangeError:
             log_start = int(consumer.beginning_offsets([tp], timeout_ms=timeout_ms)[tp])
             if log_start <= position:
-                raise KafkaReadError(
-                    f"{topic}/{partition}: offset {position} is beyond the partition's end: "
-                    "the topic was recreated or truncated while it was read"
-                ) from None
+                raise KafkaReadError(_replaced(topic, partition, position)) from None
             resume = min(log_start, stop)
             log.error(
                 "%s/%d: offsets %d..%d were deleted by retention before they were read; "
@@ -372,7 +373,10 @@ def read_range(
             found = _kafka_record(record, partition, max_value_bytes)
             del record  # an oversized value is dropped here, before the head goes downstream
             yield found
-        new_position = int(consumer.position(tp, timeout_ms=timeout_ms))
+        try:
+            new_position = int(consumer.position(tp, timeout_ms=timeout_ms))
+        except kafka_errors.LogTruncationError:
+            raise KafkaReadError(_replaced(topic, partition, position)) from None
         if new_position > position:
             position = new_position
             last_progress = time.monotonic()
@@ -382,6 +386,13 @@ def read_range(
                 f"for {stall_timeout_s:.0f}s; is the broker at {bootstrap_of(consumer)} up?"
             )
     _log_skipped(topic, partition, expected, stop)
+
+
+def _replaced(topic: str, partition: int, position: int) -> str:
+    return (
+        f"{topic}/{partition}: offset {position} is beyond the partition's end: "
+        "the topic was recreated or truncated while it was read"
+    )
 
 
 def _kafka_record(record: Any, partition: int, max_value_bytes: int | None) -> KafkaRecord:

@@ -100,6 +100,7 @@ def kills(code: Path, n_events: int, n_kills: int, seed: int) -> dict[str, float
             finally:
                 kills_at.append(time.monotonic())  # before: kill() waits for the process
                 serve.kill()
+                serve.stop()  # removes its temp folder
         final = ServeProcess(broker.bootstrap, "kills", state, serve_args(endpoint), env=env)
         final.start()
         scrape = final.wait_for(
@@ -109,6 +110,7 @@ def kills(code: Path, n_events: int, n_kills: int, seed: int) -> dict[str, float
             "every event judged",
         )
         final.terminate()
+        final.stop()
         calls = ok_calls(endpoint)
         needed = len({request_identity(c.body) for c in calls})
         # Answered after serve was killed while waiting: paid, but never seen by serve.
@@ -160,6 +162,7 @@ def budget(code: Path, restarts: int, per_hour: int) -> dict[str, float]:
             scrape = serve.wait_for(committed_all(40 * (r + 1)), 120, "a cycle over the events")
             gauge_max = max(gauge_max, scrape.value("ragpulse_judge_budget_spent_this_hour") or 0)
             serve.kill()
+            serve.stop()
         paid = sum(tokens(c) for c in ok_calls(endpoint))
     same_hour = math.floor(time.time() / 3600) == hour
     return {
