@@ -38,8 +38,8 @@ from pipeline.sources.kafka import end_offsets
 JUDGES = ("groundedness", "safety", "relevance_to_query")
 
 ServeFactory = Callable[..., ServeProcess]
-# A serve test waits up to a minute or two for what it checks; the slower ones say so.
-pytestmark = pytest.mark.timeout(300)  # a guard against hangs, not a speed bound: minutes at load 20
+# A guard against hangs, not a speed bound: a serve test takes minutes at load 20 on 2 cores.
+pytestmark = pytest.mark.timeout(300)
 
 
 # --- helpers -----------------------------------------------------------------------------------
