@@ -44,10 +44,10 @@ from apache_beam.runners.worker import sdk_worker
 from judges import JudgeSpec
 from pipeline import counting
 from pipeline import metrics_catalogue as catalogue
+from pipeline.canaries import CanaryEvent
 from pipeline.cascade import CascadeSettings
 from pipeline.errors import SettingsError
 from pipeline.sampling import SamplingPlan, WeightedCounts
-from pipeline.service.canaries import CanaryEvent
 from pipeline.sessions import GroupSessions, SessionConfig
 from pipeline.sinks.kafka import UNACKNOWLEDGED_NAMESPACE
 from pipeline.stages import (
@@ -160,7 +160,7 @@ def build_graph(
     """Adds the whole run to `p`: `source` yields `SourceRecord`s, `sinks` take the outputs.
 
     `canaries` are judged with the events and counted only in `ragpulse_canary_verdicts_total`
-    (see `pipeline.service.canaries`).
+    (see `pipeline.canaries`).
     """
     parsed = p | "Read" >> source | "ParseEvents" >> ParseEvents(
         sample_rate=config.sample_rate,

@@ -60,8 +60,8 @@ from pipeline.budget import BudgetSettings
 from pipeline.cascade import CascadeSettings, add_cascade_arguments, cascade_settings
 from pipeline.errors import SettingsError
 from pipeline.kafka_security import PLAINTEXT, KafkaSecurity
+from pipeline.labels import LabelLimits
 from pipeline.sampling import SamplingPlan, load_plan
-from pipeline.service.labels import LabelLimits
 from pipeline.traces import INPUT_FORMATS, InputFormat
 from pipeline.windows import parse_duration
 
@@ -812,7 +812,7 @@ def add_beam_arguments(p: argparse.ArgumentParser) -> None:
 
 def batch_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The `BatchSettings` fields the shared flags set."""
-    from pipeline.service.labels import label_limits
+    from pipeline.labels import label_limits
 
     judges = judge_settings(args)
     return {

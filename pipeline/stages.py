@@ -6,7 +6,7 @@ One composite transform per stage, in the order an event travels:
         |                                                              |
         +--> dead letters (invalid or late)          WindowRatings --> (WindowKey, RatingCounts)
 
-Golden-set canaries (`pipeline.service.canaries.CanaryEvent`) may join the events before
+Golden-set canaries (`pipeline.canaries.CanaryEvent`) may join the events before
 JudgeEvents:
 they are judged with them but leave that stage only as `ragpulse_canary_verdicts_total` counts.
 
@@ -35,11 +35,11 @@ from judges.base import RATINGS, Verdict
 from judges.ensemble import agreement
 from pipeline import counting, sampling
 from pipeline import metrics_catalogue as catalogue
+from pipeline.canaries import CANARY_VERDICTS, CanaryEvent, outcome
 from pipeline.cascade import CascadePanel, CascadeSettings
 from pipeline.counting import COUNTER_NAMESPACE
 from pipeline.events import InferenceRecord, InvalidEvent, Rejected, SourceRecord, parse_event
 from pipeline.sampling import SamplingPlan, is_sampled, sampling_key
-from pipeline.service.canaries import CANARY_VERDICTS, CanaryEvent, outcome
 from pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_start
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ from typing import Any
 
 import apache_beam as beam
 
+from pipeline.canaries import CanaryEvent
 from pipeline.events import SourceRecord
 from pipeline.graph import GraphResult, Sinks, StageConfig, run_graph
-from pipeline.service.canaries import CanaryEvent
 from pipeline.settings import BatchSettings, JudgeSettings
 from pipeline.sinks.files import WriteDeadLetters, WriteVerdicts, WriteWindows
 

@@ -18,10 +18,7 @@ from graph_runs import run_to_files, stage_config
 
 from judges import DEFAULT_JUDGES, JUDGE_NAMES
 from pipeline import counting
-from pipeline.commands.simulate import Incidents, simulate
-from pipeline.events import SourceRecord
-from pipeline.graph import GraphResult
-from pipeline.service.canaries import (
+from pipeline.canaries import (
     CANARY_VERDICTS,
     CanaryEvent,
     CanaryFeed,
@@ -29,6 +26,9 @@ from pipeline.service.canaries import (
     load_golden_set,
     outcome,
 )
+from pipeline.commands.simulate import Incidents, simulate
+from pipeline.events import SourceRecord
+from pipeline.graph import GraphResult
 from pipeline.settings import JudgeSettings
 from pipeline.sinks.files import DEAD_LETTER_FILE, VERDICTS_FILE
 

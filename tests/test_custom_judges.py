@@ -354,7 +354,7 @@ def test_helm_mounts_custom_judge_files_that_the_real_cli_loads(
 
 
 def test_canaries_may_carry_labels_for_a_custom_judge_in_use(tmp_path: Path) -> None:
-    from pipeline.service.canaries import load_golden_set
+    from pipeline.canaries import load_golden_set
 
     data = orjson.loads(pricing_event(0, f"{MARKER}: a free month for everyone."))
     data["labels"] = {NAME: "no", "groundedness": "no"}

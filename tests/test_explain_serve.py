@@ -22,8 +22,8 @@ from prometheus_server import prometheus_config, running_prometheus
 from serve_process import T0, TopicFactory, caught_up
 
 from judges import DEFAULT_JUDGES, JUDGE_NAMES
+from pipeline.canaries import load_golden_set, outcome
 from pipeline.commands.simulate import Incidents, simulate
-from pipeline.service.canaries import load_golden_set, outcome
 from pipeline.settings import JudgeSettings
 
 # Each test waits for serve to judge all events, and some for Prometheus too.

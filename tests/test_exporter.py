@@ -28,7 +28,7 @@ from prometheus_server import PrometheusServer, prometheus_config, running_prome
 from serve_process import Scrape
 
 from pipeline.commands.exporter import RatingsExporter
-from pipeline.service.labels import LabelLimits
+from pipeline.labels import LabelLimits
 from pipeline.service.panes import PaneTable
 from pipeline.settings import ExporterSettings
 from pipeline.sinks import rating_rows

@@ -80,3 +80,50 @@ def test_the_judges_never_import_the_pipeline() -> None:
     graph = _graph()
     chains = graph.find_shortest_chains(importer="judges", imported="pipeline", as_packages=True)
     assert chains == set()
+
+
+# The layers of pipeline/, top to bottom: a module imports only from its own layer or below.
+# Commands parse flags and start things; the serve loop and the exporter run cycles; settings
+# turn flags into typed configuration for the graphs; the graphs wire stages, sources and sinks;
+# the rest is typed data and pure functions (events, windows, counting, sampling, labels...).
+# judges/ sits below all of them (test above).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("pipeline.cli", "pipeline.commands"),
+    ("pipeline.service",),
+    ("pipeline.settings", "pipeline.config_sources"),
+    ("pipeline.graph", "pipeline.streaming"),
+    ("pipeline.stages", "pipeline.sinks", "pipeline.sources", "pipeline.weighted_windows"),
+)
+
+
+def _layer(module: str) -> int:
+    """The index of a pipeline module's layer in LAYERS; len(LAYERS) for the bottom one."""
+    for index, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return index
+    return len(LAYERS)
+
+
+def _upward_imports(graph: grimp.ImportGraph) -> list[tuple[str, str]]:
+    return sorted(
+        (importer, imported)
+        for importer in graph.modules
+        if importer.startswith("pipeline")
+        for imported in graph.find_modules_directly_imported_by(importer)
+        if imported.startswith("pipeline") and _layer(imported) < _layer(importer)
+    )
+
+
+def test_no_module_of_pipeline_imports_from_a_layer_above_its_own() -> None:
+    assert _upward_imports(_graph()) == []
+
+
+def test_an_upward_import_is_found_when_there_is_one() -> None:
+    graph = grimp.ImportGraph()
+    for module in ("pipeline.stages", "pipeline.service.loop", "pipeline.events"):
+        graph.add_module(module)
+    graph.add_import(importer="pipeline.service.loop", imported="pipeline.stages")
+    graph.add_import(importer="pipeline.stages", imported="pipeline.events")
+    assert _upward_imports(graph) == []
+    graph.add_import(importer="pipeline.stages", imported="pipeline.service.loop")
+    assert _upward_imports(graph) == [("pipeline.stages", "pipeline.service.loop")]

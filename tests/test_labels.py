@@ -20,7 +20,7 @@ from pipeline import cli, counting
 from pipeline.commands.run import METRICS_FILE, VERDICTS_FILE
 from pipeline.commands.simulate import simulate
 from pipeline.events import SourceRecord
-from pipeline.service.labels import OTHER, LabelBudget, LabelLimits
+from pipeline.labels import OTHER, LabelBudget, LabelLimits
 from pipeline.service.state import StateStore
 from pipeline.settings import JudgeSettings
 from pipeline.sinks.prometheus import MetricsSnapshot, registry_for
@@ -58,7 +58,7 @@ def test_values_beyond_the_cap_are_counted_as_other_in_sorted_order_with_their_o
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     budget = LabelBudget(LabelLimits(max_values=3))
-    with caplog.at_level(logging.WARNING, logger="pipeline.service.labels"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.labels"):
         windows, counts = budget.bound(*batch(["e", "d", "c", "b", "a"]))
         # The second batch overflows again: the warning is not repeated.
         budget.bound(*batch(["f", "g"]), admitted_from=counts)

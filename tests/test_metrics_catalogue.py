@@ -69,7 +69,7 @@ def test_the_collector_learns_names_from_the_catalogue_not_from_the_cost_control
                  and node.module}
     assert "metrics_catalogue" in imported
     assert not imported & {"budget", "cascade", "pipeline.budget", "pipeline.cascade",
-                           "pipeline.service.canaries.CANARY_VERDICTS"}
+                           "pipeline.canaries.CANARY_VERDICTS"}
 
 
 def test_a_scrape_shows_catalogued_names_with_the_catalogue_help() -> None:

@@ -125,7 +125,7 @@ def test_once_a_prompt_changes_only_the_new_versions_window_gauges_are_exported(
 
 
 def test_the_label_budget_bounds_app_and_model_but_keeps_each_windows_prompt_version() -> None:
-    from pipeline.service.labels import LabelBudget, LabelLimits
+    from pipeline.labels import LabelBudget, LabelLimits
 
     windows = {WindowKey(START, END, "safety", app, "m1", "v3f2"): RatingCounts(yes=1)
                for app in ("a", "b")}

@@ -33,7 +33,7 @@ from pipeline.kafka_security import (
     connect,
     security_from_args,
 )
-from pipeline.service.labels import (
+from pipeline.labels import (
     EXPORTER_BOUNDED_LABELS,
     LabelBudget,
     add_label_arguments,
@@ -79,7 +79,7 @@ class RatingsExporter:
 
     def snapshot(self) -> MetricsSnapshot:
         """What /metrics shows now, with judge, version, app and model values bounded as serve
-        bounds app and model (`pipeline.service.labels`)."""
+        bounds app and model (`pipeline.labels`)."""
         with self._lock:
             gauges = {HEARTBEAT: self._last_answer} if self._last_answer is not None else {}
             snap = self._table.snapshot(gauges)

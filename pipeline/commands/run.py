@@ -16,7 +16,7 @@ from pipeline import counting
 from pipeline import metrics_catalogue as catalogue
 from pipeline.calibration import by_judge
 from pipeline.config_sources import add_config_arguments
-from pipeline.service.labels import LabelBudget, add_label_arguments
+from pipeline.labels import LabelBudget, add_label_arguments
 from pipeline.settings import (
     RunSettings,
     add_batch_arguments,

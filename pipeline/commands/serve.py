@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import make_wsgi_app
 
 from pipeline.budget import add_budget_arguments, budget_settings
+from pipeline.canaries import CanaryFeed, GoldenSetError, load_golden_set
 from pipeline.config_sources import add_config_arguments
 from pipeline.errors import SettingsError
 from pipeline.kafka_security import (
@@ -24,8 +25,7 @@ from pipeline.kafka_security import (
     check_access,
     security_from_args,
 )
-from pipeline.service.canaries import CanaryFeed, GoldenSetError, load_golden_set
-from pipeline.service.labels import add_label_arguments
+from pipeline.labels import add_label_arguments
 from pipeline.service.owners import Owner
 from pipeline.service.state import StateError, StateLock
 from pipeline.settings import (

@@ -66,13 +66,13 @@ from pipeline import counting
 from pipeline import metrics_catalogue as catalogue
 from pipeline.budget import TOKENS, BudgetGovernor
 from pipeline.calibration import by_judge
+from pipeline.canaries import CanaryFeed
 from pipeline.errors import SettingsError
 from pipeline.graph import GraphResult, Sinks, pipeline_options, run_graph
+from pipeline.labels import LabelBudget
 from pipeline.sampling import SPEND, SamplingPlan
-from pipeline.service.canaries import CanaryFeed
 from pipeline.service.cycle_hooks import CycleHooks
 from pipeline.service.journal import AnsweredCalls
-from pipeline.service.labels import LabelBudget
 from pipeline.service.lookahead import Lookahead, runs_here
 from pipeline.service.owners import Commit, Owner, conflicts, read_metadata
 from pipeline.service.state import HourSpend, StateError, StateStore

@@ -34,7 +34,7 @@ from judges.base import RATINGS
 from pipeline import counting, sampling
 from pipeline import metrics_catalogue as catalogue
 from pipeline.calibration import JudgeCalibration, corrected_ratio
-from pipeline.service.canaries import CANARY_OUTCOMES
+from pipeline.canaries import CANARY_OUTCOMES
 from pipeline.windows import RatingCounts, WindowKey, wilson_interval
 
 # Counters whose label sets are known up front are exported at 0 before the first event,
