@@ -682,6 +682,21 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+def add_duration_flag(
+    g: Any, flag: str, model: type[BaseModel], field: str, help: str, *, positive: bool = True
+) -> None:
+    """A DURATION flag setting `model.field` (seconds), with the model's default; `{default}` in
+    `help` is that default as the flag takes it (e.g. 10m). `positive`: zero is refused."""
+    default = default_of(model, field)
+    g.add_argument(
+        flag,
+        type=positive_duration if positive else duration,
+        default=default,
+        metavar="DURATION",
+        help=help.replace("{default}", format_duration(default)),
+    )
+
+
 def add_future_skew_argument(g: Any, model: type[BaseModel]) -> None:
     """--max-future-skew, for the commands that admit events (run, serve, stream) and the
     exporter (which ignores panes of windows beyond it)."""

@@ -32,14 +32,12 @@ from pipeline.settings import (
     ServeSettings,
     add_batch_arguments,
     add_beam_arguments,
+    add_duration_flag,
     add_judge_arguments,
     add_metrics_server_arguments,
     batch_fields,
     build,
     default_of,
-    duration,
-    format_duration,
-    positive_duration,
 )
 from pipeline.sinks.prometheus import registry_for
 from pipeline.sinks.prometheus_http import (
@@ -84,11 +82,6 @@ def serve_http(
     web = web or WebConfig()
     app = exporter_app(make_wsgi_app(registry), watcher.healthy, web.users)
     return start_metrics_server(app, host, port, web.tls)
-
-
-def _dur(field: str) -> str:
-    """The default of a duration setting, as the flag would take it (e.g. 10m)."""
-    return format_duration(default_of(ServeSettings, field))
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -141,12 +134,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         default=default_of(ServeSettings, "max_batch_events"),
         help="most records one cycle reads (default: %(default)s)",
     )
-    k.add_argument(
-        "--kafka-timeout",
-        type=positive_duration,
-        default=default_of(ServeSettings, "kafka_timeout_seconds"),
-        metavar="DURATION",
-        help=f"timeout of one Kafka request (default: {_dur('kafka_timeout_seconds')})",
+    add_duration_flag(
+        k, "--kafka-timeout", ServeSettings, "kafka_timeout_seconds",
+        "timeout of one Kafka request (default: {default})",
     )
     k.add_argument(
         "--on-offset-reset",
@@ -157,62 +147,48 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "(skips nothing still readable), latest from the log end, fail stops serve (exit code "
         f"{EXIT_OFFSET_RESET}); always logged and counted (default: %(default)s)",
     )
-    k.add_argument(
-        "--undeliverable-after",
-        type=positive_duration,
-        default=default_of(ServeSettings, "undeliverable_after_seconds"),
-        metavar="DURATION",
-        help="how long dead letters and verdict rows the broker does not acknowledge are "
+    add_duration_flag(
+        k, "--undeliverable-after", ServeSettings, "undeliverable_after_seconds",
+        "how long dead letters and verdict rows the broker does not acknowledge are "
         "retried (the cycle fails and runs again) before they are counted as undeliverable "
         "and the cycle moves on (default: "
-        f"{_dur('undeliverable_after_seconds')}); records the broker refuses for good (too "
+        "{default}); records the broker refuses for good (too "
         "large, invalid) are counted at once",
     )
     add_kafka_security_arguments(p.add_argument_group("kafka security"))
     add_batch_arguments(p)
     w = p.add_argument_group("watermark and cycles")
-    w.add_argument(
-        "--allowed-lateness",
-        type=duration,
-        default=default_of(ServeSettings, "allowed_lateness_seconds"),
-        metavar="DURATION",
-        help="how long after its end a window still takes late events "
-        f"(default: {_dur('allowed_lateness_seconds')})",
+    add_duration_flag(
+        w, "--allowed-lateness", ServeSettings, "allowed_lateness_seconds",
+        "how long after its end a window still takes late events "
+        "(default: {default})",
+        positive=False,
     )
-    w.add_argument(
-        "--out-of-orderness",
-        type=duration,
-        default=default_of(ServeSettings, "out_of_orderness_seconds"),
-        metavar="DURATION",
-        help="how far event times may run behind within a partition; the watermark "
+    add_duration_flag(
+        w, "--out-of-orderness", ServeSettings, "out_of_orderness_seconds",
+        "how far event times may run behind within a partition; the watermark "
         "trails the latest event time by this much "
-        f"(default: {_dur('out_of_orderness_seconds')})",
+        "(default: {default})",
+        positive=False,
     )
-    w.add_argument(
-        "--partition-idle-after",
-        type=duration,
-        default=default_of(ServeSettings, "partition_idle_after_seconds"),
-        metavar="DURATION",
-        help="a partition that has had nothing new to read for this long is idle and stops "
+    add_duration_flag(
+        w, "--partition-idle-after", ServeSettings, "partition_idle_after_seconds",
+        "a partition that has had nothing new to read for this long is idle and stops "
         "holding the watermark back (like Flink's withIdleness); until then a quiet "
         "partition keeps it, so that its next events are not late "
-        f"(default: {_dur('partition_idle_after_seconds')})",
+        "(default: {default})",
+        positive=False,
     )
-    w.add_argument(
-        "--trigger-interval",
-        type=positive_duration,
-        default=default_of(ServeSettings, "trigger_interval_seconds"),
-        metavar="DURATION",
-        help=f"time between cycles when caught up (default: {_dur('trigger_interval_seconds')})",
+    add_duration_flag(
+        w, "--trigger-interval", ServeSettings, "trigger_interval_seconds",
+        "time between cycles when caught up (default: {default})",
     )
-    w.add_argument(
-        "--trace-assembly-wait",
-        type=duration,
-        default=default_of(ServeSettings, "trace_assembly_wait_seconds"),
-        metavar="DURATION",
-        help="with --input-format otlp_json|otlp_proto: how long the spans of a trace are "
+    add_duration_flag(
+        w, "--trace-assembly-wait", ServeSettings, "trace_assembly_wait_seconds",
+        "with --input-format otlp_json|otlp_proto: how long the spans of a trace are "
         "gathered, from the first one read, before the trace is judged or dead-lettered "
-        f"(default: {_dur('trace_assembly_wait_seconds')})",
+        "(default: {default})",
+        positive=False,
     )
     s = p.add_argument_group("service")
     s.add_argument(
@@ -249,21 +225,15 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "(default: %(default)s)",
     )
     add_metrics_server_arguments(s, ServeSettings)
-    s.add_argument(
-        "--unhealthy-after",
-        type=positive_duration,
-        default=default_of(ServeSettings, "unhealthy_after_seconds"),
-        metavar="DURATION",
-        help="/healthz answers 503 once cycles have failed, or one cycle has run, for this long "
-        f"(default: {_dur('unhealthy_after_seconds')}); set it above your longest cycle",
+    add_duration_flag(
+        s, "--unhealthy-after", ServeSettings, "unhealthy_after_seconds",
+        "/healthz answers 503 once cycles have failed, or one cycle has run, for this long "
+        "(default: {default}); set it above your longest cycle",
     )
-    s.add_argument(
-        "--retention",
-        type=positive_duration,
-        default=default_of(ServeSettings, "retention_seconds"),
-        metavar="DURATION",
-        help="how long complete windows stay in the state file for `ragpulse windows`, in event "
-        f"time (default: {_dur('retention_seconds')}); counters are never pruned",
+    add_duration_flag(
+        s, "--retention", ServeSettings, "retention_seconds",
+        "how long complete windows stay in the state file for `ragpulse windows`, in event "
+        "time (default: {default}); counters are never pruned",
     )
     c = p.add_argument_group("judge canaries")
     c.add_argument(
