@@ -700,15 +700,12 @@ def add_duration_flag(
 def add_future_skew_argument(g: Any, model: type[BaseModel]) -> None:
     """--max-future-skew, for the commands that admit events (run, serve, stream) and the
     exporter (which ignores panes of windows beyond it)."""
-    g.add_argument(
-        "--max-future-skew",
-        type=positive_duration,
-        default=default_of(model, "max_future_skew_seconds"),
-        metavar="DURATION",
-        help="events dated more than this ahead of their Kafka record time or the clock are "
+    add_duration_flag(
+        g, "--max-future-skew", model, "max_future_skew_seconds",
+        "events dated more than this ahead of their Kafka record time or the clock are "
         "dead-lettered as future-dated, so that one wrong clock cannot move the watermark to "
         "the future (default: "
-        f"{format_duration(default_of(model, 'max_future_skew_seconds'))})",
+        "{default})",
     )
 
 
@@ -722,13 +719,9 @@ def add_event_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         default=default_of(BatchSettings, "sample_rate"),
         help="share of events judged, chosen by a hash of request_id (default: %(default)s)",
     )
-    window = default_of(BatchSettings, "window_seconds")
-    g.add_argument(
-        "--window",
-        type=positive_duration,
-        default=window,
-        metavar="DURATION",
-        help=f"event-time window size, e.g. 60s, 5m, 1h (default: {format_duration(window)})",
+    add_duration_flag(
+        g, "--window", BatchSettings, "window_seconds",
+        "event-time window size, e.g. 60s, 5m, 1h (default: {default})",
     )
     g.add_argument(
         "--max-event-bytes",
@@ -857,14 +850,10 @@ def add_session_arguments(p: argparse.ArgumentParser) -> None:
         f"{_session_judges_help()}, or a --custom-judge with assessment: SESSION "
         "(default: none)",
     )
-    gap = default_of(SessionFields, "session_gap_seconds")
-    g.add_argument(
-        "--session-gap",
-        type=positive_duration,
-        default=gap,
-        metavar="DURATION",
-        help="a conversation is over, and judged, once no turn came for this long in event "
-        f"time (Beam session windows) (default: {format_duration(gap)})",
+    add_duration_flag(
+        g, "--session-gap", SessionFields, "session_gap_seconds",
+        "a conversation is over, and judged, once no turn came for this long in event "
+        "time (Beam session windows) (default: {default})",
     )
     g.add_argument(
         "--session-max-turns",
@@ -903,11 +892,6 @@ def build(model: type[SettingsModel], **fields: Any) -> SettingsModel:
         return model(**fields)
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc, model)) from None
-
-
-def _judge_dur(field: str) -> str:
-    """The default of a judge duration setting, as the flag would take it (e.g. 30s)."""
-    return format_duration(default_of(JudgeSettings, field))
 
 
 def add_judge_arguments(parser: argparse.ArgumentParser, *, one_judge: bool = False) -> None:
@@ -954,12 +938,9 @@ def add_judge_arguments(parser: argparse.ArgumentParser, *, one_judge: bool = Fa
         default=default_of(JudgeSettings, "concurrency"),
         help="LLM calls in flight at once (default: %(default)s)",
     )
-    g.add_argument(
-        "--judge-timeout",
-        type=positive_duration,
-        default=default_of(JudgeSettings, "timeout_seconds"),
-        metavar="DURATION",
-        help=f"timeout of one LLM call, e.g. 30s (default: {_judge_dur('timeout_seconds')})",
+    add_duration_flag(
+        g, "--judge-timeout", JudgeSettings, "timeout_seconds",
+        "timeout of one LLM call, e.g. 30s (default: {default})",
     )
     g.add_argument(
         "--judge-max-retries",
@@ -1019,23 +1000,17 @@ def add_judge_arguments(parser: argparse.ArgumentParser, *, one_judge: bool = Fa
         "(timeouts, 5xx, 429, connection errors); while open, calls fail at once with cause "
         "circuit_open. 0 turns the breaker off (default: %(default)s)",
     )
-    g.add_argument(
-        "--judge-breaker-cooldown",
-        type=positive_duration,
-        default=default_of(JudgeSettings, "breaker_cooldown_seconds"),
-        metavar="DURATION",
-        help="how long the breaker stays open before one probe call tests the endpoint "
-        f"again (default: {_judge_dur('breaker_cooldown_seconds')})",
+    add_duration_flag(
+        g, "--judge-breaker-cooldown", JudgeSettings, "breaker_cooldown_seconds",
+        "how long the breaker stays open before one probe call tests the endpoint "
+        "again (default: {default})",
     )
-    g.add_argument(
-        "--judge-batch-deadline",
-        type=positive_duration,
-        default=default_of(JudgeSettings, "batch_deadline_seconds"),
-        metavar="DURATION",
-        help="most time one batch of events may spend being judged; calls still pending then "
+    add_duration_flag(
+        g, "--judge-batch-deadline", JudgeSettings, "batch_deadline_seconds",
+        "most time one batch of events may spend being judged; calls still pending then "
         "are cancelled (cause deadline), and no retry or Retry-After wait past it is taken. "
         "Keep it above batch events (256, or 16 x --judge-concurrency) x judges / "
-        f"concurrency x call latency (default: {_judge_dur('batch_deadline_seconds')})",
+        "concurrency x call latency (default: {default})",
     )
     g.add_argument(
         "--judge-rpm",
@@ -1064,13 +1039,10 @@ def add_judge_arguments(parser: argparse.ArgumentParser, *, one_judge: bool = Fa
         "--judge-cache-ttl; errors are never kept. 0 turns the cache off; the local judges "
         "have none (they grade faster than a lookup) (default: %(default)s)",
     )
-    g.add_argument(
-        "--judge-cache-ttl",
-        type=positive_duration,
-        default=default_of(JudgeSettings, "cache_ttl_seconds"),
-        metavar="DURATION",
-        help="how long a kept verdict is given again for an identical input "
-        f"(default: {_judge_dur('cache_ttl_seconds')})",
+    add_duration_flag(
+        g, "--judge-cache-ttl", JudgeSettings, "cache_ttl_seconds",
+        "how long a kept verdict is given again for an identical input "
+        "(default: {default})",
     )
     g.add_argument(
         "--judge-score-threshold",
