@@ -35,9 +35,9 @@ from pipeline.settings import (
     add_duration_flag,
     add_judge_arguments,
     add_metrics_server_arguments,
+    add_setting_flag,
     batch_fields,
     build,
-    default_of,
 )
 from pipeline.sinks.prometheus import registry_for
 from pipeline.sinks.prometheus_http import (
@@ -106,46 +106,40 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "request_id) are published, to read the rationale of a failing answer "
         "(default: TOPIC.verdicts)",
     )
-    k.add_argument(
-        "--publish-verdicts",
-        choices=["failing", "all", "none"],
-        default=default_of(ServeSettings, "publish_verdicts"),
+    add_setting_flag(
+        k, "--publish-verdicts", ServeSettings, "publish_verdicts",
         help="which verdict rows to publish: failing (any judge said no or error), all, or "
         "none (default: %(default)s)",
+        choices=["failing", "all", "none"],
     )
-    k.add_argument(
-        "--evaluation-events-endpoint",
-        default=default_of(ServeSettings, "evaluation_events_endpoint"),
-        metavar="URL",
+    add_setting_flag(
+        k, "--evaluation-events-endpoint", ServeSettings, "evaluation_events_endpoint",
         help="send each verdict on an answer from a trace as an OpenTelemetry "
         "gen_ai.evaluation.result event, linked to its trace and span, to this OTLP/HTTP logs "
         "URL (e.g. http://collector:4318/v1/logs); rationales as --store-text allows "
         "(default: not sent)",
+        metavar="URL",
     )
-    k.add_argument(
-        "--group-id",
-        default=default_of(ServeSettings, "group_id"),
+    add_setting_flag(
+        k, "--group-id", ServeSettings, "group_id",
         help="consumer group the processed offsets are committed to, for lag tools "
         "(default: %(default)s); the group is never joined",
     )
-    k.add_argument(
-        "--max-batch-events",
-        type=int,
-        default=default_of(ServeSettings, "max_batch_events"),
+    add_setting_flag(
+        k, "--max-batch-events", ServeSettings, "max_batch_events", type=int,
         help="most records one cycle reads (default: %(default)s)",
     )
     add_duration_flag(
         k, "--kafka-timeout", ServeSettings, "kafka_timeout_seconds",
         "timeout of one Kafka request (default: {default})",
     )
-    k.add_argument(
-        "--on-offset-reset",
-        choices=["earliest", "latest", "fail"],
-        default=default_of(ServeSettings, "on_offset_reset"),
+    add_setting_flag(
+        k, "--on-offset-reset", ServeSettings, "on_offset_reset",
         help="what to do when a saved offset is outside its partition (topic recreated, "
         "truncated or emptied; retention ahead of serve): earliest goes on from the log start "
         "(skips nothing still readable), latest from the log end, fail stops serve (exit code "
         f"{EXIT_OFFSET_RESET}); always logged and counted (default: %(default)s)",
+        choices=["earliest", "latest", "fail"],
     )
     add_duration_flag(
         k, "--undeliverable-after", ServeSettings, "undeliverable_after_seconds",
@@ -191,10 +185,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         positive=False,
     )
     s = p.add_argument_group("service")
-    s.add_argument(
-        "--state",
-        type=Path,
-        default=default_of(ServeSettings, "state"),
+    add_setting_flag(
+        s, "--state", ServeSettings, "state", type=Path,
         help="SQLite file holding windows, offsets and counters (default: %(default)s); "
         "only a missing file starts fresh",
     )
@@ -206,20 +198,14 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "to FILE.corrupt-<time> and start fresh, going on from the consumer group's committed "
         "offsets (else the log start); windows and counters restart from zero",
     )
-    s.add_argument(
-        "--instances",
-        type=int,
-        default=default_of(ServeSettings, "instances"),
-        metavar="N",
+    add_setting_flag(
+        s, "--instances", ServeSettings, "instances", type=int, metavar="N",
         help="how many serve instances split the topic's partitions (default: %(default)s); "
         "every instance of the deployment gets the same N, its own --instance, state file and "
         "/metrics port",
     )
-    s.add_argument(
-        "--instance",
-        type=int,
-        default=default_of(ServeSettings, "instance"),
-        metavar="I",
+    add_setting_flag(
+        s, "--instance", ServeSettings, "instance", type=int, metavar="I",
         help="which of the --instances this one is, 0 to N-1: it reads, counts and commits "
         "the partitions p with p %% N == I, including partitions added later "
         "(default: %(default)s)",
@@ -245,11 +231,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         '{..., "labels": {"groundedness": "no"}}; they are judged with the traffic and '
         "counted only in ragpulse_canary_verdicts_total (default: no canaries)",
     )
-    c.add_argument(
-        "--canary-rate",
-        type=float,
-        default=default_of(ServeSettings, "canary_rate_per_minute"),
-        metavar="N",
+    add_setting_flag(
+        c, "--canary-rate", ServeSettings, "canary_rate_per_minute", type=float, metavar="N",
         help="golden events judged per minute, in turn (default: %(default)s)",
     )
     add_label_arguments(p)
