@@ -712,8 +712,7 @@ def add_future_skew_argument(g: Any, model: type[BaseModel]) -> None:
         g, "--max-future-skew", model, "max_future_skew_seconds",
         "events dated more than this ahead of their Kafka record time or the clock are "
         "dead-lettered as future-dated, so that one wrong clock cannot move the watermark to "
-        "the future (default: "
-        "{default})",
+        "the future (default: {default})",
     )
 
 
@@ -791,6 +790,15 @@ def add_metrics_server_arguments(g: Any, model: type[BaseModel]) -> None:
         help="TLS and basic auth for /metrics, in the Prometheus exporters' web config format "
         "(tls_server_config, basic_auth_users with bcrypt hashes); /healthz stays open",
     )
+
+
+def metrics_server_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings fields the flags of `add_metrics_server_arguments` set."""
+    return {
+        "metrics_host": args.metrics_host,
+        "metrics_port": args.metrics_port,
+        "web_config_file": args.web_config_file,
+    }
 
 
 def add_beam_arguments(p: argparse.ArgumentParser) -> None:

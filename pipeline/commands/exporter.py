@@ -46,6 +46,7 @@ from pipeline.settings import (
     add_future_skew_argument,
     add_metrics_server_arguments,
     build,
+    metrics_server_fields,
 )
 from pipeline.sinks import rating_rows
 from pipeline.sinks.prometheus import MetricsSnapshot, registry_for
@@ -207,9 +208,7 @@ def settings_from_args(args: argparse.Namespace) -> ExporterSettings:
         ratings_topic=args.ratings_topic,
         kafka_timeout_seconds=args.kafka_timeout,
         kafka_security=security_from_args(args),
-        metrics_host=args.metrics_host,
-        metrics_port=args.metrics_port,
-        web_config_file=args.web_config_file,
+        **metrics_server_fields(args),
         unhealthy_after_seconds=args.unhealthy_after,
         retention_seconds=args.retention,
         max_future_skew_seconds=args.max_future_skew,

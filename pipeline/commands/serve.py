@@ -38,6 +38,7 @@ from pipeline.settings import (
     add_setting_flag,
     batch_fields,
     build,
+    metrics_server_fields,
 )
 from pipeline.sinks.prometheus import registry_for
 from pipeline.sinks.prometheus_http import (
@@ -145,9 +146,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         k, "--undeliverable-after", ServeSettings, "undeliverable_after_seconds",
         "how long dead letters and verdict rows the broker does not acknowledge are "
         "retried (the cycle fails and runs again) before they are counted as undeliverable "
-        "and the cycle moves on (default: "
-        "{default}); records the broker refuses for good (too "
-        "large, invalid) are counted at once",
+        "and the cycle moves on (default: {default}); records the broker refuses for good "
+        "(too large, invalid) are counted at once",
     )
     add_kafka_security_arguments(p.add_argument_group("kafka security"))
     add_batch_arguments(p)
@@ -259,9 +259,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         partition_idle_after_seconds=args.partition_idle_after,
         trigger_interval_seconds=args.trigger_interval,
         max_batch_events=args.max_batch_events,
-        metrics_host=args.metrics_host,
-        metrics_port=args.metrics_port,
-        web_config_file=args.web_config_file,
+        **metrics_server_fields(args),
         unhealthy_after_seconds=args.unhealthy_after,
         retention_seconds=args.retention,
         kafka_timeout_seconds=args.kafka_timeout,
