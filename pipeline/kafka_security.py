@@ -349,6 +349,20 @@ def _chain_text(exc: BaseException) -> str:
 # ----- the command line ---------------------------------------------------------------------
 
 
+# The TLS files a client may be given, in the order --help lists them.
+_SSL_FILE_FLAGS = (
+    ("--kafka-ssl-cafile",
+     "PEM CA bundle that signed the brokers' certificates (default: system trust store)"),
+    ("--kafka-ssl-certfile", "PEM client certificate, for brokers that require one (mutual TLS)"),
+    ("--kafka-ssl-keyfile",
+     "PEM private key of the client certificate (default: inside --kafka-ssl-certfile)"),
+    ("--kafka-ssl-key-password-file",
+     f"file holding the password of an encrypted key (or env {ENV_SSL_KEY_PASSWORD})"),
+    ("--kafka-ssl-crlfile",
+     "PEM certificate revocation list to check the broker certificate against"),
+)
+
+
 def add_kafka_security_arguments(group: argparse._ArgumentGroup) -> None:
     """The `--kafka-*` security flags of serve and simulate (secrets only as files)."""
     group.add_argument(
@@ -365,26 +379,8 @@ def add_kafka_security_arguments(group: argparse._ArgumentGroup) -> None:
         default=None,
         help="PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL",
     )
-    group.add_argument(
-        "--kafka-ssl-cafile", type=Path, metavar="FILE",
-        help="PEM CA bundle that signed the brokers' certificates (default: system trust store)",
-    )
-    group.add_argument(
-        "--kafka-ssl-certfile", type=Path, metavar="FILE",
-        help="PEM client certificate, for brokers that require one (mutual TLS)",
-    )
-    group.add_argument(
-        "--kafka-ssl-keyfile", type=Path, metavar="FILE",
-        help="PEM private key of the client certificate (default: inside --kafka-ssl-certfile)",
-    )
-    group.add_argument(
-        "--kafka-ssl-key-password-file", type=Path, metavar="FILE",
-        help=f"file holding the password of an encrypted key (or env {ENV_SSL_KEY_PASSWORD})",
-    )
-    group.add_argument(
-        "--kafka-ssl-crlfile", type=Path, metavar="FILE",
-        help="PEM certificate revocation list to check the broker certificate against",
-    )
+    for flag, help in _SSL_FILE_FLAGS:
+        group.add_argument(flag, type=Path, metavar="FILE", help=help)
     group.add_argument(
         "--kafka-ssl-no-check-hostname",
         action="store_true",

@@ -682,18 +682,37 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+def add_setting_flag(
+    g: Any, flag: str, model: type[BaseModel], field: str, *, help: str, **options: Any
+) -> None:
+    """A flag setting `model.field`, with the model's default (`%(default)s` in `help`);
+    `options` are argparse's (type, choices, metavar, action)."""
+    g.add_argument(flag, default=default_of(model, field), help=help, **options)
+
+
+def add_duration_flag(
+    g: Any, flag: str, model: type[BaseModel], field: str, help: str, *, positive: bool = True
+) -> None:
+    """A DURATION flag setting `model.field` (seconds), with the model's default; `{default}` in
+    `help` is that default as the flag takes it (e.g. 10m). `positive`: zero is refused."""
+    default = default_of(model, field)
+    g.add_argument(
+        flag,
+        type=positive_duration if positive else duration,
+        default=default,
+        metavar="DURATION",
+        help=help.replace("{default}", format_duration(default)),
+    )
+
+
 def add_future_skew_argument(g: Any, model: type[BaseModel]) -> None:
     """--max-future-skew, for the commands that admit events (run, serve, stream) and the
     exporter (which ignores panes of windows beyond it)."""
-    g.add_argument(
-        "--max-future-skew",
-        type=positive_duration,
-        default=default_of(model, "max_future_skew_seconds"),
-        metavar="DURATION",
-        help="events dated more than this ahead of their Kafka record time or the clock are "
+    add_duration_flag(
+        g, "--max-future-skew", model, "max_future_skew_seconds",
+        "events dated more than this ahead of their Kafka record time or the clock are "
         "dead-lettered as future-dated, so that one wrong clock cannot move the watermark to "
-        "the future (default: "
-        f"{format_duration(default_of(model, 'max_future_skew_seconds'))})",
+        "the future (default: {default})",
     )
 
 
@@ -701,25 +720,16 @@ def add_event_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """`--sample-rate`, `--window` and `--max-event-bytes`, shared by `run`, `serve` and
     `stream`; returns their group."""
     g = p.add_argument_group("events and windows")
-    g.add_argument(
-        "--sample-rate",
-        type=sample_rate,
-        default=default_of(BatchSettings, "sample_rate"),
+    add_setting_flag(
+        g, "--sample-rate", BatchSettings, "sample_rate", type=sample_rate,
         help="share of events judged, chosen by a hash of request_id (default: %(default)s)",
     )
-    window = default_of(BatchSettings, "window_seconds")
-    g.add_argument(
-        "--window",
-        type=positive_duration,
-        default=window,
-        metavar="DURATION",
-        help=f"event-time window size, e.g. 60s, 5m, 1h (default: {format_duration(window)})",
+    add_duration_flag(
+        g, "--window", BatchSettings, "window_seconds",
+        "event-time window size, e.g. 60s, 5m, 1h (default: {default})",
     )
-    g.add_argument(
-        "--max-event-bytes",
-        type=int,
-        default=default_of(BatchSettings, "max_event_bytes"),
-        metavar="N",
+    add_setting_flag(
+        g, "--max-event-bytes", BatchSettings, "max_event_bytes", type=int, metavar="N",
         help="largest accepted event; larger ones are dead-lettered (default: %(default)s)",
     )
     add_future_skew_argument(g, BatchSettings)
@@ -751,10 +761,8 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
         "get the pass ratio corrected for its errors, with a 95 %% interval "
         "(ragpulse_judge_pass_ratio_corrected*, windows.jsonl corrected_*) (default: none)",
     )
-    g.add_argument(
-        "--input-format",
-        choices=INPUT_FORMATS,
-        default=default_of(BatchSettings, "input_format"),
+    add_setting_flag(
+        g, "--input-format", BatchSettings, "input_format", choices=INPUT_FORMATS,
         help="ragpulse: one inference-log event per record; otlp_json, otlp_proto: one "
         "OpenTelemetry ExportTraceServiceRequest per record, as the Collector's Kafka exporter "
         "publishes with that encoding (a file: OTLP JSON lines, or length-prefixed protobuf), "
@@ -765,16 +773,13 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
 def add_metrics_server_arguments(g: Any, model: type[BaseModel]) -> None:
     """`--metrics-host`, `--metrics-port` and `--web-config-file` of a command serving /metrics
     and /healthz (serve, exporter), with the defaults of its settings `model`."""
-    g.add_argument(
-        "--metrics-host",
-        default=default_of(model, "metrics_host"),
+    add_setting_flag(
+        g, "--metrics-host", model, "metrics_host",
         help="address of the /metrics and /healthz server (default: %(default)s, this host "
         "only; in a container pass 0.0.0.0 or the pod address so Prometheus can reach it)",
     )
-    g.add_argument(
-        "--metrics-port",
-        type=int,
-        default=default_of(model, "metrics_port"),
+    add_setting_flag(
+        g, "--metrics-port", model, "metrics_port", type=int,
         help="port of the /metrics and /healthz server (default: %(default)s)",
     )
     g.add_argument(
@@ -787,14 +792,21 @@ def add_metrics_server_arguments(g: Any, model: type[BaseModel]) -> None:
     )
 
 
+def metrics_server_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings fields the flags of `add_metrics_server_arguments` set."""
+    return {
+        "metrics_host": args.metrics_host,
+        "metrics_port": args.metrics_port,
+        "web_config_file": args.web_config_file,
+    }
+
+
 def add_beam_arguments(p: argparse.ArgumentParser) -> None:
     """`--runner` and `--beam-arg`: the Beam runner and the pipeline options passed to it."""
     g = p.add_argument_group("beam")
     refused = "; ".join(f"{name} ({why})" for name, why in REFUSED_RUNNERS.items())
-    g.add_argument(
-        "--runner",
-        default=default_of(BatchSettings, "runner"),
-        metavar="NAME",
+    add_setting_flag(
+        g, "--runner", BatchSettings, "runner", metavar="NAME",
         help=f"the Beam runner: {', '.join(RUNNERS)}; its options with --beam-arg, e.g. "
         "--runner PortableRunner --beam-arg=--job_endpoint=HOST:PORT. Refused: "
         f"{refused} (default: Beam's FnApiRunner in this process)",
@@ -842,28 +854,18 @@ def add_session_arguments(p: argparse.ArgumentParser) -> None:
         f"{_session_judges_help()}, or a --custom-judge with assessment: SESSION "
         "(default: none)",
     )
-    gap = default_of(SessionFields, "session_gap_seconds")
-    g.add_argument(
-        "--session-gap",
-        type=positive_duration,
-        default=gap,
-        metavar="DURATION",
-        help="a conversation is over, and judged, once no turn came for this long in event "
-        f"time (Beam session windows) (default: {format_duration(gap)})",
+    add_duration_flag(
+        g, "--session-gap", SessionFields, "session_gap_seconds",
+        "a conversation is over, and judged, once no turn came for this long in event "
+        "time (Beam session windows) (default: {default})",
     )
-    g.add_argument(
-        "--session-max-turns",
-        type=int,
-        default=default_of(SessionFields, "session_max_turns"),
-        metavar="N",
+    add_setting_flag(
+        g, "--session-max-turns", SessionFields, "session_max_turns", type=int, metavar="N",
         help="a longer conversation is judged on its last N turns and counted in "
         "ragpulse_sessions_truncated_total (default: %(default)s)",
     )
-    g.add_argument(
-        "--session-max-bytes",
-        type=int,
-        default=default_of(SessionFields, "session_max_bytes"),
-        metavar="N",
+    add_setting_flag(
+        g, "--session-max-bytes", SessionFields, "session_max_bytes", type=int, metavar="N",
         help="likewise for the bytes of a conversation's text (default: %(default)s)",
     )
 
@@ -888,11 +890,6 @@ def build(model: type[SettingsModel], **fields: Any) -> SettingsModel:
         return model(**fields)
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc, model)) from None
-
-
-def _judge_dur(field: str) -> str:
-    """The default of a judge duration setting, as the flag would take it (e.g. 30s)."""
-    return format_duration(default_of(JudgeSettings, field))
 
 
 def add_judge_arguments(parser: argparse.ArgumentParser, *, one_judge: bool = False) -> None:
@@ -928,28 +925,20 @@ def add_judge_arguments(parser: argparse.ArgumentParser, *, one_judge: bool = Fa
         "OpenAI, ...); default $OPENAI_BASE_URL, else api.openai.com. The key comes from "
         "$OPENAI_API_KEY and is never logged.",
     )
-    g.add_argument(
-        "--judge-model",
-        default=default_of(JudgeSettings, "model"),
+    add_setting_flag(
+        g, "--judge-model", JudgeSettings, "model",
         help="judge model name (default: %(default)s)",
     )
-    g.add_argument(
-        "--judge-concurrency",
-        type=int,
-        default=default_of(JudgeSettings, "concurrency"),
+    add_setting_flag(
+        g, "--judge-concurrency", JudgeSettings, "concurrency", type=int,
         help="LLM calls in flight at once (default: %(default)s)",
     )
-    g.add_argument(
-        "--judge-timeout",
-        type=positive_duration,
-        default=default_of(JudgeSettings, "timeout_seconds"),
-        metavar="DURATION",
-        help=f"timeout of one LLM call, e.g. 30s (default: {_judge_dur('timeout_seconds')})",
+    add_duration_flag(
+        g, "--judge-timeout", JudgeSettings, "timeout_seconds",
+        "timeout of one LLM call, e.g. 30s (default: {default})",
     )
-    g.add_argument(
-        "--judge-max-retries",
-        type=int,
-        default=default_of(JudgeSettings, "max_retries"),
+    add_setting_flag(
+        g, "--judge-max-retries", JudgeSettings, "max_retries", type=int,
         help="retries of an LLM call on 429, 5xx, timeouts and connection errors "
         "(default: %(default)s)",
     )
@@ -971,56 +960,41 @@ def add_judge_arguments(parser: argparse.ArgumentParser, *, one_judge: bool = Fa
         help="folder of LLM judge prompt files (<judge>.yaml) replacing the shipped ones, "
         "e.g. a mounted ConfigMap (default: the files in judges/prompts/)",
     )
-    g.add_argument(
-        "--judge-temperature",
-        type=float,
-        default=default_of(JudgeSettings, "temperature"),
+    add_setting_flag(
+        g, "--judge-temperature", JudgeSettings, "temperature", type=float,
         help="sampling temperature of LLM judges (default: %(default)s)",
     )
-    g.add_argument(
-        "--judge-reply-format",
-        choices=["json_schema", "json_object", "text"],
-        default=default_of(JudgeSettings, "reply_format"),
+    add_setting_flag(
+        g, "--judge-reply-format", JudgeSettings, "reply_format",
         help="the response_format LLM judges ask for: json_schema (the verdict schema, strict; "
         "OpenAI, vLLM), json_object (any JSON object, for servers without json_schema) or "
         "text (no response_format; the rationale:/rating: lines of the prompt are read) "
         "(default: %(default)s)",
+        choices=["json_schema", "json_object", "text"],
     )
-    g.add_argument(
-        "--judge-max-tokens",
-        type=int,
-        default=default_of(JudgeSettings, "max_tokens"),
-        metavar="N",
+    add_setting_flag(
+        g, "--judge-max-tokens", JudgeSettings, "max_tokens", type=int, metavar="N",
         help="cap on each LLM judge reply (max_tokens); a reply cut off there is an error "
         "with cause truncated (default: %(default)s; a one-sentence verdict takes well under "
         "100)",
     )
-    g.add_argument(
-        "--judge-breaker-failures",
-        type=int,
-        default=default_of(JudgeSettings, "breaker_failures"),
-        metavar="N",
+    add_setting_flag(
+        g, "--judge-breaker-failures", JudgeSettings, "breaker_failures", type=int, metavar="N",
         help="open the judge endpoint's circuit breaker after N failed requests in a row "
         "(timeouts, 5xx, 429, connection errors); while open, calls fail at once with cause "
         "circuit_open. 0 turns the breaker off (default: %(default)s)",
     )
-    g.add_argument(
-        "--judge-breaker-cooldown",
-        type=positive_duration,
-        default=default_of(JudgeSettings, "breaker_cooldown_seconds"),
-        metavar="DURATION",
-        help="how long the breaker stays open before one probe call tests the endpoint "
-        f"again (default: {_judge_dur('breaker_cooldown_seconds')})",
+    add_duration_flag(
+        g, "--judge-breaker-cooldown", JudgeSettings, "breaker_cooldown_seconds",
+        "how long the breaker stays open before one probe call tests the endpoint "
+        "again (default: {default})",
     )
-    g.add_argument(
-        "--judge-batch-deadline",
-        type=positive_duration,
-        default=default_of(JudgeSettings, "batch_deadline_seconds"),
-        metavar="DURATION",
-        help="most time one batch of events may spend being judged; calls still pending then "
+    add_duration_flag(
+        g, "--judge-batch-deadline", JudgeSettings, "batch_deadline_seconds",
+        "most time one batch of events may spend being judged; calls still pending then "
         "are cancelled (cause deadline), and no retry or Retry-After wait past it is taken. "
         "Keep it above batch events (256, or 16 x --judge-concurrency) x judges / "
-        f"concurrency x call latency (default: {_judge_dur('batch_deadline_seconds')})",
+        "concurrency x call latency (default: {default})",
     )
     g.add_argument(
         "--judge-rpm",
@@ -1039,70 +1013,51 @@ def add_judge_arguments(parser: argparse.ArgumentParser, *, one_judge: bool = Fa
         "is sent (characters / 4 + --judge-max-tokens) and corrected by the usage reported "
         "(default: no limit)",
     )
-    g.add_argument(
-        "--judge-cache-size",
-        type=int,
-        default=default_of(JudgeSettings, "cache_size"),
-        metavar="N",
+    add_setting_flag(
+        g, "--judge-cache-size", JudgeSettings, "cache_size", type=int, metavar="N",
         help="LLM judge verdicts kept so that an input identical to one already judged (same "
         "judge, prompt version, model and event text) is not sent again within "
         "--judge-cache-ttl; errors are never kept. 0 turns the cache off; the local judges "
         "have none (they grade faster than a lookup) (default: %(default)s)",
     )
-    g.add_argument(
-        "--judge-cache-ttl",
-        type=positive_duration,
-        default=default_of(JudgeSettings, "cache_ttl_seconds"),
-        metavar="DURATION",
-        help="how long a kept verdict is given again for an identical input "
-        f"(default: {_judge_dur('cache_ttl_seconds')})",
+    add_duration_flag(
+        g, "--judge-cache-ttl", JudgeSettings, "cache_ttl_seconds",
+        "how long a kept verdict is given again for an identical input "
+        "(default: {default})",
     )
-    g.add_argument(
-        "--judge-score-threshold",
-        type=float,
-        default=default_of(JudgeSettings, "score_threshold"),
-        metavar="SCORE",
+    add_setting_flag(
+        g, "--judge-score-threshold", JudgeSettings, "score_threshold", type=float, metavar="SCORE",
         help="the scored judges (faithfulness: share of the answer's claims the context "
         "supports; answer_correctness: claim F1 against the expected answer) rate yes at this "
         "score (0..1) or above (default: %(default)s)",
     )
-    g.add_argument(
-        "--judge-embeddings-model",
-        default=default_of(JudgeSettings, "embeddings_model"),
-        metavar="NAME",
+    add_setting_flag(
+        g, "--judge-embeddings-model", JudgeSettings, "embeddings_model", metavar="NAME",
         help="answer_correctness blends its claim F1 (0.75) with the cosine similarity (0.25) "
         "of the answer's and the expected answer's embeddings from this model, asked at the "
         "judge endpoint's /embeddings (default: off)",
     )
-    g.add_argument(
-        "--judge-combine",
-        action="store_true",
-        default=default_of(JudgeSettings, "combine"),
+    add_setting_flag(
+        g, "--judge-combine", JudgeSettings, "combine", action="store_true",
         help="grade the LLM judges that read the same event (groundedness, relevance_to_query, "
         "safety and custom judges of the answer) in one call per event: the chunks are sent "
         "once; a reply lacking one judge's verdict makes that verdict an error",
     )
-    g.add_argument(
-        "--judge-logprobs",
-        action="store_true",
-        default=default_of(JudgeSettings, "logprobs"),
+    add_setting_flag(
+        g, "--judge-logprobs", JudgeSettings, "logprobs", action="store_true",
         help="ask the endpoint for token log-probabilities: a yes/no verdict then carries "
         "P(yes) as its score (a graded one its expected score), exported as "
         "ragpulse_judge_score and used by the cascade and calibrate; an endpoint that returns "
         "none gives verdicts as without the flag",
     )
-    g.add_argument(
-        "--redact-pii",
-        choices=REDACT_MODES,
-        default=default_of(JudgeSettings, "redact_pii"),
+    add_setting_flag(
+        g, "--redact-pii", JudgeSettings, "redact_pii", choices=REDACT_MODES,
         help="replace e-mails, phone, card and IBAN numbers, IP addresses and API keys with "
         "[EMAIL], [PHONE] ... in LLM judge prompts. auto: on unless "
         "--judge-endpoint-trusted (default: %(default)s)",
     )
-    g.add_argument(
-        "--judge-endpoint-trusted",
-        action="store_true",
-        default=default_of(JudgeSettings, "endpoint_trusted"),
+    add_setting_flag(
+        g, "--judge-endpoint-trusted", JudgeSettings, "endpoint_trusted", action="store_true",
         help="the judge endpoint keeps prompts where the users' text may go (e.g. a model served "
         "on this machine, not a proxy to a hosted one): --redact-pii auto then sends raw text",
     )
@@ -1142,10 +1097,8 @@ def add_judge_arguments(parser: argparse.ArgumentParser, *, one_judge: bool = Fa
         "or JUDGE=N: N samples of --judge-model; agreement counted in "
         "ragpulse_judge_ensemble_votes_total (repeatable; openai backend)",
     )
-    g.add_argument(
-        "--store-text",
-        choices=STORE_TEXT_MODES,
-        default=default_of(JudgeSettings, "store_text"),
+    add_setting_flag(
+        g, "--store-text", JudgeSettings, "store_text", choices=STORE_TEXT_MODES,
         help="what verdict rows keep of judge rationales and error messages, which can quote "
         "the answer: full, redacted (PII replaced) or none (ratings only) (default: %(default)s)",
     )

@@ -27,8 +27,8 @@ from pipeline.events import InvalidEvent, parse_event
 from pipeline.settings import (
     CalibrateSettings,
     add_judge_arguments,
+    add_setting_flag,
     build,
-    default_of,
     judge_settings,
 )
 
@@ -136,19 +136,13 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="where to write the report as JSON, the file --judge-calibration reads "
         "(default: calibration-JUDGE.json)",
     )
-    p.add_argument(
-        "--pass-threshold",
-        type=int,
-        default=default_of(CalibrateSettings, "pass_threshold"),
-        metavar="N",
+    add_setting_flag(
+        p, "--pass-threshold", CalibrateSettings, "pass_threshold", type=int, metavar="N",
         help="on a graded scale, the lowest score that passes: sensitivity and specificity "
         "(and so --judge-calibration) need it (default: none; yes passes on a binary judge)",
     )
-    p.add_argument(
-        "--show",
-        type=int,
-        default=default_of(CalibrateSettings, "show"),
-        metavar="N",
+    add_setting_flag(
+        p, "--show", CalibrateSettings, "show", type=int, metavar="N",
         help="disagreements printed (all of them are in --output) (default: %(default)s)",
     )
     add_judge_arguments(p, one_judge=True)

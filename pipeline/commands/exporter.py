@@ -42,12 +42,11 @@ from pipeline.labels import (
 from pipeline.service.panes import PaneTable
 from pipeline.settings import (
     ExporterSettings,
+    add_duration_flag,
     add_future_skew_argument,
     add_metrics_server_arguments,
     build,
-    default_of,
-    format_duration,
-    positive_duration,
+    metrics_server_fields,
 )
 from pipeline.sinks import rating_rows
 from pipeline.sinks.prometheus import MetricsSnapshot, registry_for
@@ -168,10 +167,6 @@ class RatingsExporter:
             self._table.apply(pane)
 
 
-def _dur(field: str) -> str:
-    return format_duration(default_of(ExporterSettings, field))
-
-
 def configure_parser(p: argparse.ArgumentParser) -> None:
     k = p.add_argument_group("kafka")
     k.add_argument(
@@ -182,32 +177,23 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "--ratings-topic", required=True,
         help="the topic `ragpulse stream` publishes window panes to",
     )
-    k.add_argument(
-        "--kafka-timeout",
-        type=positive_duration,
-        default=default_of(ExporterSettings, "kafka_timeout_seconds"),
-        metavar="DURATION",
-        help=f"timeout of one Kafka request (default: {_dur('kafka_timeout_seconds')})",
+    add_duration_flag(
+        k, "--kafka-timeout", ExporterSettings, "kafka_timeout_seconds",
+        "timeout of one Kafka request (default: {default})",
     )
     add_kafka_security_arguments(p.add_argument_group("kafka security"))
     s = p.add_argument_group("service")
     add_metrics_server_arguments(s, ExporterSettings)
-    s.add_argument(
-        "--unhealthy-after",
-        type=positive_duration,
-        default=default_of(ExporterSettings, "unhealthy_after_seconds"),
-        metavar="DURATION",
-        help="/healthz answers 503 once the broker has not answered for this long "
-        f"(default: {_dur('unhealthy_after_seconds')})",
+    add_duration_flag(
+        s, "--unhealthy-after", ExporterSettings, "unhealthy_after_seconds",
+        "/healthz answers 503 once the broker has not answered for this long "
+        "(default: {default})",
     )
-    s.add_argument(
-        "--retention",
-        type=positive_duration,
-        default=default_of(ExporterSettings, "retention_seconds"),
-        metavar="DURATION",
-        help="windows ending this long before the newest one are folded into the counters and "
+    add_duration_flag(
+        s, "--retention", ExporterSettings, "retention_seconds",
+        "windows ending this long before the newest one are folded into the counters and "
         "take no more panes; keep it above the stream's --allowed-lateness "
-        f"(default: {_dur('retention_seconds')})",
+        "(default: {default})",
     )
     add_future_skew_argument(s, ExporterSettings)
     add_label_arguments(p)
@@ -222,9 +208,7 @@ def settings_from_args(args: argparse.Namespace) -> ExporterSettings:
         ratings_topic=args.ratings_topic,
         kafka_timeout_seconds=args.kafka_timeout,
         kafka_security=security_from_args(args),
-        metrics_host=args.metrics_host,
-        metrics_port=args.metrics_port,
-        web_config_file=args.web_config_file,
+        **metrics_server_fields(args),
         unhealthy_after_seconds=args.unhealthy_after,
         retention_seconds=args.retention,
         max_future_skew_seconds=args.max_future_skew,

@@ -23,9 +23,9 @@ from pipeline.settings import (
     add_beam_arguments,
     add_judge_arguments,
     add_session_arguments,
+    add_setting_flag,
     batch_fields,
     build,
-    default_of,
     session_fields,
 )
 from pipeline.sinks import DEAD_LETTER_FILE, VERDICTS_FILE, WINDOWS_FILE
@@ -104,10 +104,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         type=Path,
         help="JSON Lines file, one inference-log event per line (see --input-format)",
     )
-    p.add_argument(
-        "--output",
-        type=Path,
-        default=default_of(RunSettings, "output"),
+    add_setting_flag(
+        p, "--output", RunSettings, "output", type=Path,
         help=f"directory for {VERDICTS_FILE}, {WINDOWS_FILE}, {DEAD_LETTER_FILE} and "
         f"{METRICS_FILE} (default: out/)",
     )

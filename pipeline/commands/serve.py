@@ -32,14 +32,13 @@ from pipeline.settings import (
     ServeSettings,
     add_batch_arguments,
     add_beam_arguments,
+    add_duration_flag,
     add_judge_arguments,
     add_metrics_server_arguments,
+    add_setting_flag,
     batch_fields,
     build,
-    default_of,
-    duration,
-    format_duration,
-    positive_duration,
+    metrics_server_fields,
 )
 from pipeline.sinks.prometheus import registry_for
 from pipeline.sinks.prometheus_http import (
@@ -86,11 +85,6 @@ def serve_http(
     return start_metrics_server(app, host, port, web.tls)
 
 
-def _dur(field: str) -> str:
-    """The default of a duration setting, as the flag would take it (e.g. 10m)."""
-    return format_duration(default_of(ServeSettings, field))
-
-
 def configure_parser(p: argparse.ArgumentParser) -> None:
     k = p.add_argument_group("kafka")
     k.add_argument(
@@ -113,112 +107,86 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "request_id) are published, to read the rationale of a failing answer "
         "(default: TOPIC.verdicts)",
     )
-    k.add_argument(
-        "--publish-verdicts",
-        choices=["failing", "all", "none"],
-        default=default_of(ServeSettings, "publish_verdicts"),
+    add_setting_flag(
+        k, "--publish-verdicts", ServeSettings, "publish_verdicts",
         help="which verdict rows to publish: failing (any judge said no or error), all, or "
         "none (default: %(default)s)",
+        choices=["failing", "all", "none"],
     )
-    k.add_argument(
-        "--evaluation-events-endpoint",
-        default=default_of(ServeSettings, "evaluation_events_endpoint"),
-        metavar="URL",
+    add_setting_flag(
+        k, "--evaluation-events-endpoint", ServeSettings, "evaluation_events_endpoint",
         help="send each verdict on an answer from a trace as an OpenTelemetry "
         "gen_ai.evaluation.result event, linked to its trace and span, to this OTLP/HTTP logs "
         "URL (e.g. http://collector:4318/v1/logs); rationales as --store-text allows "
         "(default: not sent)",
+        metavar="URL",
     )
-    k.add_argument(
-        "--group-id",
-        default=default_of(ServeSettings, "group_id"),
+    add_setting_flag(
+        k, "--group-id", ServeSettings, "group_id",
         help="consumer group the processed offsets are committed to, for lag tools "
         "(default: %(default)s); the group is never joined",
     )
-    k.add_argument(
-        "--max-batch-events",
-        type=int,
-        default=default_of(ServeSettings, "max_batch_events"),
+    add_setting_flag(
+        k, "--max-batch-events", ServeSettings, "max_batch_events", type=int,
         help="most records one cycle reads (default: %(default)s)",
     )
-    k.add_argument(
-        "--kafka-timeout",
-        type=positive_duration,
-        default=default_of(ServeSettings, "kafka_timeout_seconds"),
-        metavar="DURATION",
-        help=f"timeout of one Kafka request (default: {_dur('kafka_timeout_seconds')})",
+    add_duration_flag(
+        k, "--kafka-timeout", ServeSettings, "kafka_timeout_seconds",
+        "timeout of one Kafka request (default: {default})",
     )
-    k.add_argument(
-        "--on-offset-reset",
-        choices=["earliest", "latest", "fail"],
-        default=default_of(ServeSettings, "on_offset_reset"),
+    add_setting_flag(
+        k, "--on-offset-reset", ServeSettings, "on_offset_reset",
         help="what to do when a saved offset is outside its partition (topic recreated, "
         "truncated or emptied; retention ahead of serve): earliest goes on from the log start "
         "(skips nothing still readable), latest from the log end, fail stops serve (exit code "
         f"{EXIT_OFFSET_RESET}); always logged and counted (default: %(default)s)",
+        choices=["earliest", "latest", "fail"],
     )
-    k.add_argument(
-        "--undeliverable-after",
-        type=positive_duration,
-        default=default_of(ServeSettings, "undeliverable_after_seconds"),
-        metavar="DURATION",
-        help="how long dead letters and verdict rows the broker does not acknowledge are "
+    add_duration_flag(
+        k, "--undeliverable-after", ServeSettings, "undeliverable_after_seconds",
+        "how long dead letters and verdict rows the broker does not acknowledge are "
         "retried (the cycle fails and runs again) before they are counted as undeliverable "
-        "and the cycle moves on (default: "
-        f"{_dur('undeliverable_after_seconds')}); records the broker refuses for good (too "
-        "large, invalid) are counted at once",
+        "and the cycle moves on (default: {default}); records the broker refuses for good "
+        "(too large, invalid) are counted at once",
     )
     add_kafka_security_arguments(p.add_argument_group("kafka security"))
     add_batch_arguments(p)
     w = p.add_argument_group("watermark and cycles")
-    w.add_argument(
-        "--allowed-lateness",
-        type=duration,
-        default=default_of(ServeSettings, "allowed_lateness_seconds"),
-        metavar="DURATION",
-        help="how long after its end a window still takes late events "
-        f"(default: {_dur('allowed_lateness_seconds')})",
+    add_duration_flag(
+        w, "--allowed-lateness", ServeSettings, "allowed_lateness_seconds",
+        "how long after its end a window still takes late events "
+        "(default: {default})",
+        positive=False,
     )
-    w.add_argument(
-        "--out-of-orderness",
-        type=duration,
-        default=default_of(ServeSettings, "out_of_orderness_seconds"),
-        metavar="DURATION",
-        help="how far event times may run behind within a partition; the watermark "
+    add_duration_flag(
+        w, "--out-of-orderness", ServeSettings, "out_of_orderness_seconds",
+        "how far event times may run behind within a partition; the watermark "
         "trails the latest event time by this much "
-        f"(default: {_dur('out_of_orderness_seconds')})",
+        "(default: {default})",
+        positive=False,
     )
-    w.add_argument(
-        "--partition-idle-after",
-        type=duration,
-        default=default_of(ServeSettings, "partition_idle_after_seconds"),
-        metavar="DURATION",
-        help="a partition that has had nothing new to read for this long is idle and stops "
+    add_duration_flag(
+        w, "--partition-idle-after", ServeSettings, "partition_idle_after_seconds",
+        "a partition that has had nothing new to read for this long is idle and stops "
         "holding the watermark back (like Flink's withIdleness); until then a quiet "
         "partition keeps it, so that its next events are not late "
-        f"(default: {_dur('partition_idle_after_seconds')})",
+        "(default: {default})",
+        positive=False,
     )
-    w.add_argument(
-        "--trigger-interval",
-        type=positive_duration,
-        default=default_of(ServeSettings, "trigger_interval_seconds"),
-        metavar="DURATION",
-        help=f"time between cycles when caught up (default: {_dur('trigger_interval_seconds')})",
+    add_duration_flag(
+        w, "--trigger-interval", ServeSettings, "trigger_interval_seconds",
+        "time between cycles when caught up (default: {default})",
     )
-    w.add_argument(
-        "--trace-assembly-wait",
-        type=duration,
-        default=default_of(ServeSettings, "trace_assembly_wait_seconds"),
-        metavar="DURATION",
-        help="with --input-format otlp_json|otlp_proto: how long the spans of a trace are "
+    add_duration_flag(
+        w, "--trace-assembly-wait", ServeSettings, "trace_assembly_wait_seconds",
+        "with --input-format otlp_json|otlp_proto: how long the spans of a trace are "
         "gathered, from the first one read, before the trace is judged or dead-lettered "
-        f"(default: {_dur('trace_assembly_wait_seconds')})",
+        "(default: {default})",
+        positive=False,
     )
     s = p.add_argument_group("service")
-    s.add_argument(
-        "--state",
-        type=Path,
-        default=default_of(ServeSettings, "state"),
+    add_setting_flag(
+        s, "--state", ServeSettings, "state", type=Path,
         help="SQLite file holding windows, offsets and counters (default: %(default)s); "
         "only a missing file starts fresh",
     )
@@ -230,40 +198,28 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "to FILE.corrupt-<time> and start fresh, going on from the consumer group's committed "
         "offsets (else the log start); windows and counters restart from zero",
     )
-    s.add_argument(
-        "--instances",
-        type=int,
-        default=default_of(ServeSettings, "instances"),
-        metavar="N",
+    add_setting_flag(
+        s, "--instances", ServeSettings, "instances", type=int, metavar="N",
         help="how many serve instances split the topic's partitions (default: %(default)s); "
         "every instance of the deployment gets the same N, its own --instance, state file and "
         "/metrics port",
     )
-    s.add_argument(
-        "--instance",
-        type=int,
-        default=default_of(ServeSettings, "instance"),
-        metavar="I",
+    add_setting_flag(
+        s, "--instance", ServeSettings, "instance", type=int, metavar="I",
         help="which of the --instances this one is, 0 to N-1: it reads, counts and commits "
         "the partitions p with p %% N == I, including partitions added later "
         "(default: %(default)s)",
     )
     add_metrics_server_arguments(s, ServeSettings)
-    s.add_argument(
-        "--unhealthy-after",
-        type=positive_duration,
-        default=default_of(ServeSettings, "unhealthy_after_seconds"),
-        metavar="DURATION",
-        help="/healthz answers 503 once cycles have failed, or one cycle has run, for this long "
-        f"(default: {_dur('unhealthy_after_seconds')}); set it above your longest cycle",
+    add_duration_flag(
+        s, "--unhealthy-after", ServeSettings, "unhealthy_after_seconds",
+        "/healthz answers 503 once cycles have failed, or one cycle has run, for this long "
+        "(default: {default}); set it above your longest cycle",
     )
-    s.add_argument(
-        "--retention",
-        type=positive_duration,
-        default=default_of(ServeSettings, "retention_seconds"),
-        metavar="DURATION",
-        help="how long complete windows stay in the state file for `ragpulse windows`, in event "
-        f"time (default: {_dur('retention_seconds')}); counters are never pruned",
+    add_duration_flag(
+        s, "--retention", ServeSettings, "retention_seconds",
+        "how long complete windows stay in the state file for `ragpulse windows`, in event "
+        "time (default: {default}); counters are never pruned",
     )
     c = p.add_argument_group("judge canaries")
     c.add_argument(
@@ -275,11 +231,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         '{..., "labels": {"groundedness": "no"}}; they are judged with the traffic and '
         "counted only in ragpulse_canary_verdicts_total (default: no canaries)",
     )
-    c.add_argument(
-        "--canary-rate",
-        type=float,
-        default=default_of(ServeSettings, "canary_rate_per_minute"),
-        metavar="N",
+    add_setting_flag(
+        c, "--canary-rate", ServeSettings, "canary_rate_per_minute", type=float, metavar="N",
         help="golden events judged per minute, in turn (default: %(default)s)",
     )
     add_label_arguments(p)
@@ -306,9 +259,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         partition_idle_after_seconds=args.partition_idle_after,
         trigger_interval_seconds=args.trigger_interval,
         max_batch_events=args.max_batch_events,
-        metrics_host=args.metrics_host,
-        metrics_port=args.metrics_port,
-        web_config_file=args.web_config_file,
+        **metrics_server_fields(args),
         unhealthy_after_seconds=args.unhealthy_after,
         retention_seconds=args.retention,
         kafka_timeout_seconds=args.kafka_timeout,

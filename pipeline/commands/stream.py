@@ -21,15 +21,12 @@ from pipeline.kafka_security import add_kafka_security_arguments, security_from_
 from pipeline.settings import (
     STREAM_RUNNERS,
     StreamSettings,
+    add_duration_flag,
     add_event_arguments,
     add_judge_arguments,
     add_session_arguments,
     build,
-    default_of,
-    duration,
-    format_duration,
     judge_settings,
-    positive_duration,
     session_fields,
 )
 
@@ -42,10 +39,6 @@ EXPANSION_JAR = "beam-sdks-java-io-expansion-service-{version}.jar"
 # The installed Beam's version, read without importing Beam: the flags (and a refused flag's
 # one-line error) should not wait the seconds that import takes; main() imports it.
 BEAM_VERSION = version("apache-beam")
-
-
-def _dur(field: str) -> str:
-    return format_duration(default_of(StreamSettings, field))
 
 
 def _key_value(text: str) -> str:
@@ -78,13 +71,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="where each window pane is published for `ragpulse exporter`, keyed by window "
         "(default: TOPIC.ratings; make it a compacted topic)",
     )
-    k.add_argument(
-        "--kafka-timeout",
-        type=positive_duration,
-        default=default_of(StreamSettings, "kafka_timeout_seconds"),
-        metavar="DURATION",
-        help="timeout of one publish to the dead-letter and ratings topics "
-        f"(default: {_dur('kafka_timeout_seconds')})",
+    add_duration_flag(
+        k, "--kafka-timeout", StreamSettings, "kafka_timeout_seconds",
+        "timeout of one publish to the dead-letter and ratings topics "
+        "(default: {default})",
     )
     k.add_argument(
         "--kafka-consumer-config",
@@ -107,22 +97,17 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     add_kafka_security_arguments(p.add_argument_group("kafka security (publishers)"))
     add_event_arguments(p)
     w = p.add_argument_group("panes")
-    w.add_argument(
-        "--allowed-lateness",
-        type=duration,
-        default=default_of(StreamSettings, "allowed_lateness_seconds"),
-        metavar="DURATION",
-        help="how long after the watermark passed its end a window still takes late events, "
-        f"each in a late pane (default: {_dur('allowed_lateness_seconds')}); later ones are "
+    add_duration_flag(
+        w, "--allowed-lateness", StreamSettings, "allowed_lateness_seconds",
+        "how long after the watermark passed its end a window still takes late events, "
+        "each in a late pane (default: {default}); later ones are "
         "dropped by the runner and counted in its metrics",
+        positive=False,
     )
-    w.add_argument(
-        "--early-firing",
-        type=positive_duration,
-        default=default_of(StreamSettings, "early_firing_seconds"),
-        metavar="DURATION",
-        help="processing time between early panes of an open window, whole seconds "
-        f"(default: {_dur('early_firing_seconds')})",
+    add_duration_flag(
+        w, "--early-firing", StreamSettings, "early_firing_seconds",
+        "processing time between early panes of an open window, whole seconds "
+        "(default: {default})",
     )
     add_session_arguments(p)
     add_judge_arguments(p)
