@@ -50,6 +50,7 @@ from kafka_broker import ApacheKafkaBroker
 from prometheus_server import PrometheusServer, prometheus_config, running_prometheus
 from serve_process import ServeProcess
 
+from judges.registry import SESSION_JUDGES
 from pipeline.commands.simulate import Incidents, SimulatedEvent, simulate
 from pipeline.windows import parse_duration
 
@@ -117,6 +118,13 @@ EMPTY_WITH_LOCAL_JUDGES = {
     "tests/promtool/tool_calls.test.yaml covers RagToolCallErrorsHigh)",
     "Tool judges: verdicts by rating": "this run judges with the default judges, without the "
     "opt-in tool judges (tests/test_tool_judges.py checks their counters)",
+    "Conversations judged and truncated": "serve does not judge sessions yet (it refuses "
+    "--session-judges); tests/test_sessions_run.py checks these counters in run",
+    **{
+        f"{judge}: pass ratio of conversations with 95% band": "serve does not judge sessions "
+        "yet; tests/promtool/sessions.test.yaml covers RagKnowledgeRetentionDrop"
+        for judge in SESSION_JUDGES
+    },
 }
 
 
