@@ -219,7 +219,7 @@ def test_after_the_topic_is_recreated_calls_start_ahead_again_and_the_next_cycle
         assert len(server.requests) == 36
         broker.produce("ahead-recreated", payloads[36:], partition=0)  # offsets 12..21
         # The cycle is held: only the lookahead can call for these ten.
-        wait_until(lambda: len(server.requests) == 46, 60)
+        wait_until(lambda: len(server.requests) == 46, 240)
         holds.release("judged")
         m = serve.wait_for(judged(46), 120, "the recreated topic's 22 events judged")
         assert serve.terminate() == 0
