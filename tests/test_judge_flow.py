@@ -191,7 +191,7 @@ def test_a_sigkill_while_calls_run_ahead_of_the_next_cycle_loses_and_double_coun
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)
 def test_after_the_topic_is_recreated_calls_start_ahead_again_and_the_next_cycle_takes_them_over(
     serve_processes: ServeFactory, tmp_path: Path, kafka_broker: ApacheKafkaBroker  # noqa: F811
 ) -> None:
