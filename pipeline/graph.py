@@ -150,6 +150,19 @@ def pipeline_options(beam_args: Sequence[str] = (), runner: str | None = None) -
     return PipelineOptions(args)
 
 
+def with_sessions(
+    judged: beam.PCollection, events: beam.PCollection, sessions: SessionConfig, batch_size: int
+) -> beam.PCollection:
+    """`judged` with the verdicts of the conversations among `events` (GroupSessions, then
+    JudgeEvents of the session judges), for `run` and `stream` alike."""
+    verdicts = (
+        events
+        | "GroupSessions" >> GroupSessions(sessions)
+        | "JudgeSessions" >> JudgeEvents(sessions.judges, batch_size=batch_size)
+    )
+    return (judged, verdicts) | "WithSessions" >> beam.Flatten()
+
+
 def build_graph(
     p: beam.Pipeline,
     source: beam.PTransform,
@@ -184,14 +197,7 @@ def build_graph(
     if config.sessions is not None:
         # The conversations of the sampled events, judged whole once their window closes,
         # and from here on counted, windowed and written like the answers.
-        sessions = (
-            parsed.events
-            | "GroupSessions" >> GroupSessions(config.sessions)
-            | "JudgeSessions" >> JudgeEvents(
-                config.sessions.judges, batch_size=config.judge_batch_size
-            )
-        )
-        judged = (answers, sessions) | "WithSessions" >> beam.Flatten()
+        judged = with_sessions(answers, parsed.events, config.sessions, config.judge_batch_size)
     if sinks.verdicts is not None:
         to_write = (
             judged | "KeepFailing" >> beam.Filter(is_failing)

@@ -42,8 +42,7 @@ from apache_beam.utils.timestamp import Duration
 from apache_beam.utils.windowed_value import PaneInfoTiming
 
 from pipeline.events import SourceRecord
-from pipeline.graph import StageConfig
-from pipeline.sessions import GroupSessions
+from pipeline.graph import StageConfig, with_sessions
 from pipeline.sinks.rating_rows import PaneTiming, RatingPane
 from pipeline.stages import (
     CountRatings,
@@ -148,14 +147,7 @@ def build_stream(
         # that window (the settings keep --session-gap within --allowed-lateness). A turn behind
         # the watermark of its session window is dropped by the runner: sessions are not
         # judged again here.
-        sessions = (
-            parsed.events
-            | "GroupSessions" >> GroupSessions(config.sessions)
-            | "JudgeSessions" >> JudgeEvents(
-                config.sessions.judges, batch_size=config.judge_batch_size
-            )
-        )
-        judged = (judged, sessions) | "WithSessions" >> beam.Flatten()
+        judged = with_sessions(judged, parsed.events, config.sessions, config.judge_batch_size)
     panes = judged | "PaneRatings" >> PaneRatings(
         window_size=config.window_seconds, schedule=schedule
     )
