@@ -47,21 +47,25 @@ from pipeline import metrics_catalogue as catalogue
 from pipeline.canaries import CanaryEvent
 from pipeline.cascade import CascadeSettings
 from pipeline.errors import SettingsError
+from pipeline.events import InferenceRecord
 from pipeline.sampling import SamplingPlan, WeightedCounts
-from pipeline.sessions import GroupSessions, SessionConfig
+from pipeline.sessions import GroupSessions, SessionConfig, SessionKey
 from pipeline.sinks.kafka import UNACKNOWLEDGED_NAMESPACE
 from pipeline.stages import (
     COUNTER_NAMESPACE,
     DEFAULT_MAX_FUTURE_SKEW_S,
     EXEMPLAR_NAMESPACE,
     LATEST_EVENT_TIME_PREFIX,
+    SESSION_WINDOW_NAMESPACE,
     WINDOW_NAMESPACE,
     JudgedEvent,
     JudgeEvents,
     ParseEvents,
     ReportLatestFailing,
+    ReportSessionWindows,
     ReportWindows,
     WindowRatings,
+    decode_session_window,
     decode_window,
 )
 from pipeline.weighted_windows import (
@@ -92,6 +96,8 @@ class StageConfig:
     cascade: CascadeSettings | None = None
     # Conversations judged whole (--session-judges, pipeline.sessions); None: no session judges.
     sessions: SessionConfig | None = None
+    # The clock of the future-skew check (serve: the cycle's start); None: read per record.
+    now: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +136,11 @@ class GraphResult:
     exemplars: dict[counting.CounterKey, counting.FailingExample]
     unacknowledged: dict[str, tuple[int, str]]
     weighted_windows: dict[WindowKey, WeightedCounts] = dataclasses.field(default_factory=dict)
+    # serve's conversations: each judged session's own window counts, by (app, session id,
+    # last turn's time), so that a late turn can replace them (pipeline.sessions).
+    session_windows: dict[SessionKey, dict[WindowKey, RatingCounts]] = dataclasses.field(
+        default_factory=dict
+    )
 
     @property
     def dead_letters(self) -> int:
@@ -169,11 +180,13 @@ def build_graph(
     config: StageConfig,
     sinks: Sinks,
     canaries: Sequence[CanaryEvent] = (),
+    sessions_due: Sequence[InferenceRecord] | None = None,
 ) -> None:
     """Adds the whole run to `p`: `source` yields `SourceRecord`s, `sinks` take the outputs.
 
     `canaries` are judged with the events and counted only in `ragpulse_canary_verdicts_total`
-    (see `pipeline.canaries`).
+    (see `pipeline.canaries`). `sessions_due` (serve): the session records to judge, instead of
+    grouping the events' turns into session windows here.
     """
     parsed = p | "Read" >> source | "ParseEvents" >> ParseEvents(
         sample_rate=config.sample_rate,
@@ -182,6 +195,7 @@ def build_graph(
         max_bytes=config.max_event_bytes,
         sampling=config.sampling,
         max_future_skew_s=config.max_future_skew_s,
+        now=config.now,
     )
     _ = parsed[ParseEvents.DEAD_LETTER] | "WriteDeadLetters" >> sinks.dead_letters
     to_judge = parsed.events
@@ -194,7 +208,20 @@ def build_graph(
         config.judges, batch_size=config.judge_batch_size, cascade=config.cascade
     )
     judged = answers
-    if config.sessions is not None:
+    if config.sessions is not None and sessions_due is not None:
+        # serve: the conversations its state file holds and the watermark has closed
+        # (pipeline/service/conversations.py), judged here with the answers; each one's
+        # verdict counts are reported apart, to be replaced if a late turn re-opens it.
+        verdicts = (
+            p
+            | "SessionsDue" >> beam.Create(list(sessions_due))
+            | "JudgeSessions" >> JudgeEvents(
+                config.sessions.judges, batch_size=config.judge_batch_size
+            )
+        )
+        _ = verdicts | "ReportSessionWindows" >> ReportSessionWindows(config.window_seconds)
+        judged = (answers, verdicts) | "WithSessions" >> beam.Flatten()
+    elif config.sessions is not None:
         # The conversations of the sampled events, judged whole once their window closes,
         # and from here on counted, windowed and written like the answers.
         judged = with_sessions(answers, parsed.events, config.sessions, config.judge_batch_size)
@@ -224,6 +251,7 @@ def run_graph(
     *,
     canaries: Sequence[CanaryEvent] = (),
     options: PipelineOptions | None = None,
+    sessions_due: Sequence[InferenceRecord] | None = None,
 ) -> GraphResult:
     """Build the graph, run it to the end, and return what it produced."""
     options = options or pipeline_options()
@@ -231,7 +259,7 @@ def run_graph(
     runner = None if options.view_as(StandardOptions).runner else FnApiRunner()
     try:
         with own_temp_dir(beam.Pipeline(runner=runner, options=options)) as p, p:
-            build_graph(p, source, config, sinks, canaries)
+            build_graph(p, source, config, sinks, canaries, sessions_due)
     except grpc.FutureTimeoutError:  # Beam raises it without a message
         portable = options.view_as(PortableOptions)
         raise SettingsError(
@@ -265,6 +293,7 @@ def decode_metrics(metrics: MetricResults) -> GraphResult:
     windows: dict[WindowKey, RatingCounts] = {}
     unacknowledged: dict[str, tuple[int, str]] = {}
     weighted: dict[WindowKey, WeightedCounts] = {}
+    sessions: dict[SessionKey, dict[WindowKey, RatingCounts]] = {}
     for c in query["counters"]:
         namespace, name, value = c.key.metric.namespace, c.key.metric.name, int(_final(c))
         if namespace == COUNTER_NAMESPACE:
@@ -281,6 +310,10 @@ def decode_metrics(metrics: MetricResults) -> GraphResult:
         elif namespace == WEIGHTED_WINDOW_NAMESPACE:
             key, part = decode_weighted_window(name, value)
             weighted[key] = weighted.get(key, WeightedCounts()) + part
+        elif namespace == SESSION_WINDOW_NAMESPACE:
+            session, key, rating = decode_session_window(name)
+            of = sessions.setdefault(session, {})
+            of[key] = of.get(key, RatingCounts()) + RatingCounts(**{rating: value})
     latest = {
         int(d.key.metric.name.removeprefix(LATEST_EVENT_TIME_PREFIX)): _final(d).max / 1000
         for d in query["distributions"]
@@ -297,7 +330,7 @@ def decode_metrics(metrics: MetricResults) -> GraphResult:
         exemplars[counting.decode(s.key.metric.name)] = counting.FailingExample(
             request_id, event_time
         )
-    return GraphResult(counts, windows, latest, exemplars, unacknowledged, weighted)
+    return GraphResult(counts, windows, latest, exemplars, unacknowledged, weighted, sessions)
 
 
 def _final(metric: MetricResult) -> Any:

@@ -47,6 +47,10 @@ AGENT_USAGE_EVENTS = "ragpulse_agent_usage_events_total"
 # Conversations judged by the session judges (docs/sessions.md).
 SESSIONS_JUDGED = "ragpulse_sessions_judged_total"
 SESSIONS_TRUNCATED = "ragpulse_sessions_truncated_total"
+# serve: sessions re-opened by a late turn (judged again, their first verdicts taken back out
+# of the windows), and turns too late for their session (pipeline.service.conversations).
+SESSIONS_REJUDGED = "ragpulse_session_rejudged_total"
+SESSION_TURNS_LATE = "ragpulse_session_turns_late_total"
 # Stratified sampling and the judge budget (pipeline.sampling, pipeline.budget).
 WEIGHTED_VERDICTS = "ragpulse_judge_verdicts_weighted_total"
 SEEN = "ragpulse_seen_events_total"
@@ -147,6 +151,12 @@ COUNTER_HELP: dict[str, str] = {
     "through the session judges, per app and model.",
     SESSIONS_TRUNCATED: "Judged conversations over --session-max-turns or --session-max-bytes, "
     "judged on their last turns only, per app and model.",
+    SESSIONS_REJUDGED: "serve: judged conversations re-opened by a late turn, per app: each is "
+    "judged again once the watermark passes its new end, and its first verdicts are taken back "
+    "out of the window counts, so that a window counts a conversation once.",
+    SESSION_TURNS_LATE: "serve: turns that arrived after their conversation was judged and one "
+    "of its verdicts' windows was final, per app: left out of the conversation (the answer "
+    "itself is judged and counted as usual).",
     WEIGHTED_VERDICTS: "Judge verdicts weighted by 1 / the sample rate of the event's stratum: "
     "estimated verdicts in all traffic, by judge, rating, stratum, app and model. The weighted "
     "pass ratio, yes / (yes + no) of these, is an unbiased estimate of the population's.",

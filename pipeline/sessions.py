@@ -45,8 +45,18 @@ from pipeline.events import InferenceRecord
 __all__ = [
     "GroupSessions",
     "SessionConfig",
+    "SessionKey",
+    "session_key",
     "session_record",
 ]
+
+# One judged conversation: (app, session id, its last turn's event time). The session id alone
+# is not enough: the same id used again after a pause longer than the gap is another session.
+SessionKey = tuple[str, str, float]
+
+
+def session_key(session: Session) -> SessionKey:
+    return (session.app, session.session_id, session.end)
 
 
 @dataclasses.dataclass(frozen=True)

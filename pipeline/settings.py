@@ -378,7 +378,7 @@ class BatchSettings(BaseModel):
 
 
 class SessionFields(BaseModel):
-    """The conversation settings of the commands that judge sessions (run, stream): the
+    """The conversation settings of the commands that judge sessions (run, serve, stream): the
     session judges, the idle gap that ends a conversation, and the cap on what one
     conversation's judge reads (pipeline.sessions). Mixed into a settings model that has
     `judges: JudgeSettings`."""
@@ -563,7 +563,7 @@ class ExporterSettings(BaseModel):
     labels: LabelLimits = LabelLimits()
 
 
-class ServeSettings(BatchSettings):
+class ServeSettings(SessionFields, BatchSettings):
     """Validated settings of `ragpulse serve`."""
 
     bootstrap: str = Field(min_length=3, title="--kafka-bootstrap")

@@ -40,6 +40,7 @@ from pipeline.cascade import CascadePanel, CascadeSettings
 from pipeline.counting import COUNTER_NAMESPACE
 from pipeline.events import InferenceRecord, InvalidEvent, Rejected, SourceRecord, parse_event
 from pipeline.sampling import SamplingPlan, is_sampled, sampling_key
+from pipeline.sessions import SessionKey, session_key
 from pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_start
 
 log = logging.getLogger(__name__)
@@ -172,6 +173,73 @@ def admission(
     return None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Admission:
+    """What `ParseEvents` makes of one record: the parsed event (None when it was refused before
+    its event time could be read: oversize, unreadable, invalid, future-dated) and why it is
+    dead-lettered (None: admitted), `late` when that is because its window is final."""
+
+    event: InferenceRecord | None
+    refused: str | None = None
+    late: bool = False
+
+
+def admit(
+    record: SourceRecord,
+    *,
+    now: float,
+    max_bytes: int,
+    max_future_skew_s: float,
+    window_size: float,
+    closed_before: float | None,
+) -> Admission:
+    """Parse and check one record (pure): `ParseEvents` and serve's conversations
+    (pipeline/service/conversations.py) decide alike. Any exception while reading it refuses
+    the record, with the exception as reason."""
+    if record.oversize_bytes is not None:
+        return Admission(
+            None, f"record is {record.oversize_bytes} bytes, over the {max_bytes}-byte limit"
+        )
+    if record.refused is not None:
+        return Admission(None, record.refused)
+    try:
+        event = parse_event(record.raw, record_time=record.record_time, max_bytes=max_bytes)
+    except InvalidEvent as exc:
+        return Admission(None, exc.reason)
+    except Exception as exc:  # one record never fails the bundle
+        return Admission(None, f"could not read the event ({type(exc).__name__}: {exc}"[:300] + ")")
+    refused = admission(
+        event,
+        record.record_time,
+        now=now,
+        max_future_skew_s=max_future_skew_s,
+        window_size=window_size,
+        closed_before=closed_before,
+    )
+    if refused is None:
+        return Admission(event)
+    reason, late = refused
+    # A future-dated event is refused before its time is noted (the watermark's input).
+    return Admission(event if late else None, reason, late)
+
+
+def sample_event(
+    event: InferenceRecord, sample_rate: float, plan: SamplingPlan | None
+) -> tuple[InferenceRecord | None, str | None]:
+    """(the event as judged, or None when sampling leaves it out; its stratum under a plan).
+
+    Sampling is by `sample_rate`, or by the rate of the event's stratum of `plan`, a kept event
+    then carrying its weight 1 / rate; an event naming a conversation is sampled by its
+    session id (`sampling_key`), so a conversation is kept or left out whole."""
+    key = sampling_key(event.request_id, event.session_id)
+    if plan is None:
+        return (event if is_sampled(key, sample_rate) else None), None
+    stratum, rate = plan.stratum_of(event)
+    if not is_sampled(key, rate):
+        return None, stratum
+    return dataclasses.replace(event, stratum=stratum, weight=1.0 / rate), stratum
+
+
 class _ParseAndSample(beam.DoFn):
     def __init__(
         self,
@@ -181,6 +249,7 @@ class _ParseAndSample(beam.DoFn):
         max_bytes: int,
         plan: SamplingPlan | None,
         max_future_skew_s: float,
+        now: float | None,
     ) -> None:
         self._sample_rate = sample_rate
         self._plan = plan
@@ -188,6 +257,7 @@ class _ParseAndSample(beam.DoFn):
         self._closed_before = closed_before
         self._max_bytes = max_bytes
         self._max_future_skew_s = max_future_skew_s
+        self._now = now
 
     def setup(self) -> None:
         self._counters = _Counters()
@@ -210,65 +280,37 @@ class _ParseAndSample(beam.DoFn):
         return beam.pvalue.TaggedOutput(ParseEvents.DEAD_LETTER, Rejected(record, reason))
 
     def process(self, record: SourceRecord) -> Iterator[Any]:
-        if record.oversize_bytes is not None:
-            yield self._reject(
-                record,
-                f"record is {record.oversize_bytes} bytes, over the {self._max_bytes}-byte limit",
-            )
-            return
-        if record.refused is not None:
-            yield self._reject(record, record.refused)
-            return
-        try:
-            event = parse_event(
-                record.raw, record_time=record.record_time, max_bytes=self._max_bytes
-            )
-        except InvalidEvent as exc:
-            yield self._reject(record, exc.reason)
-            return
-        except Exception as exc:  # one record never fails the bundle
-            why = f"could not read the event ({type(exc).__name__}: {exc}"[:300] + ")"
-            yield self._reject(record, why)
-            return
-        refused = admission(
-            event,
-            record.record_time,
-            now=time.time(),
+        admitted = admit(
+            record,
+            now=time.time() if self._now is None else self._now,
+            max_bytes=self._max_bytes,
             max_future_skew_s=self._max_future_skew_s,
             window_size=self._window_size,
             closed_before=self._closed_before,
         )
-        if refused is not None and not refused[1]:
-            yield self._reject(record, refused[0])  # future-dated: no event time noted
+        event = admitted.event
+        if event is None:
+            yield self._reject(record, admitted.refused or "refused")
             return
         self._counters.inc(EVENTS_ACCEPTED)
         self._note_event_time(record.partition, event.event_time)
-        if refused is not None:
-            yield self._reject(record, refused[0], late=True)
+        if admitted.refused is not None:
+            yield self._reject(record, admitted.refused, late=True)
             return
         for counter_key, n in agent_counts(event):
             self._counters.inc(counter_key, n)
-        if self._plan is not None:
-            yield from self._sample_stratified(event, self._plan)
-        elif is_sampled(sampling_key(event.request_id, event.session_id), self._sample_rate):
-            self._counters.inc(EVENTS_SAMPLED)
-            yield event
-
-    def _sample_stratified(
-        self, event: InferenceRecord, plan: SamplingPlan
-    ) -> Iterator[InferenceRecord]:
-        """Samples at the rate of the event's stratum; a kept event carries weight 1 / rate."""
-        stratum, rate = plan.stratum_of(event)
-        self._counters.inc(counting.key(sampling.SEEN, stratum=stratum))
-        if not is_sampled(sampling_key(event.request_id, event.session_id), rate):
+        kept, stratum = sample_event(event, self._sample_rate, self._plan)
+        if stratum is not None:
+            self._counters.inc(counting.key(sampling.SEEN, stratum=stratum))
+        if kept is None:
             return
-        weight = 1.0 / rate
         self._counters.inc(EVENTS_SAMPLED)
-        self._counters.inc(counting.key(sampling.SAMPLED, stratum=stratum))
-        self._counters.inc(
-            counting.key(sampling.WEIGHTS, stratum=stratum), sampling.to_micros(weight)
-        )
-        yield dataclasses.replace(event, stratum=stratum, weight=weight)
+        if stratum is not None:
+            self._counters.inc(counting.key(sampling.SAMPLED, stratum=stratum))
+            self._counters.inc(
+                counting.key(sampling.WEIGHTS, stratum=stratum), sampling.to_micros(kept.weight)
+            )
+        yield kept
 
 
 class ParseEvents(beam.PTransform):
@@ -280,7 +322,9 @@ class ParseEvents(beam.PTransform):
     output holds a `Rejected` for every record that was invalid, dated more than
     `max_future_skew_s` ahead of its record time or the clock (`future_reason`), or late for a
     window already closed (`closed_before`, set by `serve`; a file run has no closed windows).
-    Any exception while reading one record refuses that record, with the exception as reason.
+    Any exception while reading one record refuses that record, with the exception as reason
+    (`admit`, `sample_event`). `now` is the clock the future-skew check reads (serve: the
+    cycle's start, so that its conversations decide alike); None reads the clock per record.
     """
 
     DEAD_LETTER = "dead_letter"
@@ -294,10 +338,11 @@ class ParseEvents(beam.PTransform):
         max_bytes: int = 1_048_576,
         sampling: SamplingPlan | None = None,
         max_future_skew_s: float = DEFAULT_MAX_FUTURE_SKEW_S,
+        now: float | None = None,
     ) -> None:
         super().__init__()
         self._fn = _ParseAndSample(
-            sample_rate, window_size, closed_before, max_bytes, sampling, max_future_skew_s
+            sample_rate, window_size, closed_before, max_bytes, sampling, max_future_skew_s, now
         )
 
     def expand(self, records: Any) -> Any:
@@ -691,6 +736,56 @@ class ReportWindows(beam.PTransform):
 
     def expand(self, windows: Any) -> Any:
         return windows | "CountersPerWindow" >> beam.ParDo(_ReportWindow())
+
+
+SESSION_WINDOW_NAMESPACE = "ragpulse.session_windows"
+
+
+class _ReportSessionWindow(beam.DoFn):
+    """Each judged session's own counts per window, as Beam counters (serve keeps them with the
+    session, to take them back out of the windows if a late turn re-opens it)."""
+
+    def __init__(self, window_size: float) -> None:
+        self._size = window_size
+
+    def process(self, judged: JudgedEvent) -> None:
+        session = judged.record.session
+        if session is None:
+            return
+        start = window_start(judged.record.event_time, self._size)
+        for (judge, version, app, model), (rating, score) in ratings_by_judge(judged):
+            key = WindowKey(start, start + self._size, judge, app, model, version)
+            fields = [(rating, 1)] if score is None else [
+                (rating, 1), ("scored", 1), ("score_milli", score)
+            ]
+            for field, n in fields:
+                Metrics.counter(
+                    SESSION_WINDOW_NAMESPACE,
+                    encode_session_window(session_key(session), key, field),
+                ).inc(n)
+
+
+def encode_session_window(session: SessionKey, key: WindowKey, rating: str) -> str:
+    """The Beam counter name of one judged session's count of `rating` in one window."""
+    return orjson.dumps([list(session), encode_window(key, rating)]).decode()
+
+
+def decode_session_window(name: str) -> tuple[SessionKey, WindowKey, str]:
+    """Inverse of `encode_session_window`."""
+    (app, session_id, end), window = orjson.loads(name)
+    key, rating = decode_window(window)
+    return (app, session_id, float(end)), key, rating
+
+
+class ReportSessionWindows(beam.PTransform):
+    """serve: the judged sessions' counts per window, each session apart (Beam counters)."""
+
+    def __init__(self, window_size: float) -> None:
+        super().__init__()
+        self._size = window_size
+
+    def expand(self, judged: Any) -> Any:
+        return judged | "CountersPerSession" >> beam.ParDo(_ReportSessionWindow(self._size))
 
 
 EXEMPLAR_NAMESPACE = "ragpulse.exemplars"

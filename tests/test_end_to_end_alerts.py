@@ -118,11 +118,11 @@ EMPTY_WITH_LOCAL_JUDGES = {
     "tests/promtool/tool_calls.test.yaml covers RagToolCallErrorsHigh)",
     "Tool judges: verdicts by rating": "this run judges with the default judges, without the "
     "opt-in tool judges (tests/test_tool_judges.py checks their counters)",
-    "Conversations judged and truncated": "serve does not judge sessions yet (it refuses "
-    "--session-judges); tests/test_sessions_run.py checks these counters in run",
+    "Conversations judged and truncated": "this run's traffic has no conversations and no "
+    "--session-judges; tests/test_serve_sessions.py checks these counters in serve",
     **{
-        f"{judge}: pass ratio of conversations with 95% band": "serve does not judge sessions "
-        "yet; tests/promtool/sessions.test.yaml covers RagKnowledgeRetentionDrop"
+        f"{judge}: pass ratio of conversations with 95% band": "this run has no "
+        "--session-judges; tests/promtool/sessions.test.yaml covers RagKnowledgeRetentionDrop"
         for judge in SESSION_JUDGES
     },
 }

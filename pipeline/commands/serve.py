@@ -35,10 +35,12 @@ from pipeline.settings import (
     add_duration_flag,
     add_judge_arguments,
     add_metrics_server_arguments,
+    add_session_arguments,
     add_setting_flag,
     batch_fields,
     build,
     metrics_server_fields,
+    session_fields,
 )
 from pipeline.sinks.prometheus import registry_for
 from pipeline.sinks.prometheus_http import (
@@ -238,6 +240,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     add_label_arguments(p)
     add_judge_arguments(p)
     add_budget_arguments(p)
+    add_session_arguments(p)
     add_beam_arguments(p)
     add_config_arguments(p)
 
@@ -275,6 +278,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         trace_assembly_wait_seconds=args.trace_assembly_wait,
         evaluation_events_endpoint=args.evaluation_events_endpoint,
         **batch,
+        **session_fields(args),
     )
 
 

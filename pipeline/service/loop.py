@@ -57,20 +57,33 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import apache_beam as beam
 
 from judges import shared_panel
+from judges.sessions import Session
 from pipeline import counting
 from pipeline import metrics_catalogue as catalogue
 from pipeline.budget import TOKENS, BudgetGovernor
 from pipeline.calibration import by_judge
 from pipeline.canaries import CanaryFeed
+from pipeline.counting import SESSIONS_JUDGED, SESSIONS_TRUNCATED
 from pipeline.errors import SettingsError
-from pipeline.graph import GraphResult, Sinks, pipeline_options, run_graph
+from pipeline.events import SourceRecord
+from pipeline.graph import GraphResult, Sinks, StageConfig, pipeline_options, run_graph
 from pipeline.labels import LabelBudget
 from pipeline.sampling import SPEND, SamplingPlan
+from pipeline.service.conversations import (
+    SESSIONS_REJUDGED,
+    SessionChanges,
+    StoredTurn,
+    due,
+    hold,
+    judged_session,
+    new_turns,
+    plan,
+)
 from pipeline.service.cycle_hooks import CycleHooks
 from pipeline.service.journal import AnsweredCalls
 from pipeline.service.lookahead import Lookahead, runs_here
@@ -83,6 +96,7 @@ from pipeline.service.watermark import (
     holding_partitions,
     merge_latest,
 )
+from pipeline.sessions import SessionConfig, session_key, session_record
 from pipeline.settings import ServeSettings
 from pipeline.sinks.kafka import UNDELIVERABLE, KafkaTopic, PublishDeadLetters, PublishVerdicts
 from pipeline.sinks.otlp_evaluations import ExportEvaluations
@@ -218,6 +232,14 @@ class TopicWatcher:
             # close every window for this cycle too: pulled back to the ceiling at once.
             previous_wm = min(previous_wm, ceiling(time.time(), s.out_of_orderness_seconds))
         cutoff = closed_before(previous_wm, s.allowed_lateness_seconds)
+        conversations = s.session_config()
+        saved_turns = self.state.session_turns(topic) if conversations is not None else []
+        sessions_due: list[Session] = []
+        if conversations is not None:
+            # No window is final while an open session could still be dated in it.
+            cutoff = _earlier(cutoff, hold(saved_turns, conversations.gap_seconds,
+                                           s.window_seconds))
+            sessions_due = self._sessions_due(saved_turns, conversations, previous_wm)
         if self._lookahead is not None:
             self._lookahead.cycle_started(
                 starts, {p: stop for p, (_, stop) in ranges.items()}, cutoff, reset=reset_to
@@ -228,8 +250,17 @@ class TopicWatcher:
         started = time.perf_counter()
         now = time.time()
         traces = None if s.input_format == "ragpulse" else self._traces(ranges, increments, now)
-        if traces.records if traces is not None else ranges:
-            result = self._judge(ranges, traces, cutoff)
+        # With conversations, the cycle reads its records here (as for traces): their turns
+        # are saved in the state file with the cycle (pipeline/service/conversations.py).
+        records: list[SourceRecord] | None = (
+            list(traces.records)
+            if traces is not None
+            else self._read_here(ranges, increments) if conversations is not None else None
+        )
+        config = self._config(ranges, records, cutoff, now)
+        changes: SessionChanges | None = None
+        if (records if records is not None else ranges) or sessions_due:
+            result = self._judge(ranges, records, config, sessions_due)
             self._hooks.at("judged")
             if self._journal is not None:
                 # Tokens are counted from the journal (below), once per paid call.
@@ -241,6 +272,11 @@ class TopicWatcher:
             result = self._bound_labels(result)
             increments.update(result.counts)
             latest = merge_latest(latest, result.latest_event_time)
+            if conversations is not None:
+                changes = self._conversations(
+                    saved_turns, sessions_due, result, records or [], config, conversations
+                )
+                increments.update(changes.counts)
             took = time.perf_counter() - started
         clock = time.monotonic()
         for p in ends:
@@ -267,12 +303,19 @@ class TopicWatcher:
             increments.update(self._governor.spend_counter(spend))
             hour, spent = self._governor.this_hour_with(spend)
             hour_spend = HourSpend(hour, self._governor.settings.unit, spent)
+        final_before = closed_before(watermark, s.allowed_lateness_seconds)
+        if conversations is not None:
+            final_before = _earlier(final_before, hold(
+                changes.after if changes is not None else saved_turns,
+                conversations.gap_seconds,
+                s.window_seconds,
+            ))
         completed = self.state.apply_cycle(
             topic,
             result.windows if result else {},
             new_offsets,
             increments,
-            closed_before(watermark, s.allowed_lateness_seconds),
+            final_before,
             watermark=watermark,
             latest_event_times=latest,
             reset_offsets=reset_to,
@@ -290,6 +333,7 @@ class TopicWatcher:
             ),
             hour_spend=hour_spend,
             calls_settled=settlement.calls if settlement is not None else None,
+            sessions=changes,
         )
         if self._journal is not None and settlement is not None:
             self._journal.settled(settlement)
@@ -370,14 +414,58 @@ class TopicWatcher:
         )
         return batch
 
+    def _read_here(
+        self, ranges: Mapping[int, tuple[int, int]], increments: counting.Counts
+    ) -> list[SourceRecord]:
+        """The records of `ranges`, read in this process (records the broker's retention
+        deleted first are counted as lost, as the graph's reader counts them)."""
+        s = self.settings
+        lost = counting.key(RECORDS_LOST, topic=s.topic, reason="retention")
+
+        def on_lost(n: int) -> None:
+            increments[lost] += n
+
+        return list(
+            read_kafka_ranges(
+                s.bootstrap,
+                s.topic,
+                ranges,
+                security=s.kafka_security,
+                stall_timeout_s=s.kafka_timeout_seconds,
+                max_value_bytes=s.max_event_bytes,
+                on_lost=on_lost,
+            )
+        )
+
+    def _config(
+        self,
+        ranges: Mapping[int, tuple[int, int]],
+        records: list[SourceRecord] | None,
+        cutoff: float | None,
+        now: float,
+    ) -> StageConfig:
+        """The cycle's stage configuration: its cut-off of final windows, its clock, and the
+        budget governor's sampling rates for its number of records."""
+        config = dataclasses.replace(self.settings.stage_config(closed_before=cutoff), now=now)
+        if self._governor is not None:
+            plan = config.sampling or SamplingPlan((), config.sample_rate)
+            n = (
+                len(records)
+                if records is not None
+                else sum(stop - start for start, stop in ranges.values())
+            )
+            config = dataclasses.replace(config, sampling=self._governor.plan_for(plan, n))
+        return config
+
     def _judge(
         self,
         ranges: Mapping[int, tuple[int, int]],
-        traces: TraceBatch | None,
-        cutoff: float | None,
+        records: list[SourceRecord] | None,
+        config: StageConfig,
+        sessions_due: Sequence[Session] = (),
     ) -> GraphResult:
-        """Run the graph over `ranges` (or the assembled `traces`, read already): Kafka in,
-        the dead-letter and verdicts topics out."""
+        """Run the graph over `ranges` (or their `records`, read already), with the sessions
+        due: Kafka in, the dead-letter and verdicts topics out."""
         s = self.settings
 
         def topic(name: str) -> KafkaTopic:
@@ -403,8 +491,8 @@ class TopicWatcher:
             ),
         )
         source = (
-            beam.Create(traces.records)
-            if traces is not None
+            beam.Create(records)
+            if records is not None
             else ReadKafkaRanges(
                 s.bootstrap,
                 s.topic,
@@ -414,22 +502,75 @@ class TopicWatcher:
                 max_value_bytes=s.max_event_bytes,
             )
         )
-        config = s.stage_config(closed_before=cutoff)
-        if self._governor is not None:
-            plan = config.sampling or SamplingPlan((), config.sample_rate)
-            records = (
-                len(traces.records)
-                if traces is not None
-                else sum(stop - start for start, stop in ranges.values())
-            )
-            config = dataclasses.replace(config, sampling=self._governor.plan_for(plan, records))
         return run_graph(
             source,
             config,
             sinks,
             canaries=self._canaries.take(time.time()) if self._canaries else (),
             options=pipeline_options(s.beam_args, s.runner),
+            sessions_due=(
+                [session_record(x) for x in sessions_due] if config.sessions is not None else None
+            ),
         )
+
+    def _sessions_due(
+        self, saved: list[StoredTurn], config: SessionConfig, watermark: float | None
+    ) -> list[Session]:
+        """The open sessions the watermark has closed, with their kept turns' text."""
+        closed = due(saved, config.gap_seconds, watermark)
+        texts = self.state.session_texts(
+            self.settings.topic, (t for c in closed for t in c.turns if t.kept)
+        )
+        return [judged_session(c, texts, config) for c in closed]
+
+    def _conversations(
+        self,
+        saved: list[StoredTurn],
+        judged: Sequence[Session],
+        result: GraphResult,
+        records: list[SourceRecord],
+        config: StageConfig,
+        conversations: SessionConfig,
+    ) -> SessionChanges:
+        """The cycle's changes to the saved conversations: the sessions it judged, its new
+        turns (the events its graph judged that name a session), the sessions they re-open."""
+        s = self.settings
+        assert config.now is not None
+        fresh = list(
+            new_turns(
+                records,
+                now=config.now,
+                max_bytes=config.max_event_bytes,
+                max_future_skew_s=config.max_future_skew_s,
+                window_size=config.window_seconds,
+                closed_before=config.closed_before,
+                sample_rate=config.sample_rate,
+                sampling=config.sampling,
+            )
+        )
+        changes = plan(
+            saved,
+            {session_key(x): result.session_windows.get(session_key(x), {}) for x in judged},
+            self.state.judged_sessions(
+                s.topic, ((e.app, e.session_id or "") for _, e in fresh)
+            ),
+            fresh,
+            conversations,
+            window_size=s.window_seconds,
+            final_before=config.closed_before,
+        )
+        for x in judged:
+            changes.counts[counting.key(SESSIONS_JUDGED, app=x.app, model=x.model)] += 1
+            if x.truncated:
+                changes.counts[counting.key(SESSIONS_TRUNCATED, app=x.app, model=x.model)] += 1
+        rejudged = sum(n for k, n in changes.counts.items() if k[0] == SESSIONS_REJUDGED)
+        if judged or rejudged:
+            log.info(
+                "%d sessions judged, %d re-opened by a late turn, %d open",
+                len(judged), rejudged,
+                len({(t.app, t.session_id) for t in changes.after if t.judged is None}),
+            )
+        return changes
 
     def _undeliverable(self, result: GraphResult) -> counting.Counts:
         """Decide on records an output topic did not acknowledge (refused ones are counted by
@@ -910,6 +1051,13 @@ def _check_assignment(state: StateStore, settings: ServeSettings) -> None:
         "instance and start each with --state-reset (it goes on from the consumer group's "
         "committed offsets)"
     )
+
+
+def _earlier(a: float | None, b: float | None) -> float | None:
+    """The earlier of two cut-offs of final windows (None: no window is final)."""
+    if a is None or b is None:
+        return a
+    return min(a, b)
 
 
 def _log_completed(windows: Mapping[WindowKey, RatingCounts]) -> None:

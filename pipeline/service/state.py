@@ -27,7 +27,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from judges.sessions import SessionTurn
 from pipeline import counting
+from pipeline.service.conversations import SessionChanges, StoredTurn
+from pipeline.sessions import SessionKey
 from pipeline.traces import Arrival, SpanPart
 from pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_row
 
@@ -146,6 +149,35 @@ CREATE TABLE IF NOT EXISTS answered_calls (
 """
 
 
+# Conversations (--session-judges, pipeline/service/conversations.py), added like the exemplars
+# table, no schema bump: the turns of sessions still open, or judged and still joinable by a
+# late turn (`judged`: the judged session's last turn time; `turn`: the turn's text as JSON,
+# NULL when the cap or lateness left it out), and each judged session's verdict counts per
+# window, to take back out if a late turn re-opens it. Saved with the cycle's offsets.
+_SESSION_TABLES = """
+CREATE TABLE IF NOT EXISTS session_turns (
+    topic TEXT NOT NULL,
+    app TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    event_time REAL NOT NULL,
+    model TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    judged REAL,
+    turn BLOB,
+    PRIMARY KEY (topic, app, session_id, request_id)
+);
+CREATE TABLE IF NOT EXISTS judged_sessions (
+    topic TEXT NOT NULL,
+    app TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    last REAL NOT NULL,
+    counts BLOB NOT NULL,
+    PRIMARY KEY (topic, app, session_id, last)
+)
+"""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class HourSpend:
     """The judge budget's spend in clock hour `hour` (epoch seconds // 3600), in `unit`."""
@@ -189,6 +221,8 @@ class StateStore:
         for statement in _TRACE_SPANS_TABLE.split(";"):
             self._db.execute(statement)
         for statement in _MONEY_TABLES.split(";"):
+            self._db.execute(statement)
+        for statement in _SESSION_TABLES.split(";"):
             self._db.execute(statement)
 
     @staticmethod
@@ -235,6 +269,7 @@ class StateStore:
         forget_finished_before: float | None = None,
         hour_spend: HourSpend | None = None,
         calls_settled: CallsSettled | None = None,
+        sessions: SessionChanges | None = None,
     ) -> dict[WindowKey, RatingCounts]:
         """Save one cycle atomically; returns the windows this cycle completed, with their counts.
 
@@ -250,7 +285,9 @@ class StateStore:
         at `finished_at` until `forget_finished_before` passes it): saved with the offsets that
         read them. `hour_spend` replaces the judge budget's saved spend (older hours are
         dropped); `calls_settled` marks journaled calls as counted (their tokens are in
-        `counts`) and deletes the ones done with.
+        `counts`) and deletes the ones done with. `sessions`: the cycle's changes to the saved
+        conversations; the verdict counts of re-opened sessions (`retracted`) are taken out of
+        their windows after `windows` is added (StateError if one is final or would go below 0).
         """
         db = self._db
         with write_transaction(db):
@@ -285,6 +322,8 @@ class StateStore:
                     (part.window_start, part.window_end, part.judge, part.version, part.app,
                      part.model, c.yes, c.no, c.error, c.scored, c.score_milli),
                 )
+            if sessions is not None:
+                _save_sessions(db, topic, sessions)
             for partition, next_offset in offsets.items():
                 saved = db.execute(
                     "SELECT next_offset FROM offsets WHERE topic=? AND partition=?",
@@ -520,6 +559,54 @@ class StateStore:
         ).fetchone()
         return int(row[0])
 
+    def session_turns(self, topic: str) -> list[StoredTurn]:
+        """The saved turns of open sessions and of judged ones a late turn may still join."""
+        return [
+            StoredTurn(
+                r["app"], r["session_id"], r["request_id"], r["event_time"], r["model"],
+                r["size"], bool(r["turn"]), r["judged"],
+            )
+            for r in self._db.execute(
+                "SELECT app, session_id, request_id, event_time, model, size, judged, "
+                "turn IS NOT NULL AS turn FROM session_turns WHERE topic = ?",
+                (topic,),
+            )
+        ]
+
+    def session_texts(
+        self, topic: str, turns: Iterable[StoredTurn]
+    ) -> dict[tuple[str, str, str], SessionTurn]:
+        """The kept text of `turns` (to judge their sessions)."""
+        out: dict[tuple[str, str, str], SessionTurn] = {}
+        for t in turns:
+            row = self._db.execute(
+                "SELECT turn FROM session_turns WHERE topic = ? AND app = ? AND session_id = ? "
+                "AND request_id = ? AND turn IS NOT NULL",
+                (topic, t.app, t.session_id, t.request_id),
+            ).fetchone()
+            if row is not None:
+                request_id, event_time, question, answer, feedback = json.loads(row["turn"])
+                out[t.key] = SessionTurn(request_id, event_time, question, answer, feedback)
+        return out
+
+    def judged_sessions(
+        self, topic: str, apps_sessions: Iterable[tuple[str, str]]
+    ) -> dict[SessionKey, dict[WindowKey, RatingCounts]]:
+        """The saved verdict counts per window of the judged sessions of these
+        (app, session id)s."""
+        out: dict[SessionKey, dict[WindowKey, RatingCounts]] = {}
+        for app, session_id in set(apps_sessions):
+            for r in self._db.execute(
+                "SELECT last, counts FROM judged_sessions WHERE topic = ? AND app = ? "
+                "AND session_id = ?",
+                (topic, app, session_id),
+            ):
+                out[(app, session_id, r["last"])] = {
+                    WindowKey(ws, we, judge, a, model, version): RatingCounts(*c)
+                    for ws, we, judge, a, model, version, *c in json.loads(r["counts"])
+                }
+        return out
+
     def hour_spend(self) -> HourSpend | None:
         """The judge budget's saved spend (of the clock hour of the last cycle that had one)."""
         row = self._db.execute("SELECT hour, unit, spent FROM judge_spend").fetchone()
@@ -634,6 +721,69 @@ def _open_checked(path: Path) -> sqlite3.Connection:
             db.close()
         raise
     return db
+
+
+def _save_sessions(db: sqlite3.Connection, topic: str, changes: SessionChanges) -> None:
+    """`StateStore.apply_cycle`'s part for the conversations (inside its transaction)."""
+    for part, c in changes.retracted.items():
+        row = db.execute(
+            "SELECT * FROM windows WHERE window_start=? AND window_end=? AND judge=? "
+            "AND version=? AND app=? AND model=?",
+            (part.window_start, part.window_end, part.judge, part.version, part.app, part.model),
+        ).fetchone()
+        left = None if row is None else (
+            row["yes"] - c.yes, row["no"] - c.no, row["error"] - c.error,
+            row["scored"] - c.scored, row["score_milli"] - c.score_milli,
+        )
+        if left is None or row["complete"] or min(left[:4]) < 0:
+            raise StateError(
+                f"a re-opened session's counts cannot be taken out of window "
+                f"{isoformat_utc(part.window_start)} ({part.judge}, {part.app}, {part.model}): "
+                f"{'it is final' if row is not None and row['complete'] else 'not counted'}"
+            )
+        db.execute(
+            "UPDATE windows SET yes=?, no=?, error=?, scored=?, score_milli=? "
+            "WHERE window_start=? AND window_end=? AND judge=? AND version=? AND app=? "
+            "AND model=?",
+            (*left, part.window_start, part.window_end, part.judge, part.version, part.app,
+             part.model),
+        )
+    db.executemany(
+        "INSERT INTO session_turns (topic, app, session_id, request_id, event_time, model, "
+        "size, judged, turn) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (topic, t.app, t.session_id, t.request_id, t.event_time, t.model, t.size, t.judged,
+             None if text is None or not t.kept else json.dumps(dataclasses.astuple(text)))
+            for t, text in changes.added
+        ],
+    )
+    for t in changes.updated:
+        db.execute(
+            "UPDATE session_turns SET judged = ?, turn = CASE WHEN ? THEN turn END "
+            "WHERE topic = ? AND app = ? AND session_id = ? AND request_id = ?",
+            (t.judged, t.kept, topic, t.app, t.session_id, t.request_id),
+        )
+    db.executemany(
+        "DELETE FROM session_turns WHERE topic = ? AND app = ? AND session_id = ? "
+        "AND request_id = ?",
+        [(topic, *k) for k in changes.forgotten],
+    )
+    db.executemany(
+        "DELETE FROM judged_sessions WHERE topic = ? AND app = ? AND session_id = ? AND last = ?",
+        [(topic, *k) for k in changes.judged_removed],
+    )
+    db.executemany(
+        "INSERT OR REPLACE INTO judged_sessions (topic, app, session_id, last, counts) "
+        "VALUES (?, ?, ?, ?, ?)",
+        [
+            (topic, *k, json.dumps([
+                [w.window_start, w.window_end, w.judge, w.app, w.model, w.version,
+                 *dataclasses.astuple(c)]
+                for w, c in counts.items()
+            ]))
+            for k, counts in changes.judged_added.items()
+        ],
+    )
 
 
 def _migrate_to_2(db: sqlite3.Connection) -> None:

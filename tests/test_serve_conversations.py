@@ -1,0 +1,138 @@
+"""serve's conversations between cycles (pipeline/service/conversations.py): which sessions the
+watermark closes, what a late turn does to a judged session, the cap, the windows held open,
+and what is forgotten; then the same through a real state file (`StateStore.apply_cycle`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from judges.base import JudgeInput
+from pipeline.events import InferenceRecord
+from pipeline.service.conversations import StoredTurn, due, hold, judged_session, plan, split
+from pipeline.service.state import StateError, StateStore
+from pipeline.sessions import SessionConfig
+from pipeline.settings import JudgeSettings
+from pipeline.windows import RatingCounts, WindowKey
+
+GAP = 300.0
+WINDOW = 60.0
+CONFIG = SessionConfig(
+    JudgeSettings(backend="local").spec().for_sessions(("user_frustration",)), GAP, 3, 10_000
+)
+
+
+def stored(session: str, i: int, t: float, judged: float | None = None) -> StoredTurn:
+    return StoredTurn("app", session, f"{session}-{i}", t, "m", 10, True, judged)
+
+
+def event(session: str, i: int, t: float, text: str = "q") -> tuple[str, InferenceRecord]:
+    return "m", InferenceRecord(
+        request_id=f"{session}-{i}", event_time=t, app="app", model="m",
+        judge_input=JudgeInput(question=text, answer="a"), session_id=session,
+    )
+
+
+def counts_at(t: float, yes: int = 1) -> dict[WindowKey, RatingCounts]:
+    start = t - t % WINDOW
+    return {WindowKey(start, start + WINDOW, "user_frustration", "app", "m"): RatingCounts(yes)}
+
+
+def test_turns_split_where_the_gap_passes_and_a_session_is_due_once_the_watermark_passes_it():
+    turns = [stored("a", 1, 0), stored("a", 2, 299), stored("a", 3, 599), stored("a", 4, 899.5),
+             stored("b", 1, 100)]
+    assert [len(c.turns) for c in split(turns, GAP)] == [2, 1, 1, 1]
+    assert due(turns, GAP, None) == []
+    assert [c.key for c in due(turns, GAP, 598)] == [("app", "b", 100)]
+    assert [c.key for c in due(turns, GAP, 599)] == [("app", "a", 299), ("app", "b", 100)]
+    assert [c.key for c in due(turns, GAP, 899)] == [("app", "a", 299), ("app", "a", 599),
+                                                      ("app", "b", 100)]
+    # Judged sessions are not due again, and they hold no window.
+    judged = [stored("a", 1, 0, judged=0)]
+    assert due(judged, GAP, 10_000) == []
+    assert hold(judged, GAP, WINDOW) is None
+    assert hold(turns, GAP, WINDOW) == 60.0  # b's last turn (100) is in [60, 120)
+
+
+def test_a_late_turn_reopens_its_session_while_its_windows_are_open_and_takes_its_counts_back():
+    saved = [stored("a", 1, 0, judged=40), stored("a", 2, 40, judged=40)]
+    earlier = {("app", "a", 40.0): counts_at(40)}
+    changes = plan(saved, {}, earlier, [event("a", 3, 100)], CONFIG, window_size=WINDOW,
+                   final_before=0.0)
+    assert changes.retracted == counts_at(40)
+    assert changes.judged_removed == [("app", "a", 40.0)]
+    assert sum(changes.counts.values()) == 1  # ragpulse_session_rejudged_total{app}
+    assert all(t.judged is None for t in changes.after)
+    assert [c.key for c in due(changes.after, GAP, 400)] == [("app", "a", 100.0)]
+    # Once a window of its verdicts is final, the turn is late for it and left out.
+    late = plan(saved, {}, earlier, [event("a", 3, 100)], CONFIG, window_size=WINDOW,
+                final_before=60.0)
+    assert late.retracted == {} and late.judged_removed == []
+    assert dict(late.counts) == {("ragpulse_session_turns_late_total", (("app", "app"),)): 1}
+    assert due(late.after, GAP, 10_000) == []
+
+
+def test_a_session_judged_in_this_cycle_is_reopened_by_a_turn_of_the_same_cycle():
+    saved = [stored("a", 1, 0), stored("a", 2, 40)]
+    (conversation,) = due(saved, GAP, 340)
+    changes = plan(saved, {conversation.key: counts_at(40)}, {}, [event("a", 3, 200)], CONFIG,
+                   window_size=WINDOW, final_before=0.0)
+    # Counted by the cycle and taken back out by it: the windows count nothing for it yet.
+    assert changes.judged_added == {} and changes.retracted == counts_at(40)
+    assert [len(c.turns) for c in split(changes.after, GAP) if c.is_open] == [3]
+
+
+def test_a_turn_read_twice_counts_once_and_the_cap_keeps_the_last_turns_text():
+    saved = [stored("a", 1, 0)]
+    fresh = [event("a", i, i * 10.0) for i in (1, 2, 3, 4, 5)] + [event("a", 5, 50.0)]
+    changes = plan(saved, {}, {}, fresh, CONFIG, window_size=WINDOW, final_before=None)
+    assert len(changes.after) == 5
+    kept = sorted(t.request_id for t in changes.after if t.kept)
+    assert kept == ["a-3", "a-4", "a-5"]  # --session-max-turns 3
+    assert [t.request_id for t, text in changes.added if text is not None] == kept
+    texts = {t.key: text for t, text in changes.added if text is not None}
+    (conversation,) = due(changes.after, GAP, 10_000)
+    session = judged_session(conversation, texts, CONFIG)
+    assert session.request_ids == ("a-3", "a-4", "a-5") and session.dropped == 2
+
+
+def test_a_judged_session_is_forgotten_once_no_admissible_turn_can_join_it():
+    saved = [stored("a", 1, 0, judged=0)]
+    earlier = {("app", "a", 0.0): counts_at(0)}
+    kept = plan(saved, {}, earlier, [], CONFIG, window_size=WINDOW, final_before=GAP)
+    assert kept.forgotten == []
+    gone = plan(saved, {}, earlier, [], CONFIG, window_size=WINDOW, final_before=GAP + WINDOW)
+    assert gone.forgotten == [("app", "a", "a-1")] and gone.judged_removed == [("app", "a", 0.0)]
+
+
+def test_the_state_file_saves_the_changes_and_refuses_to_take_counts_out_of_a_final_window(
+    tmp_path: Path,
+) -> None:
+    with StateStore(tmp_path / "state.sqlite") as state:
+        first = plan([], {}, {}, [event("a", 1, 0, "hello"), event("a", 2, 40)], CONFIG,
+                     window_size=WINDOW, final_before=None)
+        state.apply_cycle("t", {}, {0: 2}, {}, None, sessions=first)
+        saved = state.session_turns("t")
+        assert sorted(t.request_id for t in saved) == ["a-1", "a-2"]
+        (conversation,) = due(saved, GAP, 340)
+        texts = state.session_texts("t", conversation.turns)
+        assert texts[("app", "a", "a-1")].question == "hello"
+        verdicts = counts_at(40)
+        judged = plan(saved, {conversation.key: verdicts}, {}, [], CONFIG, window_size=WINDOW,
+                      final_before=0.0)
+        state.apply_cycle("t", verdicts, {0: 3}, {}, 0.0, sessions=judged)
+        assert state.judged_sessions("t", [("app", "a")]) == {("app", "a", 40.0): verdicts}
+        late = plan(state.session_turns("t"), {}, state.judged_sessions("t", [("app", "a")]),
+                    [event("a", 3, 100)], CONFIG, window_size=WINDOW, final_before=0.0)
+        state.apply_cycle("t", {}, {0: 4}, late.counts, 0.0, sessions=late)
+        (row,) = state.windows("user_frustration")
+        assert (row["yes"], row["no"]) == (0, 0)  # taken back out, to be judged again
+        assert state.judged_sessions("t", [("app", "a")]) == {}
+        # The window is final now: taking counts out of it again is refused, nothing saved.
+        state.apply_cycle("t", verdicts, {0: 5}, {}, 200.0)
+        again = plan([], {}, {}, [], CONFIG, window_size=WINDOW, final_before=None)
+        again.retracted = verdicts
+        with pytest.raises(StateError, match="it is final"):
+            state.apply_cycle("t", {}, {0: 6}, {}, 200.0, sessions=again)
+        assert state.offsets("t") == {0: 5}
