@@ -334,3 +334,31 @@ def test_the_tool_judges_real_replies_parse_and_their_tokens_count(
     for judge in ("tool_selection", "tool_arguments"):
         assert tokens(counters, judge, "prompt") > 0, judge
         assert tokens(counters, judge, "completion") > 0, judge
+
+
+SESSION_JUDGES = ("conversation_completeness", "knowledge_retention", "user_frustration")
+
+
+def test_the_session_judges_real_replies_parse_one_call_per_conversation(
+    real_model: LlamaServer, tmp_path: Path
+) -> None:
+    turns = []
+    for session, asks in (("calm", ("Where is my order A-17?", "Can I change its address?")),
+                          ("upset", ("Where is my order A-17?", "That's wrong, I told you A-17!"))):
+        for i, ask in enumerate(asks):
+            turns.append({"request_id": f"{session}-{i}", "session_id": session,
+                          "timestamp": f"2025-11-20T10:00:0{i}Z", "app": "shop", "model": "m1",
+                          "request": ask, "response": "Your order A-17 shipped yesterday."})
+    events = tmp_path / "conversations.jsonl"
+    events.write_bytes(b"\n".join(orjson.dumps(t) for t in turns) + b"\n")
+    rows, counters = judge_with(real_model, events, tmp_path / "out",
+                                "--judge-reply-format", "json_schema",
+                                "--session-judges", ",".join(SESSION_JUDGES),
+                                judges=("relevance_to_query",))
+    sessions = [r for r in rows if "turns" in r]
+    counts = outcomes(sessions, SESSION_JUDGES)
+    print(f"session judges on the real model, outcomes: {counts}")
+    assert sorted(r["turns"] for r in sessions) == [["calm-0", "calm-1"], ["upset-0", "upset-1"]]
+    assert set(counts) <= {"yes", "no", "error:truncated"}, counts
+    for judge in SESSION_JUDGES:
+        assert tokens(counters, judge, "prompt") > 0, judge

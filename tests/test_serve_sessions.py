@@ -85,9 +85,9 @@ def test_turns_shuffled_across_partitions_and_cycles_make_the_sessions_run_makes
     shuffled = list(talk)
     random.Random(3).shuffle(shuffled)
     # Shuffled within each partition too: an out-of-orderness over the whole span keeps every
-    # turn on time; 17 records a cycle spread each conversation over several cycles.
+    # turn on time; 40 records a cycle spread each conversation over several cycles.
     topic = served_topic("shuffled", 2, [*shuffled, *flush])
-    serve = topic.serve(*GAP_ARGS, "--out-of-orderness", "400s", "--max-batch-events", "17")
+    serve = topic.serve(*GAP_ARGS, "--out-of-orderness", "400s", "--max-batch-events", "40")
     scrape = serve.wait_for(sessions_judged(SESSIONS), 600, "every session judged")
     assert serve.terminate() == 0
     assert scrape.total("ragpulse_sessions_judged_total") == SESSIONS
