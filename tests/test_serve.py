@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cycle_holds import CycleHolds
 from kafka_broker import ApacheKafkaBroker, for_module, kafka_broker  # noqa: F401
 from serve_process import (
     T0,
@@ -156,7 +157,7 @@ BACKLOG_ARGS = [
 
 @pytest.mark.timeout(600)
 def test_sigkill_at_several_points_of_a_backlog_then_restart_counts_what_an_uncrashed_run_counts(
-    served_topic: TopicFactory, tmp_path: Path
+    served_topic: TopicFactory, serve_processes: ServeFactory, tmp_path: Path
 ) -> None:
     events = list(simulate(2, BACKLOG_EVENTS, T0, rate=50))  # 400 s of event time, 40 windows
     backlog = served_topic("backlog", 2, events)
@@ -169,19 +170,30 @@ def test_sigkill_at_several_points_of_a_backlog_then_restart_counts_what_an_uncr
 
     state = backlog.state  # the crashed run's
     saved_at_kill: list[int] = []
-    # Kill 1 lands in the first cycle (nothing saved yet); kills 2 and 3 land 1.5 s and 3 s
-    # after a cycle of theirs was saved, i.e. mid-way through a later one whatever the speed.
-    for after_a_saved_cycle, kill_after in ((False, 0.5), (True, 1.5), (True, 3.0)):
-        crashing = backlog.serve(*BACKLOG_ARGS)
+    # Kill 1 lands in the first cycle, its ranges planned and nothing read; kills 2 and 3 land
+    # after a cycle of theirs was saved, in the next one, judged and not saved: held there by
+    # the cycle hooks, so the kills land mid-backlog however fast the machine reads it.
+    for n, after_a_saved_cycle in enumerate((False, True, True)):
+        holds = CycleHolds(tmp_path / f"hooks-{n}")
+        holds.hold("saved" if after_a_saved_cycle else "planned")
+        crashing = serve_processes(
+            backlog.broker.bootstrap, backlog.name, state, [*WINDOW_ARGS, *BACKLOG_ARGS],
+            env=holds.env,
+        ).start()
         if after_a_saved_cycle:
-            restored = crashing.metrics().total("ragpulse_events_total")
-            crashing.wait_for(caught_up(int(restored) + 1), 60, "a saved cycle")
-        time.sleep(kill_after)
+            holds.wait_at("saved", crashing)
+            holds.hold("judged")
+            holds.release("saved")
+            holds.wait_at("judged", crashing)
+        else:
+            holds.wait_at("planned", crashing)
         assert crashing.kill() != 0
         saved_at_kill.append(sum(saved_offsets(state, backlog.name).values()))
     print(f"records saved at each kill: {saved_at_kill}")
-    # Each restart went on from the saved offsets, and the last kill still hit the backlog.
-    assert saved_at_kill == sorted(saved_at_kill) and saved_at_kill[-1] < BACKLOG_EVENTS
+    # Each restart went on from the saved offsets (one more cycle each), and the last kill
+    # still hit the backlog.
+    assert saved_at_kill[0] == 0 and saved_at_kill == sorted(saved_at_kill)
+    assert 0 < saved_at_kill[1] < saved_at_kill[2] < BACKLOG_EVENTS
     restarted = backlog.serve(*BACKLOG_ARGS)
 
     reference_scrape = reference.wait_for(caught_up(BACKLOG_EVENTS, last), 180, "reference")

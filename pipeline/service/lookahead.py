@@ -82,6 +82,9 @@ class Lookahead:
         self._stop = threading.Event()
         self._consumer: KafkaConsumer | None = None
         self._polled_to: dict[int, int] = {}  # where the consumer's positions are
+        # Partitions an offset reset moved to another log: sought again before the next poll
+        # even where the offset is the one the consumer is at (see `_read_ahead`).
+        self._seek_again: set[int] = set()
         self._failure_log = ThrottledLog(log, 30.0)
         self._thread = threading.Thread(target=self._run, name="ragpulse-lookahead", daemon=True)
         self._thread.start()
@@ -109,6 +112,7 @@ class Lookahead:
             self._cutoff = closed_before
             self._started = 0
             self._cycles += 1
+            self._seek_again.update(reset)
 
     def close(self) -> None:
         self._stop.set()
@@ -157,6 +161,8 @@ class Lookahead:
             positions = dict(self._next)
             cutoff = self._cutoff
             cycles = self._cycles
+            seek_again = self._seek_again & positions.keys()
+            self._seek_again -= seek_again
         if not positions:
             return []
         if self._consumer is None:
@@ -176,8 +182,11 @@ class Lookahead:
         # the leader epoch of the last record read (KIP-320): if the log under it changes (a
         # topic recreated shorter), kafka-python validates it against the broker and, with no
         # reset policy, raises LogTruncationError on every poll until the next seek. A seek
-        # to a plain offset carries no epoch and is never validated.
-        if positions != self._polled_to:
+        # to a plain offset carries no epoch and is never validated. So a partition an offset
+        # reset moved to another log is sought again even at the same offset: the position the
+        # old log left (offset 12, epoch 0) would fail on the new one, and the whole cycle's
+        # read ahead with it (seen once in a fresh-clone run: no call started while it ran).
+        if positions != self._polled_to or seek_again:
             consumer.assign([TopicPartition(s.topic, p) for p in positions])
             for p, offset in positions.items():
                 consumer.seek(TopicPartition(s.topic, p), offset)
