@@ -358,7 +358,8 @@ def test_the_session_judges_real_replies_parse_one_call_per_conversation(
     sessions = [r for r in rows if "turns" in r]
     counts = outcomes(sessions, SESSION_JUDGES)
     print(f"session judges on the real model, outcomes: {counts}")
-    assert sorted(r["turns"] for r in sessions) == [["calm-0", "calm-1"], ["upset-0", "upset-1"]]
+    assert sorted(str(r["turns"]) for r in sessions) == [str(["calm-0", "calm-1"]),
+                                                         str(["upset-0", "upset-1"])]
     assert set(counts) <= {"yes", "no", "error:truncated"}, counts
     for judge in SESSION_JUDGES:
         assert tokens(counters, judge, "prompt") > 0, judge
