@@ -10,7 +10,8 @@ Left alone, the judge endpoint sits idle all that time (about 2 s a cycle here: 
 (`judges.shared_panel`, the one the graph's judge stage uses); whenever fewer than twice the
 endpoint's concurrency of calls are in flight or queued, the graph's calls are running out,
 and it reads the records after the ones the running cycle covers from Kafka (a consumer of its
-own, which commits nothing), parses, filters and samples them as `ParseEvents` does, and starts
+own, which commits nothing), parses, filters and samples them with `ParseEvents`' own functions
+(`judge_input_ahead`: `pipeline.stages.admit` and `sample_event`), and starts
 the judge calls for them (`JudgePanel.start_ahead`): at most one judge batch of events per
 cycle. The next cycle's judge stage takes those calls over, running or finished, by judge and
 input digest (`JudgePanel.submit`), and counts them as its own.
@@ -39,11 +40,10 @@ from kafka import KafkaConsumer, TopicPartition
 
 from judges.base import JudgeInput, ThrottledLog
 from judges.panel import JudgePanel
-from pipeline.events import parse_event
-from pipeline.sampling import is_sampled, sampling_key
+from pipeline.events import SourceRecord
 from pipeline.settings import ServeSettings
 from pipeline.sources.kafka import _consumer
-from pipeline.stages import admission
+from pipeline.stages import admit, sample_event
 
 log = logging.getLogger(__name__)
 
@@ -221,23 +221,25 @@ class Lookahead:
     def _judge_input(
         self, raw: bytes, record_time: float, cutoff: float | None
     ) -> JudgeInput | None:
-        """The judge input `ParseEvents` makes of this record, or None where it judges none."""
-        s = self._settings
-        if len(raw) > s.max_event_bytes:
-            return None  # dead-lettered by the cycle, never judged
-        try:
-            event = parse_event(raw, record_time=record_time, max_bytes=s.max_event_bytes)
-        except Exception:  # InvalidEvent or any other: the cycle dead-letters it
-            return None
-        if admission(
-            event,
-            record_time,
-            now=time.time(),
-            max_future_skew_s=s.max_future_skew_seconds,
-            window_size=s.window_seconds,
-            closed_before=cutoff,
-        ):
-            return None
-        if not is_sampled(sampling_key(event.request_id, event.session_id), s.sample_rate):
-            return None
-        return event.judge_input
+        return judge_input_ahead(raw, record_time, self._settings, cutoff, time.time())
+
+
+def judge_input_ahead(
+    raw: bytes, record_time: float, settings: ServeSettings, cutoff: float | None, now: float
+) -> JudgeInput | None:
+    """The judge input `ParseEvents` makes of this record, or None where it judges none: the
+    same `admit` and `sample_event` (pipeline.stages), so the two cannot disagree."""
+    s = settings
+    oversize = len(raw) if len(raw) > s.max_event_bytes else None
+    admitted = admit(
+        SourceRecord(raw, s.topic, None, 0, record_time, oversize),
+        now=now,
+        max_bytes=s.max_event_bytes,
+        max_future_skew_s=s.max_future_skew_seconds,
+        window_size=s.window_seconds,
+        closed_before=cutoff,
+    )
+    if admitted.event is None or admitted.refused is not None:
+        return None
+    kept, _ = sample_event(admitted.event, s.sample_rate, s.sampling)
+    return None if kept is None else kept.judge_input

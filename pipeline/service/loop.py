@@ -979,11 +979,11 @@ def _lookahead(settings: ServeSettings) -> Lookahead | None:
     config = settings.stage_config()
     if not runs_here(settings) or settings.judges.backend == "local":
         return None
-    # It samples as a plain --sample-rate does: with strata, a budget, a cascade or assembled
-    # traces it would start calls the cycle does not take over, spending for nothing.
+    # It samples as ParseEvents does with --sample-rate and --sampling-rules; a budget changes
+    # the rates at each cycle, a cascade judges with other judges, and its records are not
+    # events with assembled traces: it would start calls the cycle does not take over.
     if (
-        settings.sampling is not None
-        or settings.budget is not None
+        settings.budget is not None
         or settings.cascade is not None
         or settings.input_format != "ragpulse"
     ):
