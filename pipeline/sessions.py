@@ -48,6 +48,7 @@ __all__ = [
     "SessionKey",
     "session_key",
     "session_record",
+    "turn_of",
 ]
 
 # One judged conversation: (app, session id, its last turn's event time). The session id alone
@@ -75,15 +76,19 @@ def keyed_turn(event: InferenceRecord) -> Iterator[window.TimestampedValue]:
     event time; nothing for an event without one."""
     if event.session_id is None:
         return
-    turn = SessionTurn(
+    yield window.TimestampedValue(
+        ((event.app, event.session_id), (event.model, turn_of(event))), event.event_time
+    )
+
+
+def turn_of(event: InferenceRecord) -> SessionTurn:
+    """The conversation turn an event is: its id, time, request, answer and feedback."""
+    return SessionTurn(
         event.request_id,
         event.event_time,
         event.judge_input.question,
         event.judge_input.answer,
         event.feedback,
-    )
-    yield window.TimestampedValue(
-        ((event.app, event.session_id), (event.model, turn)), event.event_time
     )
 
 

@@ -168,7 +168,10 @@ def test_session_flags_are_refused_where_they_cannot_run(tmp_path: Path) -> None
         assert message in one_line_error(done.returncode, done.stderr, allow_info=True), flags
     done = ragpulse("run", str(src), "--judge-backend", "local", "--session-gap", "0s")
     assert done.returncode == 2 and "--session-gap" in done.stderr.splitlines()[-1]
-    # serve does not judge conversations (yet): it refuses the flag rather than ignore it.
+    # serve takes the session flags (tests/test_serve_sessions.py) and checks them the same
+    # way, before it connects to anything.
     done = ragpulse("serve", "--kafka-bootstrap", "127.0.0.1:9", "--topic", "t",
-                    "--session-judges", "user_frustration")
-    assert done.returncode == 2 and "--session-judges" in done.stderr
+                    "--judge-backend", "local", "--session-judges", "safety")
+    assert "unknown session judge 'safety'" in one_line_error(
+        done.returncode, done.stderr, allow_info=True
+    )

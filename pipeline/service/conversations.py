@@ -47,7 +47,7 @@ from pipeline import counting
 from pipeline import metrics_catalogue as catalogue
 from pipeline.events import InferenceRecord, SourceRecord
 from pipeline.sampling import SamplingPlan
-from pipeline.sessions import SessionConfig, SessionKey
+from pipeline.sessions import SessionConfig, SessionKey, turn_of
 from pipeline.stages import admit, sample_event
 from pipeline.windows import RatingCounts, WindowKey, window_start
 
@@ -263,13 +263,7 @@ def plan(
     texts: dict[TurnKey, SessionTurn] = {}
     for model, event in fresh:
         assert event.session_id is not None
-        turn = SessionTurn(
-            event.request_id,
-            event.event_time,
-            event.judge_input.question,
-            event.judge_input.answer,
-            event.feedback,
-        )
+        turn = turn_of(event)
         stored = StoredTurn(
             event.app, event.session_id, event.request_id, event.event_time, model, turn.size
         )

@@ -383,22 +383,8 @@ class TopicWatcher:
         """--input-format otlp_*: read `ranges` here and assemble, with the spans pending in
         the state, the traces whose --trace-assembly-wait is over (pipeline/traces.py)."""
         s = self.settings
-        lost = counting.key(RECORDS_LOST, topic=s.topic, reason="retention")
-
-        def on_lost(n: int) -> None:
-            increments[lost] += n
-
-        records = read_kafka_ranges(
-            s.bootstrap,
-            s.topic,
-            ranges,
-            security=s.kafka_security,
-            stall_timeout_s=s.kafka_timeout_seconds,
-            max_value_bytes=s.max_event_bytes,
-            on_lost=on_lost,
-        )
         batch = collect_traces(
-            records,
+            self._read_here(ranges, increments),
             self.state.pending_spans(s.topic),
             encoding=s.input_format,
             now=now,
