@@ -257,9 +257,10 @@ class TopicWatcher:
             if traces is not None
             else self._read_here(ranges, increments) if conversations is not None else None
         )
-        config = self._config(ranges, records, cutoff, now)
         changes: SessionChanges | None = None
         if (records if records is not None else ranges) or sessions_due:
+            # The budget governor sets its rates for cycles that judge (`_config`).
+            config = self._config(ranges, records, cutoff, now)
             result = self._judge(ranges, records, config, sessions_due)
             self._hooks.at("judged")
             if self._journal is not None:
