@@ -104,6 +104,10 @@ def test_a_judged_session_is_forgotten_once_no_admissible_turn_can_join_it():
     assert kept.forgotten == []
     gone = plan(saved, {}, earlier, [], CONFIG, window_size=WINDOW, final_before=GAP + WINDOW)
     assert gone.forgotten == [("app", "a", "a-1")] and gone.judged_removed == [("app", "a", 0.0)]
+    # The loop loads the counts of judged sessions only where a new turn may join one: the
+    # saved counts of a session forgotten without them go too.
+    unloaded = plan(saved, {}, {}, [], CONFIG, window_size=WINDOW, final_before=GAP + WINDOW)
+    assert unloaded.judged_removed == [("app", "a", 0.0)]
 
 
 def test_the_state_file_saves_the_changes_and_refuses_to_take_counts_out_of_a_final_window(

@@ -325,10 +325,10 @@ def plan(
                     del turns[t.key]
                 forget.update({(t.app, t.session_id, t.judged) for t in conversation.turns
                                if t.judged is not None})
-    for k in forget:
+    for k in sorted(forget):
         if k in changes.judged_added:
             del changes.judged_added[k]
-        elif k in verdicts:
+        elif k not in changes.judged_removed:
             changes.judged_removed.append(k)
     saved_keys = {t.key for t in saved}
     for turn_key in sorted(touched):

@@ -279,6 +279,10 @@ class TopicWatcher:
                 )
                 increments.update(changes.counts)
             took = time.perf_counter() - started
+        if conversations is not None and changes is None and saved_turns:
+            # A cycle that judged nothing still forgets the judged sessions no turn can join.
+            changes = plan(saved_turns, {}, {}, [], conversations,
+                           window_size=s.window_seconds, final_before=cutoff)
         clock = time.monotonic()
         for p in ends:
             self._last_backlog.setdefault(p, self._started)
