@@ -146,7 +146,11 @@ def due(turns: Iterable[StoredTurn], gap: float, watermark: float | None) -> lis
 
 def hold(turns: Iterable[StoredTurn], gap: float, window_size: float) -> float | None:
     """The latest cut-off of final windows that leaves every open session's window open: the
-    start of the window of the earliest open session's last turn (None: no open session)."""
+    start of the window of the earliest open session's last turn (None: no open session).
+
+    It never reopens a final window: the turn was admitted, so its window ended after the
+    cut-off then in force, and since windows are aligned, no window ends between that window's
+    start and the cut-off: the windows final before are exactly those ending at or before it."""
     starts = [window_start(c.last, window_size) for c in split(turns, gap) if c.is_open]
     return min(starts) if starts else None
 
