@@ -1,0 +1,91 @@
+"""What serve's conversation bookkeeping costs per cycle, beside the cycle's Beam graph.
+
+Each serve cycle with --session-judges reads the saved turns of every open session from the
+state file, finds the sessions due, plans the cycle's changes (`pipeline.service.conversations`)
+and saves them in the cycle's transaction. This times that part alone on a real state file in
+a temporary folder: OPEN sessions of TURNS turns saved, then cycles each adding NEW turns (new
+sessions and turns of open ones) and judging the sessions the watermark closes. Prints the
+median seconds per cycle of each step over the cycles.
+
+    PYTHONPATH=. .venv/bin/python tests/bench/bench_conversations.py --open 5000 --turns 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from judges.base import JudgeInput
+from pipeline.events import InferenceRecord
+from pipeline.service.conversations import due, hold, plan
+from pipeline.service.state import StateStore
+from pipeline.sessions import SessionConfig
+from pipeline.settings import JudgeSettings
+
+GAP = 300.0
+WINDOW = 60.0
+
+
+def turn(session: int, i: int, t: float) -> tuple[str, InferenceRecord]:
+    return "m", InferenceRecord(
+        request_id=f"s{session}-{i}", event_time=t, app="app", model="m",
+        judge_input=JudgeInput(question="How do I export a report?" * 4,
+                               answer="Open the report and choose Export." * 8),
+        session_id=f"s{session}",
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--open", type=int, default=5000, help="open sessions (default 5000)")
+    parser.add_argument("--turns", type=int, default=4, help="turns each (default 4)")
+    parser.add_argument("--new", type=int, default=500, help="new turns a cycle (default 500)")
+    parser.add_argument("--cycles", type=int, default=20)
+    args = parser.parse_args()
+    config = SessionConfig(
+        JudgeSettings(backend="local").spec().for_sessions(("user_frustration",)), GAP
+    )
+    steps: dict[str, list[float]] = {"load": [], "due": [], "plan": [], "save": [], "hold": []}
+    with tempfile.TemporaryDirectory() as folder, StateStore(Path(folder) / "s.sqlite") as state:
+        # Open sessions spread over GAP seconds of event time, a turn every few seconds.
+        fresh = [turn(s, i, s * GAP / args.open + i * 5.0)
+                 for s in range(args.open) for i in range(args.turns)]
+        first = plan([], {}, {}, fresh, config, window_size=WINDOW, final_before=None)
+        state.apply_cycle("t", {}, {0: len(fresh)}, {}, None, sessions=first)
+        clock, offset, next_session = GAP, len(fresh), args.open
+        for _ in range(args.cycles):
+            clock += 10.0
+            t0 = time.perf_counter()
+            saved = state.session_turns("t")
+            t1 = time.perf_counter()
+            closed = due(saved, GAP, clock)
+            t2 = time.perf_counter()
+            new = [turn(next_session + k, 0, clock) for k in range(args.new)]
+            next_session += args.new
+            changes = plan(saved, {c.key: {} for c in closed}, {}, new, config,
+                           window_size=WINDOW, final_before=clock - 600.0)
+            t3 = time.perf_counter()
+            offset += len(new)
+            state.apply_cycle("t", {}, {0: offset}, changes.counts, None, sessions=changes)
+            t4 = time.perf_counter()
+            hold(changes.after, GAP, WINDOW)
+            t5 = time.perf_counter()
+            for name, took in zip(steps, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4),
+                                  strict=True):
+                steps[name].append(took)
+        print(f"{args.open} open sessions of {args.turns} turns, {args.new} new turns a cycle, "
+              f"{args.cycles} cycles; saved turns at the end: {len(state.session_turns('t'))}")
+    for name, values in steps.items():
+        print(f"  {name:5s} median {statistics.median(values) * 1000:8.1f} ms per cycle")
+    total = sum(statistics.median(v) for v in steps.values())
+    print(f"  total median {total * 1000:.1f} ms per cycle")
+
+
+if __name__ == "__main__":
+    main()
