@@ -79,6 +79,7 @@ class Lookahead:
         self._cutoff: float | None = None
         self._started = 0  # events started ahead since the cycle began
         self._cycles = 0  # cycles started: a read that saw another cycle begin is dropped
+        self._reading_for = 0  # the cycle whose positions the last read started from
         self._stop = threading.Event()
         self._consumer: KafkaConsumer | None = None
         self._polled_to: dict[int, int] = {}  # where the consumer's positions are
@@ -113,6 +114,15 @@ class Lookahead:
             self._started = 0
             self._cycles += 1
             self._seek_again.update(reset)
+            if reset:
+                # Under the lock, like the failures' warnings: a warning logged after this
+                # line is about a read from this cycle's positions, never the old log's.
+                log.info(
+                    "cycle %d: partitions %s were reset to another log; reading ahead again "
+                    "from this cycle's stops",
+                    self._cycles,
+                    sorted(reset),
+                )
 
     def close(self) -> None:
         self._stop.set()
@@ -127,7 +137,6 @@ class Lookahead:
                 continue  # the cycle's own calls fill the endpoint
             with self._lock:
                 room = self._batch_events - self._started
-                cycles = self._cycles
             if room <= 0:
                 continue
             free = self._high - self._panel.calls_in_flight
@@ -135,18 +144,28 @@ class Lookahead:
             try:
                 items = self._read_ahead(wanted)
             except Exception as exc:  # only a missed head start: the cycle reads for itself
-                self._failure_log.warning(
-                    ("read",),
-                    "could not read ahead of the cycle (calls not started early): %s",
-                    exc,
-                )
-                # Positions a read failed at (a topic recreated, records deleted) are dropped,
-                # unless a cycle started meanwhile and set its own; the next cycle sets them
-                # again from its ranges. The consumer is sought there even where they are the
-                # offsets it failed at: its position still holds the failure (`_read_ahead`).
                 with self._lock:
-                    if self._cycles == cycles:
+                    if self._cycles == self._reading_for:
+                        self._failure_log.warning(
+                            ("read",),
+                            "could not read ahead of cycle %d (calls not started early): %s",
+                            self._reading_for,
+                            exc,
+                        )
+                        # Positions a read failed at (a topic recreated, records deleted) are
+                        # dropped; the next cycle sets them again from its ranges. The
+                        # consumer is sought there even where they are the offsets it failed
+                        # at: its position still holds the failure (`_read_ahead`).
                         self._next.clear()
+                    else:
+                        # A cycle started during the read and set positions of its own (after
+                        # an offset reset, on another log): the failure was the old ones'.
+                        log.debug(
+                            "a read ahead of cycle %d failed after cycle %d began: %s",
+                            self._reading_for,
+                            self._cycles,
+                            exc,
+                        )
                 self._polled_to = {}
                 self._stop.wait(1.0)
                 continue
@@ -160,7 +179,7 @@ class Lookahead:
         with self._lock:
             positions = dict(self._next)
             cutoff = self._cutoff
-            cycles = self._cycles
+            cycles = self._reading_for = self._cycles
             seek_again = self._seek_again & positions.keys()
             self._seek_again -= seek_again
         if not positions:
