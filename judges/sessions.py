@@ -68,10 +68,17 @@ class Session:
     model: str
     turns: tuple[SessionTurn, ...]
     dropped: int = 0
+    # The event time of its first turn, the dropped ones included (None: `turns[0]`'s).
+    began: float | None = None
 
     @property
     def truncated(self) -> bool:
         return self.dropped > 0
+
+    @property
+    def turn_count(self) -> int:
+        """Its turns, the dropped ones included."""
+        return len(self.turns) + self.dropped
 
     @property
     def start(self) -> float:
@@ -118,7 +125,10 @@ def make_session(
     kept.reverse()
     if used > max_bytes:  # the last turn alone is over the cap: cut its text
         kept[-1] = _cut(kept[-1], max_bytes)
-    return Session(session_id, app, model, tuple(kept), dropped=len(ordered) - len(kept))
+    return Session(
+        session_id, app, model, tuple(kept), dropped=len(ordered) - len(kept),
+        began=ordered[0].event_time,
+    )
 
 
 def _cut(turn: SessionTurn, max_bytes: int) -> SessionTurn:

@@ -61,6 +61,7 @@ from pipeline.stages import (
     JudgedEvent,
     JudgeEvents,
     ParseEvents,
+    ReplaceRejudged,
     ReportLatestFailing,
     ReportSessionWindows,
     ReportWindows,
@@ -162,15 +163,27 @@ def pipeline_options(beam_args: Sequence[str] = (), runner: str | None = None) -
 
 
 def with_sessions(
-    judged: beam.PCollection, events: beam.PCollection, sessions: SessionConfig, batch_size: int
+    judged: beam.PCollection,
+    events: beam.PCollection,
+    sessions: SessionConfig,
+    batch_size: int,
+    rejudge_lateness_seconds: float | None = None,
 ) -> beam.PCollection:
     """`judged` with the verdicts of the conversations among `events` (GroupSessions, then
-    JudgeEvents of the session judges), for `run` and `stream` alike."""
-    verdicts = (
-        events
-        | "GroupSessions" >> GroupSessions(sessions)
-        | "JudgeSessions" >> JudgeEvents(sessions.judges, batch_size=batch_size)
+    JudgeEvents of the session judges), for `run` and `stream` alike.
+
+    `rejudge_lateness_seconds` (stream): how long after its end + gap a late turn re-opens a
+    session; its re-judged verdict then replaces the earlier one (`ReplaceRejudged`: the
+    earlier one comes out again as a `Retraction`). None (run: a bounded input has no late
+    turns): every session is judged once."""
+    grouped = events | "GroupSessions" >> GroupSessions(
+        sessions, lateness_seconds=rejudge_lateness_seconds
     )
+    verdicts = grouped | "JudgeSessions" >> JudgeEvents(sessions.judges, batch_size=batch_size)
+    if rejudge_lateness_seconds is not None:
+        verdicts = verdicts | "ReplaceRejudged" >> ReplaceRejudged(
+            sessions.gap_seconds, rejudge_lateness_seconds
+        )
     return (judged, verdicts) | "WithSessions" >> beam.Flatten()
 
 

@@ -151,7 +151,7 @@ COUNTER_HELP: dict[str, str] = {
     "through the session judges, per app and model.",
     SESSIONS_TRUNCATED: "Judged conversations over --session-max-turns or --session-max-bytes, "
     "judged on their last turns only, per app and model.",
-    SESSIONS_REJUDGED: "serve: judged conversations re-opened by a late turn, per app: each is "
+    SESSIONS_REJUDGED: "Judged conversations re-opened by a late turn, per app: each is "
     "judged again once the watermark passes its new end, and its first verdicts are taken back "
     "out of the window counts, so that a window counts a conversation once.",
     SESSION_TURNS_LATE: "serve: turns that arrived after their conversation was judged and one "

@@ -26,7 +26,8 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
-from apache_beam.transforms import window
+from apache_beam.transforms import trigger, window
+from apache_beam.utils.timestamp import Duration
 
 from judges import JudgeSpec
 from judges.sessions import (
@@ -147,16 +148,32 @@ class _MakeSessions(beam.DoFn):
 class GroupSessions(beam.PTransform):
     """Sampled events -> one judge record per conversation (see the module docstring)."""
 
-    def __init__(self, config: SessionConfig) -> None:
+    def __init__(self, config: SessionConfig, lateness_seconds: float | None = None) -> None:
+        """`lateness_seconds` (stream): a turn up to that late for its session window (behind
+        the watermark by its time + the gap + that) re-opens the session, which is then made
+        again with all its turns (a late, accumulating pane); None: each session once, when
+        the watermark passes it (later turns are dropped by the runner)."""
         super().__init__()
         self._config = config
+        self._lateness = lateness_seconds
 
     def expand(self, events: Any) -> Any:
         c = self._config
+        sessions = window.Sessions(c.gap_seconds)
+        into = (
+            beam.WindowInto(sessions)
+            if self._lateness is None
+            else beam.WindowInto(
+                sessions,
+                trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
+                allowed_lateness=Duration(seconds=self._lateness),
+                accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
+            )
+        )
         return (
             events
             | "KeyTurnsBySession" >> beam.FlatMap(keyed_turn)
-            | "SessionWindows" >> beam.WindowInto(window.Sessions(c.gap_seconds))
+            | "SessionWindows" >> into
             | "GroupTurns" >> beam.GroupByKey()
             | "MakeSessions" >> beam.ParDo(_MakeSessions(c.max_turns, c.max_bytes))
             | "BackToGlobal" >> beam.WindowInto(window.GlobalWindows())

@@ -26,8 +26,9 @@ from typing import Any
 
 import apache_beam as beam
 import orjson
+from apache_beam import coders
 from apache_beam.metrics import Metrics
-from apache_beam.transforms import window
+from apache_beam.transforms import userstate, window
 from apache_beam.utils.windowed_value import WindowedValue
 
 from judges import JudgeSpec, shared_panel
@@ -629,19 +630,148 @@ def ratings_by_judge(
     ]
 
 
+Rated = tuple[tuple[str, str, str, str], tuple[str, int | None]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Retraction:
+    """Verdicts taken back out of the windows they were counted in (`ragpulse stream`: the
+    earlier verdicts of a session a late turn re-opened, `pipeline.sessions.ReplaceRejudged`):
+    their event time and their `ratings_by_judge`, no text."""
+
+    event_time: float
+    ratings: tuple[Rated, ...]
+
+
+def weighted_ratings(
+    item: JudgedEvent | Retraction,
+) -> Iterable[tuple[tuple[str, str, str, str], tuple[str, int | None, int]]]:
+    """`ratings_by_judge` with a weight: +1 for a judged event's verdicts, -1 for retracted
+    ones (`CountRatings` adds them up)."""
+    if isinstance(item, Retraction):
+        return [(k, (rating, score, -1)) for k, (rating, score) in item.ratings]
+    return [(k, (rating, score, 1)) for k, (rating, score) in ratings_by_judge(item)]
+
+
+@dataclasses.dataclass(frozen=True)
+class _JudgedSession:
+    """What `ReplaceRejudged` keeps of a session it let through: its span, turns and ratings."""
+
+    began: float
+    end: float
+    turns: int
+    ratings: tuple[Rated, ...]
+
+
+def _key_by_session(judged: JudgedEvent) -> tuple[tuple[str, str], JudgedEvent]:
+    session = judged.record.session
+    assert session is not None  # only the session judges' records come here
+    return (session.app, session.session_id), judged
+
+
+_JUDGED_SESSIONS = userstate.BagStateSpec("judged", coders.PickleCoder())
+_FORGET_SESSIONS = userstate.TimerSpec("forget", userstate.TimeDomain.WATERMARK)
+_JUDGED_SESSIONS_PARAM = beam.DoFn.StateParam(_JUDGED_SESSIONS)
+_FORGET_SESSIONS_PARAM = beam.DoFn.TimerParam(_FORGET_SESSIONS)
+
+
+class _ReplaceRejudged(beam.DoFn):
+
+    def __init__(self, gap_seconds: float, lateness_seconds: float) -> None:
+        self._gap = gap_seconds
+        self._lateness = lateness_seconds
+
+    def setup(self) -> None:
+        self._counters = _Counters()
+
+    def process(
+        self,
+        element: tuple[tuple[str, str], JudgedEvent],
+        judged_state: Any = _JUDGED_SESSIONS_PARAM,
+        forget: Any = _FORGET_SESSIONS_PARAM,
+    ) -> Iterator[JudgedEvent | Retraction]:
+        (app, session_id), judged = element
+        session = judged.record.session
+        assert session is not None
+        gap = self._gap
+        new = _JudgedSession(
+            session.began if session.began is not None else session.start,
+            judged.record.event_time,
+            session.turn_count,
+            tuple(ratings_by_judge(judged)),
+        )
+        kept: list[_JudgedSession] = []
+        replaced: list[_JudgedSession] = []
+        for old in judged_state.read():
+            if not (old.began < new.end + gap and new.began < old.end + gap):
+                kept.append(old)  # another session of the same id
+            elif old.turns > new.turns:
+                # An earlier pane of a session whose later pane came first: superseded.
+                log.debug(
+                    "session %s of %s: a pane of %d turns after one of %d, not counted",
+                    session_id, app, new.turns, old.turns,
+                )
+                return
+            else:
+                replaced.append(old)
+        for old in replaced:
+            yield Retraction(old.end, old.ratings)
+            self._counters.inc(counting.key(catalogue.SESSIONS_REJUDGED, app=app))
+        judged_state.clear()
+        for entry in [*kept, new]:
+            judged_state.add(entry)
+        # A turn re-opens a session until its end + gap + lateness passes.
+        forget.set(max(e.end for e in [*kept, new]) + gap + self._lateness)
+        yield judged
+
+    @userstate.on_timer(_FORGET_SESSIONS)
+    def _forget(self, judged_state: Any = _JUDGED_SESSIONS_PARAM) -> None:
+        judged_state.clear()
+
+
+class ReplaceRejudged(beam.PTransform):
+    """The session judges' verdicts of `ragpulse stream`, where a late turn re-opens a judged
+    session (accumulating session-window panes, `GroupSessions(lateness_seconds=...)`) and it
+    is judged again: each verdict after the first of one session comes with a `Retraction` of
+    the earlier one (counted in ragpulse_session_rejudged_total), so the windowed counts never
+    count a session twice. Kept per (app, session id) in the runner's state until no turn can
+    re-open the session (its end + gap + `lateness_seconds`); a pane overtaken by a later one
+    of the same session is not counted."""
+
+    def __init__(self, gap_seconds: float, lateness_seconds: float) -> None:
+        super().__init__()
+        self._gap = gap_seconds
+        self._lateness = lateness_seconds
+
+    def expand(self, judged: Any) -> Any:
+        return (
+            judged
+            # Typed, so that the state's key coder is a deterministic one (strings).
+            | "KeyBySession"
+            >> beam.Map(_key_by_session).with_output_types(
+                beam.typehints.Tuple[beam.typehints.Tuple[str, str], beam.typehints.Any]
+            )
+            | "Replace" >> beam.ParDo(_ReplaceRejudged(self._gap, self._lateness))
+        )
+
+
 class CountRatings(beam.CombineFn):
     """Counts yes / no / error ratings, and scored verdicts with their score sum; partial
-    counts add up (`RatingCounts.__add__`)."""
+    counts add up (`RatingCounts.__add__`). A rating may carry a weight (`weighted_ratings`):
+    -1 takes a retracted verdict back out."""
 
     def create_accumulator(self) -> list[int]:
         return [0, 0, 0, 0, 0]
 
-    def add_input(self, acc: list[int], rated: tuple[str, int | None]) -> list[int]:
-        rating, score = rated
-        acc[RATINGS.index(rating)] += 1
+    def add_input(
+        self, acc: list[int], rated: tuple[str, int | None] | tuple[str, int | None, int]
+    ) -> list[int]:
+        rating, score = rated[0], rated[1]
+        weight = rated[2] if len(rated) == 3 else 1
+        acc[RATINGS.index(rating)] += weight
         if score is not None:
-            acc[3] += 1
-            acc[4] += score
+            acc[3] += weight
+            acc[4] += weight * score
         return acc
 
     def merge_accumulators(self, accs: Iterable[list[int]]) -> list[int]:
@@ -665,9 +795,10 @@ class _KeyByWindow(beam.DoFn):
         yield WindowKey(float(win.start), float(win.end), judge, app, model, version), counts
 
 
-def at_event_time(judged: JudgedEvent) -> window.TimestampedValue:
-    """The judged event stamped with its event time, for event-time windows."""
-    return window.TimestampedValue(judged, judged.record.event_time)
+def at_event_time(judged: JudgedEvent | Retraction) -> window.TimestampedValue:
+    """The judged event (or retraction) stamped with its event time, for event-time windows."""
+    at = judged.event_time if isinstance(judged, Retraction) else judged.record.event_time
+    return window.TimestampedValue(judged, at)
 
 
 class WindowRatings(beam.PTransform):

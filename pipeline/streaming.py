@@ -49,7 +49,7 @@ from pipeline.stages import (
     JudgeEvents,
     ParseEvents,
     at_event_time,
-    ratings_by_judge,
+    weighted_ratings,
 )
 from pipeline.windows import RatingCounts, WindowKey
 
@@ -84,7 +84,8 @@ class _ToPane(beam.DoFn):
 
 class PaneRatings(beam.PTransform):
     """Counts ratings per (event-time fixed window, judge, app, model) of an unbounded stream,
-    in accumulating panes (`PaneSchedule`): `JudgedEvent`s in, `RatingPane`s out."""
+    in accumulating panes (`PaneSchedule`): `JudgedEvent`s (and `Retraction`s, which take
+    verdicts back out) in, `RatingPane`s out."""
 
     def __init__(self, *, window_size: float, schedule: PaneSchedule) -> None:
         super().__init__()
@@ -107,7 +108,7 @@ class PaneRatings(beam.PTransform):
                 allowed_lateness=Duration(seconds=schedule.allowed_lateness_seconds),
                 accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
             )
-            | "RatingPerJudge" >> beam.FlatMap(ratings_by_judge)
+            | "RatingPerJudge" >> beam.FlatMap(weighted_ratings)
             | "CountRatings" >> beam.CombinePerKey(CountRatings())
             | "ToPane" >> beam.ParDo(_ToPane())
         )
@@ -144,10 +145,17 @@ def build_stream(
     if config.sessions is not None:
         # As in `run` (pipeline.sessions): a session is judged when the watermark passes its
         # last turn + the gap, and counted in the window of its last turn, in a late pane of
-        # that window (the settings keep --session-gap within --allowed-lateness). A turn behind
-        # the watermark of its session window is dropped by the runner: sessions are not
-        # judged again here.
-        judged = with_sessions(judged, parsed.events, config.sessions, config.judge_batch_size)
+        # that window (the settings keep --session-gap within --allowed-lateness). A late turn
+        # re-opens it for --allowed-lateness minus the gap, so that the windows of its earlier
+        # verdicts, which are taken back out, are still open (`rejudge_lateness_seconds`).
+        judged = with_sessions(
+            judged,
+            parsed.events,
+            config.sessions,
+            config.judge_batch_size,
+            rejudge_lateness_seconds=schedule.allowed_lateness_seconds
+            - config.sessions.gap_seconds,
+        )
     panes = judged | "PaneRatings" >> PaneRatings(
         window_size=config.window_seconds, schedule=schedule
     )
