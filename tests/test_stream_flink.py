@@ -36,6 +36,7 @@ from processes import free_port
 from prometheus_server import PrometheusServer, prometheus_config, running_prometheus
 from serve_process import Scrape, ServeProcess, read_topic
 from test_exporter import RULE_FILES, running_exporter, scrape
+from test_stream_sessions import turn
 
 from pipeline.commands.simulate import Incidents, SimulatedEvent, simulate
 from pipeline.sinks import rating_rows
@@ -88,6 +89,11 @@ def produce_events(bootstrap: str, topic: str, events: Sequence[SimulatedEvent])
         producer.flush(timeout=30)
     finally:
         producer.close()
+
+
+def produce_at(bootstrap: str, topic: str, records: Sequence[tuple[bytes, float]]) -> None:
+    """Each (payload, event time) with its event time as the Kafka record time."""
+    produce_events(bootstrap, topic, [SimulatedEvent(raw, at, "turn") for raw, at in records])
 
 
 def create_topics(bootstrap: str, *names: str) -> None:
@@ -316,3 +322,46 @@ def test_stream_on_flink_judges_like_serve_publishes_dead_letters_and_resumes_wi
         failing = [(r["name"], r.get("lastError")) for g in groups for r in g["rules"]
                    if r["health"] == "err"]
         assert groups and failing == []
+
+
+def test_stream_on_flink_judges_each_session_once_with_the_rejudging_state_in_the_graph(
+    kafka_broker: ApacheKafkaBroker, flink: FlinkServices  # noqa: F811
+) -> None:
+    """Session judges on Flink: the session windows (late, accumulating panes) and
+    `ReplaceRejudged`'s keyed state and timer run in the job, and each conversation is judged
+    once, in the window of its last turn. Late turns re-opening a session are tested on
+    TestStream (tests/test_stream_sessions.py): here, records produced while the job ran gave
+    no pane within 300 s (docs/sessions.md, "Not yet")."""
+    bootstrap = kafka_broker.bootstrap
+    topic = "conversations"
+    create_topics(bootstrap, topic, f"{topic}.ratings", f"{topic}.dlq")
+    t0 = window_start(time.time()) - 2 * WINDOW_S
+    argv = [
+        "stream", f"--kafka-bootstrap={bootstrap}", f"--topic={topic}", f"--window={WINDOW_S}s",
+        "--allowed-lateness=30m", "--early-firing=60s",
+        "--kafka-consumer-config=group.id=ragpulse-sessions", "--judges=safety",
+        "--session-judges=user_frustration", "--session-gap=60s", "--judge-backend=local",
+        *flink.stream_args, "--beam-arg=--checkpointing_interval=2000",
+    ]
+    # calm passes; upset fails (negative feedback, "not what I asked").
+    produce_at(bootstrap, topic, [
+        (turn("calm", 1, t0 + 5, "How do I export my data?"), t0 + 5),
+        (turn("upset", 1, t0 + 10, "How do I export my invoices?"), t0 + 10),
+        (turn("calm", 2, t0 + 15, "Thanks, and can I pick a date range?"), t0 + 15),
+        (turn("upset", 2, t0 + 20, "That's not what I asked, how do I export?", "negative"),
+         t0 + 20),
+    ])
+    ratings = RatingsReader(bootstrap, f"{topic}.ratings")
+
+    def frustration() -> list[tuple[int, int]]:
+        return [(p.counts.yes, p.counts.no) for p in ratings.poll()
+                if p.key.judge == "user_frustration" and p.key.window_start == t0]
+
+    try:
+        submit(argv, flink)
+        seen = wait_until(lambda: (1, 1) in frustration() and frustration(),
+                          "the two sessions' verdicts", logs=flink.logs)
+    finally:
+        cancel_jobs(flink)
+        ratings.close()
+    assert all(yes + no <= 2 for yes, no in seen)
