@@ -616,9 +616,10 @@ class JudgeEvents(beam.PTransform):
         )
 
 
-def ratings_by_judge(
-    judged: JudgedEvent,
-) -> Iterable[tuple[tuple[str, str, str, str], tuple[str, int | None]]]:
+Rated = tuple[tuple[str, str, str, str], tuple[str, int | None]]
+
+
+def ratings_by_judge(judged: JudgedEvent) -> list[Rated]:
     """((judge, version, app, model), (rating, score in thousandths or None)) for each verdict
     of a judged event (skipped judges have none: they stay out of the window's counts)."""
     app, model = judged.record.app, judged.record.model
@@ -630,13 +631,10 @@ def ratings_by_judge(
     ]
 
 
-Rated = tuple[tuple[str, str, str, str], tuple[str, int | None]]
-
-
 @dataclasses.dataclass(frozen=True)
 class Retraction:
     """Verdicts taken back out of the windows they were counted in (`ragpulse stream`: the
-    earlier verdicts of a session a late turn re-opened, `pipeline.sessions.ReplaceRejudged`):
+    earlier verdicts of a session a late turn re-opened, `ReplaceRejudged` below):
     their event time and their `ratings_by_judge`, no text."""
 
     event_time: float
@@ -646,8 +644,8 @@ class Retraction:
 def weighted_ratings(
     item: JudgedEvent | Retraction,
 ) -> Iterable[tuple[tuple[str, str, str, str], tuple[str, int | None, int]]]:
-    """`ratings_by_judge` with a weight: +1 for a judged event's verdicts, -1 for retracted
-    ones (`CountRatings` adds them up)."""
+    """`ratings_by_judge` with a weight, what `CountRatings` adds up: +1 for a judged event's
+    verdicts, -1 for retracted ones (stream)."""
     if isinstance(item, Retraction):
         return [(k, (rating, score, -1)) for k, (rating, score) in item.ratings]
     return [(k, (rating, score, 1)) for k, (rating, score) in ratings_by_judge(item)]
@@ -757,17 +755,14 @@ class ReplaceRejudged(beam.PTransform):
 
 class CountRatings(beam.CombineFn):
     """Counts yes / no / error ratings, and scored verdicts with their score sum; partial
-    counts add up (`RatingCounts.__add__`). A rating may carry a weight (`weighted_ratings`):
-    -1 takes a retracted verdict back out."""
+    counts add up (`RatingCounts.__add__`). Each rating comes with its weight
+    (`weighted_ratings`): -1 takes a retracted verdict back out."""
 
     def create_accumulator(self) -> list[int]:
         return [0, 0, 0, 0, 0]
 
-    def add_input(
-        self, acc: list[int], rated: tuple[str, int | None] | tuple[str, int | None, int]
-    ) -> list[int]:
-        rating, score = rated[0], rated[1]
-        weight = rated[2] if len(rated) == 3 else 1
+    def add_input(self, acc: list[int], rated: tuple[str, int | None, int]) -> list[int]:
+        rating, score, weight = rated
         acc[RATINGS.index(rating)] += weight
         if score is not None:
             acc[3] += weight
@@ -819,7 +814,7 @@ class WindowRatings(beam.PTransform):
             judged
             | "StampEventTime" >> beam.Map(at_event_time)
             | "FixedWindows" >> beam.WindowInto(window.FixedWindows(self._size))
-            | "RatingPerJudge" >> beam.FlatMap(ratings_by_judge)
+            | "RatingPerJudge" >> beam.FlatMap(weighted_ratings)
             | "CountRatings" >> beam.CombinePerKey(CountRatings())
             | "KeyByWindow" >> beam.ParDo(_KeyByWindow())
             # Back to the global window, so sinks and the result see plain (key, counts) rows.
