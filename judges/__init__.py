@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from judges.base import (
+from ragpulse.judges.base import (
     ERROR_CAUSES,
     RATINGS,
     Chunk,
@@ -22,11 +22,12 @@ from judges.base import (
     Verdict,
     prompt_version,
 )
-from judges.composite import Composite, check_composites
-from judges.ensemble import Ensemble
-from judges.panel import JudgePanel
-from judges.redaction import TextPolicy
-from judges.registry import (
+from ragpulse.judges.composite import Composite, check_composites
+from ragpulse.judges.endpoint.retry import ReplyFormat
+from ragpulse.judges.llm.ensemble import Ensemble
+from ragpulse.judges.panel import JudgePanel
+from ragpulse.judges.redaction import TextPolicy
+from ragpulse.judges.registry import (
     DEFAULT_JUDGES,
     JUDGE_NAMES,
     JUDGES,
@@ -36,17 +37,17 @@ from judges.registry import (
     judge_entry,
     session_judge_entry,
 )
-from judges.retry import ReplyFormat
 
 if TYPE_CHECKING:
-    from judges.custom import CustomJudge
+    from ragpulse.judges.llm.custom import CustomJudge
 
 
 @dataclasses.dataclass(frozen=True)
 class JudgeSpec:
     """Everything needed to build a judge panel inside a Beam worker (picklable, built lazily).
 
-    Built from the settings (`pipeline.settings.JudgeSettings.spec`), which hold the defaults.
+    Built from the settings (`pipeline.settings.models.JudgeSettings.spec`), which hold the
+    defaults.
 
     `api_key` is kept out of `repr` so that it never reaches a log line.
     """
@@ -72,21 +73,21 @@ class JudgeSpec:
     text_policy: TextPolicy
     # --guideline: added to every event's own guidelines (guideline_adherence).
     guidelines: tuple[Guideline, ...]
-    # --custom-judge: the operator's LLM judges, loaded and validated in main() (judges.custom).
+    # --custom-judge: the operator's LLM judges, loaded and validated in main() (judges.llm.custom).
     custom_judges: tuple[CustomJudge, ...]
     # Verdicts kept for identical inputs (judges.verdict_cache); size 0: no cache.
     cache_size: int
     cache_ttl_seconds: float
-    # --judge-combine: one call per event for the judges that can share it (judges.combined).
+    # --judge-combine: one call per event for the judges that can share it (judges.llm.combined).
     combine: bool
     # The scored judges' pass mark, and answer_correctness's embeddings model (None: off).
     score_threshold: float
     embeddings_model: str | None
     # --composite: weighted composites of the judges' grades (judges.composite).
     composites: tuple[Composite, ...] = ()
-    # --ensemble: judges graded by the majority of several models (judges.ensemble).
+    # --ensemble: judges graded by the majority of several models (judges.llm.ensemble).
     ensembles: tuple[Ensemble, ...] = ()
-    # --judge-logprobs: ask for token logprobs; verdicts carry P(yes) (judges.logprobs).
+    # --judge-logprobs: ask for token logprobs; verdicts carry P(yes) (judges.llm.logprobs).
     logprobs: bool = False
     # The session judges' panel (--session-judges, judges.sessions): `names` are session
     # judges, each graded once per conversation on its transcript.
@@ -121,11 +122,11 @@ class JudgeSpec:
             finally:
                 panel.close()
         if self.backend == "local":
-            from judges.local import build_local_judges
+            from ragpulse.judges.local.judge import build_local_judges
 
             return {j.name: prompt_version(j) for j in build_local_judges(self.names)}
-        from judges.endpoint import OpenAIJudgeEndpoint
-        from judges.llm_build import build_llm_judges
+        from ragpulse.judges.endpoint.client import OpenAIJudgeEndpoint
+        from ragpulse.judges.llm.build import build_llm_judges
 
         endpoint = OpenAIJudgeEndpoint(
             base_url=self.base_url, api_key=self.api_key, model=self.model,
@@ -144,14 +145,14 @@ class JudgeSpec:
     def build(self) -> JudgePanel:
         """A panel of the named judges on this backend."""
         if self.sessions and self.backend == "local":
-            from judges.llm_build import build_session_judges
+            from ragpulse.judges.llm.build import build_session_judges
 
             return JudgePanel(
                 build_session_judges(self.names, None, custom=self.custom_judges),
                 self.batch_deadline_seconds,
             )
         if self.backend == "local":
-            from judges.local import build_local_judges
+            from ragpulse.judges.local.judge import build_local_judges
 
             # No verdict cache: a local judge grades an event faster than the cache finds it
             # (tests/bench/bench_verdict_cache.py).
@@ -159,15 +160,15 @@ class JudgeSpec:
                 build_local_judges(self.names), self.batch_deadline_seconds,
                 composites=self.composites,
             )
-        from judges.verdict_cache import shared_verdict_cache
+        from ragpulse.judges.verdict_cache import shared_verdict_cache
 
         cache = (
             shared_verdict_cache(self.cache_size, self.cache_ttl_seconds)
             if self.cache_size
             else None
         )
-        from judges.endpoint import OpenAIJudgeEndpoint
-        from judges.llm_build import build_llm_judges
+        from ragpulse.judges.endpoint.client import OpenAIJudgeEndpoint
+        from ragpulse.judges.llm.build import build_llm_judges
 
         endpoint = OpenAIJudgeEndpoint(
             base_url=self.base_url,
@@ -189,7 +190,7 @@ class JudgeSpec:
         policy = self.text_policy
         redact = policy.redactor().judge_input if policy.redacts_prompts else None
         if self.sessions:
-            from judges.llm_build import build_session_judges
+            from ragpulse.judges.llm.build import build_session_judges
 
             return JudgePanel(
                 build_session_judges(self.names, endpoint, prompts, redact, self.custom_judges),

@@ -101,7 +101,7 @@ def global_guidelines(flags: Sequence[str]) -> tuple[Guideline, ...]:
 
 
 # The parts of a `JudgeInput`, by name: what a judge requires (judges.registry) and what an LLM
-# judge's prompt shows (judges.llm). The ground truth of the input schema: "expected" is the
+# judge's prompt shows (judges.llm.judge). The ground truth of the input schema: "expected" is the
 # expected answer (`expected_response` or `expected_facts`), "expected_chunks" the
 # `expected_retrieved_context`, "guidelines" the event's guidelines. "transcript" is a whole
 # conversation (a session judge's input, judges.sessions): every turn, held in `history`.
@@ -116,7 +116,8 @@ ToolStatus = Literal["ok", "error"]
 @dataclasses.dataclass(frozen=True, slots=True)
 class ToolCall:
     """One tool the chatbot's agent called while answering, in the order it called them: the
-    event's `tool_calls`, or the tool spans of its trace (pipeline.events, pipeline.traces).
+    event's `tool_calls`, or the tool spans of its trace (pipeline.formats.events,
+    pipeline.formats.otlp).
 
     `arguments` and `result` are text as the agent and the tool gave them (objects as JSON
     text), cut at the event's size bound; `status` "error" means the call failed, `error` then
@@ -208,7 +209,7 @@ class Verdict:
     score: float | None = None
     # Computed from other verdicts of the event (a composite, judges.composite): no call.
     derived: bool = False
-    # Of an ensemble (judges.ensemble): each member's rating, whose majority is `rating`.
+    # Of an ensemble (judges.llm.ensemble): each member's rating, whose majority is `rating`.
     votes: tuple[Rating, ...] = ()
     # Of a judge that grades each named guideline on its own (guideline_adherence): one verdict
     # per name, judged "<judge>/<name>"; the pipeline counts and stores these in its place.

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from judges.base import Verdict
+from ragpulse.judges.base import Verdict
 
 __all__ = ["event_verdict"]
 

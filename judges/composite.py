@@ -21,7 +21,7 @@ import hashlib
 import re
 from collections.abc import Sequence
 
-from judges.base import InputName, Judge, Rating, Verdict, prompt_version
+from ragpulse.judges.base import InputName, Judge, Rating, Verdict, prompt_version
 
 _NAME = re.compile(r"^[a-z0-9_]+$")
 DEFAULT_PASS_SCORE = 0.5

@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from judges.base import (
+from ragpulse.judges.base import (
     Judge,
     JudgeInput,
     SyncJudge,
@@ -27,8 +27,8 @@ from judges.base import (
     judge_version,
     prompt_version,
 )
-from judges.composite import Composite, composite_graders
-from judges.verdict_cache import CacheKey, VerdictCache, as_cached, input_digest
+from ragpulse.judges.composite import Composite, composite_graders
+from ragpulse.judges.verdict_cache import CacheKey, VerdictCache, as_cached, input_digest
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 # so that they can stop retrying, waiting for a quota or sleeping on a Retry-After that would
 # outlast the batch, and report why themselves.
 _BATCH_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "judges.panel.batch_deadline", default=None
+    "ragpulse.judges.panel.batch_deadline", default=None
 )
 
 # How long after the deadline the panel waits for judges to report on their own (with their
@@ -74,7 +74,8 @@ class JudgePanel:
 
     The loop runs in a thread of its own, for as long as the panel lives, so that calls keep
     flowing between batches: `submit` hands a batch over and returns at once, and a caller that
-    submits the next batch before waiting for the last one (`pipeline.stages.JudgeEvents`) keeps
+    submits the next batch before waiting for the last one (`pipeline.stages.judge.JudgeEvents`)
+    keeps
     the endpoint's slots busy across the boundary. `judge_batch` is `submit` and wait; any
     thread may call either. `start_ahead` starts calls for inputs that a later batch will bring
     (`pipeline.service.lookahead`, in serve): that batch takes their outcome over as its own.

@@ -35,7 +35,7 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from judges.base import Chunk, Guideline, JudgeInput, ToolCall, Turn
+from ragpulse.judges.base import Chunk, Guideline, JudgeInput, ToolCall, Turn
 
 RedactMode = Literal["auto", "on", "off"]
 StoreText = Literal["none", "redacted", "full"]

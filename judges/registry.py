@@ -2,7 +2,7 @@
 
 For whoever adds a judge: add one `JudgeEntry` to `_ENTRIES`, with its implementations (a local
 class, an LLM prompt file in judges/prompts/, or both). Operators add LLM judges without code
-(`--custom-judge FILE`, judges.custom): `judge_table` is the shipped entries plus theirs. The
+(`--custom-judge FILE`, judges.llm.custom): `judge_table` is the shipped entries plus theirs. The
 `--judges` flag and its help, the settings validation, the canaries' labels, the local judge
 factory and the LLM prompt lookup all read this table, so nothing else lists judge names.
 
@@ -17,7 +17,7 @@ import importlib
 from collections.abc import Mapping, Sequence
 from typing import Literal, get_args
 
-from judges.base import InputName, Judge, JudgeInput, Verdict
+from ragpulse.judges.base import InputName, Judge, JudgeInput, Verdict
 
 Backend = Literal["local", "openai"]
 BACKENDS: tuple[Backend, ...] = get_args(Backend)
@@ -30,7 +30,7 @@ class JudgeEntry:
     `local` is the offline implementation as "module:Class" (a class taking no arguments),
     `prompt` the LLM implementation's file in judges/prompts/, `scored` an LLM implementation
     that computes a 0..1 score and rates "yes" at --judge-score-threshold or above
-    ("module:Class", see judges.claim_scores); a judge has at least one of them.
+    ("module:Class", see judges.llm.claim_scores); a judge has at least one of them.
     `requires` are the inputs without which the judge does not grade (see `JudgeInput.lacks`):
     the judge is `skipped` for such an event (counted in ragpulse_judge_skipped_total, never a
     yes, no or error, never in a window), or, with `when_missing`, rated "no" with that
@@ -122,23 +122,23 @@ _FIELDS: Mapping[str, str] = {
 _ENTRIES = (
     JudgeEntry(
         "groundedness",
-        local="judges.local_groundedness:GroundednessJudge",
+        local="ragpulse.judges.local.groundedness:GroundednessJudge",
         prompt="groundedness.yaml",
         requires=("chunks",),
         # A retrieval outage shows on the retrieval panels, not as a judge error.
         when_missing="no retrieved context to support the answer",
     ),
-    JudgeEntry("safety", local="judges.local_safety:SafetyJudge", prompt="safety.yaml"),
+    JudgeEntry("safety", local="ragpulse.judges.local.safety:SafetyJudge", prompt="safety.yaml"),
     JudgeEntry(
         "relevance_to_query",
-        local="judges.local_relevance:RelevanceToQueryJudge",
+        local="ragpulse.judges.local.relevance:RelevanceToQueryJudge",
         prompt="relevance_to_query.yaml",
     ),
     # The retrieval judges and the judges against ground truth are opt-in (--judges): most
     # production events carry no ground truth, and chunk_relevance costs a call per chunk.
     JudgeEntry(
         "chunk_relevance",
-        local="judges.local_chunk_relevance:ChunkRelevanceJudge",
+        local="ragpulse.judges.local.chunk_relevance:ChunkRelevanceJudge",
         prompt="chunk_relevance.yaml",
         requires=("question", "chunks"),
         when_missing="nothing was retrieved, so no retrieved chunk is relevant",
@@ -147,7 +147,7 @@ _ENTRIES = (
     ),
     JudgeEntry(
         "context_sufficiency",
-        local="judges.local_context_sufficiency:ContextSufficiencyJudge",
+        local="ragpulse.judges.local.context_sufficiency:ContextSufficiencyJudge",
         prompt="context_sufficiency.yaml",
         requires=("question", "chunks"),
         # Without an expected answer the question alone says what the context must hold, so
@@ -158,14 +158,14 @@ _ENTRIES = (
     ),
     JudgeEntry(
         "correctness",
-        local="judges.local_correctness:CorrectnessJudge",
+        local="ragpulse.judges.local.correctness:CorrectnessJudge",
         prompt="correctness.yaml",
         requires=("expected",),
         default=False,
     ),
     JudgeEntry(
         "document_recall",
-        local="judges.local_document_recall:DocumentRecallJudge",
+        local="ragpulse.judges.local.document_recall:DocumentRecallJudge",
         requires=("expected_chunks",),
         default=False,
         deterministic=True,
@@ -176,26 +176,27 @@ _ENTRIES = (
         requires=("guidelines",),
         default=False,
     ),
-    # Ragas' claim-based scores (judges.claim_scores): one call splits the answer into claims
+    # Ragas' claim-based scores (judges.llm.claim_scores): one call splits the answer into claims
     # and checks each, against the retrieved context or against the expected answer.
     JudgeEntry(
         "faithfulness",
-        scored="judges.claim_scores:FaithfulnessJudge",
+        scored="ragpulse.judges.llm.claim_scores:FaithfulnessJudge",
         requires=("chunks",),
         when_missing="no retrieved context to support the answer",
         default=False,
     ),
     JudgeEntry(
         "answer_correctness",
-        scored="judges.claim_scores:AnswerCorrectnessJudge",
+        scored="ragpulse.judges.llm.claim_scores:AnswerCorrectnessJudge",
         requires=("expected",),
         default=False,
     ),
-    # The agent's tool calls (pipeline.events `tool_calls`): opt-in, and skipped for an event
+    # The agent's tool calls (pipeline.formats.events `tool_calls`): opt-in, and skipped for an
+    # event
     # without tool calls, so a chatbot that calls no tool pays nothing for them.
     JudgeEntry(
         "tool_call_errors",
-        local="judges.local_tool_calls:ToolCallErrorsJudge",
+        local="ragpulse.judges.local.tool_calls:ToolCallErrorsJudge",
         requires=("tool_calls",),
         default=False,
         deterministic=True,
@@ -234,7 +235,7 @@ _SESSION_ENTRIES = (
     ),
     JudgeEntry(
         "user_frustration",
-        local="judges.local_frustration:UserFrustrationJudge",
+        local="ragpulse.judges.local.frustration:UserFrustrationJudge",
         prompt="user_frustration.yaml",
         requires=("transcript",),
         default=False,
@@ -253,7 +254,7 @@ DEFAULT_JUDGES: tuple[str, ...] = tuple(e.name for e in _ENTRIES if e.default)
 
 
 def judge_table(custom: Sequence[JudgeEntry] = ()) -> Mapping[str, JudgeEntry]:
-    """The shipped judges, then the operator's custom ones (`--custom-judge`, judges.custom).
+    """The shipped judges, then the operator's custom ones (`--custom-judge`, judges.llm.custom).
 
     Custom entries are passed in rather than registered in a global, so that a Beam worker in
     another process knows them from its `JudgeSpec` alone. ValueError when a custom judge

@@ -14,7 +14,7 @@ transcript (`transcript_input`): every turn in `history` (user, assistant, and a
 message where the user gave feedback), the last turn's question and answer as `question` and
 `answer`. So the panel's verdict cache, concurrency bound, retries, breaker and redaction
 (`Redactor.judge_input` redacts `history`) apply to it unchanged, and an LLM session judge
-fences the whole transcript in one fence (judges.llm, subject `conversation`): one call per
+fences the whole transcript in one fence (judges.llm.judge, subject `conversation`): one call per
 session, whatever its number of turns.
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from judges.base import JudgeInput, Turn
+from ragpulse.judges.base import JudgeInput, Turn
 
 __all__ = [
     "DEFAULT_SESSION_GAP_SECONDS",

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from judges.base import JudgeInput, Verdict
+from ragpulse.judges.base import JudgeInput, Verdict
 
 __all__ = [
     "CacheKey",

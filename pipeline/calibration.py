@@ -5,7 +5,7 @@ the true share of good answers.
 
 `ragpulse calibrate` (pipeline/commands/calibrate.py) judges human-labelled events and
 `agreement_report` compares each verdict with its label. A labelled event is an event of the
-usual schema (pipeline.events) plus its human label:
+usual schema (pipeline.formats.events) plus its human label:
 
     {"request_id": "r1", "request": "...", "response": "...", "retrieved_context": [...],
      "label": "no"}
@@ -49,8 +49,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from judges.base import Verdict
-from judges.registry import BACKENDS
+from ragpulse.judges.base import Verdict
+from ragpulse.judges.registry import BACKENDS
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 For operators who want to know when the judges themselves drift (a new judge model, a changed
 prompt, a broken endpoint). A golden set is a JSON Lines file of inference-log events in the
-usual schema (see `pipeline.events`) plus the human label of each judge the line is labelled
+usual schema (see `pipeline.formats.events`) plus the human label of each judge the line is labelled
 for:
 
     {"request_id": "canary-01", "request": "...", "response": "...",
@@ -25,10 +25,11 @@ from typing import Literal
 
 import orjson
 
-from judges import judge_entry
-from judges.base import Verdict
-from pipeline import metrics_catalogue as catalogue
-from pipeline.events import InferenceRecord, InvalidEvent, parse_event
+from ragpulse.judges import judge_entry
+from ragpulse.judges.base import Verdict
+from ragpulse.pipeline.formats.events import InvalidEvent, parse_event
+from ragpulse.pipeline.metrics import catalogue
+from ragpulse.pipeline.records import InferenceRecord
 
 CANARY_VERDICTS = catalogue.CANARY_VERDICTS
 CanaryOutcome = Literal["agree", "disagree", "error"]

@@ -9,9 +9,9 @@ import importlib
 import logging
 import sys
 
-from judges.registry import JUDGE_NAMES
-from pipeline import config_sources
-from pipeline.errors import SettingsError
+from ragpulse.judges.registry import JUDGE_NAMES
+from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.settings import sources as config_sources
 
 # Beam warns at import, before logging is configured (so on stderr, bare), that its Google Cloud
 # Storage filesystem cannot load when a `google.cloud` namespace exists without the storage
@@ -64,7 +64,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             name, help=help_text, description=help_text[0].upper() + help_text[1:] + "."
         )
         if command is None or name == command:
-            module = importlib.import_module(f"pipeline.commands.{module_name}")
+            module = importlib.import_module(f"ragpulse.pipeline.commands.{module_name}")
             module.configure_parser(p)
             p.set_defaults(_main=module.main, _settings=getattr(module, "settings_from_args", None))
     return parser

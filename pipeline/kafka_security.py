@@ -28,7 +28,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, SecretStr
 
-from pipeline.errors import SettingsError
+from ragpulse.pipeline.errors import SettingsError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

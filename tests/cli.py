@@ -16,7 +16,7 @@ from pathlib import Path
 def ragpulse_command() -> list[str]:
     """The installed console script when there is one (it is what users run), else the module."""
     script = Path(sys.executable).with_name("ragpulse")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "pipeline.cli"]
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "ragpulse.pipeline.cli"]
 
 
 def ragpulse(

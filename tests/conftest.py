@@ -1,6 +1,7 @@
 """Shared pytest settings."""
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -11,9 +12,22 @@ from kafka_broker import apache_kafka, kafka_broker  # noqa: F401
 # module's `broker` fixture (see tests/serve_process.py).
 from serve_process import serve_processes_fixture, served_topic_fixture  # noqa: F401
 
+import ragpulse
+
 # kafka-python's background threads log after pytest has closed the captured streams of a
 # finished test; without this every such line prints a "--- Logging error ---" traceback.
 logging.raiseExceptions = False
+
+# The tests test this checkout: an editable install of another checkout (a second worktree
+# sharing a virtualenv) would hand them its ragpulse instead, and every test would pass or fail
+# on code nobody is looking at.
+_CHECKOUT = Path(__file__).resolve().parents[1]
+if Path(ragpulse.__file__).resolve().parent != _CHECKOUT / "ragpulse":
+    raise pytest.UsageError(
+        f"ragpulse is imported from {Path(ragpulse.__file__).parent}, not from this checkout "
+        f"({_CHECKOUT}): install it from here (make installs it into .venv), or run pytest "
+        f"from {_CHECKOUT}"
+    )
 
 
 # Tests that start a Kafka broker or a `ragpulse serve` process take seconds each: they are slow
@@ -40,6 +54,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def _fresh_verdict_caches() -> None:
     # The verdict cache is process-wide by design (it spans serve cycles); a test that judges
     # the same sample events as an earlier one must not find their verdicts cached.
-    from judges.verdict_cache import forget_shared_verdict_caches
+    from ragpulse.judges.verdict_cache import forget_shared_verdict_caches
 
     forget_shared_verdict_caches()

@@ -18,7 +18,7 @@ from pathlib import Path
 import orjson
 from serve_process import ServeProcess
 
-from pipeline.service.cycle_hooks import ENV_VAR, PHASES
+from ragpulse.pipeline.service.cycle_hooks import ENV_VAR, PHASES
 
 
 class CycleHolds:

@@ -22,7 +22,7 @@ what the "model" does:
 * `prompt_cache`: play a provider's prompt caching: the leading messages of a request that
   match, byte for byte, the leading messages of an earlier request are reported as
   `usage.prompt_tokens_details.cached_tokens` (their words), as OpenAI reports a cached prefix;
-* the claim-score judges (judges.claim_scores, whose user message ends "List the claims and
+* the claim-score judges (judges.llm.claim_scores, whose user message ends "List the claims and
   their verdicts."): each sentence of the fenced answer is a claim, supported ("yes") unless it
   contains `MARKER`; each line or sentence of the fenced expected answer is an expected claim,
   stated by the answer ("yes") unless the answer contains `MARKER`;
@@ -32,7 +32,7 @@ what the "model" does:
 * `reply_for`: when set, the whole message content for a request body (its `model`, its
   `response_format`, its messages), or None for the usual verdict: to answer on a graded
   scale (`score: 2` / `justification: ...`) or differently per model;
-* combined calls (`judges.combined`, `--judge-combine`): a system message ending in
+* combined calls (`judges.llm.combined`, `--judge-combine`): a system message ending in
   `Verdicts wanted: a, b, c` gets one verdict per judge named there, as a JSON object keyed by
   judge name (or `NAME rationale:` / `NAME rating:` lines in "plain" mode), each chosen by
   `decide_for(judge, request)` (default: `decide` for every judge);
@@ -181,7 +181,7 @@ Decide = Callable[[FencedRequest], tuple[FakeRating, str]]
 DecideFor = Callable[[str, FencedRequest], tuple[FakeRating, str]]
 ReplyFor = Callable[[dict[str, Any]], str | None]
 
-# The last line of a combined call's system message (judges.combined) names its judges.
+# The last line of a combined call's system message (judges.llm.combined) names its judges.
 _VERDICTS_WANTED = re.compile(r"^Verdicts wanted: ([a-z0-9_, ]+)$", re.MULTILINE)
 
 

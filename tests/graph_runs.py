@@ -1,4 +1,4 @@
-"""Runs of the real Beam graph (`pipeline.graph`) over records held in memory, for tests.
+"""Runs of the real Beam graph (`pipeline.graphs.bounded`) over records held in memory, for tests.
 
 The stages, sinks and runner are the ones `ragpulse run` uses; only the source differs.
 """
@@ -12,11 +12,11 @@ from typing import Any
 
 import apache_beam as beam
 
-from pipeline.canaries import CanaryEvent
-from pipeline.events import SourceRecord
-from pipeline.graph import GraphResult, Sinks, StageConfig, run_graph
-from pipeline.settings import BatchSettings, JudgeSettings
-from pipeline.sinks.files import WriteDeadLetters, WriteVerdicts, WriteWindows
+from ragpulse.pipeline.canaries import CanaryEvent
+from ragpulse.pipeline.graphs.bounded import GraphResult, Sinks, StageConfig, run_graph
+from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.settings.models import BatchSettings, JudgeSettings
+from ragpulse.pipeline.sinks.files import WriteDeadLetters, WriteVerdicts, WriteWindows
 
 
 def stage_config(**overrides: Any) -> StageConfig:

@@ -8,7 +8,7 @@ plugged into `FakeOpenAI` as its `decide` function:
   NFKC-normalised, invisible format characters
   (zero-width joiners, Unicode tag characters ...) are removed, and every character it knows to
   look like `<`, `>` or `/` is read as that character. This list is kept here, apart from
-  `judges.fencing`, so that a look-alike the fencer forgets makes the tests fail;
+  `judges.llm.fencing`, so that a look-alike the fencer forgets makes the tests fail;
 * the real fences are the tags carrying the nonce of the prompt's first tag. Inside a fence,
   anything that reads as a tag (`</answer>`, `<system>`, `<|im_start|>`, `</answer-...>` with
   another nonce ...) "closes" the fence for this model: what follows is read as instructions;

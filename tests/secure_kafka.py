@@ -31,7 +31,7 @@ import pytest
 from certs import make_ca, make_leaf
 from kafka_broker import ApacheKafkaBroker, start_broker
 
-from pipeline.kafka_security import KafkaSecurity
+from ragpulse.pipeline.kafka_security import KafkaSecurity
 
 SASL_USER = "ragpulse"
 

@@ -53,8 +53,8 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Exemplar
 
-from pipeline.commands.simulate import SimulatedEvent
-from pipeline.service.state import StateStore
+from ragpulse.pipeline.commands.simulate import SimulatedEvent
+from ragpulse.pipeline.service.state import StateStore
 
 START_TIMEOUT_S = 60.0
 T0 = 1_763_632_800.0  # 2025-11-20T10:00:00Z, a multiple of the 10 s windows used here

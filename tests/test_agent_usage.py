@@ -9,7 +9,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.cli import main
+from ragpulse.pipeline.cli import main
 
 
 def _event(i: int, model: str, **extra: object) -> bytes:

@@ -1,4 +1,4 @@
-"""The judge budget governor (pipeline/budget.py): spend, prices, the factor per cycle, and
+"""The judge budget governor (pipeline/costs/budget.py): spend, prices, the factor per cycle, and
 cycles of the real graph against the stand-in LLM endpoint staying within the budget while the
 weighted pass ratio stays on the truth."""
 
@@ -18,8 +18,7 @@ from graph_runs import stage_config
 from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from serve_process import Scrape, ServeProcess, serve_processes_fixture  # noqa: F401
 
-from pipeline import counting
-from pipeline.budget import (
+from ragpulse.pipeline.costs.budget import (
     PROBE_EVENTS,
     BudgetGovernor,
     BudgetSettings,
@@ -29,12 +28,13 @@ from pipeline.budget import (
     load_prices,
     spend_of,
 )
-from pipeline.errors import SettingsError
-from pipeline.events import SourceRecord
-from pipeline.graph import Sinks, run_graph
-from pipeline.sampling import SAMPLED, SEEN, SPEND, WEIGHTED_VERDICTS, plan_from_data
-from pipeline.settings import JudgeSettings
-from pipeline.sinks.files import WriteDeadLetters
+from ragpulse.pipeline.costs.sampling import SAMPLED, SEEN, SPEND, WEIGHTED_VERDICTS, plan_from_data
+from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.graphs.bounded import Sinks, run_graph
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.settings.models import JudgeSettings
+from ragpulse.pipeline.sinks.files import WriteDeadLetters
 
 HOUR = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 ServeFactory = Callable[..., ServeProcess]

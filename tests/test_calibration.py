@@ -23,8 +23,8 @@ from cli import one_line_error, ragpulse
 from fake_openai import MARKER, FakeOpenAI, Fault, fake_openai_fixture  # noqa: F401
 from prometheus_client.parser import text_string_to_metric_families
 
-from judges.base import Verdict
-from pipeline.calibration import (
+from ragpulse.judges.base import Verdict
+from ragpulse.pipeline.calibration import (
     MIN_YOUDEN,
     CalibrationError,
     JudgeCalibration,
@@ -35,12 +35,12 @@ from pipeline.calibration import (
     load_calibration,
     rogan_gladen,
 )
-from pipeline.cli import main
-from pipeline.commands.calibrate import read_labelled
-from pipeline.errors import SettingsError
-from pipeline.settings import JudgeSettings, RunSettings, build
-from pipeline.sinks.prometheus import MetricsSnapshot, registry_for
-from pipeline.windows import RatingCounts, WindowKey
+from ragpulse.pipeline.cli import main
+from ragpulse.pipeline.commands.calibrate import read_labelled
+from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.metrics.collector import MetricsSnapshot, registry_for
+from ragpulse.pipeline.settings.models import JudgeSettings, RunSettings, build
+from ragpulse.pipeline.windows import RatingCounts, WindowKey
 
 T0 = 1_763_632_800  # 2025-11-20T10:00:00Z, a multiple of 300
 RIGHT = "The capital of France is Paris."
@@ -456,7 +456,7 @@ def test_a_judge_no_better_than_chance_gets_no_corrected_ratio_and_one_warning_w
 ) -> None:
     chance = calibration(52, 100, 51, 100)  # sens + spec - 1 = 0.03
     assert chance.youden <= MIN_YOUDEN
-    with caplog.at_level(logging.WARNING, logger="pipeline.calibration"):
+    with caplog.at_level(logging.WARNING, logger="ragpulse.pipeline.calibration"):
         check_calibrations([chance], ["groundedness"], "local", "any")
     assert [r.getMessage() for r in caplog.records if "barely depend" in r.getMessage()]
     windows = {WindowKey(T0, T0 + 300, "groundedness", "a", "m"): RatingCounts(70, 30, 0)}

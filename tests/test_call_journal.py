@@ -7,12 +7,12 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from judges.base import Verdict
-from judges.redaction import TextPolicy
-from judges.verdict_cache import CacheKey
-from pipeline import counting
-from pipeline.service.journal import AnsweredCalls
-from pipeline.service.state import StateStore
+from ragpulse.judges.base import Verdict
+from ragpulse.judges.redaction import TextPolicy
+from ragpulse.judges.verdict_cache import CacheKey
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.service.journal import AnsweredCalls
+from ragpulse.pipeline.service.state import StateStore
 
 TOKENS = "ragpulse_judge_tokens_total"
 

@@ -1,6 +1,7 @@
 """Judge canaries: the golden-set file, the feed's rate, and canaries inside a real Beam run.
 
-The pipeline tests run the Beam graph (`pipeline.graph`) on Beam's FnApiRunner with the local
+The pipeline tests run the Beam graph (`pipeline.graphs.bounded`) on Beam's FnApiRunner with the
+local
 judges, once without
 and once with canaries, and compare every output: canaries must change nothing but
 `ragpulse_canary_verdicts_total`, whose counts are checked against the judges' own verdicts on
@@ -16,9 +17,8 @@ from pathlib import Path
 import pytest
 from graph_runs import run_to_files, stage_config
 
-from judges import DEFAULT_JUDGES, JUDGE_NAMES
-from pipeline import counting
-from pipeline.canaries import (
+from ragpulse.judges import DEFAULT_JUDGES, JUDGE_NAMES
+from ragpulse.pipeline.canaries import (
     CANARY_VERDICTS,
     CanaryEvent,
     CanaryFeed,
@@ -26,11 +26,12 @@ from pipeline.canaries import (
     load_golden_set,
     outcome,
 )
-from pipeline.commands.simulate import Incidents, simulate
-from pipeline.events import SourceRecord
-from pipeline.graph import GraphResult
-from pipeline.settings import JudgeSettings
-from pipeline.sinks.files import DEAD_LETTER_FILE, VERDICTS_FILE
+from ragpulse.pipeline.commands.simulate import Incidents, simulate
+from ragpulse.pipeline.graphs.bounded import GraphResult
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.settings.models import JudgeSettings
+from ragpulse.pipeline.sinks.files import DEAD_LETTER_FILE, VERDICTS_FILE
 
 SAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "samples" / "canaries.jsonl"
 T0 = 1_763_632_800.0

@@ -1,4 +1,5 @@
-"""The judge cascade (pipeline/cascade.py): local judges on every event, the LLM on a sample and
+"""The judge cascade (pipeline/costs/cascade.py): local judges on every event, the LLM on a sample
+and
 on the uncertain ones, through the real graph against the stand-in LLM endpoint."""
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ import pytest
 from fake_openai import FakeOpenAI, FakeRating, FencedRequest
 from graph_runs import stage_config
 
-from judges.base import Chunk, JudgeInput
-from judges.local_groundedness import GroundednessJudge
-from judges.local_relevance import RelevanceToQueryJudge
-from pipeline import counting
-from pipeline.cascade import (
+from ragpulse.judges.base import Chunk, JudgeInput
+from ragpulse.judges.local.groundedness import GroundednessJudge
+from ragpulse.judges.local.relevance import RelevanceToQueryJudge
+from ragpulse.pipeline.costs.cascade import (
     AGREEMENT,
     UNSURE,
     CascadeSettings,
@@ -24,11 +24,13 @@ from pipeline.cascade import (
     add_cascade_arguments,
     cascade_settings,
 )
-from pipeline.errors import SettingsError
-from pipeline.events import SourceRecord, parse_event
-from pipeline.graph import Sinks, run_graph
-from pipeline.settings import JudgeSettings
-from pipeline.sinks.files import WriteDeadLetters
+from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.formats.events import parse_event
+from ragpulse.pipeline.graphs.bounded import Sinks, run_graph
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.settings.models import JudgeSettings
+from ragpulse.pipeline.sinks.files import WriteDeadLetters
 
 CHUNK = "The Eiffel Tower in Paris is 330 metres tall and opened in 1889."
 # Local groundedness: clearly yes (margin 0.45), clearly no (an unsupported number: margin 1),

@@ -1,4 +1,4 @@
-"""The claim-score judges after Ragas (judges.claim_scores: faithfulness, answer_correctness)
+"""The claim-score judges after Ragas (judges.llm.claim_scores: faithfulness, answer_correctness)
 against the HTTP stand-in (tests/fake_openai): one call returns the claims and their verdicts,
 the score is computed from them, the rating is yes at the threshold; malformed claim JSON, cut
 off replies and embedding failures become errors with their cause, never a score."""
@@ -12,12 +12,12 @@ import pytest
 from fake_openai import MARKER, FakeOpenAI, Fault, fake_openai_fixture  # noqa: F401
 from test_llm_judges import endpoint_for
 
-from judges.base import Chunk, JudgeInput, Verdict
-from judges.claim_scores import ClaimVerdict, CorrectnessReply, claim_f1, cosine
-from judges.llm_build import build_llm_judges
-from judges.panel import JudgePanel
-from judges.redaction import TextPolicy
-from pipeline.settings import SettingsError, add_judge_arguments, judge_settings
+from ragpulse.judges.base import Chunk, JudgeInput, Verdict
+from ragpulse.judges.llm.build import build_llm_judges
+from ragpulse.judges.llm.claim_scores import ClaimVerdict, CorrectnessReply, claim_f1, cosine
+from ragpulse.judges.panel import JudgePanel
+from ragpulse.judges.redaction import TextPolicy
+from ragpulse.pipeline.settings.models import SettingsError, add_judge_arguments, judge_settings
 
 CONTEXT = (Chunk("Deleted files stay in the trash for 30 days, then they are removed."),)
 QUESTION = "How long are deleted files kept?"

@@ -13,14 +13,14 @@ from test_config_sources import SAMPLES, printed, write
 from test_file_run import event, events_file, rows
 from test_llm_judges import BAD, GOOD, endpoint_for
 
-from judges.base import JudgeInput, Verdict
-from judges.combined import parse_combined_reply
-from judges.custom import load_custom_judge
-from judges.endpoint import OpenAIJudgeEndpoint, forget_shared_endpoint_states
-from judges.llm_build import build_llm_judges
-from judges.panel import JudgePanel
-from judges.verdict_cache import VerdictCache
-from pipeline.cli import main
+from ragpulse.judges.base import JudgeInput, Verdict
+from ragpulse.judges.endpoint.client import OpenAIJudgeEndpoint, forget_shared_endpoint_states
+from ragpulse.judges.llm.build import build_llm_judges
+from ragpulse.judges.llm.combined import parse_combined_reply
+from ragpulse.judges.llm.custom import load_custom_judge
+from ragpulse.judges.panel import JudgePanel
+from ragpulse.judges.verdict_cache import VerdictCache
+from ragpulse.pipeline.cli import main
 
 DEFAULTS = ("groundedness", "relevance_to_query", "safety")
 

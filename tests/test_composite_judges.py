@@ -11,12 +11,12 @@ import pytest
 from fake_openai import FakeOpenAI, read_fences
 from graph_runs import run_to_files, stage_config
 
-from judges.base import Verdict
-from judges.composite import CompositeGrader, parse_composite
-from judges.local import build_local_judges
-from pipeline import counting
-from pipeline.events import SourceRecord
-from pipeline.settings import JudgeSettings
+from ragpulse.judges.base import Verdict
+from ragpulse.judges.composite import CompositeGrader, parse_composite
+from ragpulse.judges.local.judge import build_local_judges
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.settings.models import JudgeSettings
 
 SAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "samples"
 CONTEXT = "Refunds are accepted within 30 days of purchase."

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from judges.llm import LLMJudge
-from pipeline.commands.serve import configure_parser as configure_serve_parser
-from pipeline.settings import (
+from ragpulse.judges.llm.judge import LLMJudge
+from ragpulse.pipeline.commands.serve import configure_parser as configure_serve_parser
+from ragpulse.pipeline.settings.models import (
     JudgeSettings,
     ServeSettings,
     SettingsError,

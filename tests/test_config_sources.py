@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import cli
+from ragpulse.pipeline import cli
 
 SAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "samples" / "events.jsonl"
 UNREACHABLE = "127.0.0.1:1"  # nothing listens there: --print-config must not connect
@@ -122,7 +122,7 @@ def test_ragpulse_run_takes_its_settings_from_the_file_named_by_ragpulse_config(
     out = tmp_path / "out"
     config = write(tmp_path, f"output: {out}\njudges: safety\nwindow: 1h\n")
     done = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "run", str(SAMPLES)],
+        [sys.executable, "-m", "ragpulse.pipeline.cli", "run", str(SAMPLES)],
         env={**os.environ, "RAGPULSE_CONFIG": str(config)},
         capture_output=True, text=True, timeout=300,
     )

@@ -1,4 +1,4 @@
-"""Custom LLM judges from an operator's YAML file (`--custom-judge FILE`, judges.custom): a bad
+"""Custom LLM judges from an operator's YAML file (`--custom-judge FILE`, judges.llm.custom): a bad
 file is refused at start-up with one line naming the file and the key; a good one is prompted
 like a shipped judge (its instructions, fenced and redacted inputs) and counted under its name,
 in process and through the real `ragpulse` CLI against the OpenAI stand-in."""
@@ -16,12 +16,12 @@ from fake_openai import MARKER, FakeOpenAI, fake_openai_fixture  # noqa: F401
 from prometheus_client.parser import text_string_to_metric_families
 from test_file_run import event, rows
 
-from judges import JudgeInput, JudgePanel
-from judges.custom import CustomJudgeError, load_custom_judge, load_custom_judges
-from judges.endpoint import forget_shared_endpoint_states
-from judges.llm_build import build_llm_judges
-from judges.registry import check_judge_names
-from pipeline.cli import main
+from ragpulse.judges import JudgeInput, JudgePanel
+from ragpulse.judges.endpoint.client import forget_shared_endpoint_states
+from ragpulse.judges.llm.build import build_llm_judges
+from ragpulse.judges.llm.custom import CustomJudgeError, load_custom_judge, load_custom_judges
+from ragpulse.judges.registry import check_judge_names
+from ragpulse.pipeline.cli import main
 
 SAMPLE = Path(__file__).resolve().parent.parent / "deploy" / "samples" / "no_pricing_promises.yaml"
 NAME = "no_pricing_promises"
@@ -354,7 +354,7 @@ def test_helm_mounts_custom_judge_files_that_the_real_cli_loads(
 
 
 def test_canaries_may_carry_labels_for_a_custom_judge_in_use(tmp_path: Path) -> None:
-    from pipeline.canaries import load_golden_set
+    from ragpulse.pipeline.canaries import load_golden_set
 
     data = orjson.loads(pricing_event(0, f"{MARKER}: a free month for everyone."))
     data["labels"] = {NAME: "no", "groundedness": "no"}

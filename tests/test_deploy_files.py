@@ -175,7 +175,7 @@ def test_dockerfile_installs_the_package_and_runs_the_ragpulse_entrypoint() -> N
     assert re.search(r"python3 -m venv /opt/ragpulse\b.*\n.*/opt/ragpulse/bin/pip install \.", text)
     assert 'ENTRYPOINT ["ragpulse"]' in text
     pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
-    assert 'ragpulse = "pipeline.cli:main"' in pyproject
+    assert 'ragpulse = "ragpulse.pipeline.cli:main"' in pyproject
     build = compose()["services"]["ragpulse"]["build"]
     assert (COMPOSE.parent / build["context"] / build["dockerfile"]).resolve() == (
         DEPLOY / "Dockerfile"
@@ -255,7 +255,7 @@ def _ragpulse_commands() -> list[tuple[str, list[str]]]:
 
 
 def test_every_ragpulse_command_in_compose_and_kubernetes_is_accepted_by_the_real_cli() -> None:
-    from pipeline.cli import build_parser
+    from ragpulse.pipeline.cli import build_parser
 
     commands = _ragpulse_commands()
     assert {label.split(":")[0] for label, _ in commands} == {"compose", "k8s"}

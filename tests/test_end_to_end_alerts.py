@@ -50,9 +50,9 @@ from kafka_broker import ApacheKafkaBroker
 from prometheus_server import PrometheusServer, prometheus_config, running_prometheus
 from serve_process import ServeProcess
 
-from judges.registry import SESSION_JUDGES
-from pipeline.commands.simulate import Incidents, SimulatedEvent, simulate
-from pipeline.windows import parse_duration
+from ragpulse.judges.registry import SESSION_JUDGES
+from ragpulse.pipeline.commands.simulate import Incidents, SimulatedEvent, simulate
+from ragpulse.pipeline.windows import parse_duration
 
 REPO = Path(__file__).resolve().parent.parent
 ALERTMANAGER_CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"

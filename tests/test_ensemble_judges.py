@@ -13,11 +13,11 @@ import pytest
 from fake_openai import FakeOpenAI, read_fences
 from graph_runs import run_to_files, stage_config
 
-from judges.base import Verdict
-from judges.ensemble import parse_ensemble, vote
-from pipeline import counting
-from pipeline.events import SourceRecord
-from pipeline.settings import JudgeSettings
+from ragpulse.judges.base import Verdict
+from ragpulse.judges.llm.ensemble import parse_ensemble, vote
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.settings.models import JudgeSettings
 
 MODELS = ("m0", "m1", "m2")
 

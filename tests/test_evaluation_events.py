@@ -16,23 +16,23 @@ from graph_runs import stage_config
 from otlp_receiver import OtlpReceiver, attributes
 from otlp_spans import openinference_trace, otlp_proto, trace_id
 
-from judges import TextPolicy
-from judges.base import JudgeInput, Verdict
-from pipeline import counting
-from pipeline.cli import main
-from pipeline.events import InferenceRecord, SourceRecord, parse_event
-from pipeline.graph import GraphResult, Sinks, run_graph
-from pipeline.sinks.files import WriteDeadLetters
-from pipeline.sinks.kafka import UNDELIVERABLE
-from pipeline.sinks.otlp_evaluations import (
+from ragpulse.judges import TextPolicy
+from ragpulse.judges.base import JudgeInput, Verdict
+from ragpulse.pipeline.cli import main
+from ragpulse.pipeline.formats.events import parse_event
+from ragpulse.pipeline.formats.otlp import Arrival, assemble, decode_spans
+from ragpulse.pipeline.graphs.bounded import GraphResult, Sinks, run_graph
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.records import InferenceRecord, JudgedEvent, SourceRecord
+from ragpulse.pipeline.sinks.files import WriteDeadLetters
+from ragpulse.pipeline.sinks.kafka import UNDELIVERABLE
+from ragpulse.pipeline.sinks.otlp_evaluations import (
     EVENT_NAME,
     ExportEvaluations,
     describe_endpoint,
     evaluation_request,
     is_linked,
 )
-from pipeline.stages import JudgedEvent
-from pipeline.traces import Arrival, assemble, decode_spans
 
 EMAIL = "jane.doe@example.com"
 UNGROUNDED = f"Refunds take 90 days; write to {EMAIL}."

@@ -13,14 +13,9 @@ from typing import Any
 import orjson
 import pytest
 
-from judges.base import Chunk, Guideline, Turn
-from pipeline.events import (
-    AgentUsage,
-    InferenceRecord,
-    InvalidEvent,
-    dead_letter,
-    parse_event,
-)
+from ragpulse.judges.base import Chunk, Guideline, Turn
+from ragpulse.pipeline.formats.events import InvalidEvent, dead_letter, parse_event
+from ragpulse.pipeline.records import AgentUsage, InferenceRecord
 
 T0_ISO = "2024-05-01T12:00:00Z"
 T0 = datetime(2024, 5, 1, 12, tzinfo=UTC).timestamp()

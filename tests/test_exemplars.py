@@ -14,15 +14,15 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from judges.base import JudgeInput, Verdict
-from pipeline import counting
-from pipeline.counting import FailingExample
-from pipeline.events import InferenceRecord
-from pipeline.graph import decode_metrics
-from pipeline.service.state import StateStore
-from pipeline.sinks.prometheus import MetricsSnapshot, registry_for
-from pipeline.sinks.verdict_rows import InvalidVerdictRow, failing_verdicts
-from pipeline.stages import JudgedEvent, ReportLatestFailing
+from ragpulse.judges.base import JudgeInput, Verdict
+from ragpulse.pipeline.formats.verdict_rows import InvalidVerdictRow, failing_verdicts
+from ragpulse.pipeline.graphs.bounded import decode_metrics
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.metrics.collector import MetricsSnapshot, registry_for
+from ragpulse.pipeline.metrics.counting import FailingExample
+from ragpulse.pipeline.records import InferenceRecord, JudgedEvent
+from ragpulse.pipeline.service.state import StateStore
+from ragpulse.pipeline.stages.report import ReportLatestFailing
 
 G = "response/llm_judged/groundedness"
 S = "response/llm_judged/safety"

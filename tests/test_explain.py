@@ -18,10 +18,10 @@ import orjson
 import pytest
 from cli import one_line_error
 
-from pipeline.cli import main as ragpulse
-from pipeline.commands.run import run_file
-from pipeline.settings import JudgeSettings, RunSettings
-from pipeline.windows import isoformat_utc
+from ragpulse.pipeline.cli import main as ragpulse
+from ragpulse.pipeline.commands.run import run_file
+from ragpulse.pipeline.settings.models import JudgeSettings, RunSettings
+from ragpulse.pipeline.windows import isoformat_utc
 
 SAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "samples" / "events.jsonl"
 

@@ -21,10 +21,10 @@ from kafka_broker import ApacheKafkaBroker, for_module
 from prometheus_server import prometheus_config, running_prometheus
 from serve_process import T0, TopicFactory, caught_up
 
-from judges import DEFAULT_JUDGES, JUDGE_NAMES
-from pipeline.canaries import load_golden_set, outcome
-from pipeline.commands.simulate import Incidents, simulate
-from pipeline.settings import JudgeSettings
+from ragpulse.judges import DEFAULT_JUDGES, JUDGE_NAMES
+from ragpulse.pipeline.canaries import load_golden_set, outcome
+from ragpulse.pipeline.commands.simulate import Incidents, simulate
+from ragpulse.pipeline.settings.models import JudgeSettings
 
 # Each test waits for serve to judge all events, and some for Prometheus too.
 pytestmark = pytest.mark.timeout(180)

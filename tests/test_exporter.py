@@ -27,14 +27,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_server import PrometheusServer, prometheus_config, running_prometheus
 from serve_process import Scrape
 
-from pipeline.commands.exporter import RatingsExporter
-from pipeline.labels import LabelLimits
-from pipeline.service.panes import PaneTable
-from pipeline.settings import ExporterSettings
-from pipeline.sinks import rating_rows
-from pipeline.sinks.prometheus import registry_for
-from pipeline.sinks.rating_rows import PaneTiming, RatingPane
-from pipeline.windows import RatingCounts, WindowKey, wilson_interval
+from ragpulse.pipeline.commands.exporter import RatingsExporter
+from ragpulse.pipeline.formats import rating_rows
+from ragpulse.pipeline.formats.rating_rows import PaneTiming, RatingPane
+from ragpulse.pipeline.metrics.collector import registry_for
+from ragpulse.pipeline.metrics.labels import LabelLimits
+from ragpulse.pipeline.service.panes import PaneTable
+from ragpulse.pipeline.settings.models import ExporterSettings
+from ragpulse.pipeline.windows import RatingCounts, WindowKey, wilson_interval
 
 REPO = Path(__file__).resolve().parent.parent
 RULE_FILES = [

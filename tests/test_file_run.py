@@ -7,7 +7,7 @@ import pytest
 from cli import one_line_error
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.cli import main
+from ragpulse.pipeline.cli import main
 
 pytestmark = pytest.mark.slow  # each runs a Beam pipeline
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from cli import ragpulse
 
-from pipeline.cli import _subparser, build_parser
+from ragpulse.pipeline.cli import _subparser, build_parser
 
 _NOT_SETTINGS = {"help", "config", "print_config"}
 

@@ -22,11 +22,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import counting
-from pipeline.commands.run import run_file
-from pipeline.events import InvalidEvent, parse_event
-from pipeline.settings import JudgeSettings, RunSettings
-from pipeline.sinks.files import DEAD_LETTER_FILE
+from ragpulse.pipeline.commands.run import run_file
+from ragpulse.pipeline.formats.events import InvalidEvent, parse_event
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.settings.models import JudgeSettings, RunSettings
+from ragpulse.pipeline.sinks.files import DEAD_LETTER_FILE
 
 pytestmark = pytest.mark.slow  # ~10,000 events through parse_event, then a Beam run
 

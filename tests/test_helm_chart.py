@@ -213,7 +213,7 @@ def test_helm_lint_fails_on_a_value_of_the_wrong_type() -> None:
 
 @pytest.mark.parametrize("name", list(OPTION_SETS))
 def test_helm_deployment_command_is_accepted_by_the_real_cli(name: str) -> None:
-    from pipeline.cli import build_parser
+    from ragpulse.pipeline.cli import build_parser
 
     container = container_of(manifests(OPTION_SETS[name]))
     try:
@@ -241,7 +241,7 @@ def test_helm_deployment_command_is_accepted_by_the_real_cli(name: str) -> None:
 def test_helm_settings_become_a_config_file_that_the_real_cli_takes_under_the_flags(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pipeline.cli import main
+    from ragpulse.pipeline.cli import main
 
     settings = {"canary-rate": 2, "redact-pattern": ["ACME-[0-9]+"], "window": "1m"}
     objects = manifests({"settings": settings})

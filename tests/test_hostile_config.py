@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from cli import one_line_error, ragpulse
 
-from judges.yaml_file import MAX_BYTES, MAX_DEPTH, YamlFileError, loads
-from pipeline import sampling
+from ragpulse.judges.yaml_file import MAX_BYTES, MAX_DEPTH, YamlFileError, loads
+from ragpulse.pipeline.costs import sampling
 
 SERVE = ("serve", "--kafka-bootstrap", "127.0.0.1:9", "--topic", "logs")
 OPENAI = ("--judge-backend", "openai", "--judge-base-url", "http://127.0.0.1:9/v1")

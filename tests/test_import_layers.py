@@ -1,4 +1,5 @@
-"""The import graph of pipeline/ and judges/ stays a one-way street: no import circle between
+"""The import graph of ragpulse.pipeline and ragpulse.judges stays a one-way street: no import
+circle between
 modules, and the judges never import the pipeline (they run inside Beam workers and in tools
 that know nothing of Kafka or the serve loop). Read with grimp, import-linter's graph library,
 which sees imports inside functions and under TYPE_CHECKING too."""
@@ -7,11 +8,11 @@ from __future__ import annotations
 
 import grimp
 
-PACKAGES = ("pipeline", "judges")
+PACKAGE = "ragpulse"
 
 
 def _graph() -> grimp.ImportGraph:
-    return grimp.build_graph(*PACKAGES, cache_dir=None)
+    return grimp.build_graph(PACKAGE, cache_dir=None)
 
 
 def _circles(graph: grimp.ImportGraph) -> list[list[str]]:
@@ -78,21 +79,30 @@ def test_a_circle_is_found_when_there_is_one() -> None:
 
 def test_the_judges_never_import_the_pipeline() -> None:
     graph = _graph()
-    chains = graph.find_shortest_chains(importer="judges", imported="pipeline", as_packages=True)
+    chains = graph.find_shortest_chains(
+        importer="ragpulse.judges", imported="ragpulse.pipeline", as_packages=True
+    )
     assert chains == set()
 
 
-# The layers of pipeline/, top to bottom: a module imports only from its own layer or below.
-# Commands parse flags and start things; the serve loop and the exporter run cycles; settings
-# turn flags into typed configuration for the graphs; the graphs wire stages, sources and sinks;
-# the rest is typed data and pure functions (events, windows, counting, sampling, labels...).
-# judges/ sits below all of them (test above).
+# The layers of ragpulse.pipeline, top to bottom: a module imports only from its own layer or
+# below. Commands parse flags and start things; the serve loop and the exporter run cycles;
+# settings turn flags into typed configuration for the graphs; the graphs wire stages, sources
+# and sinks (the metrics collector and its HTTP server are the service's sinks); the rest is typed
+# data and pure functions (formats, costs, metric names and keys, windows, labels...).
+# ragpulse.judges sits below all of them (test above).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("pipeline.cli", "pipeline.commands"),
-    ("pipeline.service",),
-    ("pipeline.settings", "pipeline.config_sources"),
-    ("pipeline.graph", "pipeline.streaming"),
-    ("pipeline.stages", "pipeline.sinks", "pipeline.sources", "pipeline.weighted_windows"),
+    ("ragpulse.pipeline.cli", "ragpulse.pipeline.commands"),
+    ("ragpulse.pipeline.service",),
+    ("ragpulse.pipeline.settings",),
+    ("ragpulse.pipeline.graphs",),
+    (
+        "ragpulse.pipeline.stages",
+        "ragpulse.pipeline.sinks",
+        "ragpulse.pipeline.sources",
+        "ragpulse.pipeline.metrics.collector",
+        "ragpulse.pipeline.metrics.http",
+    ),
 )
 
 
@@ -108,9 +118,9 @@ def _upward_imports(graph: grimp.ImportGraph) -> list[tuple[str, str]]:
     return sorted(
         (importer, imported)
         for importer in graph.modules
-        if importer.startswith("pipeline")
+        if importer.startswith("ragpulse.pipeline")
         for imported in graph.find_modules_directly_imported_by(importer)
-        if imported.startswith("pipeline") and _layer(imported) < _layer(importer)
+        if imported.startswith("ragpulse.pipeline") and _layer(imported) < _layer(importer)
     )
 
 
@@ -119,11 +129,16 @@ def test_no_module_of_pipeline_imports_from_a_layer_above_its_own() -> None:
 
 
 def test_an_upward_import_is_found_when_there_is_one() -> None:
+    stages, loop, events = (
+        "ragpulse.pipeline.stages.parse",
+        "ragpulse.pipeline.service.loop",
+        "ragpulse.pipeline.formats.events",
+    )
     graph = grimp.ImportGraph()
-    for module in ("pipeline.stages", "pipeline.service.loop", "pipeline.events"):
+    for module in (stages, loop, events):
         graph.add_module(module)
-    graph.add_import(importer="pipeline.service.loop", imported="pipeline.stages")
-    graph.add_import(importer="pipeline.stages", imported="pipeline.events")
+    graph.add_import(importer=loop, imported=stages)
+    graph.add_import(importer=stages, imported=events)
     assert _upward_imports(graph) == []
-    graph.add_import(importer="pipeline.stages", imported="pipeline.service.loop")
-    assert _upward_imports(graph) == [("pipeline.stages", "pipeline.service.loop")]
+    graph.add_import(importer=stages, imported=loop)
+    assert _upward_imports(graph) == [(stages, loop)]

@@ -16,14 +16,14 @@ from fake_openai import FakeOpenAI, Fault, fake_openai_fixture  # noqa: F401
 from pydantic import SecretStr
 from test_llm_judges import BAD, GOOD, endpoint_for
 
-from judges.base import JudgeInput, Verdict
-from judges.endpoint import OpenAIJudgeEndpoint, forget_shared_endpoint_states
-from judges.llm import LLMJudge, load_prompt, new_nonce
-from judges.llm_build import build_llm_judges
-from judges.panel import JudgePanel
-from judges.quota import estimate_tokens
-from judges.retry import ReplyFormat
-from pipeline.settings import JudgeSettings
+from ragpulse.judges.base import JudgeInput, Verdict
+from ragpulse.judges.endpoint.client import OpenAIJudgeEndpoint, forget_shared_endpoint_states
+from ragpulse.judges.endpoint.quota import estimate_tokens
+from ragpulse.judges.endpoint.retry import ReplyFormat
+from ragpulse.judges.llm.build import build_llm_judges
+from ragpulse.judges.llm.judge import LLMJudge, load_prompt, new_nonce
+from ragpulse.judges.panel import JudgePanel
+from ragpulse.pipeline.settings.models import JudgeSettings
 
 
 @pytest.fixture(autouse=True)
@@ -109,7 +109,7 @@ USAGE = {
 def test_implausible_token_counts_are_counted_as_zero_and_logged_and_the_verdict_stands(
     fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture, usage: dict[str, Any]
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="judges")
+    caplog.set_level(logging.WARNING, logger="ragpulse.judges")
     fake_openai.push_faults(Fault.reply('{"rationale": "Fine.", "rating": "yes"}', usage=usage))
     (verdict,) = judge_batch(endpoint_for(fake_openai), [GOOD])
     assert (verdict.rating, verdict.rationale) == ("yes", "Fine.")
@@ -372,7 +372,7 @@ def secret_forms() -> list[str]:
 def test_an_endpoint_echoing_the_key_in_replies_and_error_bodies_never_gets_it_into_a_verdict(
     fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
-    for name in (None, "openai", "httpx", "judges"):
+    for name in (None, "openai", "httpx", "ragpulse.judges"):
         caplog.set_level(logging.DEBUG, logger=name)
     fake_openai.push_faults(
         Fault.reply('{"rationale": "You sent {authorization}.", "rating": "yes"}'),

@@ -15,8 +15,8 @@ from fake_openai import FakeOpenAI, Fault, fake_openai_fixture  # noqa: F401
 from prometheus_client.parser import text_string_to_metric_families
 from test_file_run import event, rows
 
-from judges.endpoint import forget_shared_endpoint_states
-from pipeline.cli import main
+from ragpulse.judges.endpoint.client import forget_shared_endpoint_states
+from ragpulse.pipeline.cli import main
 
 SECRET = "sk-live-RUN-ECHO-0123456789abcdef"
 

@@ -13,7 +13,7 @@ from fake_openai import FakeOpenAI, Fault
 from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from serve_process import ServeProcess, serve_processes_fixture  # noqa: F401
 
-from pipeline.commands.simulate import simulate
+from ragpulse.pipeline.commands.simulate import simulate
 
 T0 = 1_763_632_800.0
 

@@ -20,11 +20,11 @@ from fake_openai import FakeOpenAI
 from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from serve_process import Scrape, ServeProcess, serve_processes_fixture  # noqa: F401
 
-from judges.base import Chunk, JudgeInput
-from judges.endpoint import OpenAIJudgeEndpoint
-from judges.llm_build import build_llm_judges
-from judges.panel import JudgePanel
-from pipeline.commands.simulate import simulate
+from ragpulse.judges.base import Chunk, JudgeInput
+from ragpulse.judges.endpoint.client import OpenAIJudgeEndpoint
+from ragpulse.judges.llm.build import build_llm_judges
+from ragpulse.judges.panel import JudgePanel
+from ragpulse.pipeline.commands.simulate import simulate
 
 T0 = 1_763_632_800.0
 ServeFactory = Callable[..., ServeProcess]

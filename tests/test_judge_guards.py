@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from judges.breaker import CircuitBreaker, Permit, Refusal
-from judges.quota import RateQuota, estimate_tokens
+from ragpulse.judges.endpoint.breaker import CircuitBreaker, Permit, Refusal
+from ragpulse.judges.endpoint.quota import RateQuota, estimate_tokens
 
 
 class Clock:

@@ -13,12 +13,17 @@ import pytest
 from fake_openai import MARKER, FakeOpenAI, read_fences
 from test_llm_judges import endpoint_for
 
-from judges.base import JudgeInput, Verdict
-from judges.custom import load_custom_judge
-from judges.llm_build import build_llm_judges
-from judges.logprobs import TokenLogprob, expected_score, probability_of_yes, read_logprobs
-from judges.panel import JudgePanel
-from pipeline.settings import SettingsError, add_judge_arguments, judge_settings
+from ragpulse.judges.base import JudgeInput, Verdict
+from ragpulse.judges.llm.build import build_llm_judges
+from ragpulse.judges.llm.custom import load_custom_judge
+from ragpulse.judges.llm.logprobs import (
+    TokenLogprob,
+    expected_score,
+    probability_of_yes,
+    read_logprobs,
+)
+from ragpulse.judges.panel import JudgePanel
+from ragpulse.pipeline.settings.models import SettingsError, add_judge_arguments, judge_settings
 
 SAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "samples"
 ITEM = JudgeInput("How long are deleted files kept?", "Deleted files are kept for 30 days.")

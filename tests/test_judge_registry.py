@@ -11,12 +11,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-import judges
-from judges import JUDGES, Backend, Chunk, JudgeEntry, JudgeInput, check_judge_names
-from judges.llm import available_prompts, load_prompt
-from judges.local import build_local_judges
-from judges.registry import SESSION_JUDGES
-from pipeline.settings import JudgeSettings, SettingsError, add_judge_arguments, judge_settings
+from ragpulse import judges
+from ragpulse.judges import JUDGES, Backend, Chunk, JudgeEntry, JudgeInput, check_judge_names
+from ragpulse.judges.llm.judge import available_prompts, load_prompt
+from ragpulse.judges.local.judge import build_local_judges
+from ragpulse.judges.registry import SESSION_JUDGES
+from ragpulse.pipeline.settings.models import (
+    JudgeSettings,
+    SettingsError,
+    add_judge_arguments,
+    judge_settings,
+)
 
 SAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "samples" / "events.jsonl"
 PROMPTS = Path(judges.__file__).parent / "prompts"
@@ -24,7 +29,7 @@ PROMPTS = Path(judges.__file__).parent / "prompts"
 
 def ragpulse(*args: str) -> subprocess.CompletedProcess[str]:
     script = Path(sys.executable).with_name("ragpulse")
-    prog = [str(script)] if script.is_file() else [sys.executable, "-m", "pipeline.cli"]
+    prog = [str(script)] if script.is_file() else [sys.executable, "-m", "ragpulse.pipeline.cli"]
     return subprocess.run(
         [*prog, *args], capture_output=True, text=True, timeout=120, check=False
     )

@@ -15,12 +15,12 @@ from fake_openai import FakeOpenAI, read_fences
 from graph_runs import run_to_files, stage_config
 from prometheus_client.parser import text_string_to_metric_families
 
-from judges.custom import CustomJudgeError, load_custom_judge
-from judges.llm import UnparsableReply, parse_reply, parse_scored_reply
-from pipeline import counting
-from pipeline.events import SourceRecord
-from pipeline.settings import JudgeSettings
-from pipeline.sinks.prometheus import MetricsSnapshot, write_textfile
+from ragpulse.judges.llm.custom import CustomJudgeError, load_custom_judge
+from ragpulse.judges.llm.judge import UnparsableReply, parse_reply, parse_scored_reply
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.metrics.collector import MetricsSnapshot, write_textfile
+from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.settings.models import JudgeSettings
 
 SAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "samples"
 COMPREHENSIVENESS = SAMPLES / "comprehensiveness.yaml"

@@ -25,8 +25,8 @@ from processes import free_port
 from secure_kafka import SASL_USER, Pki, SecureBroker, SecureKafka
 from serve_process import ServeProcess, serve_processes_fixture  # noqa: F401
 
-from pipeline.commands.simulate import simulate
-from pipeline.kafka_security import (
+from ragpulse.pipeline.commands.simulate import simulate
+from ragpulse.pipeline.kafka_security import (
     ENV_SASL_PASSWORD,
     KafkaSecurity,
     KafkaSecurityError,

@@ -15,9 +15,9 @@ from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import KafkaTimeoutError, OffsetOutOfRangeError
 from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 
-from pipeline.events import Rejected, SourceRecord
-from pipeline.sinks.kafka import dead_letter_record, deliver
-from pipeline.sources.kafka import (
+from ragpulse.pipeline.records import Rejected, SourceRecord
+from ragpulse.pipeline.sinks.kafka import dead_letter_record, deliver
+from ragpulse.pipeline.sources.kafka import (
     HEAD_BYTES,
     KafkaReadError,
     KafkaRecord,
@@ -304,7 +304,7 @@ def test_offsets_a_range_cannot_read_are_logged_not_skipped_silently(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     consumer = _GappyConsumer([0, 1, 5, 6])
-    with caplog.at_level(logging.WARNING, logger="pipeline.sources.kafka"):
+    with caplog.at_level(logging.WARNING, logger="ragpulse.pipeline.sources.kafka"):
         got = [r.offset for r in read_range(consumer, "t", 0, 0, 7)]
     assert got == [0, 1, 5, 6]
     assert "offsets 2..4 held no record" in caplog.text
@@ -331,7 +331,7 @@ def test_records_retention_deleted_during_a_read_are_counted_lost_and_the_read_g
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     lost: list[int] = []
-    with caplog.at_level(logging.ERROR, logger="pipeline.sources.kafka"):
+    with caplog.at_level(logging.ERROR, logger="ragpulse.pipeline.sources.kafka"):
         records = read_range(_RetentionConsumer(), "t", 0, 1, 7, on_lost=lost.append)
         got = [r.offset for r in records]
     assert got == [4, 5, 6]

@@ -16,15 +16,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from serve_process import Scrape, ServeProcess, serve_processes_fixture  # noqa: F401
 from test_serve import T0, caught_up
 
-from pipeline import cli, counting
-from pipeline.commands.run import METRICS_FILE, VERDICTS_FILE
-from pipeline.commands.simulate import simulate
-from pipeline.events import SourceRecord
-from pipeline.labels import OTHER, LabelBudget, LabelLimits
-from pipeline.service.state import StateStore
-from pipeline.settings import JudgeSettings
-from pipeline.sinks.prometheus import MetricsSnapshot, registry_for
-from pipeline.windows import RatingCounts, WindowKey
+from ragpulse.pipeline import cli
+from ragpulse.pipeline.commands.run import METRICS_FILE, VERDICTS_FILE
+from ragpulse.pipeline.commands.simulate import simulate
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.metrics.collector import MetricsSnapshot, registry_for
+from ragpulse.pipeline.metrics.labels import OTHER, LabelBudget, LabelLimits
+from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.service.state import StateStore
+from ragpulse.pipeline.settings.models import JudgeSettings
+from ragpulse.pipeline.windows import RatingCounts, WindowKey
 
 SAMPLES = Path(__file__).resolve().parent.parent / "deploy" / "samples" / "events.jsonl"
 
@@ -58,7 +59,7 @@ def test_values_beyond_the_cap_are_counted_as_other_in_sorted_order_with_their_o
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     budget = LabelBudget(LabelLimits(max_values=3))
-    with caplog.at_level(logging.WARNING, logger="pipeline.labels"):
+    with caplog.at_level(logging.WARNING, logger="ragpulse.pipeline.metrics.labels"):
         windows, counts = budget.bound(*batch(["e", "d", "c", "b", "a"]))
         # The second batch overflows again: the warning is not repeated.
         budget.bound(*batch(["f", "g"]), admitted_from=counts)

@@ -15,11 +15,11 @@ from collections.abc import Callable
 
 import pytest
 
-from judges.base import Chunk, JudgeInput
-from judges.fencing import defuse
-from judges.llm import UnparsableReply, parse_reply
-from judges.local import build_local_judges
-from judges.redaction import Redactor
+from ragpulse.judges.base import Chunk, JudgeInput
+from ragpulse.judges.llm.fencing import defuse
+from ragpulse.judges.llm.judge import UnparsableReply, parse_reply
+from ragpulse.judges.local.judge import build_local_judges
+from ragpulse.judges.redaction import Redactor
 
 MiB = 1 << 20
 LIMIT_CPU_SECONDS = 1.0

@@ -21,13 +21,13 @@ from fake_openai import (  # noqa: F401
 from prometheus_client.parser import text_string_to_metric_families
 from test_llm_judges import endpoint_for
 
-import judges
-from judges.base import Chunk, Guideline, JudgeInput, Verdict
-from judges.llm import load_prompt
-from judges.llm_build import build_llm_judges
-from judges.panel import JudgePanel
-from pipeline.cli import main
-from pipeline.settings import SettingsError, add_judge_arguments, judge_settings
+from ragpulse import judges
+from ragpulse.judges.base import Chunk, Guideline, JudgeInput, Verdict
+from ragpulse.judges.llm.build import build_llm_judges
+from ragpulse.judges.llm.judge import load_prompt
+from ragpulse.judges.panel import JudgePanel
+from ragpulse.pipeline.cli import main
+from ragpulse.pipeline.settings.models import SettingsError, add_judge_arguments, judge_settings
 
 PROMPTS = Path(judges.__file__).parent / "prompts"
 ITEM = JudgeInput(

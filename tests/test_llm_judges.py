@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from fake_openai import MARKER, FakeOpenAI, Fault, fake_openai_fixture  # noqa: F401
 
-from judges.base import Chunk, JudgeInput, Turn, Verdict
-from judges.llm import (
+from ragpulse.judges.base import Chunk, JudgeInput, Turn, Verdict
+from ragpulse.judges.llm.build import build_llm_judges
+from ragpulse.judges.llm.judge import (
     LLMJudge,
     OpenAIJudgeEndpoint,
     UnparsableReply,
@@ -22,8 +23,7 @@ from judges.llm import (
     load_prompt_file,
     parse_reply,
 )
-from judges.llm_build import build_llm_judges
-from judges.panel import JudgePanel
+from ragpulse.judges.panel import JudgePanel
 
 GOOD = JudgeInput(
     question="How long are deleted files kept?",
@@ -271,7 +271,7 @@ def test_api_key_never_appears_in_log_output(
     fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
     secret = "sk-live-DO-NOT-LOG-0123456789"
-    for name in (None, "openai", "httpx", "httpx2", "judges"):
+    for name in (None, "openai", "httpx", "httpx2", "ragpulse.judges"):
         caplog.set_level(logging.DEBUG, logger=name)
     fake_openai.push_faults(Fault.http(429, retry_after="0"), Fault.http(401))
     endpoint = endpoint_for(fake_openai, api_key=secret)
@@ -401,7 +401,7 @@ def test_an_outage_logs_one_warning_per_judge_and_cause_not_one_per_call(
     fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake_openai.push_faults(*[Fault.http(401)] * 20)  # not retried: 20 calls, 20 failures
-    caplog.set_level(logging.WARNING, logger="judges.llm")
+    caplog.set_level(logging.WARNING, logger="ragpulse.judges.llm.judge")
     verdicts = judge_all(endpoint_for(fake_openai), [JudgeInput("q?", "a")] * 20)
     assert [v[0].rating for v in verdicts] == ["error"] * 20
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -10,11 +10,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_local_judges import _eval_script
 
-from judges.base import Chunk, JudgeInput, Verdict
-from judges.chunk_verdicts import event_verdict
-from judges.local import build_local_judges
-from judges.registry import DEFAULT_JUDGES, judge_entry
-from pipeline.cli import main
+from ragpulse.judges.base import Chunk, JudgeInput, Verdict
+from ragpulse.judges.chunk_verdicts import event_verdict
+from ragpulse.judges.local.judge import build_local_judges
+from ragpulse.judges.registry import DEFAULT_JUDGES, judge_entry
+from ragpulse.pipeline.cli import main
 
 EIFFEL = Chunk(
     "The Eiffel Tower was built between 1887 and 1889. It is 330 metres tall.", "wiki/eiffel.md"

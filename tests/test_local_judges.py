@@ -10,13 +10,13 @@ from types import ModuleType
 
 import pytest
 
-from judges.base import Chunk, JudgeInput, Verdict
-from judges.local import build_local_judges
-from judges.local_groundedness import GroundednessJudge, is_structured
-from judges.local_relevance import RelevanceToQueryJudge
-from judges.local_safety import SafetyJudge, find_harm, first_word_triggers
-from judges.local_text import normalise_number
-from judges.panel import JudgePanel
+from ragpulse.judges.base import Chunk, JudgeInput, Verdict
+from ragpulse.judges.local.groundedness import GroundednessJudge, is_structured
+from ragpulse.judges.local.judge import build_local_judges
+from ragpulse.judges.local.relevance import RelevanceToQueryJudge
+from ragpulse.judges.local.safety import SafetyJudge, find_harm, first_word_triggers
+from ragpulse.judges.local.text import normalise_number
+from ragpulse.judges.panel import JudgePanel
 
 EIFFEL = Chunk(
     "The Eiffel Tower was designed by the engineering company of Gustave Eiffel and built "
@@ -154,7 +154,7 @@ def test_harmful_content_is_unsafe_with_its_category_in_the_rationale(
 
 def test_safety_prefilter_never_skips_a_pattern_that_would_match() -> None:
     # The first-word pre-filter must agree with matching every pattern over the whole text.
-    from judges.local_safety import _counts, _lexicon, _Negations
+    from ragpulse.judges.local.safety import _counts, _lexicon, _Negations
 
     texts = [
         "She said she wanted to end it all.",

@@ -1,7 +1,7 @@
 """serve's lookahead starts calls only for the events the next cycle's ParseEvents judges: on any
 record (valid, invalid, oversize, late, future-dated, in any sampling stratum), the record the
 lookahead picks and the events the real Beam stage keeps are the same
-(pipeline/service/lookahead.py, `judge_input_ahead`; pipeline/stages.py, `ParseEvents`)."""
+(pipeline/service/lookahead.py, `judge_input_ahead`; pipeline/stages/parse.py, `ParseEvents`)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.events import SourceRecord
-from pipeline.service.lookahead import judge_input_ahead
-from pipeline.settings import JudgeSettings, ServeSettings
-from pipeline.stages import ParseEvents
+from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.service.lookahead import judge_input_ahead
+from ragpulse.pipeline.settings.models import JudgeSettings, ServeSettings
+from ragpulse.pipeline.stages.parse import ParseEvents
 
 NOW = time.time()
 CUTOFF = NOW - 3_600.0  # windows ending an hour ago are final

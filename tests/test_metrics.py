@@ -4,9 +4,9 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline import counting
-from pipeline.sinks.prometheus import MetricsSnapshot, registry_for, write_textfile
-from pipeline.windows import RatingCounts, WindowKey
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.metrics.collector import MetricsSnapshot, registry_for, write_textfile
+from ragpulse.pipeline.windows import RatingCounts, WindowKey
 
 
 def snapshot() -> MetricsSnapshot:

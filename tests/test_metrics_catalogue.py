@@ -1,4 +1,4 @@
-"""Every metric name lives in pipeline/metrics_catalogue.py: no other module of pipeline/,
+"""Every metric name lives in pipeline/metrics/catalogue.py: no other module of pipeline/,
 judges/ or deploy/ spells one as a literal, every name the Prometheus rules and the dashboards
 query is one the catalogue lists, and the collector exports catalogued names with the
 catalogue's help texts."""
@@ -13,13 +13,12 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from pipeline import counting
-from pipeline import metrics_catalogue as catalogue
-from pipeline.sinks.prometheus import MetricsSnapshot, registry_for
-from pipeline.windows import RatingCounts, WindowKey
+from ragpulse.pipeline.metrics import catalogue, counting
+from ragpulse.pipeline.metrics.collector import MetricsSnapshot, registry_for
+from ragpulse.pipeline.windows import RatingCounts, WindowKey
 
 REPO = Path(__file__).resolve().parent.parent
-CATALOGUE = REPO / "pipeline" / "metrics_catalogue.py"
+CATALOGUE = REPO / "pipeline" / "metrics" / "catalogue.py"
 # A raw metric name in PromQL; recording rules' names (level:metric:operation) are not.
 RAW_NAME = re.compile(r"(?<![:\w])ragpulse_\w+")
 WHOLE_NAME = re.compile(r"[rbuRBU]*(['\"])(ragpulse_\w*)\1")
@@ -62,14 +61,13 @@ def test_every_metric_the_rules_and_dashboards_query_is_in_the_catalogue() -> No
 
 
 def test_the_collector_learns_names_from_the_catalogue_not_from_the_cost_controls() -> None:
-    tree = ast.parse((REPO / "pipeline" / "sinks" / "prometheus.py").read_text("utf-8"))
-    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                and node.module == "pipeline" for alias in node.names}
-    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                 and node.module}
-    assert "metrics_catalogue" in imported
-    assert not imported & {"budget", "cascade", "pipeline.budget", "pipeline.cascade",
-                           "pipeline.canaries.CANARY_VERDICTS"}
+    tree = ast.parse((REPO / "pipeline" / "metrics" / "collector.py").read_text("utf-8"))
+    imported = {f"{node.module}.{alias.name}" for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module for alias in node.names}
+    assert "ragpulse.pipeline.metrics.catalogue" in imported
+    costs = ("ragpulse.pipeline.costs.budget", "ragpulse.pipeline.costs.cascade")
+    assert [m for m in imported if m.startswith(costs)] == []
+    assert "ragpulse.pipeline.canaries.CANARY_VERDICTS" not in imported
 
 
 def test_a_scrape_shows_catalogued_names_with_the_catalogue_help() -> None:

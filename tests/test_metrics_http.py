@@ -25,15 +25,15 @@ import yaml
 from certs import make_ca, make_leaf
 from cli import one_line_error
 
-from pipeline import cli
-from pipeline.commands.serve import serve_http, settings_from_args
-from pipeline.service.loop import TopicWatcher
-from pipeline.sinks.prometheus_http import (
+from ragpulse.pipeline import cli
+from ragpulse.pipeline.commands.serve import serve_http, settings_from_args
+from ragpulse.pipeline.metrics.http import (
     MetricsHTTPServer,
     WebConfig,
     exporter_app,
     load_web_config,
 )
+from ragpulse.pipeline.service.loop import TopicWatcher
 
 PASSWORD = "correct horse battery staple"
 

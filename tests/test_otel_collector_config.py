@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.cli import build_parser
-from pipeline.commands.serve import settings_from_args
-from pipeline.settings import BatchSettings, default_of
+from ragpulse.pipeline.cli import build_parser
+from ragpulse.pipeline.commands.serve import settings_from_args
+from ragpulse.pipeline.settings.models import BatchSettings, default_of
 
 CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "otel-collector" / "config.yaml"
 

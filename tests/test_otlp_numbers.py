@@ -19,10 +19,11 @@ from otlp_spans import openinference_trace, otlp_json, trace_id
 from serve_process import caught_up, read_topic, serve_processes_fixture  # noqa: F401
 from test_serve import ServeFactory
 
-from pipeline.cli import main
-from pipeline.events import InvalidEvent, SourceRecord
-from pipeline.sources.otlp import collect_traces
-from pipeline.traces import decode_spans
+from ragpulse.pipeline.cli import main
+from ragpulse.pipeline.formats.events import InvalidEvent
+from ragpulse.pipeline.formats.otlp import decode_spans
+from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.sources.otlp import collect_traces
 
 HUGE_START_TIMES = ["12345678901234567890123456", 1.5e300, str(2**64), -1, "1e18", True]
 

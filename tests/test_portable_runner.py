@@ -27,11 +27,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from serve_process import Scrape, ServeProcess, read_topic, serve_processes_fixture  # noqa: F401
 from test_serve import durable_counters
 
-from pipeline.cli import main
-from pipeline.commands.simulate import Incidents, simulate
-from pipeline.events import SourceRecord
-from pipeline.graph import Sinks, build_graph, decode_metrics
-from pipeline.sinks.files import WriteDeadLetters
+from ragpulse.pipeline.cli import main
+from ragpulse.pipeline.commands.simulate import Incidents, simulate
+from ragpulse.pipeline.graphs.bounded import Sinks, build_graph, decode_metrics
+from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.sinks.files import WriteDeadLetters
 
 SAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "samples" / "events.jsonl"
 T0 = 1_763_632_800.0  # 2025-11-20T10:00:00Z, a multiple of the 10 s windows used here
@@ -40,7 +40,7 @@ PORTABLE = ["--runner", "PortableRunner"]
 
 def ragpulse(*args: str) -> subprocess.CompletedProcess[str]:
     script = Path(sys.executable).with_name("ragpulse")
-    prog = [str(script)] if script.is_file() else [sys.executable, "-m", "pipeline.cli"]
+    prog = [str(script)] if script.is_file() else [sys.executable, "-m", "ragpulse.pipeline.cli"]
     done = subprocess.run([*prog, *args], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-4000:]
     return done

@@ -15,11 +15,11 @@ import pytest
 from fake_openai import FakeOpenAI
 from obedient_judge import FRAME_TEXT, injected_instruction, obedient_decide, reads_as
 
-from judges.base import Chunk, JudgeInput, Turn
-from judges.fencing import defuse, fence, single_line
-from judges.llm import OpenAIJudgeEndpoint, load_prompt
-from judges.llm_build import build_llm_judges
-from judges.panel import JudgePanel
+from ragpulse.judges.base import Chunk, JudgeInput, Turn
+from ragpulse.judges.llm.build import build_llm_judges
+from ragpulse.judges.llm.fencing import defuse, fence, single_line
+from ragpulse.judges.llm.judge import OpenAIJudgeEndpoint, load_prompt
+from ragpulse.judges.panel import JudgePanel
 
 NONCE_GUESS = "0123456789abcdef"
 BASE = JudgeInput(

@@ -13,12 +13,12 @@ import pytest
 from fake_openai import FakeOpenAI, fake_openai_fixture  # noqa: F401
 from graph_runs import run_to_files, stage_config
 
-from pipeline import counting
-from pipeline.events import SourceRecord
-from pipeline.service.state import StateStore
-from pipeline.settings import JudgeSettings
-from pipeline.sinks.prometheus import MetricsSnapshot, registry_for
-from pipeline.windows import RatingCounts, WindowKey
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.metrics.collector import MetricsSnapshot, registry_for
+from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.service.state import StateStore
+from ragpulse.pipeline.settings.models import JudgeSettings
+from ragpulse.pipeline.windows import RatingCounts, WindowKey
 
 PROMPTS = Path(__file__).resolve().parents[1] / "judges" / "prompts"
 START, END = 1_763_632_800.0, 1_763_633_100.0
@@ -125,7 +125,7 @@ def test_once_a_prompt_changes_only_the_new_versions_window_gauges_are_exported(
 
 
 def test_the_label_budget_bounds_app_and_model_but_keeps_each_windows_prompt_version() -> None:
-    from pipeline.labels import LabelBudget, LabelLimits
+    from ragpulse.pipeline.metrics.labels import LabelBudget, LabelLimits
 
     windows = {WindowKey(START, END, "safety", app, "m1", "v3f2"): RatingCounts(yes=1)
                for app in ("a", "b")}

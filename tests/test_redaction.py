@@ -11,21 +11,25 @@ import orjson
 import pytest
 from fake_openai import FakeOpenAI, fake_openai_fixture  # noqa: F401
 
-from judges import TextPolicy
-from judges.base import Chunk, Guideline, JudgeInput, ToolCall, Turn, Verdict
-from judges.llm import available_prompts
-from judges.redaction import (
+from ragpulse.judges import TextPolicy
+from ragpulse.judges.base import Chunk, Guideline, JudgeInput, ToolCall, Turn, Verdict
+from ragpulse.judges.llm.judge import available_prompts
+from ragpulse.judges.redaction import (
     Redactor,
     compile_user_patterns,
     iban_valid,
     is_loopback_url,
     luhn_valid,
 )
-from pipeline.cli import main
-from pipeline.events import InferenceRecord
-from pipeline.settings import JudgeSettings, SettingsError, add_judge_arguments, judge_settings
-from pipeline.sinks.verdict_rows import verdict_row
-from pipeline.stages import JudgedEvent
+from ragpulse.pipeline.cli import main
+from ragpulse.pipeline.formats.verdict_rows import verdict_row
+from ragpulse.pipeline.records import InferenceRecord, JudgedEvent
+from ragpulse.pipeline.settings.models import (
+    JudgeSettings,
+    SettingsError,
+    add_judge_arguments,
+    judge_settings,
+)
 
 # (planted item, placeholder): one of each kind the redactor knows.
 PLANTED: list[tuple[str, str]] = [
@@ -268,7 +272,7 @@ def test_raw_text_to_the_endpoint_is_logged_at_warning_with_the_endpoint_but_not
     caplog: pytest.LogCaptureFixture, flags: tuple[str, ...]
 ) -> None:
     env = {"OPENAI_BASE_URL": "http://judge:s3cret@127.0.0.1:8080/v1?key=k3y"}
-    with caplog.at_level("INFO", logger="pipeline.settings"):
+    with caplog.at_level("INFO", logger="ragpulse.pipeline.settings.models"):
         judge_settings(judge_args(*flags), env=env)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "http://127.0.0.1:8080/v1" in warnings[0]
@@ -280,7 +284,7 @@ def test_auto_on_a_loopback_endpoint_redacts_and_warns_of_nothing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     env = {"OPENAI_BASE_URL": "http://127.0.0.1:8080/v1"}
-    with caplog.at_level("INFO", logger="pipeline.settings"):
+    with caplog.at_level("INFO", logger="ragpulse.pipeline.settings.models"):
         settings = judge_settings(judge_args(), env=env)
     assert settings.text_policy().redacts_prompts
     assert not [r for r in caplog.records if r.levelname == "WARNING"]

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from judges.retry import (
+from ragpulse.judges.endpoint.retry import (
     CallFailure,
     RetryPolicy,
     backoff_delay,
@@ -18,7 +18,7 @@ from judges.retry import (
     over_budget_note,
     parse_retry_after,
 )
-from pipeline.settings import JudgeSettings, add_judge_arguments
+from ragpulse.pipeline.settings.models import JudgeSettings, add_judge_arguments
 
 POLICY = RetryPolicy(max_retries=4, base_delay=0.5, max_delay=8.0, max_retry_after=30.0)
 

@@ -1,6 +1,6 @@
 import pytest
 
-from pipeline.sampling import is_sampled, sample_point
+from ragpulse.pipeline.costs.sampling import is_sampled, sample_point
 
 
 def test_the_same_request_id_is_always_in_or_always_out() -> None:

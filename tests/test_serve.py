@@ -30,11 +30,11 @@ from serve_process import (
     windows_rows,
 )
 
-from pipeline import counting
-from pipeline.commands.simulate import Incidents, SimulatedEvent, simulate
-from pipeline.events import InvalidEvent, parse_event
-from pipeline.service.state import StateStore
-from pipeline.sources.kafka import end_offsets
+from ragpulse.pipeline.commands.simulate import Incidents, SimulatedEvent, simulate
+from ragpulse.pipeline.formats.events import InvalidEvent, parse_event
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.service.state import StateStore
+from ragpulse.pipeline.sources.kafka import end_offsets
 
 JUDGES = ("groundedness", "safety", "relevance_to_query")
 

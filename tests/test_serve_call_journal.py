@@ -1,6 +1,6 @@
 """Money across crashes: `ragpulse serve` SIGKILLed while a cycle's judge calls are answered
 neither pays for an answered call again nor loses its tokens, and the judge budget's spend of
-the hour survives restarts (pipeline/service/journal.py, pipeline/budget.py).
+the hour survives restarts (pipeline/service/journal.py, pipeline/costs/budget.py).
 
 The crash is built, not timed: the stand-in LLM endpoint answers a set number of calls and holds
 the rest (`FakeOpenAI.hold_after`), so the cycle cannot commit; the test waits until the answers
@@ -29,7 +29,7 @@ from serve_process import (
     serve_processes_fixture,  # noqa: F401
 )
 
-from pipeline.windows import isoformat_utc
+from ragpulse.pipeline.windows import isoformat_utc
 
 T0 = 1_763_632_800.0
 

@@ -8,13 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from judges.base import JudgeInput
-from pipeline.events import InferenceRecord
-from pipeline.service.conversations import StoredTurn, due, hold, judged_session, plan, split
-from pipeline.service.state import StateError, StateStore
-from pipeline.sessions import SessionConfig
-from pipeline.settings import JudgeSettings
-from pipeline.windows import RatingCounts, WindowKey
+from ragpulse.judges.base import JudgeInput
+from ragpulse.pipeline.records import InferenceRecord
+from ragpulse.pipeline.service.conversations import (
+    StoredTurn,
+    due,
+    hold,
+    judged_session,
+    plan,
+    split,
+)
+from ragpulse.pipeline.service.state import StateError, StateStore
+from ragpulse.pipeline.settings.models import JudgeSettings
+from ragpulse.pipeline.stages.sessions import SessionConfig
+from ragpulse.pipeline.windows import RatingCounts, WindowKey
 
 GAP = 300.0
 WINDOW = 60.0

@@ -26,8 +26,8 @@ from serve_process import (
 from tansu_broker import TansuBroker
 from test_state import bad_state_file_fixture  # noqa: F401
 
-from pipeline.commands.simulate import simulate
-from pipeline.sources.kafka import log_bounds
+from ragpulse.pipeline.commands.simulate import simulate
+from ragpulse.pipeline.sources.kafka import log_bounds
 
 # Each test waits up to a minute or two for serve to read, fail or recover.
 pytestmark = pytest.mark.timeout(150)

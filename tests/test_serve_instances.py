@@ -32,9 +32,9 @@ from test_serve import (
     saved_offsets,
 )
 
-from pipeline.commands.simulate import simulate
-from pipeline.service.state import StateStore
-from pipeline.sources.kafka import committed_offsets, end_offsets
+from ragpulse.pipeline.commands.simulate import simulate
+from ragpulse.pipeline.service.state import StateStore
+from ragpulse.pipeline.sources.kafka import committed_offsets, end_offsets
 
 PARTITIONS = 4
 EVENTS = 4_000  # 80 s of event time at 50 events/s: eight 10 s windows, 1,000 per partition
@@ -237,7 +237,7 @@ def test_going_from_one_instance_to_two_with_state_reset_counts_nothing_twice(
 def serve_exit(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
     """`ragpulse serve` with `args`, against a broker that is not there: it must stop first."""
     script = Path(sys.executable).with_name("ragpulse")
-    prog = [str(script)] if script.is_file() else [sys.executable, "-m", "pipeline.cli"]
+    prog = [str(script)] if script.is_file() else [sys.executable, "-m", "ragpulse.pipeline.cli"]
     return subprocess.run(
         [*prog, "--log-level", "WARNING", "serve", "--kafka-bootstrap", "127.0.0.1:9",
          "--topic", "split", "--state", str(state), "--kafka-timeout", "1s",

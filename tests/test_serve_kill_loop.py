@@ -33,7 +33,7 @@ from test_serve import (
     windows_rows,
 )
 
-from pipeline.commands.simulate import simulate
+from ragpulse.pipeline.commands.simulate import simulate
 
 KILLS = 50
 EVENTS = 5_000  # 100 s of event time at 50 events/s: ten 10 s windows

@@ -19,8 +19,8 @@ from kafka.errors import MessageSizeTooLargeError
 from kafka_broker import ApacheKafkaBroker, for_module
 from serve_process import T0, ServeProcess, TopicFactory, caught_up, saved_offsets
 
-from pipeline.commands.simulate import simulate
-from pipeline.sources.kafka import committed_offsets, end_offsets
+from ragpulse.pipeline.commands.simulate import simulate
+from ragpulse.pipeline.sources.kafka import committed_offsets, end_offsets
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -17,8 +17,8 @@ from kafka_broker import ApacheKafkaBroker
 from serve_process import Scrape, serve_processes_fixture  # noqa: F401
 from test_serve import JUDGES, T0, ServeFactory, caught_up, produce_round_robin
 
-from pipeline.commands.simulate import simulate
-from pipeline.service.owners import Commit, Owner, conflicts, read_metadata
+from ragpulse.pipeline.commands.simulate import simulate
+from ragpulse.pipeline.service.owners import Commit, Owner, conflicts, read_metadata
 
 PARTITIONS = 4
 ARGS = ["--window", "10s", "--judges", ",".join(JUDGES), "--group-id", "owners"]

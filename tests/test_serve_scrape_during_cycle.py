@@ -23,7 +23,7 @@ from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from serve_process import serve_processes_fixture  # noqa: F401
 from test_serve import T0, ServeFactory, caught_up
 
-from pipeline.commands.simulate import simulate
+from ragpulse.pipeline.commands.simulate import simulate
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -31,8 +31,8 @@ from serve_process import (  # noqa: F401
 from test_file_run import events_file, judged, rows
 from test_sessions_run import turn
 
-from pipeline.commands.simulate import SimulatedEvent, simulate
-from pipeline.service.state import StateStore
+from ragpulse.pipeline.commands.simulate import SimulatedEvent, simulate
+from ragpulse.pipeline.service.state import StateStore
 
 # A guard against hangs, not a speed bound.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -16,7 +16,7 @@ from otlp_receiver import OtlpReceiver, attributes
 from otlp_spans import openinference_trace, otlp_proto, trace_id
 from serve_process import Scrape, TopicFactory, saved_offsets
 
-from pipeline.service.state import StateStore
+from ragpulse.pipeline.service.state import StateStore
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -27,7 +27,7 @@ from serve_process import (
 )
 from test_serve import ServeFactory
 
-from pipeline.commands.simulate import simulate
+from ragpulse.pipeline.commands.simulate import simulate
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

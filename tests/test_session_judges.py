@@ -11,15 +11,15 @@ import pytest
 import yaml
 from fake_openai import MARKER, FakeOpenAI, FakeRating, Fault, FencedRequest
 
-from judges.base import JudgeInput, Turn, Verdict
-from judges.custom import CustomJudgeError, load_custom_judge
-from judges.endpoint import OpenAIJudgeEndpoint, forget_shared_endpoint_states
-from judges.llm import load_prompt, transcript_text
-from judges.llm_build import build_session_judges
-from judges.panel import JudgePanel
-from judges.redaction import redactor
-from judges.registry import SESSION_JUDGES, check_judge_names
-from judges.sessions import Session, SessionTurn, make_session, transcript_input
+from ragpulse.judges.base import JudgeInput, Turn, Verdict
+from ragpulse.judges.endpoint.client import OpenAIJudgeEndpoint, forget_shared_endpoint_states
+from ragpulse.judges.llm.build import build_session_judges
+from ragpulse.judges.llm.custom import CustomJudgeError, load_custom_judge
+from ragpulse.judges.llm.judge import load_prompt, transcript_text
+from ragpulse.judges.panel import JudgePanel
+from ragpulse.judges.redaction import redactor
+from ragpulse.judges.registry import SESSION_JUDGES, check_judge_names
+from ragpulse.judges.sessions import Session, SessionTurn, make_session, transcript_input
 
 
 @pytest.fixture(autouse=True)

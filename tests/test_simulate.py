@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 
-from pipeline.commands.simulate import Incidents, configure_parser, main, simulate
-from pipeline.events import InvalidEvent, parse_event
-from pipeline.sources.kafka import end_offsets
+from ragpulse.pipeline.commands.simulate import Incidents, configure_parser, main, simulate
+from ragpulse.pipeline.formats.events import InvalidEvent, parse_event
+from ragpulse.pipeline.sources.kafka import end_offsets
 
 T0 = 1_736_931_600.0  # 2025-01-15T09:00:00Z
 WORD = re.compile(r"[a-z0-9]+(?:[.:][0-9]+)*")
@@ -180,7 +180,7 @@ def test_conversations_are_consecutive_turns_sharing_a_session_id_and_an_app() -
 def test_a_model_that_starts_forgetting_fails_the_local_user_frustration_of_later_sessions(
     tmp_path: Path,
 ) -> None:
-    from pipeline.cli import main as ragpulse_main
+    from ragpulse.pipeline.cli import main as ragpulse_main
 
     incidents = Incidents(forgetting_at=30.0)
     events = list(simulate(7, 60, T0, incidents=incidents, conversation_turns=3))

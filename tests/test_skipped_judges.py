@@ -11,10 +11,10 @@ import pytest
 from graph_runs import run_to_files, stage_config
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline import counting
-from pipeline.events import SourceRecord
-from pipeline.settings import JudgeSettings
-from pipeline.sinks.prometheus import MetricsSnapshot, write_textfile
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.metrics.collector import MetricsSnapshot, write_textfile
+from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.settings.models import JudgeSettings
 
 QUESTION = "When was the Eiffel Tower built?"
 ANSWER = "The Eiffel Tower was built between 1887 and 1889."

@@ -2,7 +2,7 @@
 
 Every test runs a real pipeline on Beam's FnApiRunner (the runner both commands use) with the
 local judges, and reads back what the stage emits, or what reaches the caller through Beam's
-metrics (`pipeline.graph.decode_metrics`), exactly as `run_graph` does.
+metrics (`pipeline.graphs.bounded.decode_metrics`), exactly as `run_graph` does.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms.window import FixedWindows
 from graph_runs import stage_config
 
-from judges.base import JudgeInput, Verdict
-from pipeline import counting
-from pipeline.events import InferenceRecord, Rejected, SourceRecord, parse_event
-from pipeline.graph import (
+from ragpulse.judges.base import JudgeInput, Verdict
+from ragpulse.pipeline.costs.sampling import is_sampled
+from ragpulse.pipeline.formats.events import parse_event
+from ragpulse.pipeline.graphs.bounded import (
     GraphResult,
     Sinks,
     decode_metrics,
@@ -31,17 +31,15 @@ from pipeline.graph import (
     pipeline_options,
     run_graph,
 )
-from pipeline.settings import JudgeSettings
-from pipeline.sinks.files import WriteDeadLetters
-from pipeline.stages import (
-    JudgedEvent,
-    JudgeEvents,
-    ParseEvents,
-    ReportWindows,
-    WindowRatings,
-    is_sampled,
-)
-from pipeline.windows import RatingCounts, WindowKey, isoformat_utc
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.records import InferenceRecord, JudgedEvent, Rejected, SourceRecord
+from ragpulse.pipeline.settings.models import JudgeSettings
+from ragpulse.pipeline.sinks.files import WriteDeadLetters
+from ragpulse.pipeline.stages.judge import JudgeEvents
+from ragpulse.pipeline.stages.parse import ParseEvents
+from ragpulse.pipeline.stages.report import ReportWindows
+from ragpulse.pipeline.stages.windows import WindowRatings
+from ragpulse.pipeline.windows import RatingCounts, WindowKey, isoformat_utc
 
 pytestmark = pytest.mark.slow  # each runs a Beam pipeline
 

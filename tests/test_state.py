@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import counting
-from pipeline.cli import main
-from pipeline.service.state import SCHEMA_VERSION, StateError, StateStore
-from pipeline.windows import RatingCounts, WindowKey
+from ragpulse.pipeline.cli import main
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.service.state import SCHEMA_VERSION, StateError, StateStore
+from ragpulse.pipeline.windows import RatingCounts, WindowKey
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 Partial = tuple[WindowKey, RatingCounts]

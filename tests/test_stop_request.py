@@ -5,7 +5,7 @@ import threading
 import time
 from types import FrameType
 
-from pipeline.service.loop import StopRequest
+from ragpulse.pipeline.service.loop import StopRequest
 
 
 def test_sleep_returns_within_a_poll_interval_of_a_request_from_another_thread() -> None:

@@ -1,4 +1,5 @@
-"""Stratified sampling (pipeline/sampling.py): rules, their checks, and unbiased weighted counts
+"""Stratified sampling (pipeline/costs/sampling.py): rules, their checks, and unbiased weighted
+counts
 through the real Beam graph."""
 
 from __future__ import annotations
@@ -14,12 +15,8 @@ from cli import one_line_error
 from graph_runs import stage_config
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline import counting
-from pipeline.cli import main
-from pipeline.errors import SettingsError
-from pipeline.events import SourceRecord, parse_event
-from pipeline.graph import GraphResult, Sinks, run_graph
-from pipeline.sampling import (
+from ragpulse.pipeline.cli import main
+from ragpulse.pipeline.costs.sampling import (
     DEFAULT_STRATUM,
     SAMPLED,
     SEEN,
@@ -31,9 +28,14 @@ from pipeline.sampling import (
     load_plan,
     plan_from_data,
 )
-from pipeline.settings import BatchSettings, JudgeSettings, build
-from pipeline.sinks.files import WriteDeadLetters
-from pipeline.sinks.prometheus import MetricsSnapshot, registry_for
+from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.formats.events import parse_event
+from ragpulse.pipeline.graphs.bounded import GraphResult, Sinks, run_graph
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.metrics.collector import MetricsSnapshot, registry_for
+from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.settings.models import BatchSettings, JudgeSettings, build
+from ragpulse.pipeline.sinks.files import WriteDeadLetters
 
 RULES: dict[str, Any] = {
     "rules": [

@@ -1,4 +1,5 @@
-"""`ragpulse stream`'s whole unbounded graph (`pipeline.streaming.build_stream`) under TestStream.
+"""`ragpulse stream`'s whole unbounded graph (`pipeline.graphs.unbounded.build_stream`) under
+TestStream.
 
 The source is Beam's TestStream instead of ReadFromKafka (its Java expansion service is not
 available here); everything after it is the real graph: ParseEvents, the local judges,
@@ -27,11 +28,11 @@ from cli import one_line_error, ragpulse
 from graph_runs import stage_config
 from processes import free_port
 
-from pipeline.events import Rejected, SourceRecord
-from pipeline.settings import JudgeSettings, StreamSettings
-from pipeline.sinks import rating_rows
-from pipeline.streaming import PaneSchedule, StreamSinks, build_stream
-from pipeline.windows import isoformat_utc
+from ragpulse.pipeline.formats import rating_rows
+from ragpulse.pipeline.graphs.unbounded import PaneSchedule, StreamSinks, build_stream
+from ragpulse.pipeline.records import Rejected, SourceRecord
+from ragpulse.pipeline.settings.models import JudgeSettings, StreamSettings
+from ragpulse.pipeline.windows import isoformat_utc
 
 pytestmark = pytest.mark.slow  # each runs a Beam streaming pipeline
 

@@ -26,8 +26,8 @@ import yaml
 from flink_runner import FlinkServices
 from test_stream_flink import stream_argv
 
-from pipeline import cli
-from pipeline.commands import exporter, stream
+from ragpulse.pipeline import cli
+from ragpulse.pipeline.commands import exporter, stream
 
 REPO = Path(__file__).resolve().parent.parent
 DATAFLOW = REPO / "deploy" / "dataflow"

@@ -38,9 +38,9 @@ from serve_process import Scrape, ServeProcess, read_topic
 from test_exporter import RULE_FILES, running_exporter, scrape
 from test_stream_sessions import turn
 
-from pipeline.commands.simulate import Incidents, SimulatedEvent, simulate
-from pipeline.sinks import rating_rows
-from pipeline.sinks.rating_rows import RatingPane
+from ragpulse.pipeline.commands.simulate import Incidents, SimulatedEvent, simulate
+from ragpulse.pipeline.formats import rating_rows
+from ragpulse.pipeline.formats.rating_rows import RatingPane
 
 pytestmark = [pytest.mark.slow, pytest.mark.flink, pytest.mark.timeout(900)]
 

@@ -18,11 +18,12 @@ from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from serve_process import read_topic
 from test_stream import GROUNDED, SCHEDULE, T0, UNGROUNDED, event, kafka_record
 
-from pipeline.events import Rejected, SourceRecord
-from pipeline.kafka_security import PLAINTEXT
-from pipeline.settings import JudgeSettings
-from pipeline.sinks import rating_rows
-from pipeline.sinks.kafka import (
+from ragpulse.pipeline.formats import rating_rows
+from ragpulse.pipeline.graphs.unbounded import StreamSinks, build_stream
+from ragpulse.pipeline.kafka_security import PLAINTEXT
+from ragpulse.pipeline.records import Rejected, SourceRecord
+from ragpulse.pipeline.settings.models import JudgeSettings
+from ragpulse.pipeline.sinks.kafka import (
     KafkaTopic,
     PublishDeadLetters,
     PublishRatings,
@@ -30,7 +31,6 @@ from pipeline.sinks.kafka import (
     _Publish,
     dead_letter_record,
 )
-from pipeline.streaming import StreamSinks, build_stream
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,7 @@ from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from processes import free_port
 from test_stream_flink import create_topics, produce_events
 
-from pipeline.commands.simulate import simulate
+from ragpulse.pipeline.commands.simulate import simulate
 
 pytestmark = [pytest.mark.slow, pytest.mark.prism, pytest.mark.timeout(900)]
 

@@ -1,4 +1,4 @@
-"""Conversations in `ragpulse stream` (`pipeline.streaming.build_stream` with session judges)
+"""Conversations in `ragpulse stream` (`pipeline.graphs.unbounded.build_stream` with session judges)
 under TestStream: turns arriving out of order are judged once per session when the watermark
 passes the session's last turn + the gap, counted in the window of the last turn (a late pane
 of it); a late turn re-opens its session, whose new verdict replaces the earlier one in the
@@ -19,16 +19,17 @@ from cli import one_line_error, ragpulse
 from graph_runs import run_to_files, stage_config
 from test_stream import SCHEDULE, DeadLetterTopic, RatingsTopic, _Published, kafka_record
 
-from judges.base import Rating, Verdict
-from judges.sessions import SessionTurn, make_session
-from pipeline import counting
-from pipeline.graph import StageConfig
-from pipeline.metrics_catalogue import SESSIONS_REJUDGED
-from pipeline.sessions import SessionConfig, session_record
-from pipeline.settings import JudgeSettings
-from pipeline.stages import JudgedEvent, ReplaceRejudged, Retraction
-from pipeline.streaming import StreamSinks, build_stream
-from pipeline.windows import isoformat_utc
+from ragpulse.judges.base import Rating, Verdict
+from ragpulse.judges.sessions import SessionTurn, make_session
+from ragpulse.pipeline.graphs.bounded import StageConfig
+from ragpulse.pipeline.graphs.unbounded import StreamSinks, build_stream
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.metrics.catalogue import SESSIONS_REJUDGED
+from ragpulse.pipeline.records import JudgedEvent
+from ragpulse.pipeline.settings.models import JudgeSettings
+from ragpulse.pipeline.stages.sessions import SessionConfig, session_record
+from ragpulse.pipeline.stages.windows import ReplaceRejudged, Retraction
+from ragpulse.pipeline.windows import isoformat_utc
 
 pytestmark = pytest.mark.slow  # each runs a Beam streaming pipeline
 

@@ -13,15 +13,15 @@ import pytest
 from otlp_spans import TOOL_STEPS, agent_trace, otlp_json, otlp_proto
 from test_events import mlflow2_trace
 
-from judges.base import ToolCall
-from pipeline.events import (
+from ragpulse.judges.base import ToolCall
+from ragpulse.pipeline.formats.events import (
     MAX_TOOL_CALLS,
     MAX_TOOL_TEXT_CHARS,
     InvalidEvent,
     bound_tool_text,
     parse_event,
 )
-from pipeline.traces import Arrival, SpanPart, assemble, decode_spans
+from ragpulse.pipeline.formats.otlp import Arrival, SpanPart, assemble, decode_spans
 
 ENCODERS = {"otlp_json": otlp_json, "otlp_proto": otlp_proto}
 

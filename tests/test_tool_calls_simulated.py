@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from judges.local_tool_calls import ToolCallErrorsJudge
-from pipeline.commands.simulate import TOOLS, Incidents, simulate
-from pipeline.events import parse_event
+from ragpulse.judges.local.tool_calls import ToolCallErrorsJudge
+from ragpulse.pipeline.commands.simulate import TOOLS, Incidents, simulate
+from ragpulse.pipeline.formats.events import parse_event
 
 T0 = 1_736_931_600.0  # 2025-01-15T09:00:00Z
 

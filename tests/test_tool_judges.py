@@ -21,12 +21,12 @@ from otlp_spans import agent_trace, otlp_json, trace_id
 from prometheus_client.parser import text_string_to_metric_families
 from test_llm_judges import endpoint_for
 
-from judges.base import JudgeInput, ToolCall, Verdict
-from judges.llm_build import build_llm_judges
-from judges.local_tool_calls import ToolCallErrorsJudge
-from judges.panel import JudgePanel
-from judges.redaction import Redactor
-from pipeline.cli import main
+from ragpulse.judges.base import JudgeInput, ToolCall, Verdict
+from ragpulse.judges.llm.build import build_llm_judges
+from ragpulse.judges.local.tool_calls import ToolCallErrorsJudge
+from ragpulse.judges.panel import JudgePanel
+from ragpulse.judges.redaction import Redactor
+from ragpulse.pipeline.cli import main
 
 QUESTION = "Where is my order A-17?"
 ANSWER = "Your order A-17 has shipped."

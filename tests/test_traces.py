@@ -19,9 +19,10 @@ from otlp_spans import (
     trace_id,
 )
 
-from judges.base import Chunk
-from pipeline.events import AgentUsage, InvalidEvent, SourceRecord, parse_event
-from pipeline.traces import Arrival, SpanPart, assemble, decode_spans
+from ragpulse.judges.base import Chunk
+from ragpulse.pipeline.formats.events import InvalidEvent, parse_event
+from ragpulse.pipeline.formats.otlp import Arrival, SpanPart, assemble, decode_spans
+from ragpulse.pipeline.records import AgentUsage, SourceRecord
 
 ENCODERS = {"otlp_json": otlp_json, "otlp_proto": otlp_proto}
 

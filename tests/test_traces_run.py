@@ -10,7 +10,7 @@ import orjson
 import pytest
 from otlp_spans import openinference_trace, otlp_json, otlp_proto, trace_id
 
-from pipeline.cli import main
+from ragpulse.pipeline.cli import main
 
 pytestmark = pytest.mark.slow  # each runs a Beam pipeline
 

@@ -19,18 +19,18 @@ from fake_openai import FakeOpenAI, Fault, fake_openai_fixture  # noqa: F401
 from graph_runs import stage_config
 from test_llm_judges import BAD, GOOD, endpoint_for
 
-from judges.base import Chunk, Guideline, JudgeInput, Turn, Verdict, judge_version
-from judges.endpoint import forget_shared_endpoint_states, usage_counts
-from judges.llm import load_prompt
-from judges.llm_build import build_llm_judges
-from judges.local_safety import SafetyJudge
-from judges.panel import JudgePanel
-from judges.verdict_cache import VerdictCache, input_digest
-from pipeline import counting
-from pipeline.events import SourceRecord
-from pipeline.graph import GraphResult, Sinks, run_graph
-from pipeline.settings import JudgeSettings, add_judge_arguments, judge_settings
-from pipeline.sinks.files import WriteDeadLetters
+from ragpulse.judges.base import Chunk, Guideline, JudgeInput, Turn, Verdict, judge_version
+from ragpulse.judges.endpoint.client import forget_shared_endpoint_states, usage_counts
+from ragpulse.judges.llm.build import build_llm_judges
+from ragpulse.judges.llm.judge import load_prompt
+from ragpulse.judges.local.safety import SafetyJudge
+from ragpulse.judges.panel import JudgePanel
+from ragpulse.judges.verdict_cache import VerdictCache, input_digest
+from ragpulse.pipeline.graphs.bounded import GraphResult, Sinks, run_graph
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.settings.models import JudgeSettings, add_judge_arguments, judge_settings
+from ragpulse.pipeline.sinks.files import WriteDeadLetters
 
 
 @pytest.fixture(autouse=True)
@@ -231,7 +231,7 @@ def test_an_error_is_not_kept_and_the_event_is_asked_again(fake_openai: FakeOpen
 def test_a_new_prompt_version_or_model_does_not_reuse_the_old_verdicts(
     fake_openai: FakeOpenAI, tmp_path: Path
 ) -> None:
-    shipped = Path(str(importlib.resources.files("judges") / "prompts"))
+    shipped = Path(str(importlib.resources.files("ragpulse.judges") / "prompts"))
     bumped = tmp_path / "prompts"
     shutil.copytree(shipped, bumped)
     text = (bumped / "safety.yaml").read_text()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.service.watermark import (
+from ragpulse.pipeline.service.watermark import (
     ceiling,
     closed_before,
     compute_watermark,

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from pipeline.windows import (
+from ragpulse.pipeline.windows import (
     RatingCounts,
     WindowKey,
     parse_duration,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from pipeline import cli
+from ragpulse.pipeline import cli
 
 
 def stream_flags() -> set[str]:

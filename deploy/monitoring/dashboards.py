@@ -35,8 +35,8 @@ from rules import (
     WILSON,
 )
 
-from judges.registry import DEFAULT_JUDGES, SESSION_JUDGES
-from pipeline import metrics_catalogue as catalogue
+from ragpulse.judges.registry import DEFAULT_JUDGES, SESSION_JUDGES
+from ragpulse.pipeline.metrics import catalogue
 
 DATASOURCE = models.DataSourceRef(type_val="prometheus", uid="prometheus")
 # The default judges, in the registry's order: one row of panels each on the overview.

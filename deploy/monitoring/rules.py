@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from string import Template
 from typing import Any
 
-from pipeline import metrics_catalogue as catalogue
+from ragpulse.pipeline.metrics import catalogue
 
 # Recording rule names (level:metric:operation); {w} is the range window, e.g. 5m.
 VERDICTS = "judge_app_model:ragpulse_judge_verdicts:increase{w}"  # every verdict, errors too

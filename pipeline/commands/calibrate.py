@@ -20,11 +20,17 @@ from pathlib import Path
 
 import orjson
 
-from judges import JudgeInput, TextPolicy
-from pipeline.calibration import AgreementReport, Judged, Value, agreement_report, parse_label
-from pipeline.errors import SettingsError
-from pipeline.events import InvalidEvent, parse_event
-from pipeline.settings import (
+from ragpulse.judges import JudgeInput, TextPolicy
+from ragpulse.pipeline.calibration import (
+    AgreementReport,
+    Judged,
+    Value,
+    agreement_report,
+    parse_label,
+)
+from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.formats.events import InvalidEvent, parse_event
+from ragpulse.pipeline.settings.models import (
     CalibrateSettings,
     add_judge_arguments,
     add_setting_flag,

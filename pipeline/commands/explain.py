@@ -1,7 +1,8 @@
 """`ragpulse explain`: the failing answers of a time window, with the judges' rationales.
 
 For the person an alert or a dashboard sent here: which answers did the judges rate `no` (or
-could not grade), and why. Reads verdict rows (see `pipeline.sinks.verdict_rows`) from the verdicts
+could not grade), and why. Reads verdict rows (see `pipeline.formats.verdict_rows`) from the
+verdicts
 topic `ragpulse serve` publishes (`--kafka-bootstrap` with `--topic` or `--verdicts-topic`) or
 from a file run's output directory (`--run-output`), keeps the failing verdicts whose event
 time falls in the window, and prints them newest first as a table, or as JSON lines (`--json`).
@@ -27,15 +28,15 @@ import orjson
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
-from pipeline.commands.windows import parse_time
-from pipeline.settings import SettingsError, positive_duration
-from pipeline.sinks import VERDICTS_FILE
-from pipeline.sinks.verdict_rows import (
+from ragpulse.pipeline.commands.windows import parse_time
+from ragpulse.pipeline.formats.verdict_rows import (
     FailingVerdict,
     InvalidVerdictRow,
     failing_verdicts,
 )
-from pipeline.windows import isoformat_utc
+from ragpulse.pipeline.settings.models import SettingsError, positive_duration
+from ragpulse.pipeline.sinks import VERDICTS_FILE
+from ragpulse.pipeline.windows import isoformat_utc
 
 # Serve publishes a row after judging its event, so the row's record time is later than its
 # event time, unless the chatbot's clock runs ahead of serve's. Seeking by record time this far

@@ -1,6 +1,6 @@
 """`ragpulse exporter`: serve the window ratings of `ragpulse stream` as /metrics.
 
-The stream's workers publish each window pane to the ratings topic (`pipeline.streaming` says
+The stream's workers publish each window pane to the ratings topic (`pipeline.graphs.unbounded` says
 why a topic rather than the Pushgateway). This command reads the topic from its beginning on
 every partition, keeps the latest pane of each window (`pipeline.service.panes.PaneTable`), and
 serves them at /metrics with serve's collector: the metric names and labels are serve's, so
@@ -24,23 +24,29 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from prometheus_client import make_wsgi_app
 
-from pipeline import counting
-from pipeline import metrics_catalogue as catalogue
-from pipeline.config_sources import add_config_arguments
-from pipeline.kafka_security import (
+from ragpulse.pipeline.formats import rating_rows
+from ragpulse.pipeline.kafka_security import (
     add_kafka_security_arguments,
     check_access,
     connect,
     security_from_args,
 )
-from pipeline.labels import (
+from ragpulse.pipeline.metrics import catalogue, counting
+from ragpulse.pipeline.metrics.collector import MetricsSnapshot, registry_for
+from ragpulse.pipeline.metrics.http import (
+    WebConfig,
+    exporter_app,
+    load_web_config,
+    start_metrics_server,
+)
+from ragpulse.pipeline.metrics.labels import (
     EXPORTER_BOUNDED_LABELS,
     LabelBudget,
     add_label_arguments,
     label_limits,
 )
-from pipeline.service.panes import PaneTable
-from pipeline.settings import (
+from ragpulse.pipeline.service.panes import PaneTable
+from ragpulse.pipeline.settings.models import (
     ExporterSettings,
     add_duration_flag,
     add_future_skew_argument,
@@ -48,14 +54,7 @@ from pipeline.settings import (
     build,
     metrics_server_fields,
 )
-from pipeline.sinks import rating_rows
-from pipeline.sinks.prometheus import MetricsSnapshot, registry_for
-from pipeline.sinks.prometheus_http import (
-    WebConfig,
-    exporter_app,
-    load_web_config,
-    start_metrics_server,
-)
+from ragpulse.pipeline.settings.sources import add_config_arguments
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +77,7 @@ class RatingsExporter:
 
     def snapshot(self) -> MetricsSnapshot:
         """What /metrics shows now, with judge, version, app and model values bounded as serve
-        bounds app and model (`pipeline.labels`)."""
+        bounds app and model (`pipeline.metrics.labels`)."""
         with self._lock:
             gauges = {HEARTBEAT: self._last_answer} if self._last_answer is not None else {}
             snap = self._table.snapshot(gauges)

@@ -12,12 +12,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline import counting
-from pipeline import metrics_catalogue as catalogue
-from pipeline.calibration import by_judge
-from pipeline.config_sources import add_config_arguments
-from pipeline.labels import LabelBudget, add_label_arguments
-from pipeline.settings import (
+from ragpulse.pipeline.calibration import by_judge
+from ragpulse.pipeline.metrics import catalogue, counting
+from ragpulse.pipeline.metrics.collector import MetricsSnapshot, write_textfile
+from ragpulse.pipeline.metrics.labels import LabelBudget, add_label_arguments
+from ragpulse.pipeline.settings.models import (
     RunSettings,
     add_batch_arguments,
     add_beam_arguments,
@@ -28,14 +27,14 @@ from pipeline.settings import (
     build,
     session_fields,
 )
-from pipeline.sinks import DEAD_LETTER_FILE, VERDICTS_FILE, WINDOWS_FILE
-from pipeline.sinks.prometheus import MetricsSnapshot, write_textfile
-from pipeline.windows import isoformat_utc
+from ragpulse.pipeline.settings.sources import add_config_arguments
+from ragpulse.pipeline.sinks import DEAD_LETTER_FILE, VERDICTS_FILE, WINDOWS_FILE
+from ragpulse.pipeline.windows import isoformat_utc
 
 if TYPE_CHECKING:
     import apache_beam as beam
 
-    from pipeline.graph import GraphResult
+    from ragpulse.pipeline.graphs.bounded import GraphResult
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +49,8 @@ def run_file(settings: RunSettings) -> GraphResult:
     """
     # Beam is imported here, not with the command's flags: a refused flag or setting answers
     # in a fraction of a second instead of after the seconds Beam takes to import.
-    from pipeline.graph import Sinks, pipeline_options, run_graph
-    from pipeline.sinks.files import WriteDeadLetters, WriteVerdicts, WriteWindows
+    from ragpulse.pipeline.graphs.bounded import Sinks, pipeline_options, run_graph
+    from ragpulse.pipeline.sinks.files import WriteDeadLetters, WriteVerdicts, WriteWindows
 
     out_dir = settings.output
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -81,8 +80,8 @@ def _source(settings: RunSettings) -> beam.PTransform:
     file, assembled here (every trace is complete once the whole file is read)."""
     import apache_beam as beam
 
-    from pipeline.sources.files import ReadLines
-    from pipeline.sources.otlp import collect_traces, read_file
+    from ragpulse.pipeline.sources.files import ReadLines
+    from ragpulse.pipeline.sources.otlp import collect_traces, read_file
 
     if settings.input_format == "ragpulse":
         return ReadLines(settings.input, settings.max_event_bytes)

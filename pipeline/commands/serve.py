@@ -16,19 +16,26 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import make_wsgi_app
 
-from pipeline.budget import add_budget_arguments, budget_settings
-from pipeline.canaries import CanaryFeed, GoldenSetError, load_golden_set
-from pipeline.config_sources import add_config_arguments
-from pipeline.errors import SettingsError
-from pipeline.kafka_security import (
+from ragpulse.pipeline.canaries import CanaryFeed, GoldenSetError, load_golden_set
+from ragpulse.pipeline.costs.budget import add_budget_arguments, budget_settings
+from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.kafka_security import (
     add_kafka_security_arguments,
     check_access,
     security_from_args,
 )
-from pipeline.labels import add_label_arguments
-from pipeline.service.owners import Owner
-from pipeline.service.state import StateError, StateLock
-from pipeline.settings import (
+from ragpulse.pipeline.metrics.collector import registry_for
+from ragpulse.pipeline.metrics.http import (
+    MetricsHTTPServer,
+    WebConfig,
+    exporter_app,
+    load_web_config,
+    start_metrics_server,
+)
+from ragpulse.pipeline.metrics.labels import add_label_arguments
+from ragpulse.pipeline.service.owners import Owner
+from ragpulse.pipeline.service.state import StateError, StateLock
+from ragpulse.pipeline.settings.models import (
     ServeSettings,
     add_batch_arguments,
     add_beam_arguments,
@@ -42,17 +49,10 @@ from pipeline.settings import (
     metrics_server_fields,
     session_fields,
 )
-from pipeline.sinks.prometheus import registry_for
-from pipeline.sinks.prometheus_http import (
-    MetricsHTTPServer,
-    WebConfig,
-    exporter_app,
-    load_web_config,
-    start_metrics_server,
-)
+from ragpulse.pipeline.settings.sources import add_config_arguments
 
 if TYPE_CHECKING:
-    from pipeline.service.loop import TopicWatcher
+    from ragpulse.pipeline.service.loop import TopicWatcher
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +288,12 @@ def main(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     # The loop (and with it Beam, seconds to import) once the settings are checked: a refused
     # flag or setting answers at once.
-    from pipeline.service.loop import OffsetResetRefused, StopRequest, TopicWatcher, open_state
+    from ragpulse.pipeline.service.loop import (
+        OffsetResetRefused,
+        StopRequest,
+        TopicWatcher,
+        open_state,
+    )
 
     web = load_web_config(settings.web_config_file) if settings.web_config_file else WebConfig()
     canaries = canary_feed(settings)

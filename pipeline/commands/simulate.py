@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.kafka_security import (
+from ragpulse.pipeline.kafka_security import (
     PLAINTEXT,
     KafkaSecurity,
     add_kafka_security_arguments,
@@ -42,8 +42,8 @@ from pipeline.kafka_security import (
     connect,
     security_from_args,
 )
-from pipeline.settings import duration as dur
-from pipeline.windows import isoformat_utc
+from ragpulse.pipeline.settings.models import duration as dur
+from ragpulse.pipeline.windows import isoformat_utc
 
 DEFAULT_APPS = ("support-bot", "hr-assistant")
 DEFAULT_MODELS = ("gpt-4o-mini", "llama-3.1-8b")

@@ -2,7 +2,7 @@
 runner (Dataflow, Flink), publishing window panes to a ratings topic.
 
 This module is the command: its flags, its settings, and the submission. The graph is
-`pipeline.streaming.build_stream`; `ragpulse exporter` turns the ratings topic into /metrics.
+`pipeline.graphs.unbounded.build_stream`; `ragpulse exporter` turns the ratings topic into /metrics.
 Where `serve` runs micro-batches on one machine and keeps its own state, the stream's state
 (windows, offsets) is the runner's, and a worker restart is the runner's business.
 Deployment: deploy/dataflow/README.md, deploy/flink/README.md.
@@ -15,10 +15,9 @@ import logging
 from importlib.metadata import version
 from typing import TYPE_CHECKING
 
-from pipeline.config_sources import add_config_arguments
-from pipeline.errors import SettingsError
-from pipeline.kafka_security import add_kafka_security_arguments, security_from_args
-from pipeline.settings import (
+from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.kafka_security import add_kafka_security_arguments, security_from_args
+from ragpulse.pipeline.settings.models import (
     STREAM_RUNNERS,
     StreamSettings,
     add_duration_flag,
@@ -29,9 +28,10 @@ from pipeline.settings import (
     judge_settings,
     session_fields,
 )
+from ragpulse.pipeline.settings.sources import add_config_arguments
 
 if TYPE_CHECKING:
-    from pipeline.streaming import StreamSinks
+    from ragpulse.pipeline.graphs.unbounded import StreamSinks
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +164,8 @@ def settings_from_args(args: argparse.Namespace) -> StreamSettings:
 
 def stream_sinks(settings: StreamSettings) -> StreamSinks:
     """The dead-letter and ratings topics, both retried by the runner until acknowledged."""
-    from pipeline.sinks.kafka import KafkaTopic, PublishDeadLetters, PublishRatings
-    from pipeline.streaming import StreamSinks
+    from ragpulse.pipeline.graphs.unbounded import StreamSinks
+    from ragpulse.pipeline.sinks.kafka import KafkaTopic, PublishDeadLetters, PublishRatings
 
     def topic(name: str) -> KafkaTopic:
         return KafkaTopic(
@@ -184,8 +184,8 @@ def main(args: argparse.Namespace) -> int:
     import apache_beam as beam
     import grpc
 
-    from pipeline.graph import own_temp_dir, pipeline_options
-    from pipeline.streaming import PaneSchedule, ReadKafkaStream, build_stream
+    from ragpulse.pipeline.graphs.bounded import own_temp_dir, pipeline_options
+    from ragpulse.pipeline.graphs.unbounded import PaneSchedule, ReadKafkaStream, build_stream
 
     options = pipeline_options((*settings.beam_args, "--streaming"), settings.runner)
     source = ReadKafkaStream(

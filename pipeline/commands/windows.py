@@ -14,8 +14,8 @@ from pathlib import Path
 
 import orjson
 
-from pipeline.errors import SettingsError
-from pipeline.service.state import StateError, StateStore
+from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.service.state import StateError, StateStore
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:

@@ -3,7 +3,8 @@ cycles, each session judged once the watermark passes its last turn plus the gap
 a late turn.
 
 `run` and `stream` group turns with Beam session windows inside one pipeline
-(`pipeline.sessions`); serve runs one bounded pipeline per micro-batch, so the session windows
+(`pipeline.stages.sessions`); serve runs one bounded pipeline per micro-batch, so the session
+windows
 live here instead, as the same rule on the turns saved in the state file: turns of one
 (app, session id) belong to one session while each follows the previous one by less than
 `--session-gap` in event time (Beam's `Sessions(gap)` merging), and a session is due once the
@@ -42,14 +43,13 @@ import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
-from judges.sessions import Session, SessionTurn, make_session
-from pipeline import counting
-from pipeline import metrics_catalogue as catalogue
-from pipeline.events import InferenceRecord, SourceRecord
-from pipeline.sampling import SamplingPlan
-from pipeline.sessions import SessionConfig, SessionKey, turn_of
-from pipeline.stages import admit, sample_event
-from pipeline.windows import RatingCounts, WindowKey, window_start
+from ragpulse.judges.sessions import Session, SessionTurn, make_session
+from ragpulse.pipeline.costs.sampling import SamplingPlan
+from ragpulse.pipeline.metrics import catalogue, counting
+from ragpulse.pipeline.records import InferenceRecord, SourceRecord
+from ragpulse.pipeline.stages.parse import admit, sample_event
+from ragpulse.pipeline.stages.sessions import SessionConfig, SessionKey, turn_of
+from ragpulse.pipeline.windows import RatingCounts, WindowKey, window_start
 
 __all__ = [
     "Conversation",
@@ -187,7 +187,7 @@ def new_turns(
     sampling: SamplingPlan | None,
 ) -> Iterator[tuple[str, InferenceRecord]]:
     """The turns among a cycle's records: each event the cycle's graph judges (admitted, not
-    late, sampled: `pipeline.stages.admit` and `sample_event`, the graph's own rules, with the
+    late, sampled: `pipeline.stages.parse.admit` and `sample_event`, the graph's own rules, with the
     same clock) that names a session, with its model."""
     for record in records:
         admitted = admit(

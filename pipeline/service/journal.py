@@ -40,12 +40,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from judges.base import Verdict
-from judges.redaction import TextPolicy
-from judges.verdict_cache import CacheKey, as_cached
-from pipeline import counting
-from pipeline.budget import TOKENS
-from pipeline.service.state import CallsSettled, write_transaction
+from ragpulse.judges.base import Verdict
+from ragpulse.judges.redaction import TextPolicy
+from ragpulse.judges.verdict_cache import CacheKey, as_cached
+from ragpulse.pipeline.costs.budget import TOKENS
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.service.state import CallsSettled, write_transaction
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +277,7 @@ class AnsweredCalls:
 
 
     def _stored(self, verdict: Verdict) -> Verdict:
-        """`verdict` with its text as --store-text keeps it (pipeline.sinks.verdict_rows)."""
+        """`verdict` with its text as --store-text keeps it (pipeline.formats.verdict_rows)."""
         if self._store == "full" or self._redact is None:
             return verdict
         if self._store == "none":

@@ -11,7 +11,7 @@ Left alone, the judge endpoint sits idle all that time (about 2 s a cycle here: 
 endpoint's concurrency of calls are in flight or queued, the graph's calls are running out,
 and it reads the records after the ones the running cycle covers from Kafka (a consumer of its
 own, which commits nothing), parses, filters and samples them with `ParseEvents`' own functions
-(`judge_input_ahead`: `pipeline.stages.admit` and `sample_event`), and starts
+(`judge_input_ahead`: `pipeline.stages.parse.admit` and `sample_event`), and starts
 the judge calls for them (`JudgePanel.start_ahead`): at most one judge batch of events per
 cycle. The next cycle's judge stage takes those calls over, running or finished, by judge and
 input digest (`JudgePanel.submit`), and counts them as its own.
@@ -38,12 +38,12 @@ from collections.abc import Collection, Mapping
 
 from kafka import KafkaConsumer, TopicPartition
 
-from judges.base import JudgeInput, ThrottledLog
-from judges.panel import JudgePanel
-from pipeline.events import SourceRecord
-from pipeline.settings import ServeSettings
-from pipeline.sources.kafka import _consumer
-from pipeline.stages import admit, sample_event
+from ragpulse.judges.base import JudgeInput, ThrottledLog
+from ragpulse.judges.panel import JudgePanel
+from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.settings.models import ServeSettings
+from ragpulse.pipeline.sources.kafka import _consumer
+from ragpulse.pipeline.stages.parse import admit, sample_event
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +247,7 @@ def judge_input_ahead(
     raw: bytes, record_time: float, settings: ServeSettings, cutoff: float | None, now: float
 ) -> JudgeInput | None:
     """The judge input `ParseEvents` makes of this record, or None where it judges none: the
-    same `admit` and `sample_event` (pipeline.stages), so the two cannot disagree."""
+    same `admit` and `sample_event` (pipeline.stages.parse), so the two cannot disagree."""
     s = settings
     oversize = len(raw) if len(raw) > s.max_event_bytes else None
     admitted = admit(

@@ -2,7 +2,8 @@
 
 A cycle (`TopicWatcher.run_cycle`) asks the broker for each partition's bounds, plans
 [start, stop) offset ranges from the offsets in the state store, runs the Beam graph over them
-(`pipeline.graph.run_graph`: read, parse, judge, window, and publish dead letters and verdict
+(`pipeline.graphs.bounded.run_graph`: read, parse, judge, window, and publish dead letters and
+verdict
 rows, each acknowledged before the run ends), then saves the window counts, counter increments,
 watermark and offsets in ONE SQLite transaction, and only then commits the offsets to the Kafka
 consumer group (for lag tools; the state file is the source of truth). A crash at any point
@@ -22,7 +23,7 @@ With --input-format otlp_json|otlp_proto the topic holds the OpenTelemetry Colle
 batches: the cycle reads its ranges in this process, assembles the traces whose
 --trace-assembly-wait is over together with the spans pending in the state store, and runs the
 graph over the assembled events; the spans still waiting are saved in the cycle's transaction
-(pipeline/traces.py says why there). The exactly-once argument above holds for them too.
+(pipeline/formats/otlp.py says why there). The exactly-once argument above holds for them too.
 
 Several instances split a topic's partitions by a fixed rule (--instance I of --instances N
 reads the partitions p with p % N == I, partitions added later included), each with its own
@@ -43,7 +44,7 @@ Judge calls are paid as they are answered, before the cycle commits: each answer
 journaled in the state file as it arrives (`pipeline.service.journal`), so a cycle replayed
 after a crash takes those answers instead of paying again, and the tokens of every paid call
 are counted once, by the first cycle to commit after the answer. The judge budget's spend of
-the clock hour is saved with each cycle (`pipeline.budget`).
+the clock hour is saved with each cycle (`pipeline.costs.budget`).
 
 Judge calls keep flowing between cycles: while a cycle runs, `pipeline.service.lookahead`
 starts the calls for the events after its ranges, which the next cycle's judge stage takes over
@@ -61,20 +62,26 @@ from collections.abc import Mapping, Sequence
 
 import apache_beam as beam
 
-from judges import shared_panel
-from judges.sessions import Session
-from pipeline import counting
-from pipeline import metrics_catalogue as catalogue
-from pipeline.budget import TOKENS, BudgetGovernor
-from pipeline.calibration import by_judge
-from pipeline.canaries import CanaryFeed
-from pipeline.counting import SESSIONS_JUDGED, SESSIONS_TRUNCATED
-from pipeline.errors import SettingsError
-from pipeline.events import SourceRecord
-from pipeline.graph import GraphResult, Sinks, StageConfig, pipeline_options, run_graph
-from pipeline.labels import LabelBudget
-from pipeline.sampling import SPEND, SamplingPlan
-from pipeline.service.conversations import (
+from ragpulse.judges import shared_panel
+from ragpulse.judges.sessions import Session
+from ragpulse.pipeline.calibration import by_judge
+from ragpulse.pipeline.canaries import CanaryFeed
+from ragpulse.pipeline.costs.budget import TOKENS, BudgetGovernor
+from ragpulse.pipeline.costs.sampling import SPEND, SamplingPlan
+from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.graphs.bounded import (
+    GraphResult,
+    Sinks,
+    StageConfig,
+    pipeline_options,
+    run_graph,
+)
+from ragpulse.pipeline.metrics import catalogue, counting
+from ragpulse.pipeline.metrics.collector import CycleStats, MetricsSnapshot
+from ragpulse.pipeline.metrics.counting import SESSIONS_JUDGED, SESSIONS_TRUNCATED
+from ragpulse.pipeline.metrics.labels import LabelBudget
+from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.service.conversations import (
     SESSIONS_REJUDGED,
     SessionChanges,
     StoredTurn,
@@ -84,24 +91,27 @@ from pipeline.service.conversations import (
     new_turns,
     plan,
 )
-from pipeline.service.cycle_hooks import CycleHooks
-from pipeline.service.journal import AnsweredCalls
-from pipeline.service.lookahead import Lookahead, runs_here
-from pipeline.service.owners import Commit, Owner, conflicts, read_metadata
-from pipeline.service.state import HourSpend, StateError, StateStore
-from pipeline.service.watermark import (
+from ragpulse.pipeline.service.cycle_hooks import CycleHooks
+from ragpulse.pipeline.service.journal import AnsweredCalls
+from ragpulse.pipeline.service.lookahead import Lookahead, runs_here
+from ragpulse.pipeline.service.owners import Commit, Owner, conflicts, read_metadata
+from ragpulse.pipeline.service.state import HourSpend, StateError, StateStore
+from ragpulse.pipeline.service.watermark import (
     ceiling,
     closed_before,
     compute_watermark,
     holding_partitions,
     merge_latest,
 )
-from pipeline.sessions import SessionConfig, session_key, session_record
-from pipeline.settings import ServeSettings
-from pipeline.sinks.kafka import UNDELIVERABLE, KafkaTopic, PublishDeadLetters, PublishVerdicts
-from pipeline.sinks.otlp_evaluations import ExportEvaluations
-from pipeline.sinks.prometheus import CycleStats, MetricsSnapshot
-from pipeline.sources.kafka import (
+from ragpulse.pipeline.settings.models import ServeSettings
+from ragpulse.pipeline.sinks.kafka import (
+    UNDELIVERABLE,
+    KafkaTopic,
+    PublishDeadLetters,
+    PublishVerdicts,
+)
+from ragpulse.pipeline.sinks.otlp_evaluations import ExportEvaluations
+from ragpulse.pipeline.sources.kafka import (
     RECORDS_LOST,
     LogBounds,
     OffsetReset,
@@ -116,8 +126,9 @@ from pipeline.sources.kafka import (
     plan_batch,
     reset_starts,
 )
-from pipeline.sources.otlp import TraceBatch, collect_traces, read_kafka_ranges
-from pipeline.windows import RatingCounts, WindowKey, isoformat_utc
+from ragpulse.pipeline.sources.otlp import TraceBatch, collect_traces, read_kafka_ranges
+from ragpulse.pipeline.stages.sessions import SessionConfig, session_key, session_record
+from ragpulse.pipeline.windows import RatingCounts, WindowKey, isoformat_utc
 
 log = logging.getLogger(__name__)
 
@@ -386,7 +397,7 @@ class TopicWatcher:
         self, ranges: Mapping[int, tuple[int, int]], increments: counting.Counts, now: float
     ) -> TraceBatch:
         """--input-format otlp_*: read `ranges` here and assemble, with the spans pending in
-        the state, the traces whose --trace-assembly-wait is over (pipeline/traces.py)."""
+        the state, the traces whose --trace-assembly-wait is over (pipeline/formats/otlp.py)."""
         s = self.settings
         batch = collect_traces(
             self._read_here(ranges, increments),

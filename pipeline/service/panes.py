@@ -1,9 +1,9 @@
 """The windows `ragpulse exporter` knows: the latest pane of each window of the ratings topic.
 
-`ragpulse stream` publishes accumulating panes (`pipeline.sinks.rating_rows`): a later pane of
+`ragpulse stream` publishes accumulating panes (`pipeline.formats.rating_rows`): a later pane of
 a window holds everything the earlier ones did. So the table keeps only the latest pane of each
 window (by pane index), and a pane read again, or read after a later one, changes nothing.
-What it exports, through serve's collector (`pipeline.sinks.prometheus`):
+What it exports, through serve's collector (`pipeline.metrics.collector`):
 
 - `ragpulse_judge_verdicts_total{judge,rating,app,model}`: the sum over windows of their
   latest pane's counts; a later pane of the same window replaces its earlier count, so the
@@ -32,12 +32,11 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 
-from judges.base import RATINGS
-from pipeline import counting
-from pipeline import metrics_catalogue as catalogue
-from pipeline.sinks.prometheus import MetricsSnapshot
-from pipeline.sinks.rating_rows import RatingPane
-from pipeline.windows import RatingCounts, WindowKey, isoformat_utc
+from ragpulse.judges.base import RATINGS
+from ragpulse.pipeline.formats.rating_rows import RatingPane
+from ragpulse.pipeline.metrics import catalogue, counting
+from ragpulse.pipeline.metrics.collector import MetricsSnapshot
+from ragpulse.pipeline.windows import RatingCounts, WindowKey, isoformat_utc
 
 log = logging.getLogger(__name__)
 

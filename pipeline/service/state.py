@@ -27,12 +27,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from judges.sessions import SessionTurn
-from pipeline import counting
-from pipeline.service.conversations import SessionChanges, StoredTurn
-from pipeline.sessions import SessionKey
-from pipeline.traces import Arrival, SpanPart
-from pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_row
+from ragpulse.judges.sessions import SessionTurn
+from ragpulse.pipeline.formats.otlp import Arrival, SpanPart
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.service.conversations import SessionChanges, StoredTurn
+from ragpulse.pipeline.stages.sessions import SessionKey
+from ragpulse.pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_row
 
 # 2: windows gained the judge's prompt `version` (in the key) and the score sums of graded
 # scales; a schema-1 file is migrated when opened (`_migrate_to_2`).
@@ -102,7 +102,8 @@ CREATE TABLE IF NOT EXISTS exemplars (
 """
 
 
-# Spans of traces still being assembled (--input-format otlp_*, pipeline/traces.py), saved with
+# Spans of traces still being assembled (--input-format otlp_*, pipeline/formats/otlp.py), saved
+# with
 # the offsets that read them, and the traces assembled or refused lately, so that spans of
 # theirs arriving later are not judged again; added like the exemplars table, no schema bump.
 _TRACE_SPANS_TABLE = """
@@ -128,7 +129,7 @@ CREATE INDEX IF NOT EXISTS finished_traces_age ON finished_traces (finished_at)
 
 # Money across crashes (added like the exemplars table, no schema bump: an older ragpulse
 # ignores both tables, and only loses what they add). `judge_spend` holds the judge budget's
-# spend of the current clock hour (pipeline/budget.py), saved with each cycle's counters;
+# spend of the current clock hour (pipeline/costs/budget.py), saved with each cycle's counters;
 # `answered_calls` is the journal of judge calls answered and not yet settled by a committed
 # cycle (pipeline/service/journal.py), written as the answers arrive: a restart takes their
 # verdicts instead of paying again, and every call's tokens are counted once.

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from pipeline.windows import window_start
+from ragpulse.pipeline.windows import window_start
 
 
 def merge_latest(

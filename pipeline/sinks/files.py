@@ -1,11 +1,11 @@
 """File sinks of the graph: the outputs `ragpulse run` writes into its output directory.
 
-    verdicts.jsonl     one verdict row per judged event (`pipeline.sinks.verdict_rows`)
+    verdicts.jsonl     one verdict row per judged event (`pipeline.formats.verdict_rows`)
     windows.jsonl      counts, pass ratio and its Wilson interval per window, judge, app, model
                        (and the corrected pass ratio of judges given --judge-calibration)
     dead_letter.jsonl  every line that was not judged, with where it was and why
 
-(metrics.prom, the fourth output, is written from the run's result by `pipeline.sinks.prometheus`.)
+(metrics.prom, the fourth output, is written from the run's result by `pipeline.metrics.collector`.)
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ import apache_beam as beam
 import orjson
 from apache_beam.utils.windowed_value import WindowedValue
 
-from judges import TextPolicy
-from pipeline.calibration import JudgeCalibration, corrected_fields
-from pipeline.events import Rejected, dead_letter
-from pipeline.sinks import DEAD_LETTER_FILE, VERDICTS_FILE, WINDOWS_FILE
-from pipeline.sinks.verdict_rows import verdict_row
-from pipeline.windows import RatingCounts, WindowKey, window_row
+from ragpulse.judges import TextPolicy
+from ragpulse.pipeline.calibration import JudgeCalibration, corrected_fields
+from ragpulse.pipeline.formats.events import dead_letter
+from ragpulse.pipeline.formats.verdict_rows import verdict_row
+from ragpulse.pipeline.records import Rejected
+from ragpulse.pipeline.sinks import DEAD_LETTER_FILE, VERDICTS_FILE, WINDOWS_FILE
+from ragpulse.pipeline.windows import RatingCounts, WindowKey, window_row
 
 
 def _json_line(row: dict[str, Any]) -> str:

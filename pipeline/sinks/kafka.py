@@ -1,7 +1,8 @@
 """Kafka sinks of the graph: dead letters and verdict rows, published and acknowledged.
 
 `PublishDeadLetters` and `PublishVerdicts` are the last steps of serve's Beam graph
-(`pipeline.graph`). Each bundle's records are sent and their acknowledgements awaited before the
+(`pipeline.graphs.bounded`). Each bundle's records are sent and their acknowledgements awaited
+before the
 bundle ends (`deliver`), so when the run returns every record is delivered, refused for good, or
 reported as unacknowledged; serve saves the cycle's offsets only after that. `deliver` tells
 records the broker refused for good (counted at once in
@@ -30,13 +31,12 @@ from apache_beam.metrics import Metrics
 from kafka import KafkaProducer
 from kafka import errors as kafka_errors
 
-from judges import TextPolicy
-from pipeline import counting
-from pipeline import metrics_catalogue as catalogue
-from pipeline.events import HEAD_BYTES, Rejected
-from pipeline.kafka_security import KafkaSecurity, connect
-from pipeline.sinks import rating_rows
-from pipeline.sinks.verdict_rows import verdict_row
+from ragpulse.judges import TextPolicy
+from ragpulse.pipeline.formats import rating_rows
+from ragpulse.pipeline.formats.verdict_rows import verdict_row
+from ragpulse.pipeline.kafka_security import KafkaSecurity, connect
+from ragpulse.pipeline.metrics import catalogue, counting
+from ragpulse.pipeline.records import HEAD_BYTES, Rejected
 
 log = logging.getLogger(__name__)
 

@@ -43,12 +43,12 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from judges import TextPolicy
-from judges.retry import CallFailure, is_retryable
-from pipeline import counting
-from pipeline.sinks.kafka import UNACKNOWLEDGED_NAMESPACE, UNDELIVERABLE
-from pipeline.sinks.verdict_rows import verdict_row
-from pipeline.stages import JudgedEvent
+from ragpulse.judges import TextPolicy
+from ragpulse.judges.endpoint.retry import CallFailure, is_retryable
+from ragpulse.pipeline.formats.verdict_rows import verdict_row
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.records import JudgedEvent
+from ragpulse.pipeline.sinks.kafka import UNACKNOWLEDGED_NAMESPACE, UNDELIVERABLE
 
 log = logging.getLogger(__name__)
 

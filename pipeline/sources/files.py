@@ -8,7 +8,7 @@ from typing import IO, Any
 
 import apache_beam as beam
 
-from pipeline.events import HEAD_BYTES, SourceRecord
+from ragpulse.pipeline.records import HEAD_BYTES, SourceRecord
 
 _READ_CHUNK = 1 << 16
 

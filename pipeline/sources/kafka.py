@@ -30,10 +30,9 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka import errors as kafka_errors
 from kafka.structs import OffsetAndMetadata
 
-from pipeline import counting
-from pipeline import metrics_catalogue as catalogue
-from pipeline.events import HEAD_BYTES, SourceRecord
-from pipeline.kafka_security import PLAINTEXT, KafkaSecurity, connect
+from ragpulse.pipeline.kafka_security import PLAINTEXT, KafkaSecurity, connect
+from ragpulse.pipeline.metrics import catalogue, counting
+from ragpulse.pipeline.records import HEAD_BYTES, SourceRecord
 
 DEFAULT_TIMEOUT_S = 10.0
 RECORDS_LOST = catalogue.RECORDS_LOST

@@ -1,5 +1,5 @@
 """The trace source of `--input-format otlp_json|otlp_proto`: OTLP records in, assembled
-events out, read in the calling process (see pipeline/traces.py for why not in the graph).
+events out, read in the calling process (see pipeline/formats/otlp.py for why not in the graph).
 
 `read_kafka_ranges` reads a serve cycle's offset ranges, `read_file` the records of a file
 (`ragpulse run`): OTLP JSON lines, as the Collector's file exporter writes them, or protobuf
@@ -14,11 +14,12 @@ import dataclasses
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 
-from pipeline.events import HEAD_BYTES, InvalidEvent, SourceRecord
-from pipeline.kafka_security import KafkaSecurity
-from pipeline.sources.files import numbered_lines
-from pipeline.sources.kafka import range_consumer, read_range
-from pipeline.traces import Arrival, InputFormat, assemble, decode_spans
+from ragpulse.pipeline.formats.events import InvalidEvent
+from ragpulse.pipeline.formats.otlp import Arrival, InputFormat, assemble, decode_spans
+from ragpulse.pipeline.kafka_security import KafkaSecurity
+from ragpulse.pipeline.records import HEAD_BYTES, SourceRecord
+from ragpulse.pipeline.sources.files import numbered_lines
+from ragpulse.pipeline.sources.kafka import range_consumer, read_range
 
 __all__ = ["TraceBatch", "collect_traces", "read_file", "read_kafka_ranges"]
 

@@ -37,13 +37,19 @@ from fake_openai import FakeOpenAI
 from graph_runs import stage_config
 from test_budget import HOUR, RULES, Clock, cycle_records
 
-from pipeline import counting
-from pipeline.budget import BudgetGovernor, BudgetSettings
-from pipeline.events import parse_event
-from pipeline.graph import Sinks, run_graph
-from pipeline.sampling import SAMPLED, SEEN, WEIGHTED_VERDICTS, is_sampled, plan_from_data
-from pipeline.settings import JudgeSettings
-from pipeline.sinks.files import WriteDeadLetters
+from ragpulse.pipeline.costs.budget import BudgetGovernor, BudgetSettings
+from ragpulse.pipeline.costs.sampling import (
+    SAMPLED,
+    SEEN,
+    WEIGHTED_VERDICTS,
+    is_sampled,
+    plan_from_data,
+)
+from ragpulse.pipeline.formats.events import parse_event
+from ragpulse.pipeline.graphs.bounded import Sinks, run_graph
+from ragpulse.pipeline.metrics import counting
+from ragpulse.pipeline.settings.models import JudgeSettings
+from ragpulse.pipeline.sinks.files import WriteDeadLetters
 
 THREE_RULES = {
     "rules": [

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for the h
 from kafka_broker import ApacheKafkaBroker
 from serve_process import Scrape, ServeProcess
 
-from pipeline.commands.simulate import simulate
+from ragpulse.pipeline.commands.simulate import simulate
 
 T0 = 1_763_632_800.0
 

@@ -1,6 +1,6 @@
 """Prompt tokens of `--judge-combine` against three separate calls, without a server.
 
-For reviewing the combined prompt (judges/combined.py): builds, for each of bench_peers.py's
+For reviewing the combined prompt (judges/llm/combined.py): builds, for each of bench_peers.py's
 200 records, the chat messages the three default judges send separately and the one combined
 call sends, and counts their tokens with bench_peers.py's `approx_tokens` (what its stand-in
 counts), so the figures compare with that benchmark's prompt tok/record column. No HTTP, no
@@ -16,12 +16,12 @@ import sys
 
 from bench_peers import _ragpulse_inputs, approx_tokens, make_records
 
-from judges.base import JudgeInput
-from judges.combined import CombinedJudges, CombinedMember
-from judges.endpoint import OpenAIJudgeEndpoint
-from judges.fencing import new_nonce
-from judges.llm import LLMJudge
-from judges.llm_build import build_llm_judges
+from ragpulse.judges.base import JudgeInput
+from ragpulse.judges.endpoint.client import OpenAIJudgeEndpoint
+from ragpulse.judges.llm.build import build_llm_judges
+from ragpulse.judges.llm.combined import CombinedJudges, CombinedMember
+from ragpulse.judges.llm.fencing import new_nonce
+from ragpulse.judges.llm.judge import LLMJudge
 
 JUDGES = ["groundedness", "relevance_to_query", "safety"]
 

@@ -21,12 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from judges.base import JudgeInput
-from pipeline.events import InferenceRecord
-from pipeline.service.conversations import due, hold, plan
-from pipeline.service.state import StateStore
-from pipeline.sessions import SessionConfig
-from pipeline.settings import JudgeSettings
+from ragpulse.judges.base import JudgeInput
+from ragpulse.pipeline.records import InferenceRecord
+from ragpulse.pipeline.service.conversations import due, hold, plan
+from ragpulse.pipeline.service.state import StateStore
+from ragpulse.pipeline.settings.models import JudgeSettings
+from ragpulse.pipeline.stages.sessions import SessionConfig
 
 GAP = 300.0
 WINDOW = 60.0

@@ -22,7 +22,7 @@ OPENAI = ["--judge-backend", "openai", "--judge-base-url", "http://127.0.0.1:9/v
 BUDGET = [*OPENAI, "--judge-budget-per-hour", "1000"]
 LIMIT_S = 120.0
 RULES_CHECK = (
-    "import time; from pipeline.sampling import plan_from_data; "
+    "import time; from ragpulse.pipeline.costs.sampling import plan_from_data; "
     "rules = [{'name': f'r{i}', 'when': {'app': f'a{i}'}, 'rate': 0.5} for i in range(100000)]; "
     "t = time.perf_counter(); plan_from_data({'rules': rules}, 1.0); "
     "print(f'{time.perf_counter() - t:.2f}')"
@@ -73,7 +73,7 @@ def run(checkout: Path, argv: list[str], env: dict[str, str]) -> str:
     start = time.perf_counter()
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "pipeline.cli", *argv, "--print-config"],
+            [sys.executable, "-m", "ragpulse.pipeline.cli", *argv, "--print-config"],
             capture_output=True, text=True, env=full_env, timeout=LIMIT_S, check=False,
             cwd=checkout,  # `python -m` puts the working directory first on sys.path
         )

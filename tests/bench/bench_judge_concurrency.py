@@ -38,14 +38,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fake
 
 from fake_openai import FakeOpenAI
 
-from judges.base import JudgeInput
-from judges.endpoint import VERDICT_JSON_SCHEMA, OpenAIJudgeEndpoint, _Call
-from judges.fencing import new_nonce
-from judges.llm import LLMJudge
-from judges.llm_build import build_llm_judges
-from judges.panel import JudgePanel
-from pipeline.commands.simulate import simulate
-from pipeline.events import parse_event
+from ragpulse.judges.base import JudgeInput
+from ragpulse.judges.endpoint.client import VERDICT_JSON_SCHEMA, OpenAIJudgeEndpoint, _Call
+from ragpulse.judges.llm.build import build_llm_judges
+from ragpulse.judges.llm.fencing import new_nonce
+from ragpulse.judges.llm.judge import LLMJudge
+from ragpulse.judges.panel import JudgePanel
+from ragpulse.pipeline.commands.simulate import simulate
+from ragpulse.pipeline.formats.events import parse_event
 
 RAGPULSE = Path(sys.executable).with_name("ragpulse")
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for kafka
 
 from kafka_broker import ApacheKafkaBroker
 
-from pipeline.sources.kafka import (
+from ragpulse.pipeline.sources.kafka import (
     ReadKafkaRanges,
     commit_offsets,
     end_offsets,

@@ -186,7 +186,7 @@ def route(body: dict[str, Any]) -> str | None:
 
 
 def _ragpulse_inputs(records: list[dict[str, Any]]) -> list[Any]:
-    from judges.base import Chunk, JudgeInput
+    from ragpulse.judges.base import Chunk, JudgeInput
 
     return [
         JudgeInput(r["question"], r["answer"], tuple(Chunk(c) for c in r["chunks"]))
@@ -197,9 +197,9 @@ def _ragpulse_inputs(records: list[dict[str, Any]]) -> list[Any]:
 def run_ragpulse(
     records: list[dict[str, Any]], url: str, concurrency: int, judges: list[str], mode: str
 ) -> dict[str, Any]:
-    from judges.endpoint import OpenAIJudgeEndpoint
-    from judges.llm_build import build_llm_judges
-    from judges.panel import JudgePanel
+    from ragpulse.judges.endpoint.client import OpenAIJudgeEndpoint
+    from ragpulse.judges.llm.build import build_llm_judges
+    from ragpulse.judges.panel import JudgePanel
 
     endpoint = OpenAIJudgeEndpoint(
         base_url=url, api_key="bench", model=MODEL, concurrency=concurrency, max_retries=0
@@ -227,8 +227,8 @@ def run_cascade(
     """The cascade as serve runs it (`--judge-backend openai --cascade-llm-sample-rate 0.1`)."""
     from pydantic import SecretStr
 
-    from pipeline.cascade import CascadePanel, CascadeSettings
-    from pipeline.settings import JudgeSettings
+    from ragpulse.pipeline.costs.cascade import CascadePanel, CascadeSettings
+    from ragpulse.pipeline.settings.models import JudgeSettings
 
     spec = JudgeSettings(
         names=tuple(judges), backend="openai", base_url=url, api_key=SecretStr("bench"),
@@ -245,8 +245,8 @@ def run_bare(
     """The ceiling: ragpulse's prompts sent by a plain AsyncOpenAI loop under a semaphore."""
     import openai
 
-    from judges.fencing import new_nonce
-    from judges.llm import load_prompt, system_prompt, user_prompt
+    from ragpulse.judges.llm.fencing import new_nonce
+    from ragpulse.judges.llm.judge import load_prompt, system_prompt, user_prompt
 
     prompts = [load_prompt(name) for name in judges]
     calls = [

@@ -1,6 +1,6 @@
 """Throughput of the batch pipeline with the local judges, stage by stage, side by side.
 
-For whoever sizes or tunes `ragpulse serve`, which runs `pipeline.graph.run_graph` once per
+For whoever sizes or tunes `ragpulse serve`, which runs `pipeline.graphs.bounded.run_graph` once per
 micro-batch. Generates N realistic events (2 apps, 2 models, a chat question, 3 retrieved chunks
 of ~400 characters, an answer of ~300 characters) into a temporary file, then measures in one
 process, R times each, interleaved so drift hits every stage alike:
@@ -35,11 +35,11 @@ from pathlib import Path
 
 import orjson
 
-from judges import JudgeSpec
-from judges.base import JudgeInput
-from pipeline.commands.run import run_file
-from pipeline.events import parse_event
-from pipeline.settings import JudgeSettings, RunSettings
+from ragpulse.judges import JudgeSpec
+from ragpulse.judges.base import JudgeInput
+from ragpulse.pipeline.commands.run import run_file
+from ragpulse.pipeline.formats.events import parse_event
+from ragpulse.pipeline.settings.models import JudgeSettings, RunSettings
 
 T0_MS = 1_763_632_800_000  # 2025-11-20T10:00:00Z
 APPS = ("help-bot", "sales-bot")

@@ -71,8 +71,8 @@ from fake_openai import FakeOpenAI
 from kafka_broker import ApacheKafkaBroker
 from processes import free_port
 
-from pipeline.commands.simulate import simulate
-from pipeline.sources.kafka import end_offsets
+from ragpulse.pipeline.commands.simulate import simulate
+from ragpulse.pipeline.sources.kafka import end_offsets
 
 RAGPULSE = Path(sys.executable).with_name("ragpulse")
 PY_SPY = Path(sys.executable).with_name("py-spy")
@@ -305,7 +305,7 @@ def broker_and_dir() -> Iterator[tuple[ApacheKafkaBroker, Path]]:
 # --------------------------------------------------------------------------------------------
 
 CATEGORIES = (  # (label, path fragment); a stack goes to the first match from its leaf up
-    ("parse (pipeline/events.py)", "pipeline/events.py"),
+    ("parse (pipeline/formats/events.py)", "pipeline/formats/events.py"),
     ("judges (judges/)", "/judges/"),
     ("kafka read (kafka-python)", "/kafka/"),
     ("sqlite state (pipeline/service/state.py)", "pipeline/service/state.py"),

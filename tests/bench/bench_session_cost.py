@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fake_openai import FakeOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.cli import main as ragpulse
-from pipeline.commands.simulate import simulate
+from ragpulse.pipeline.cli import main as ragpulse
+from ragpulse.pipeline.commands.simulate import simulate
 
 TURNS, EVENTS = 4, 600
 ANSWER_JUDGE = "relevance_to_query"

@@ -11,7 +11,7 @@ import threading
 import urllib.request
 from collections.abc import Callable
 
-from pipeline.sinks.prometheus_http import MetricsHTTPServer, exporter_app
+from ragpulse.pipeline.metrics.http import MetricsHTTPServer, exporter_app
 
 SLOW_CLIENTS = 64
 PROBES = 40

@@ -47,7 +47,7 @@ from test_stream_flink import (
     window_start,
 )
 
-from pipeline.commands.simulate import simulate
+from ragpulse.pipeline.commands.simulate import simulate
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -17,12 +17,13 @@ import sys
 
 from bench_peers import approx_tokens
 
-from judges.endpoint import OpenAIJudgeEndpoint
-from judges.fencing import new_nonce
-from judges.llm import LLMJudge
-from judges.llm_build import build_llm_judges
-from pipeline.commands.simulate import simulate
-from pipeline.events import InferenceRecord, InvalidEvent, parse_event
+from ragpulse.judges.endpoint.client import OpenAIJudgeEndpoint
+from ragpulse.judges.llm.build import build_llm_judges
+from ragpulse.judges.llm.fencing import new_nonce
+from ragpulse.judges.llm.judge import LLMJudge
+from ragpulse.pipeline.commands.simulate import simulate
+from ragpulse.pipeline.formats.events import InvalidEvent, parse_event
+from ragpulse.pipeline.records import InferenceRecord
 
 DEFAULT = ["groundedness", "safety", "relevance_to_query"]
 TOOLS = ["tool_call_errors", "tool_selection", "tool_arguments"]

@@ -6,7 +6,7 @@ span), shuffled, M spans per Kafka message (1: the worst case; a Collector batch
 its send_batch_size); medians of R runs, in microseconds per span:
 
     decode      `decode_spans` of every message (otlp_json, otlp_proto)
-    assemble    `assemble` over all the parts, every trace due (pipeline/traces.py)
+    assemble    `assemble` over all the parts, every trace due (pipeline/formats/otlp.py)
     parse       `parse_event` of the assembled events (per span, for comparison)
     state       one pending span's round trip through the state store's form
                 (`SpanPart.to_json` + `from_json`), as a trace held over cycles pays it
@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from otlp_spans import openinference_trace, otlp_json, otlp_proto
 
-from pipeline.events import parse_event
-from pipeline.traces import Arrival, SpanPart, assemble, decode_spans
+from ragpulse.pipeline.formats.events import parse_event
+from ragpulse.pipeline.formats.otlp import Arrival, SpanPart, assemble, decode_spans
 
 
 def median_us_per_span(run: Callable[[], object], spans: int, repeats: int) -> float:

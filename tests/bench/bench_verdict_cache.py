@@ -33,14 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_pipeline import synthetic_events
 from fake_openai import FakeOpenAI
 
-from judges import DEFAULT_JUDGES
-from judges.base import JudgeInput, Verdict
-from judges.endpoint import OpenAIJudgeEndpoint
-from judges.llm_build import build_llm_judges
-from judges.local import build_local_judges
-from judges.panel import JudgePanel
-from judges.verdict_cache import VerdictCache
-from pipeline.events import parse_event
+from ragpulse.judges import DEFAULT_JUDGES
+from ragpulse.judges.base import JudgeInput, Verdict
+from ragpulse.judges.endpoint.client import OpenAIJudgeEndpoint
+from ragpulse.judges.llm.build import build_llm_judges
+from ragpulse.judges.local.judge import build_local_judges
+from ragpulse.judges.panel import JudgePanel
+from ragpulse.judges.verdict_cache import VerdictCache
+from ragpulse.pipeline.formats.events import parse_event
 
 BATCH = 256
 

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.calibration import corrected_ratio, load_calibration
+from ragpulse.pipeline.calibration import corrected_ratio, load_calibration
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DATA_DIR = REPO.parent / "shared" / "eval-data"
@@ -66,7 +66,7 @@ def write_labelled(rows: Sequence[dict[str, Any]], path: Path) -> Path:
 def calibrate(labelled: Path, output: Path) -> dict[str, Any]:
     """`ragpulse calibrate LABELLED --judge groundedness --judge-backend local`: its report."""
     command = [
-        sys.executable, "-m", "pipeline.cli", "--log-level", "WARNING", "calibrate",
+        sys.executable, "-m", "ragpulse.pipeline.cli", "--log-level", "WARNING", "calibrate",
         str(labelled), "--judge", "groundedness", "--judge-backend", "local",
         "--output", str(output), "--show", "0",
     ]

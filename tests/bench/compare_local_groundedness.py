@@ -1,7 +1,7 @@
 """Events/s per core (CPU time) of the local judges with this tree's groundedness judge and
 with the one of another git revision, side by side in one run (passes interleaved).
 
-For reviewing a change to judges/local_groundedness.py: the revision's file is loaded as a
+For reviewing a change to judges/local/groundedness.py: the revision's file is loaded as a
 module next to this tree's (its imports resolve against this tree, so it must still import).
 
     .venv/bin/python tests/bench/compare_local_groundedness.py --ref HEAD~1
@@ -22,23 +22,37 @@ from types import ModuleType
 
 from eval_local_judges import DEFAULT_DATA_DIR, REPO, load_rows, to_input
 
-import judges.local_groundedness as current
-from judges.local_relevance import RelevanceToQueryJudge
-from judges.local_safety import SafetyJudge
-from judges.local_text import bag_of
+import ragpulse.judges.local.groundedness as current
+from ragpulse.judges.local.relevance import RelevanceToQueryJudge
+from ragpulse.judges.local.safety import SafetyJudge
+from ragpulse.judges.local.text import bag_of
+
+# Revisions before the ragpulse.* layout kept the judge at judges/local_groundedness.py and
+# imported its neighbours by their old names.
+_OLD_IMPORTS = (
+    ("from judges.local import LocalJudge, UnsupportedInput",  # abstained with a removed error
+     "from ragpulse.judges.local.judge import CannotGrade as UnsupportedInput, LocalJudge"),
+    ("from judges.local import ", "from ragpulse.judges.local.judge import "),
+    ("from judges.local_", "from ragpulse.judges.local."),
+    ("from judges.", "from ragpulse.judges."),
+    ("from judges import ", "from ragpulse.judges import "),
+)
 
 
 def load_revision(ref: str, folder: Path) -> ModuleType:
-    source = subprocess.run(
-        ["git", "-C", str(REPO), "show", f"{ref}:judges/local_groundedness.py"],
-        capture_output=True, text=True, check=True,
-    ).stdout
-    # Revisions before summaries were graded abstained with an exception since removed.
-    source = source.replace("from judges.local import LocalJudge, UnsupportedInput",
-                            "from judges.local import CannotGrade as UnsupportedInput, LocalJudge")
+    for old_path in ("judges/local/groundedness.py", "judges/local_groundedness.py"):
+        shown = subprocess.run(
+            ["git", "-C", str(REPO), "show", f"{ref}:{old_path}"], capture_output=True, text=True
+        )
+        if shown.returncode == 0:
+            break
+    shown.check_returncode()
+    source = shown.stdout
+    for old, new in _OLD_IMPORTS:
+        source = source.replace(old, new)
     path = folder / "revision_groundedness.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location("judges.revision_groundedness", path)
+    spec = importlib.util.spec_from_file_location("ragpulse.judges.revision_groundedness", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

@@ -1,6 +1,6 @@
 """--judge-combine on a real small model: agreement with the separate judges, and prompt tokens.
 
-For whoever changes `judges.combined` or the prompts it combines. The three default LLM judges
+For whoever changes `judges.llm.combined` or the prompts it combines. The three default LLM judges
 (groundedness, relevance_to_query, safety) grade the same rows twice on the same server: each
 judge in its own call, then all three in one combined call. Prints, per judge, how often the
 two modes agree (and Cohen's kappa between them, on the rows both graded), each mode's agreement
@@ -40,11 +40,11 @@ from eval_llm_judges import agreement_line, endpoint_url, outcome_counts, pick_r
 from eval_local_judges import DEFAULT_DATA_DIR, cohen_kappa, load_rows, to_input
 from llama_server import MissingLlamaServer
 
-from judges import DEFAULT_JUDGES
-from judges.base import JudgeInput, Verdict
-from judges.endpoint import OpenAIJudgeEndpoint
-from judges.llm_build import build_llm_judges
-from judges.panel import JudgePanel
+from ragpulse.judges import DEFAULT_JUDGES
+from ragpulse.judges.base import JudgeInput, Verdict
+from ragpulse.judges.endpoint.client import OpenAIJudgeEndpoint
+from ragpulse.judges.llm.build import build_llm_judges
+from ragpulse.judges.panel import JudgePanel
 
 
 def judge_all(

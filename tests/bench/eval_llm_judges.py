@@ -10,7 +10,7 @@ Prints two markdown tables:
 1. agreement of the groundedness judge with the human labels of RAGTruth QA rows
    (../shared/eval-data/ragtruth.dev.jsonl, never copied into the project): balanced accuracy,
    agreement and Cohen's kappa of the LLM judge (rows it could not grade left out, and counted)
-   next to the local judge (`judges.local_groundedness`) on the same rows (--rows 0: skipped);
+   next to the local judge (`judges.local.groundedness`) on the same rows (--rows 0: skipped);
 2. prompt and completion tokens per judged event for each LLM judge, from the usage the server
    reports: the default judges on the bundled sample events (deploy/samples/events.jsonl), every
    LLM judge (--judges) on the golden canaries (deploy/samples/canaries.jsonl, which carry the
@@ -52,14 +52,14 @@ from eval_local_judges import (
 )
 from llama_server import MissingLlamaServer, llama_server
 
-from judges import DEFAULT_JUDGES, JUDGES
-from judges.base import JudgeInput, Verdict
-from judges.endpoint import OpenAIJudgeEndpoint
-from judges.llm_build import build_llm_judges
-from judges.local_groundedness import GroundednessJudge
-from judges.panel import JudgePanel
-from judges.retry import ReplyFormat
-from pipeline.events import InvalidEvent, parse_event
+from ragpulse.judges import DEFAULT_JUDGES, JUDGES
+from ragpulse.judges.base import JudgeInput, Verdict
+from ragpulse.judges.endpoint.client import OpenAIJudgeEndpoint
+from ragpulse.judges.endpoint.retry import ReplyFormat
+from ragpulse.judges.llm.build import build_llm_judges
+from ragpulse.judges.local.groundedness import GroundednessJudge
+from ragpulse.judges.panel import JudgePanel
+from ragpulse.pipeline.formats.events import InvalidEvent, parse_event
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_EVENTS = REPO / "deploy" / "samples" / "events.jsonl"

@@ -28,9 +28,9 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from judges.base import Chunk, JudgeInput, Verdict
-from judges.local_correctness import CorrectnessJudge, normalise_answer
-from judges.local_groundedness import (
+from ragpulse.judges.base import Chunk, JudgeInput, Verdict
+from ragpulse.judges.local.correctness import CorrectnessJudge, normalise_answer
+from ragpulse.judges.local.groundedness import (
     DEFAULT_MAX_UNSUPPORTED,
     DEFAULT_MIN_WORDS,
     SUMMARY_MAX_UNSUPPORTED,
@@ -40,9 +40,9 @@ from judges.local_groundedness import (
     summary_shares,
     support_of_claims,
 )
-from judges.local_relevance import RelevanceToQueryJudge
-from judges.local_safety import SafetyJudge
-from judges.local_text import bag_of
+from ragpulse.judges.local.relevance import RelevanceToQueryJudge
+from ragpulse.judges.local.safety import SafetyJudge
+from ragpulse.judges.local.text import bag_of
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DATA_DIR = REPO.parent / "shared" / "eval-data"
@@ -337,7 +337,7 @@ def throughput(inputs: Sequence[JudgeInput], repeats: int = 5) -> list[str]:
 
 
 def _clear_evidence() -> None:
-    from judges import local_groundedness
+    from ragpulse.judges.local import groundedness as local_groundedness
 
     local_groundedness._chunks_bag.cache_clear()
     local_groundedness._prefixes.cache_clear()

@@ -20,11 +20,11 @@ from pathlib import Path
 
 from eval_local_judges import DEFAULT_DATA_DIR, balanced_accuracy, load_rows, to_input
 
-from judges.base import JudgeInput, Verdict
-from judges.local_groundedness import GroundednessJudge
-from judges.local_relevance import RelevanceToQueryJudge
-from judges.local_safety import SafetyJudge
-from judges.redaction import Redactor
+from ragpulse.judges.base import JudgeInput, Verdict
+from ragpulse.judges.local.groundedness import GroundednessJudge
+from ragpulse.judges.local.relevance import RelevanceToQueryJudge
+from ragpulse.judges.local.safety import SafetyJudge
+from ragpulse.judges.redaction import Redactor
 
 SETS: list[tuple[str, str, Callable[[JudgeInput], Verdict]]] = [
     ("ragtruth.dev.jsonl", "groundedness", GroundednessJudge().grade),

@@ -1,0 +1,138 @@
+"""Offline relevance-to-query judge: does the answer address the user's request?
+
+For operators who want a free, deterministic signal that the chatbot answers what was asked.
+"no" when the answer opens with a refusal ("I can't help with that", lexicon
+judges/lexicons/refusals.txt), when it shares too few of the question's content words (Snowball
+stems), or when a quantity question ("how many", "what year") gets an answer without any number.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from ragpulse.judges.base import JudgeInput, Rating
+from ragpulse.judges.local.judge import LocalJudge
+from ragpulse.judges.local.text import (
+    STOPWORDS,
+    load_lexicon,
+    split_sentences,
+    stem,
+    tokens,
+)
+
+DEFAULT_MIN_OVERLAP = 0.2
+# Wh-words and request verbs say what kind of answer is wanted, not what it is about.
+_QUESTION_FRAME = (
+    "tell", "explain", "describe", "give", "know", "want", "need", "please", "help", "find",
+    "show", "list", "name", "way", "best", "good", "get", "make", "use",
+)
+# Matched against lower-cased text: with re.IGNORECASE the same search of a long text without
+# a match took four times as long.
+_QUANTITY_QUESTION_RE = re.compile(
+    r"\b(?:how (?:many|much|old|tall|long|far|big|high)|what (?:year|percentage|percent|date)|"
+    r"which year|in what year)\b"
+)
+_QUANTITY_ANSWER_RE = re.compile(
+    r"\d|\b(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|"
+    r"thirty|forty|fifty|hundreds?|thousands?|millions?|billions?|dozens?|several|few|many|"
+    r"none|no|a lot|half|free|century|decade)\b"
+)
+_LEAD_IN_RE = re.compile(r"^[\s\"'*_>#-]*")
+
+
+@functools.cache
+def _refusal_re() -> re.Pattern[str]:
+    return re.compile("|".join(f"(?:{p})" for p in load_lexicon("refusals")), re.IGNORECASE)
+
+
+def refusal_in(answer: str) -> str | None:
+    """The refusing sentence among the first two of `answer`, or None (pure)."""
+    pattern = _refusal_re()
+    for sentence in split_sentences(answer[:600])[:2]:
+        text = _LEAD_IN_RE.sub("", sentence)
+        if pattern.match(text):
+            return " ".join(text.split())
+    return None
+
+
+def key_stems(text: str) -> dict[str, str]:
+    """Content-word stems of `text` mapped to their first surface form."""
+    return dict(_key_stems(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _key_stems(text: str) -> tuple[tuple[str, str], ...]:
+    # Memoised for the question, which is also checked for a refusal (and recurs across events).
+    out: dict[str, str] = {}
+    for tok in dict.fromkeys(tokens(text)):  # distinct tokens, in order of first appearance
+        s = _key_stem(tok)
+        if s is not None:
+            out.setdefault(s, tok)
+    return tuple(out.items())
+
+
+def _answered_stems(text: str) -> set[str | None]:
+    """The keys of `key_stems(text)` (plus None): all the answer is asked for."""
+    return set(map(_key_stem, set(tokens(text))))
+
+
+@functools.lru_cache(maxsize=200_000)
+def _key_stem(tok: str) -> str | None:
+    """The stem a token contributes to `key_stems`, or None when it names no key word."""
+    low = tok.lower()
+    if low in STOPWORDS or tok[0].isdigit() or len(low) < 2:
+        return None
+    s = stem(low)
+    return None if s in _QUESTION_FRAME_STEMS else s
+
+
+_QUESTION_FRAME_STEMS = frozenset(stem(w) for w in _QUESTION_FRAME)
+
+
+class RelevanceToQueryJudge(LocalJudge):
+    """Local `relevance_to_query` judge: "no" for refusals and off-topic answers."""
+
+    name = "relevance_to_query"
+    empty_answer = "there is nothing to compare with the question"
+
+    def __init__(self, *, min_overlap: float = DEFAULT_MIN_OVERLAP) -> None:
+        super().__init__()
+        self.min_overlap = min_overlap
+
+    def decide(self, item: JudgeInput) -> tuple[Rating, str]:
+        question, answer = item.question, item.answer
+        refusal = refusal_in(answer)
+        if refusal is not None:
+            shown = refusal if len(refusal) <= 80 else refusal[:79] + "…"
+            return "no", f"The answer declines the request ({shown!r})."
+        asked = dict(_key_stems(question))
+        if not asked:
+            return "yes", "The answer does not refuse, and the question has no key words to check."
+        answered = _answered_stems(answer)
+        shared = [surface for s, surface in asked.items() if s in answered]
+        share = len(shared) / len(asked)
+        if share < self.min_overlap:
+            missing = ", ".join(repr(w) for w in list(asked.values())[:4])
+            return "no", f"The answer takes up too few of the question's key words ({missing})."
+        if _QUANTITY_QUESTION_RE.search(question.lower()) and not _QUANTITY_ANSWER_RE.search(
+            answer.lower()
+        ):
+            return "no", "The question asks for a quantity or date but the answer gives no number."
+        return "yes", (
+            f"The answer takes up {len(shared)} of the question's {len(asked)} key words "
+            f"({', '.join(repr(w) for w in shared[:4])}) and does not refuse."
+        )
+
+    def margin(self, item: JudgeInput) -> float:
+        """How far the rating is from flipping, for the judge cascade (pipeline/costs/cascade.py):
+        the distance of the share of the question's key words the answer takes up from
+        `min_overlap`; 1 for a refusal, 0 when the question has no key words to check."""
+        if refusal_in(item.answer) is not None:
+            return 1.0
+        asked = dict(_key_stems(item.question))
+        if not asked:
+            return 0.0
+        answered = _answered_stems(item.answer)
+        share = sum(s in answered for s in asked) / len(asked)
+        return abs(share - self.min_overlap)

@@ -1,0 +1,284 @@
+"""Cheap, deterministic text analysis shared by the local (offline) judges.
+
+Everything here is a pure function over strings. Analyses of texts that recur across events
+(retrieved chunks of popular documents, stems of common words) are memoised in bounded caches,
+so a stream of events with the same knowledge base stays fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import operator
+import re
+from pathlib import Path
+
+import snowballstemmer
+
+# Words: letters with inner apostrophes/hyphen-free (hyphenated words are split so "hard-boiled"
+# matches "hard boiled"). Numbers: digits with thousands separators or a decimal part.
+_TOKEN_RE = re.compile(r"\d+(?:[.,]\d+)*|[^\W\d_]+(?:['’][^\W\d_]+)*")
+# A list marker at the start of a line ("1. ", "2) ") is layout, not a claimed number.
+_LIST_MARKER_RE = re.compile(r"^[ \t]*+(?:\d{1,2}[.)]|[-*•])[ \t]+", re.MULTILINE)
+# Sentence ends: . ! ? followed by space and an upper-case letter, digit or quote; or a newline.
+# (Every split starts with white space; the leading (?=\s) only spares the regex engine from
+# trying both branches at every other position.) Both branches only start where a run of white
+# space starts, and take all of it without backtracking: tried from every position of a long run
+# without a newline, `\s*\n` took time quadratic in its length.
+_SENTENCE_RE = re.compile(
+    r"(?=\s)(?:(?<=[.!?])\s++(?=[\"“(\[A-Z0-9])|(?<!\s)[^\S\n]*+\n\s*+)"
+)
+# The same first branch with the end mark consumed (and captured) instead of looked behind at.
+_SENTENCE_END_RE = re.compile(r"([.!?])\s++(?=[\"“(\[A-Z0-9])")
+_LEADING_LIST_MARKER_RE = re.compile(r"[ \t]*(?:\d{1,2}[.)]|[-*•])[ \t]+")
+_CAMEL_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")
+_CLOCK_RE = re.compile(r"\b([01]?\d|2[0-3]):[0-5]?\d\b")
+_ORDINAL_SUFFIXES = frozenset({"st", "nd", "rd", "th", "s"})
+
+_NUMBER_WORDS: dict[str, str] = {
+    "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
+    "seven": "7", "eight": "8", "nine": "9", "ten": "10", "eleven": "11", "twelve": "12",
+    "thirteen": "13", "fourteen": "14", "fifteen": "15", "sixteen": "16", "seventeen": "17",
+    "eighteen": "18", "nineteen": "19", "twenty": "20", "thirty": "30", "forty": "40",
+    "fifty": "50", "sixty": "60", "seventy": "70", "eighty": "80", "ninety": "90",
+    "hundred": "100", "thousand": "1000", "million": "1000000", "billion": "1000000000",
+    "first": "1", "second": "2", "third": "3", "fourth": "4", "fifth": "5", "sixth": "6",
+    "seventh": "7", "eighth": "8", "ninth": "9", "tenth": "10", "dozen": "12", "half": "0.5",
+    "once": "1", "twice": "2", "single": "1", "double": "2", "triple": "3", "pair": "2",
+}
+# Small numbers are too common as words ("one of", "second half") to count as claims on their
+# own, but an answer's "3" is supported by a chunk's "three".
+_CLAIM_NUMBER_MIN_WORD = 13
+
+_stemmer = snowballstemmer.stemmer("english")
+# Package data (see pyproject: judges/lexicons/*.txt), found next to this module.
+_LEXICON_DIR = Path(__file__).resolve().parent.parent / "lexicons"  # judges/lexicons/
+
+
+def load_lexicon(name: str) -> tuple[str, ...]:
+    """Lines of `judges/lexicons/<name>.txt`, without blank lines and `#` comments."""
+    text = (_LEXICON_DIR / f"{name}.txt").read_text("utf-8")
+    lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
+    return tuple(line for line in lines if line)
+
+
+STOPWORDS: frozenset[str] = frozenset(load_lexicon("stopwords"))
+
+
+# No word of a natural language is longer; a longer "word" (a hash, a run of one letter) is
+# kept as it is, since the pure-Python stemmer takes about a second per megabyte of it.
+_MAX_STEMMED_LENGTH = 64
+
+
+@functools.lru_cache(maxsize=200_000)
+def stem(word: str) -> str:
+    """Snowball (Porter 2) stem of a lower-case word; "studies" and "study" share one."""
+    if len(word) > _MAX_STEMMED_LENGTH:
+        return word
+    return str(_stemmer.stemWord(word))
+
+
+def normalise_number(token: str) -> str:
+    """Canonical form of a numeric token: "1,000" and "1000.0" both become "1000"."""
+    if "," in token and re.fullmatch(r"\d{1,3}(?:,\d{3})+", token):
+        token = token.replace(",", "")
+    elif "," in token:
+        token = token.replace(",", ".")
+    if "." in token:
+        whole, _, frac = token.partition(".")
+        frac = frac.rstrip("0")
+        token = f"{whole}.{frac}" if frac else whole
+    return token.lstrip("0") or "0"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bag:
+    """The comparable content of a text: stems of its content words and its numbers."""
+
+    stems: frozenset[str]
+    numbers: frozenset[str]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Claim:
+    """One sentence of an answer with its content words (ordered, for naming them)."""
+
+    text: str
+    words: tuple[tuple[str, str], ...]  # (surface form, stem)
+    numbers: tuple[tuple[str, str], ...]  # (surface form, normalised)
+    names: tuple[tuple[str, str], ...]  # (surface, stem) of capitalised non-initial words
+
+
+# Tokens never contain whitespace, so a text's tokens are those of its whitespace-separated
+# pieces in order. Pieces ("days.", "The", "30") recur far more than whole texts do, so the
+# analyses below are memoised per piece: a chunk never seen before still costs one `str.split`
+# and a cache hit per piece instead of a regex pass and a stem look-up per token.
+_PIECE_CACHE = 200_000
+
+
+@functools.lru_cache(maxsize=_PIECE_CACHE)
+def _piece_tokens(piece: str) -> tuple[str, ...]:
+    return tuple(_TOKEN_RE.findall(piece))
+
+
+def _tokens_of(text: str) -> itertools.chain[str]:
+    return itertools.chain.from_iterable(map(_piece_tokens, text.split()))
+
+
+def tokens(text: str) -> list[str]:
+    """Word and number tokens of `text`, in order."""
+    return list(_tokens_of(text))
+
+
+@functools.lru_cache(maxsize=_PIECE_CACHE)
+def _piece_bag(piece: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What one piece adds to a `Bag`: (stems, numbers); see `bag_of`."""
+    stems: set[str] = set()
+    numbers: set[str] = set()
+    for tok in set(_piece_tokens(piece)):  # a piece without spaces can repeat a token a lot
+        if tok[0].isdigit():
+            numbers.add(normalise_number(tok))
+            continue
+        low = tok.lower()
+        num = _NUMBER_WORDS.get(low)
+        if num is not None:
+            numbers.add(num)
+        if low not in STOPWORDS:
+            stems.add(stem(low))
+        if not tok.islower() and not tok.isupper():
+            # Structured sources name fields in camelCase ("OutdoorSeating", "WiFi"): the
+            # answer says "outdoor seating" / "Wi-Fi", so the parts count as content too.
+            # (This also runs for "The": once per distinct piece, so not worth a pre-check
+            # that would have to mind non-ASCII words like "Éclair", which yield "clair".)
+            for part in _CAMEL_RE.findall(tok):
+                part_low = part.lower()
+                if part_low not in STOPWORDS:
+                    stems.add(stem(part_low))
+    # A clock time never spans whitespace and \b sees whitespace like a text's edge, so the
+    # piece's matches are the text's. "20:00" supports "8 pm": add the 12-hour reading.
+    for hour in _CLOCK_RE.findall(piece):
+        h = int(hour)
+        if 12 < h < 24:
+            numbers.add(str(h - 12))
+    return tuple(stems), tuple(numbers)
+
+
+_STEMS_PART = operator.itemgetter(0)
+
+
+def content_stems(text: str) -> list[str]:
+    """The content-word stems of `text`, piece by piece (each piece's once), from the
+    memoised piece analyses: a few µs for a sentence."""
+    return list(itertools.chain.from_iterable(map(_STEMS_PART, map(_piece_bag, text.split()))))
+_NUMBERS_PART = operator.itemgetter(1)
+
+
+@functools.lru_cache(maxsize=4096)
+def bag_of(text: str) -> Bag:
+    """Stems and numbers of a (context) text; memoised because chunks recur."""
+    parts = list(map(_piece_bag, set(text.split())))
+    return Bag(
+        frozenset(itertools.chain.from_iterable(map(_STEMS_PART, parts))),
+        frozenset(itertools.chain.from_iterable(map(_NUMBERS_PART, parts))),
+    )
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences and list items of `text`, list markers removed, empty pieces dropped."""
+    if "\n" in text:
+        pieces = _SENTENCE_RE.split(_LIST_MARKER_RE.sub("", text))
+    else:
+        # One line (most answers): only a marker at the very start can exist, and only the
+        # first branch of _SENTENCE_RE can match; the faster _SENTENCE_END_RE splits at the same
+        # places but captures the end mark, which is glued back to its sentence.
+        marker = _LEADING_LIST_MARKER_RE.match(text)
+        if marker is not None:
+            text = text[marker.end() :]
+        parts = _SENTENCE_END_RE.split(text)
+        pieces = [s + end for s, end in zip(parts[::2], parts[1::2], strict=False)]
+        pieces.append(parts[-1])
+    return [s for s in pieces if s and not s.isspace()]
+
+
+# How a token of an answer counts, with what `claim_of` asks of it: (token, kind, (token,
+# value), starts with a digit, starts upper-case, is an ordinal suffix); kind is "num" (value
+# normalised), "word" (value = stem) or "skip".
+_ClaimToken = tuple[str, str, tuple[str, str], bool, bool, bool]
+
+
+@functools.lru_cache(maxsize=_PIECE_CACHE)
+def _claim_token(tok: str) -> _ClaimToken:
+    kind, value = _token_info(tok)
+    return (
+        tok, kind, (tok, value), tok[0].isdigit(), tok[0].isupper(), tok in _ORDINAL_SUFFIXES
+    )
+
+
+def _token_info(tok: str) -> tuple[str, str]:
+    if tok[0].isdigit():
+        return "num", normalise_number(tok)
+    low = tok.lower()
+    num = _NUMBER_WORDS.get(low)
+    if num is not None:
+        # Small number words are too common ("one of", "second half") to be claims of their own.
+        return ("num", num) if float(num) >= _CLAIM_NUMBER_MIN_WORD else ("skip", "")
+    if low in STOPWORDS:
+        return "skip", ""
+    return "word", stem(low)
+
+
+@functools.lru_cache(maxsize=_PIECE_CACHE)
+def _piece_claim_tokens(piece: str) -> tuple[_ClaimToken, ...]:
+    return tuple(map(_claim_token, _piece_tokens(piece)))
+
+
+def claim_of(sentence: str) -> Claim:
+    """Content words, numbers and names claimed by one answer sentence."""
+    infos = tuple(itertools.chain.from_iterable(map(_piece_claim_tokens, sentence.split())))
+    # "2nd", "1990s": a suffix right after a number is part of it. (A dropped suffix is never
+    # a number itself, so whether a token is dropped depends on its predecessor only; list
+    # comprehensions instead of one loop keep a sentence of a million tokens well under 1 s.)
+    if any(map(_IS_SUFFIX, infos)):
+        infos = (infos[0], *(t for prev, t in itertools.pairwise(infos) if not (t[5] and prev[3])))
+    words = [t[2] for t in infos if t[1] == "word"]
+    numbers = [t[2] for t in infos if t[1] == "num"]
+    # Capitalised words other than the sentence's first token are names.
+    names = [t[2] for t in infos[1:] if t[4] and t[1] == "word"]
+    return Claim(sentence, tuple(words), tuple(numbers), tuple(names))
+
+
+_IS_SUFFIX = operator.itemgetter(5)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Coverage:
+    """How much of a target text (an expected answer, a fact, a question) another text holds:
+    the target's distinct content words and numbers, and those the other text lacks."""
+
+    words: int
+    numbers: int
+    missing_words: tuple[str, ...]  # surface forms, in the target's order
+    missing_numbers: tuple[str, ...]
+
+    @property
+    def share(self) -> float:
+        """The share of the target's content words found (1.0 for a target without any)."""
+        return (self.words - len(self.missing_words)) / self.words if self.words else 1.0
+
+
+def coverage(target: str, evidence: Bag) -> Coverage:
+    """Which content words (by stem) and numbers of `target` the `evidence` bag lacks (pure)."""
+    claim = claim_of(target)
+    words: dict[str, str] = {}  # stem -> its first surface form
+    for surface, s in claim.words:
+        words.setdefault(s, surface)
+    numbers: dict[str, str] = {}
+    for surface, n in claim.numbers:
+        numbers.setdefault(n, surface)
+    return Coverage(
+        len(words),
+        len(numbers),
+        tuple(w for s, w in words.items() if s not in evidence.stems),
+        tuple(raw for n, raw in numbers.items() if n not in evidence.numbers),
+    )

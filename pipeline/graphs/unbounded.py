@@ -1,0 +1,213 @@
+"""The unbounded graph of `ragpulse stream`: one Beam streaming job on a distributed runner.
+
+    ReadKafkaStream (or any source of SourceRecords: tests use TestStream)
+        -> ParseEvents (sample) -> JudgeEvents         the same stages as `run` and `serve`
+           (--session-judges: + GroupSessions -> JudgeEvents of the session judges, as `run`)
+        -> PaneRatings: event-time fixed windows, early / on-time / late panes, accumulating
+        -> PublishRatings: each pane as a rating row on the ratings topic
+    ParseEvents' dead letters -> PublishDeadLetters -> the dead-letter topic
+
+How the window ratings get to Prometheus: (a) a ratings topic read by `ragpulse exporter`,
+which serves /metrics, rather than (b) the Prometheus Pushgateway. Panes accumulate, so each
+pane carries the window's whole count so far and the exporter keeps the latest pane of each
+window: a pane written twice (a retried bundle, a restarted worker, a replayed topic) changes
+nothing, and the exporter rebuilds everything from the topic after its own restart. With the
+Pushgateway, every worker would push its own panes under one grouping key and the last push
+would win (pushes from many workers collide, and counts of another worker's windows vanish),
+counters would reset whenever a worker restarts, and the gateway holds no history to rebuild
+from. The exporter exports through serve's collector (`pipeline.metrics.collector`), with the
+same metric names and labels, so the shipped recording rules, alerts and dashboards work on
+either deployment.
+
+Lateness is Beam's here, not serve's watermark: a window's on-time pane fires when the
+runner's watermark (the Kafka record times, `CreateTime`) passes its end; events up to
+`allowed_lateness` behind the watermark update the window in late panes; events later than that
+are dropped by the runner and counted in its own metrics (Dataflow: the step's
+"droppedDueToLateness" counter; Flink: numLateRecordsDropped), which the exporter cannot see.
+
+Counts that serve exports from Beam counters (events read, calls, tokens, latency) stay Beam
+counters in the workers here: the runner's monitoring shows them (Dataflow job metrics, Flink
+metrics reporters); only the verdicts reach Prometheus, through the window panes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.transforms import trigger, window
+from apache_beam.utils.timestamp import Duration
+from apache_beam.utils.windowed_value import PaneInfoTiming
+
+from ragpulse.pipeline.formats.rating_rows import PaneTiming, RatingPane
+from ragpulse.pipeline.graphs.bounded import StageConfig, with_sessions
+from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.stages.judge import JudgeEvents
+from ragpulse.pipeline.stages.parse import ParseEvents
+from ragpulse.pipeline.stages.windows import CountRatings, at_event_time, weighted_ratings
+from ragpulse.pipeline.windows import RatingCounts, WindowKey
+
+_TIMINGS: dict[int, PaneTiming] = {
+    PaneInfoTiming.EARLY: "early",
+    PaneInfoTiming.ON_TIME: "on_time",
+    PaneInfoTiming.LATE: "late",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class PaneSchedule:
+    """When a window's panes fire: early every `early_firing_seconds` of processing time while
+    it is open, on time when the watermark passes its end, late for each late event up to
+    `allowed_lateness_seconds` after that."""
+
+    allowed_lateness_seconds: float
+    early_firing_seconds: float
+
+
+class _ToPane(beam.DoFn):
+    def process(
+        self,
+        element: tuple[tuple[str, str, str, str], RatingCounts],
+        win: Any = beam.DoFn.WindowParam,
+        pane: Any = beam.DoFn.PaneInfoParam,
+    ) -> Iterator[RatingPane]:
+        (judge, version, app, model), counts = element
+        key = WindowKey(float(win.start), float(win.end), judge, app, model, version)
+        yield RatingPane(key, counts, _TIMINGS[pane.timing], pane.index)
+
+
+class PaneRatings(beam.PTransform):
+    """Counts ratings per (event-time fixed window, judge, app, model) of an unbounded stream,
+    in accumulating panes (`PaneSchedule`): `JudgedEvent`s (and `Retraction`s, which take
+    verdicts back out) in, `RatingPane`s out."""
+
+    def __init__(self, *, window_size: float, schedule: PaneSchedule) -> None:
+        super().__init__()
+        self._size = window_size
+        self._schedule = schedule
+
+    def expand(self, judged: Any) -> Any:
+        schedule = self._schedule
+        return (
+            judged
+            | "StampEventTime" >> beam.Map(at_event_time)
+            | "FixedWindows"
+            >> beam.WindowInto(
+                window.FixedWindows(self._size),
+                trigger=trigger.AfterWatermark(
+                    # Beam takes whole seconds here (the runner API's delay is an integer).
+                    early=trigger.AfterProcessingTime(max(1, round(schedule.early_firing_seconds))),
+                    late=trigger.AfterCount(1),
+                ),
+                allowed_lateness=Duration(seconds=schedule.allowed_lateness_seconds),
+                accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
+            )
+            | "RatingPerJudge" >> beam.FlatMap(weighted_ratings)
+            | "CountRatings" >> beam.CombinePerKey(CountRatings())
+            | "ToPane" >> beam.ParDo(_ToPane())
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamSinks:
+    """Where the stream's outputs go: `dead_letters` takes `Rejected` records, `ratings` takes
+    `RatingPane`s."""
+
+    dead_letters: beam.PTransform
+    ratings: beam.PTransform
+
+
+def build_stream(
+    p: beam.Pipeline,
+    source: beam.PTransform,
+    config: StageConfig,
+    schedule: PaneSchedule,
+    sinks: StreamSinks,
+) -> None:
+    """Adds the whole stream to `p`: `source` yields `SourceRecord`s stamped with their event
+    time (Kafka record time), `sinks` take the dead letters and the window panes."""
+    parsed = p | "Read" >> source | "ParseEvents" >> ParseEvents(
+        sample_rate=config.sample_rate,
+        window_size=config.window_seconds,
+        max_bytes=config.max_event_bytes,
+        max_future_skew_s=config.max_future_skew_s,
+    )
+    _ = parsed[ParseEvents.DEAD_LETTER] | "WriteDeadLetters" >> sinks.dead_letters
+    judged = parsed.events | "JudgeEvents" >> JudgeEvents(
+        config.judges, batch_size=config.judge_batch_size
+    )
+    if config.sessions is not None:
+        # As in `run` (pipeline.stages.sessions): a session is judged when the watermark passes its
+        # last turn + the gap, and counted in the window of its last turn, in a late pane of
+        # that window (the settings keep --session-gap within --allowed-lateness). A late turn
+        # re-opens it for --allowed-lateness minus the gap, so that the windows of its earlier
+        # verdicts, which are taken back out, are still open (`rejudge_lateness_seconds`).
+        judged = with_sessions(
+            judged,
+            parsed.events,
+            config.sessions,
+            config.judge_batch_size,
+            rejudge_lateness_seconds=schedule.allowed_lateness_seconds
+            - config.sessions.gap_seconds,
+        )
+    panes = judged | "PaneRatings" >> PaneRatings(
+        window_size=config.window_seconds, schedule=schedule
+    )
+    _ = panes | "WriteRatings" >> sinks.ratings
+
+
+def _source_record(row: Any) -> SourceRecord:
+    """A ReadFromKafka row (Java's ByteArrayKafkaRecord) as a `SourceRecord`."""
+    return SourceRecord(
+        row.value or b"", row.topic, row.partition, row.offset, record_time=row.timestamp / 1000
+    )
+
+
+class ReadKafkaStream(beam.PTransform):
+    """The stream's source: Beam's cross-language `ReadFromKafka` (the Java KafkaIO), records
+    stamped with their Kafka record time (`CreateTime`), from the earliest offset unless
+    `consumer_config` says otherwise. With a `group.id` in `consumer_config`, the reader commits
+    the group's offsets when the runner finalizes a checkpoint (Flink: every
+    `--checkpointing_interval`), so a job submitted again with the same group starts where the
+    stopped one had checkpointed.
+
+    Expanding it needs a Java expansion service: `expansion_service` (host:port of a running
+    one), else Beam starts its IO expansion service jar with the local `java`, downloading the
+    jar on first use. Runners then run the Java reader in a Java SDK harness (Dataflow: Runner
+    v2; Flink: the job server's environment).
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        consumer_config: Mapping[str, str] | None = None,
+        expansion_service: str | None = None,
+    ) -> None:
+        super().__init__()
+        self._config = {
+            "bootstrap.servers": bootstrap,
+            "auto.offset.reset": "earliest",
+            **(consumer_config or {}),
+        }
+        self._topic = topic
+        self._expansion_service = expansion_service
+
+    def expand(self, pbegin: Any) -> Any:
+        from apache_beam.io.kafka import ReadFromKafka  # imported only to expand the read
+
+        return (
+            pbegin
+            | "ReadFromKafka"
+            >> ReadFromKafka(
+                consumer_config=self._config,
+                topics=[self._topic],
+                with_metadata=True,
+                timestamp_policy=ReadFromKafka.create_time_policy,
+                commit_offset_in_finalize="group.id" in self._config,
+                expansion_service=self._expansion_service,
+            )
+            | "ToSourceRecord" >> beam.Map(_source_record)
+        )

@@ -1,0 +1,1245 @@
+"""The settings model of `ragpulse run` and `ragpulse serve`: typed, validated once, in `main()`.
+
+`RunSettings` and `ServeSettings` share `BatchSettings` (judges, sampling, windows, labels, Beam
+options). Each field's default lives here, on the model; the command-line flags take theirs
+from it (`default_of`), so help texts and behaviour cannot disagree. Beam workers import these
+modules in other processes, so nothing here reads the environment or the command line until a
+command asks for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Mapping
+from importlib.util import find_spec
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    InstanceOf,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticUndefined
+
+from ragpulse.judges import DEFAULT_JUDGES, JudgeSpec, ReplyFormat, check_judge_names
+from ragpulse.judges.base import global_guidelines
+from ragpulse.judges.composite import parse_composite
+from ragpulse.judges.llm.ensemble import parse_ensemble
+from ragpulse.judges.redaction import (
+    REDACT_MODES,
+    STORE_TEXT_MODES,
+    RedactMode,
+    StoreText,
+    TextPolicy,
+    compile_user_patterns,
+    endpoint_for_log,
+    is_loopback_url,
+)
+from ragpulse.judges.registry import (
+    DEFAULT_SCORE_THRESHOLD,
+    SESSION_JUDGES,
+    judge_entry,
+    judges_help,
+    session_judge_entry,
+)
+from ragpulse.judges.sessions import (
+    DEFAULT_SESSION_GAP_SECONDS,
+    DEFAULT_SESSION_MAX_BYTES,
+    DEFAULT_SESSION_MAX_TURNS,
+)
+from ragpulse.pipeline.costs.budget import BudgetSettings
+from ragpulse.pipeline.costs.cascade import CascadeSettings, add_cascade_arguments, cascade_settings
+from ragpulse.pipeline.costs.sampling import SamplingPlan, load_plan
+from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.formats.otlp import INPUT_FORMATS, InputFormat
+from ragpulse.pipeline.kafka_security import PLAINTEXT, KafkaSecurity
+from ragpulse.pipeline.metrics.labels import LabelLimits
+from ragpulse.pipeline.windows import parse_duration
+
+if TYPE_CHECKING:
+    from ragpulse.pipeline.graphs.bounded import StageConfig
+    from ragpulse.pipeline.stages.sessions import SessionConfig
+
+log = logging.getLogger(__name__)
+
+SettingsModel = TypeVar("SettingsModel", bound=BaseModel)
+
+# The Beam runners `--runner` takes. The graph needs windows, timestamps, tagged outputs,
+# finish_bundle output, several sinks and metrics back in this process; these runners have all.
+RUNNERS = ("FnApiRunner", "PortableRunner", "FlinkRunner", "SparkRunner", "DataflowRunner")
+_TRIES_PRISM = "it first tries Prism, downloaded at run time, then falls back to FnApiRunner"
+# The runners Beam knows that ragpulse refuses, and why (shown by --help and in the error).
+REFUSED_RUNNERS = {
+    "DirectRunner": _TRIES_PRISM,
+    "SwitchingDirectRunner": _TRIES_PRISM,
+    "PrismRunner": "it downloads the Prism binary at run time",
+    "BundleBasedDirectRunner": "Beam's legacy local runner, untested; FnApiRunner replaces it",
+    "TestDirectRunner": "a runner for Beam's own tests",
+    "TestDataflowRunner": "a runner for Beam's own tests",
+    "InteractiveRunner": "a runner for notebooks",
+    "DaskRunner": "it drops windows, timestamps, tagged outputs and all but the last sink",
+    "KafkaStreamsRunner": "experimental; its job server is in no Beam release",
+}
+# Upper bounds of the size settings: a cycle holds up to MAX_BATCH_EVENTS records in memory,
+# each up to --max-event-bytes (Kafka's own default record limit is 1 MiB).
+MAX_BATCH_EVENTS = 1_000_000
+MAX_EVENT_BYTES = 64 * 1_048_576
+
+
+class JudgeSettings(BaseModel):
+    """The judge panel: which judges, on which backend, against which endpoint.
+
+    Each field's title is the flag (or environment variable) that sets it: errors name that,
+    since the operator never sees the field names.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: Literal["local", "openai"] = Field(title="--judge-backend")  # `names` reads it
+    # judges.llm.custom.CustomJudge values, loaded from the --custom-judge files at validation;
+    # `names` reads them. Typed Any so that importing the settings imports no LLM client.
+    custom_judges: tuple[Any, ...] = Field((), title="--custom-judge")
+    names: tuple[str, ...] = Field(DEFAULT_JUDGES, title="--judges")
+    base_url: str | None = Field(None, title="--judge-base-url / OPENAI_BASE_URL")
+    model: str = Field("gpt-4o-mini", title="--judge-model")
+    api_key: SecretStr | None = Field(None, title="OPENAI_API_KEY")
+    concurrency: int = Field(16, ge=1, le=1024, title="--judge-concurrency")
+    timeout_seconds: float = Field(30.0, gt=0, le=600, title="--judge-timeout")
+    max_retries: int = Field(4, ge=0, le=20, title="--judge-max-retries")
+    temperature: float = Field(0.1, ge=0, le=2, title="--judge-temperature")
+    prompts_dir: Path | None = Field(None, title="--judge-prompts")
+    reply_format: ReplyFormat = Field("json_schema", title="--judge-reply-format")
+    max_tokens: int = Field(256, ge=1, le=65536, title="--judge-max-tokens")
+    breaker_failures: int = Field(5, ge=0, le=10_000, title="--judge-breaker-failures")
+    breaker_cooldown_seconds: float = Field(30.0, gt=0, le=86400, title="--judge-breaker-cooldown")
+    batch_deadline_seconds: float = Field(120.0, gt=0, le=86400, title="--judge-batch-deadline")
+    rpm: int | None = Field(None, ge=1, title="--judge-rpm")
+    tpm: int | None = Field(None, ge=1, title="--judge-tpm")
+    redact_pii: RedactMode = Field("auto", title="--redact-pii")
+    # The operator vouches that the endpoint keeps prompts in house: "auto" then sends raw text.
+    endpoint_trusted: bool = Field(False, title="--judge-endpoint-trusted")
+    redact_patterns: tuple[str, ...] = Field((), title="--redact-pattern")
+    store_text: StoreText = Field("redacted", title="--store-text")
+    # NAME=RULE guidelines every event must follow, added to its own (guideline_adherence).
+    guidelines: tuple[str, ...] = Field((), title="--guideline")
+    # Identical inputs judged once per TTL by the LLM judges (judges.verdict_cache); 0: no cache.
+    cache_size: int = Field(10_000, ge=0, le=10_000_000, title="--judge-cache-size")
+    cache_ttl_seconds: float = Field(600.0, gt=0, le=7 * 86400, title="--judge-cache-ttl")
+    # The scored judges (faithfulness, answer_correctness): "yes" at this score or above.
+    score_threshold: float = Field(
+        DEFAULT_SCORE_THRESHOLD, ge=0, le=1, title="--judge-score-threshold"
+    )
+    embeddings_model: str | None = Field(None, min_length=1, title="--judge-embeddings-model")
+    # NAME=JUDGE:WEIGHT,... weighted composites of the judges' grades (judges.composite).
+    composites: tuple[str, ...] = Field((), title="--composite")
+    # JUDGE=MODEL,MODEL,MODEL or JUDGE=N: a judge graded by a majority vote (judges.llm.ensemble).
+    ensembles: tuple[str, ...] = Field((), title="--ensemble")
+    # One call per event for the LLM judges that can share it (judges.llm.combined).
+    combine: bool = Field(False, title="--judge-combine")
+    # Ask the endpoint for token logprobs: verdicts carry P(yes) as their score
+    # (judges.llm.logprobs).
+    logprobs: bool = Field(False, title="--judge-logprobs")
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs_need_an_llm(cls, logprobs: bool, info: ValidationInfo) -> bool:
+        if logprobs and info.data.get("backend") != "openai":
+            raise ValueError("token logprobs come from an LLM: use it with --judge-backend openai")
+        return logprobs
+
+    @field_validator("redact_patterns")
+    @classmethod
+    def _patterns_compile(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        compile_user_patterns(patterns)  # ValueError names the pattern
+        return patterns
+
+    @field_validator("custom_judges", mode="before")
+    @classmethod
+    def _custom_judges_load(cls, files: object) -> object:
+        # Fail at start-up, not inside a Beam worker; the workers get the loaded judges.
+        from ragpulse.judges.llm.custom import CustomJudge, load_custom_judges
+
+        if not isinstance(files, (list, tuple)):
+            raise ValueError("must be a list of files")
+        if all(isinstance(f, CustomJudge) for f in files):
+            return tuple(files)
+        return load_custom_judges(tuple(Path(f) for f in files))  # ValueError: one line
+
+    @field_validator("names")
+    @classmethod
+    def _known_judges(cls, names: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        if "custom_judges" not in info.data:
+            return names  # a custom judge file is invalid, and that is the error to read
+        custom = tuple(c.entry for c in info.data["custom_judges"])
+        check_judge_names(names, info.data.get("backend"), custom)  # ValueError: one line
+        # Custom session judges are named in --session-judges (BatchSettings checks those).
+        unused = [
+            f"{e.name} ({e.prompt})" for e in custom if e.name not in names and not e.session
+        ]
+        if unused:
+            # A judge defined and never run is a forgotten step, not a choice: say so at start.
+            raise ValueError(
+                f"custom judge(s) {', '.join(unused)} from --custom-judge are not listed; "
+                "add them to --judges"
+            )
+        return names
+
+    @field_validator("guidelines")
+    @classmethod
+    def _guidelines_read(cls, flags: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        global_guidelines(flags)  # ValueError: one line
+        if flags and "guideline_adherence" not in info.data.get("names", ()):
+            raise ValueError("only the guideline_adherence judge reads it; add it to --judges")
+        return flags
+
+    @field_validator("embeddings_model")
+    @classmethod
+    def _embeddings_read(cls, model: str | None, info: ValidationInfo) -> str | None:
+        if model is not None and "answer_correctness" not in info.data.get("names", ()):
+            raise ValueError("only the answer_correctness judge reads it; add it to --judges")
+        return model
+
+    @field_validator("composites")
+    @classmethod
+    def _composites_read(cls, flags: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        from ragpulse.judges.composite import check_composites, parse_composite
+
+        check_composites([parse_composite(f) for f in flags], info.data.get("names", ()))
+        return flags
+
+    @field_validator("ensembles")
+    @classmethod
+    def _ensembles_read(cls, flags: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        from ragpulse.judges.llm.ensemble import parse_ensemble
+
+        ensembles = [parse_ensemble(f) for f in flags]  # ValueError: one line
+        if ensembles and info.data.get("backend") != "openai":
+            raise ValueError("an ensemble asks LLMs: use it with --judge-backend openai")
+        judges = [e.judge for e in ensembles]
+        for judge in judges:
+            if judge not in info.data.get("names", ()):
+                raise ValueError(f"judge {judge} is not among --judges; add it")
+            if judges.count(judge) > 1:
+                raise ValueError(f"judge {judge} has more than one ensemble")
+            if judge_entry(judge).scored is not None:
+                raise ValueError(f"judge {judge} grades claims, not one verdict: no ensemble")
+        return flags
+
+    @field_validator("prompts_dir")
+    @classmethod
+    def _prompt_files_load(cls, folder: Path | None) -> Path | None:
+        # Fail at start-up, not inside a Beam worker, when a prompt file is missing or invalid.
+        if folder is not None:
+            from ragpulse.judges.llm.judge import available_prompts, load_prompt
+
+            if not folder.is_dir():
+                raise ValueError(f"{folder} is not a directory")
+            for name in available_prompts():
+                load_prompt(name, folder)
+        return folder
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        return http_url(url)
+
+    def text_policy(self) -> TextPolicy:
+        """What prompts and stored verdict text keep of the users' text."""
+        return TextPolicy(
+            self.redact_pii, self.redact_patterns, self.store_text, self.endpoint_trusted
+        )
+
+    def spec(self) -> JudgeSpec:
+        """The picklable spec Beam workers build their panel from."""
+        return JudgeSpec(
+            names=self.names,
+            backend=self.backend,
+            base_url=self.base_url,
+            model=self.model,
+            api_key=self.api_key.get_secret_value() if self.api_key else None,
+            concurrency=self.concurrency,
+            timeout_seconds=self.timeout_seconds,
+            max_retries=self.max_retries,
+            temperature=self.temperature,
+            prompts_dir=str(self.prompts_dir) if self.prompts_dir else None,
+            reply_format=self.reply_format,
+            max_tokens=self.max_tokens,
+            breaker_failures=self.breaker_failures,
+            breaker_cooldown_seconds=self.breaker_cooldown_seconds,
+            batch_deadline_seconds=self.batch_deadline_seconds,
+            rpm=self.rpm,
+            tpm=self.tpm,
+            text_policy=self.text_policy(),
+            guidelines=global_guidelines(self.guidelines),
+            custom_judges=self.custom_judges,
+            cache_size=self.cache_size,
+            cache_ttl_seconds=self.cache_ttl_seconds,
+            score_threshold=self.score_threshold,
+            embeddings_model=self.embeddings_model,
+            composites=tuple(parse_composite(f) for f in self.composites),
+            ensembles=tuple(parse_ensemble(f) for f in self.ensembles),
+            combine=self.combine,
+            logprobs=self.logprobs,
+        )
+
+
+class BatchSettings(BaseModel):
+    """What `run` and `serve` share: the judges, sampling, windows, label limits, Beam options.
+
+    A field's title is its flag, when the field's name is not (errors name the flag)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    judges: JudgeSettings
+    sample_rate: float = Field(1.0, ge=0, le=1)
+    # Strata from --sampling-rules FILE (a path is loaded and checked here, once); None: none.
+    sampling: InstanceOf[SamplingPlan] | None = Field(None, title="--sampling-rules")
+    cascade: InstanceOf[CascadeSettings] | None = Field(None, title="--cascade-llm-sample-rate")
+    window_seconds: float = Field(300.0, gt=0, title="--window")
+    max_event_bytes: int = Field(1_048_576, ge=1024, le=MAX_EVENT_BYTES)
+    # Events dated further ahead of their record time or the clock are refused (stages.py).
+    max_future_skew_seconds: float = Field(300.0, gt=0, title="--max-future-skew")
+    labels: LabelLimits = LabelLimits()
+    beam_args: tuple[str, ...] = Field((), title="--beam-arg")
+    runner: str | None = Field(None, title="--runner")  # None: FnApiRunner in this process
+    # pipeline.calibration.JudgeCalibration values, loaded from the --judge-calibration files
+    # at validation (typed Any, like custom_judges).
+    judge_calibrations: tuple[Any, ...] = Field((), title="--judge-calibration")
+    @field_validator("judge_calibrations", mode="before")
+    @classmethod
+    def _calibrations_load(cls, files: object, info: ValidationInfo) -> object:
+        from ragpulse.pipeline.calibration import (
+            JudgeCalibration,
+            check_calibrations,
+            load_calibration,
+        )
+
+        if not isinstance(files, (list, tuple)):
+            raise ValueError("must be a list of files")
+        loaded = tuple(
+            f if isinstance(f, JudgeCalibration) else load_calibration(Path(f)) for f in files
+        )  # CalibrationError (a ValueError): one line naming the file and key
+        judges = info.data.get("judges")
+        if judges is not None:
+            check_calibrations(loaded, judges.names, judges.backend, judges.model,
+                               lambda: judges.spec().prompt_versions())
+        return loaded
+    # What a record is: ragpulse's event (pipeline/formats/events.py) or an OTLP
+    # ExportTraceServiceRequest
+    # of the Collector's Kafka exporter, assembled into one event per trace
+    # (pipeline/formats/otlp.py).
+    input_format: InputFormat = "ragpulse"
+
+    @field_validator("beam_args")
+    @classmethod
+    def _runner_not_in_beam_args(cls, args: tuple[str, ...]) -> tuple[str, ...]:
+        # One way to choose the runner, so that every choice is checked by `runner_name`.
+        if any(a == "--runner" or a.startswith("--runner=") for a in args):
+            raise ValueError("choose the runner with --runner NAME, not as a Beam option")
+        return args
+
+    @field_validator("sampling", mode="before")
+    @classmethod
+    def _load_sampling_rules(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, (str, Path)):
+            # Unmatched events keep --sample-rate unless the file sets default_rate.
+            return load_plan(Path(value), info.data.get("sample_rate", 1.0))
+        return value
+
+    @field_validator("runner")
+    @classmethod
+    def _runner_works_here(cls, name: str | None) -> str | None:
+        return None if name is None else runner_name(name)
+
+    def stage_config(self, closed_before: float | None = None) -> StageConfig:
+        """The picklable configuration of the Beam stages."""
+        # Imported here: building settings (e.g. for --help) must not pay Beam's import.
+        from ragpulse.pipeline.graphs.bounded import StageConfig
+
+        return StageConfig(
+            judges=self.judges.spec(),
+            sample_rate=self.sample_rate,
+            sampling=self.sampling,
+            cascade=self.cascade,
+            window_seconds=self.window_seconds,
+            max_event_bytes=self.max_event_bytes,
+            # Enough events in flight to keep every concurrent judge call busy.
+            judge_batch_size=max(256, self.judges.concurrency * 16),
+            closed_before=closed_before,
+            max_future_skew_s=self.max_future_skew_seconds,
+            sessions=self.session_config(),
+        )
+
+    def session_config(self) -> SessionConfig | None:
+        """How conversations are judged; None: this command judges none (`SessionFields`)."""
+        return None
+
+
+class SessionFields(BaseModel):
+    """The conversation settings of the commands that judge sessions (run, serve, stream): the
+    session judges, the idle gap that ends a conversation, and the cap on what one
+    conversation's judge reads (pipeline.stages.sessions). Mixed into a settings model that has
+    `judges: JudgeSettings`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_judges: tuple[str, ...] = Field((), title="--session-judges")
+    session_gap_seconds: float = Field(
+        DEFAULT_SESSION_GAP_SECONDS, gt=0, le=7 * 86400, title="--session-gap"
+    )
+    session_max_turns: int = Field(
+        DEFAULT_SESSION_MAX_TURNS, ge=1, le=10_000, title="--session-max-turns"
+    )
+    session_max_bytes: int = Field(
+        DEFAULT_SESSION_MAX_BYTES, ge=1024, le=16 * 1_048_576, title="--session-max-bytes"
+    )
+
+    @model_validator(mode="after")
+    def _known_session_judges(self) -> SessionFields:
+        judges: JudgeSettings = getattr(self, "judges")  # noqa: B009 (a field of the model)
+        names = self.session_judges
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(
+                f"--session-judges: {', '.join(repeated)} listed more than once; name each once"
+            )
+        custom = tuple(c.entry for c in judges.custom_judges)
+        for name in names:
+            try:
+                entry = session_judge_entry(name, custom)
+            except ValueError as exc:
+                raise ValueError(f"--session-judges: {exc}") from None
+            if judges.backend not in entry.backends:
+                raise ValueError(
+                    f"--session-judges: session judge {name} has no {judges.backend} "
+                    f"implementation (it has: {', '.join(entry.backends)})"
+                )
+            if judges.backend == "openai" and judges.prompts_dir is not None and (
+                name in SESSION_JUDGES
+            ):
+                from ragpulse.judges.llm.judge import load_prompt
+
+                # Fail at start-up, not in a Beam worker, when --judge-prompts lacks it.
+                try:
+                    load_prompt(name, judges.prompts_dir)
+                except ValueError as exc:
+                    raise ValueError(f"--judge-prompts: {exc}") from None
+        unused = [f"{e.name} ({e.prompt})" for e in custom if e.session and e.name not in names]
+        if unused:
+            raise ValueError(
+                f"--custom-judge: custom session judge(s) {', '.join(unused)} are not listed; "
+                "add them to --session-judges"
+            )
+        return self
+
+    def session_config(self) -> SessionConfig | None:
+        """How conversations are judged, or None without --session-judges."""
+        if not self.session_judges:
+            return None
+        from ragpulse.pipeline.stages.sessions import SessionConfig
+
+        judges: JudgeSettings = getattr(self, "judges")  # noqa: B009
+        return SessionConfig(
+            judges.spec().for_sessions(self.session_judges),
+            self.session_gap_seconds,
+            self.session_max_turns,
+            self.session_max_bytes,
+        )
+
+
+class RunSettings(SessionFields, BatchSettings):
+    """Validated settings of `ragpulse run`."""
+
+    input: Path = Field(title="INPUT")
+    output: Path = Path("out")
+
+    @field_validator("input")
+    @classmethod
+    def _input_is_a_file(cls, path: Path) -> Path:
+        if not path.is_file():
+            raise ValueError(f"input file not found: {path}")
+        return path
+
+
+# The runners `ragpulse stream` takes: they run unbounded pipelines with Beam's cross-language
+# Kafka source. FnApiRunner and SparkRunner's portable mode do not run unbounded reads.
+STREAM_RUNNERS = ("PortableRunner", "FlinkRunner", "DataflowRunner")
+
+
+class StreamSettings(SessionFields):
+    """Validated settings of `ragpulse stream`: one unbounded pipeline on a distributed runner.
+
+    Judges, sampling and windows mean what they mean for `serve`; lateness is Beam's (allowed
+    lateness and panes, `pipeline.graphs.unbounded`) instead of serve's watermark.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    judges: JudgeSettings
+    sample_rate: float = Field(1.0, ge=0, le=1)
+    window_seconds: float = Field(300.0, gt=0, title="--window")
+    max_event_bytes: int = Field(1_048_576, ge=1024, le=MAX_EVENT_BYTES)
+    max_future_skew_seconds: float = Field(300.0, gt=0, title="--max-future-skew")
+    bootstrap: str = Field(min_length=3, title="--kafka-bootstrap")
+    topic: str = Field(min_length=1)
+    dead_letter_topic: str = Field(min_length=1)
+    ratings_topic: str = Field(min_length=1)
+    kafka_timeout_seconds: float = Field(30.0, gt=0, title="--kafka-timeout")
+    kafka_security: KafkaSecurity = PLAINTEXT
+    # Java Kafka consumer properties of ReadFromKafka (it does not use kafka-python).
+    consumer_config: tuple[tuple[str, str], ...] = Field((), title="--kafka-consumer-config")
+    expansion_service: str | None = Field(None, title="--expansion-service")
+    allowed_lateness_seconds: float = Field(600.0, ge=0, title="--allowed-lateness")
+    early_firing_seconds: float = Field(60.0, ge=1, title="--early-firing")
+    runner: str = Field(title="--runner")
+    beam_args: tuple[str, ...] = Field((), title="--beam-arg")
+    wait: bool = False  # wait for the job to end instead of returning once it is submitted
+
+    @field_validator("beam_args")
+    @classmethod
+    def _runner_not_in_beam_args(cls, args: tuple[str, ...]) -> tuple[str, ...]:
+        return BatchSettings._runner_not_in_beam_args(args)
+
+    @field_validator("runner")
+    @classmethod
+    def _streaming_runner(cls, name: str) -> str:
+        known = runner_name(name)
+        if known not in STREAM_RUNNERS:
+            raise ValueError(
+                f"{known} does not run unbounded pipelines; choose one of "
+                f"{', '.join(STREAM_RUNNERS)} (or `ragpulse serve` on one machine)"
+            )
+        return known
+
+    def stage_config(self) -> StageConfig:
+        """The picklable configuration of the Beam stages (no closed windows: Beam decides
+        lateness with panes)."""
+        from ragpulse.pipeline.graphs.bounded import StageConfig
+
+        return StageConfig(
+            judges=self.judges.spec(),
+            sample_rate=self.sample_rate,
+            window_seconds=self.window_seconds,
+            max_event_bytes=self.max_event_bytes,
+            judge_batch_size=max(256, self.judges.concurrency * 16),
+            max_future_skew_s=self.max_future_skew_seconds,
+            sessions=self.session_config(),
+        )
+
+    @model_validator(mode="after")
+    def _sessions_land_within_lateness(self) -> StreamSettings:
+        # A session is judged when the watermark passes its last turn + the gap, and counted
+        # in the window of its last turn: a late pane of that window, so it must still be open.
+        if self.session_judges and self.session_gap_seconds > self.allowed_lateness_seconds:
+            raise ValueError(
+                f"--session-gap ({format_duration(self.session_gap_seconds)}) must not exceed "
+                f"--allowed-lateness ({format_duration(self.allowed_lateness_seconds)}): a "
+                "session's verdicts are counted in the window of its last turn, once the gap "
+                "has passed"
+            )
+        return self
+
+
+class ExporterSettings(BaseModel):
+    """Validated settings of `ragpulse exporter`: the ratings topic served as /metrics."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bootstrap: str = Field(min_length=3, title="--kafka-bootstrap")
+    ratings_topic: str = Field(min_length=1)
+    kafka_timeout_seconds: float = Field(30.0, gt=0, title="--kafka-timeout")
+    kafka_security: KafkaSecurity = PLAINTEXT
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(9464, ge=0, le=65535)
+    web_config_file: Path | None = None
+    unhealthy_after_seconds: float = Field(300.0, gt=0, title="--unhealthy-after")
+    # Windows older than this behind the newest one are folded into the counters; keep it
+    # above the stream's --allowed-lateness, after which no pane of a window comes.
+    retention_seconds: float = Field(86400.0, gt=0, title="--retention")
+    # Panes of windows starting further ahead of the clock are ignored (service/panes.py).
+    max_future_skew_seconds: float = Field(300.0, gt=0, title="--max-future-skew")
+    labels: LabelLimits = LabelLimits()
+
+
+class ServeSettings(SessionFields, BatchSettings):
+    """Validated settings of `ragpulse serve`."""
+
+    bootstrap: str = Field(min_length=3, title="--kafka-bootstrap")
+    topic: str = Field(min_length=1)
+    dead_letter_topic: str = Field(min_length=1)
+    verdicts_topic: str = Field(min_length=1)
+    publish_verdicts: Literal["failing", "all", "none"] = "failing"
+    group_id: str = Field("ragpulse", min_length=1)
+    state: Path = Path("ragpulse-state.sqlite")
+    allowed_lateness_seconds: float = Field(600.0, ge=0, title="--allowed-lateness")
+    out_of_orderness_seconds: float = Field(30.0, ge=0, title="--out-of-orderness")
+    # A partition with no backlog for this long stops holding the watermark back
+    # (pipeline/service/watermark.py); 0 makes it idle at its first quiet cycle.
+    partition_idle_after_seconds: float = Field(60.0, ge=0, title="--partition-idle-after")
+    trigger_interval_seconds: float = Field(15.0, gt=0, title="--trigger-interval")
+    # Bounded: a cycle holds its records in memory (1e20 was accepted, issue 19).
+    max_batch_events: int = Field(50_000, ge=1, le=MAX_BATCH_EVENTS)
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(9464, ge=0, le=65535)
+    web_config_file: Path | None = None
+    unhealthy_after_seconds: float = Field(300.0, gt=0, title="--unhealthy-after")
+    retention_seconds: float = Field(30 * 86400.0, gt=0, title="--retention")
+    kafka_timeout_seconds: float = Field(30.0, gt=0, title="--kafka-timeout")
+    kafka_security: KafkaSecurity = PLAINTEXT
+    canary_file: Path | None = None
+    canary_rate_per_minute: float = Field(1.0, gt=0, le=10_000, title="--canary-rate")
+    on_offset_reset: Literal["earliest", "latest", "fail"] = "earliest"
+    undeliverable_after_seconds: float = Field(600.0, gt=0, title="--undeliverable-after")
+    state_reset: bool = False
+    # Partitions split across serve instances: this one reads partition p when
+    # p % instances == instance (see the README, "Scaling out"). Declared in this order so
+    # that the check of `instance` sees `instances`.
+    instances: int = Field(1, ge=1, le=100_000, title="--instances")
+    instance: int = Field(0, ge=0, title="--instance")
+    # The judge budget governor (pipeline/costs/budget.py); None: no budget.
+    budget: InstanceOf[BudgetSettings] | None = Field(None, title="--judge-budget-per-hour")
+    trace_assembly_wait_seconds: float = Field(30.0, ge=0, title="--trace-assembly-wait")
+    # OTLP/HTTP logs URL for gen_ai.evaluation.result events (pipeline/sinks/otlp_evaluations.py).
+    evaluation_events_endpoint: str | None = None
+
+    @field_validator("evaluation_events_endpoint")
+    @classmethod
+    def _evaluation_url(cls, url: str | None) -> str | None:
+        return http_url(url)
+
+    @field_validator("instance")
+    @classmethod
+    def _instance_in_range(cls, instance: int, info: ValidationInfo) -> int:
+        instances = info.data.get("instances")
+        if instances is not None and instance >= instances:
+            raise ValueError(
+                f"must be below --instances ({instances}): instances are numbered 0 to "
+                f"{instances - 1}"
+            )
+        return instance
+
+    def owns(self, partition: int) -> bool:
+        """Whether this instance reads, counts and commits `partition` (partitions added to
+        the topic later are owned by the same rule)."""
+        return partition % self.instances == self.instance
+
+
+class CalibrateSettings(BaseModel):
+    """Validated settings of `ragpulse calibrate`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    judges: JudgeSettings  # one judge
+    input: Path = Field(title="LABELLED")
+    output: Path | None = None
+    pass_threshold: int | None = Field(None, title="--pass-threshold")
+    show: int = Field(20, ge=0, title="--show")
+
+    @field_validator("input")
+    @classmethod
+    def _input_is_a_file(cls, path: Path) -> Path:
+        if not path.is_file():
+            raise ValueError(f"labelled file not found: {path}")
+        return path
+def http_url(url: str | None) -> str | None:
+    """`url` when it is an http(s) URL (or None); ValueError otherwise."""
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise ValueError(f"must start with http:// or https://, got {url!r}")
+    return url
+
+
+def default_of(model: type[BaseModel], field: str) -> Any:
+    """The default of `model.field`, for the flag that sets it."""
+    default = model.model_fields[field].default
+    if default is PydanticUndefined:
+        raise ValueError(f"{model.__name__}.{field} has no default")
+    return default
+
+
+def runner_name(name: str) -> str:
+    """Beam's name of the runner `name` (matched as Beam does: any case, `Runner` optional, a
+    module path allowed); ValueError when Beam does not know it or ragpulse cannot run on it."""
+    short = name.rsplit(".", 1)[-1].lower()
+    wanted = short if short.endswith("runner") else short + "runner"
+    for known in RUNNERS:
+        if known.lower() == wanted:
+            if known == "DataflowRunner" and find_spec("apitools") is None:
+                raise ValueError("DataflowRunner needs apache-beam[gcp], which is not installed")
+            return known
+    for refused, why in REFUSED_RUNNERS.items():
+        if refused.lower() == wanted:
+            raise ValueError(f"ragpulse does not run on {refused}: {why}")
+    raise ValueError(f"unknown Beam runner {name!r}; choose one of {', '.join(RUNNERS)}")
+
+
+def format_duration(seconds: float) -> str:
+    """`seconds` as the shortest duration text `parse_duration` reads back (300 -> 5m)."""
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def add_setting_flag(
+    g: Any, flag: str, model: type[BaseModel], field: str, *, help: str, **options: Any
+) -> None:
+    """A flag setting `model.field`, with the model's default (`%(default)s` in `help`);
+    `options` are argparse's (type, choices, metavar, action)."""
+    g.add_argument(flag, default=default_of(model, field), help=help, **options)
+
+
+def add_duration_flag(
+    g: Any, flag: str, model: type[BaseModel], field: str, help: str, *, positive: bool = True
+) -> None:
+    """A DURATION flag setting `model.field` (seconds), with the model's default; `{default}` in
+    `help` is that default as the flag takes it (e.g. 10m). `positive`: zero is refused."""
+    default = default_of(model, field)
+    g.add_argument(
+        flag,
+        type=positive_duration if positive else duration,
+        default=default,
+        metavar="DURATION",
+        help=help.replace("{default}", format_duration(default)),
+    )
+
+
+def add_future_skew_argument(g: Any, model: type[BaseModel]) -> None:
+    """--max-future-skew, for the commands that admit events (run, serve, stream) and the
+    exporter (which ignores panes of windows beyond it)."""
+    add_duration_flag(
+        g, "--max-future-skew", model, "max_future_skew_seconds",
+        "events dated more than this ahead of their Kafka record time or the clock are "
+        "dead-lettered as future-dated, so that one wrong clock cannot move the watermark to "
+        "the future (default: {default})",
+    )
+
+
+def add_event_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """`--sample-rate`, `--window` and `--max-event-bytes`, shared by `run`, `serve` and
+    `stream`; returns their group."""
+    g = p.add_argument_group("events and windows")
+    add_setting_flag(
+        g, "--sample-rate", BatchSettings, "sample_rate", type=sample_rate,
+        help="share of events judged, chosen by a hash of request_id (default: %(default)s)",
+    )
+    add_duration_flag(
+        g, "--window", BatchSettings, "window_seconds",
+        "event-time window size, e.g. 60s, 5m, 1h (default: {default})",
+    )
+    add_setting_flag(
+        g, "--max-event-bytes", BatchSettings, "max_event_bytes", type=int, metavar="N",
+        help="largest accepted event; larger ones are dead-lettered (default: %(default)s)",
+    )
+    add_future_skew_argument(g, BatchSettings)
+    return g
+
+
+def add_batch_arguments(p: argparse.ArgumentParser) -> None:
+    """The event flags plus sampling rules, the cascade, calibration and the input format,
+    shared by `run` and `serve` (`stream` reads none of these, so it does not take them)."""
+    g = add_event_arguments(p)
+    g.add_argument(
+        "--sampling-rules",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="YAML rules sampling strata of events at their own rates (e.g. every event with "
+        "negative feedback, 5%% of the rest); judged events are weighted by 1 / rate in "
+        "ragpulse_judge_verdicts_weighted_total (see pipeline/costs/sampling.py) (default: none)",
+    )
+    add_cascade_arguments(p)
+    p.add_argument_group("judge calibration").add_argument(
+        "--judge-calibration",
+        action="append",
+        type=Path,
+        default=list(default_of(BatchSettings, "judge_calibrations")),
+        metavar="FILE",
+        help="a judge's sensitivity and specificity on human labels, as `ragpulse calibrate "
+        "--output FILE` wrote them (one file per judge, repeatable): the judge's windows also "
+        "get the pass ratio corrected for its errors, with a 95 %% interval "
+        "(ragpulse_judge_pass_ratio_corrected*, windows.jsonl corrected_*) (default: none)",
+    )
+    add_setting_flag(
+        g, "--input-format", BatchSettings, "input_format", choices=INPUT_FORMATS,
+        help="ragpulse: one inference-log event per record; otlp_json, otlp_proto: one "
+        "OpenTelemetry ExportTraceServiceRequest per record, as the Collector's Kafka exporter "
+        "publishes with that encoding (a file: OTLP JSON lines, or length-prefixed protobuf), "
+        "assembled into one answer per trace (default: %(default)s)",
+    )
+
+
+def add_metrics_server_arguments(g: Any, model: type[BaseModel]) -> None:
+    """`--metrics-host`, `--metrics-port` and `--web-config-file` of a command serving /metrics
+    and /healthz (serve, exporter), with the defaults of its settings `model`."""
+    add_setting_flag(
+        g, "--metrics-host", model, "metrics_host",
+        help="address of the /metrics and /healthz server (default: %(default)s, this host "
+        "only; in a container pass 0.0.0.0 or the pod address so Prometheus can reach it)",
+    )
+    add_setting_flag(
+        g, "--metrics-port", model, "metrics_port", type=int,
+        help="port of the /metrics and /healthz server (default: %(default)s)",
+    )
+    g.add_argument(
+        "--web-config-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="TLS and basic auth for /metrics, in the Prometheus exporters' web config format "
+        "(tls_server_config, basic_auth_users with bcrypt hashes); /healthz stays open",
+    )
+
+
+def metrics_server_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings fields the flags of `add_metrics_server_arguments` set."""
+    return {
+        "metrics_host": args.metrics_host,
+        "metrics_port": args.metrics_port,
+        "web_config_file": args.web_config_file,
+    }
+
+
+def add_beam_arguments(p: argparse.ArgumentParser) -> None:
+    """`--runner` and `--beam-arg`: the Beam runner and the pipeline options passed to it."""
+    g = p.add_argument_group("beam")
+    refused = "; ".join(f"{name} ({why})" for name, why in REFUSED_RUNNERS.items())
+    add_setting_flag(
+        g, "--runner", BatchSettings, "runner", metavar="NAME",
+        help=f"the Beam runner: {', '.join(RUNNERS)}; its options with --beam-arg, e.g. "
+        "--runner PortableRunner --beam-arg=--job_endpoint=HOST:PORT. Refused: "
+        f"{refused} (default: Beam's FnApiRunner in this process)",
+    )
+    g.add_argument(
+        "--beam-arg",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="a Beam pipeline option for the runner (repeatable), e.g. "
+        "--beam-arg=--direct_num_workers=2 --beam-arg=--direct_running_mode=multi_processing "
+        "(default: one worker)",
+    )
+
+
+def batch_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The `BatchSettings` fields the shared flags set."""
+    from ragpulse.pipeline.metrics.labels import label_limits
+
+    judges = judge_settings(args)
+    return {
+        "judges": judges,
+        "sample_rate": args.sample_rate,
+        "sampling": args.sampling_rules,
+        "cascade": cascade_settings(args, judges.names, judges.backend),
+        "window_seconds": args.window,
+        "max_event_bytes": args.max_event_bytes,
+        "max_future_skew_seconds": args.max_future_skew,
+        "labels": label_limits(args),
+        "beam_args": tuple(args.beam_arg),
+        "runner": args.runner,
+        "judge_calibrations": tuple(args.judge_calibration),
+        "input_format": args.input_format,
+    }
+
+
+def add_session_arguments(p: argparse.ArgumentParser) -> None:
+    """`--session-judges`, `--session-gap` and the session caps (pipeline.stages.sessions)."""
+    g = p.add_argument_group("conversations (events with a session_id)")
+    g.add_argument(
+        "--session-judges",
+        default="",
+        metavar="NAMES",
+        help="comma-separated session judges, each grading a whole conversation once: "
+        f"{_session_judges_help()}, or a --custom-judge with assessment: SESSION "
+        "(default: none)",
+    )
+    add_duration_flag(
+        g, "--session-gap", SessionFields, "session_gap_seconds",
+        "a conversation is over, and judged, once no turn came for this long in event "
+        "time (Beam session windows) (default: {default})",
+    )
+    add_setting_flag(
+        g, "--session-max-turns", SessionFields, "session_max_turns", type=int, metavar="N",
+        help="a longer conversation is judged on its last N turns and counted in "
+        "ragpulse_sessions_truncated_total (default: %(default)s)",
+    )
+    add_setting_flag(
+        g, "--session-max-bytes", SessionFields, "session_max_bytes", type=int, metavar="N",
+        help="likewise for the bytes of a conversation's text (default: %(default)s)",
+    )
+
+
+def _session_judges_help() -> str:
+    return ", ".join(f"{n} ({', '.join(e.backends)})" for n, e in SESSION_JUDGES.items())
+
+
+def session_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The `SessionFields` the session flags set."""
+    return {
+        "session_judges": tuple(n.strip() for n in args.session_judges.split(",") if n.strip()),
+        "session_gap_seconds": args.session_gap,
+        "session_max_turns": args.session_max_turns,
+        "session_max_bytes": args.session_max_bytes,
+    }
+
+
+def build(model: type[SettingsModel], **fields: Any) -> SettingsModel:
+    """`model(**fields)`, with a validation error turned into a SettingsError."""
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        raise SettingsError(describe_validation_error(exc, model)) from None
+
+
+def add_judge_arguments(parser: argparse.ArgumentParser, *, one_judge: bool = False) -> None:
+    """Judge flags shared by `run`, `serve` and (`one_judge`: `--judge NAME`) `calibrate`."""
+    g = parser.add_argument_group("judges")
+    if one_judge:
+        g.add_argument(
+            "--judge",
+            dest="judges",
+            required=True,
+            metavar="NAME",
+            help=f"the judge to run, one of: {judges_help()}",
+        )
+    else:
+        g.add_argument(
+            "--judges",
+            default=",".join(DEFAULT_JUDGES),
+            help=f"comma-separated judges to run, each once, from: {judges_help()} "
+            f"(default: {','.join(DEFAULT_JUDGES)})",
+        )
+    g.add_argument(
+        "--judge-backend",
+        choices=["local", "openai"],
+        default=None,
+        help="local: offline lexical judges, no network. openai: LLM judges through the openai "
+        "client. Default: openai when --judge-base-url, OPENAI_BASE_URL or OPENAI_API_KEY is "
+        "set, else local (the choice is logged).",
+    )
+    g.add_argument(
+        "--judge-base-url",
+        default=None,
+        help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (vLLM, Ollama, Azure "
+        "OpenAI, ...); default $OPENAI_BASE_URL, else api.openai.com. The key comes from "
+        "$OPENAI_API_KEY and is never logged.",
+    )
+    add_setting_flag(
+        g, "--judge-model", JudgeSettings, "model",
+        help="judge model name (default: %(default)s)",
+    )
+    add_setting_flag(
+        g, "--judge-concurrency", JudgeSettings, "concurrency", type=int,
+        help="LLM calls in flight at once (default: %(default)s)",
+    )
+    add_duration_flag(
+        g, "--judge-timeout", JudgeSettings, "timeout_seconds",
+        "timeout of one LLM call, e.g. 30s (default: {default})",
+    )
+    add_setting_flag(
+        g, "--judge-max-retries", JudgeSettings, "max_retries", type=int,
+        help="retries of an LLM call on 429, 5xx, timeouts and connection errors "
+        "(default: %(default)s)",
+    )
+    g.add_argument(
+        "--custom-judge",
+        action="append",
+        type=Path,
+        default=list(default_of(JudgeSettings, "custom_judges")),
+        metavar="FILE",
+        help="a custom LLM judge defined in YAML: the keys of a shipped prompt file (name, "
+        "version, ratings, inputs, task, rubric, one example per rating) plus requires and "
+        "when_missing; run it by adding its name to --judges (openai backend; repeatable)",
+    )
+    g.add_argument(
+        "--judge-prompts",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="folder of LLM judge prompt files (<judge>.yaml) replacing the shipped ones, "
+        "e.g. a mounted ConfigMap (default: the files in judges/prompts/)",
+    )
+    add_setting_flag(
+        g, "--judge-temperature", JudgeSettings, "temperature", type=float,
+        help="sampling temperature of LLM judges (default: %(default)s)",
+    )
+    add_setting_flag(
+        g, "--judge-reply-format", JudgeSettings, "reply_format",
+        help="the response_format LLM judges ask for: json_schema (the verdict schema, strict; "
+        "OpenAI, vLLM), json_object (any JSON object, for servers without json_schema) or "
+        "text (no response_format; the rationale:/rating: lines of the prompt are read) "
+        "(default: %(default)s)",
+        choices=["json_schema", "json_object", "text"],
+    )
+    add_setting_flag(
+        g, "--judge-max-tokens", JudgeSettings, "max_tokens", type=int, metavar="N",
+        help="cap on each LLM judge reply (max_tokens); a reply cut off there is an error "
+        "with cause truncated (default: %(default)s; a one-sentence verdict takes well under "
+        "100)",
+    )
+    add_setting_flag(
+        g, "--judge-breaker-failures", JudgeSettings, "breaker_failures", type=int, metavar="N",
+        help="open the judge endpoint's circuit breaker after N failed requests in a row "
+        "(timeouts, 5xx, 429, connection errors); while open, calls fail at once with cause "
+        "circuit_open. 0 turns the breaker off (default: %(default)s)",
+    )
+    add_duration_flag(
+        g, "--judge-breaker-cooldown", JudgeSettings, "breaker_cooldown_seconds",
+        "how long the breaker stays open before one probe call tests the endpoint "
+        "again (default: {default})",
+    )
+    add_duration_flag(
+        g, "--judge-batch-deadline", JudgeSettings, "batch_deadline_seconds",
+        "most time one batch of events may spend being judged; calls still pending then "
+        "are cancelled (cause deadline), and no retry or Retry-After wait past it is taken. "
+        "Keep it above batch events (256, or 16 x --judge-concurrency) x judges / "
+        "concurrency x call latency (default: {default})",
+    )
+    g.add_argument(
+        "--judge-rpm",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests per minute the judge endpoint allows (its quota); calls are paced "
+        "to stay under it (default: no limit)",
+    )
+    g.add_argument(
+        "--judge-tpm",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens per minute the judge endpoint allows; each call is estimated before it "
+        "is sent (characters / 4 + --judge-max-tokens) and corrected by the usage reported "
+        "(default: no limit)",
+    )
+    add_setting_flag(
+        g, "--judge-cache-size", JudgeSettings, "cache_size", type=int, metavar="N",
+        help="LLM judge verdicts kept so that an input identical to one already judged (same "
+        "judge, prompt version, model and event text) is not sent again within "
+        "--judge-cache-ttl; errors are never kept. 0 turns the cache off; the local judges "
+        "have none (they grade faster than a lookup) (default: %(default)s)",
+    )
+    add_duration_flag(
+        g, "--judge-cache-ttl", JudgeSettings, "cache_ttl_seconds",
+        "how long a kept verdict is given again for an identical input "
+        "(default: {default})",
+    )
+    add_setting_flag(
+        g, "--judge-score-threshold", JudgeSettings, "score_threshold", type=float, metavar="SCORE",
+        help="the scored judges (faithfulness: share of the answer's claims the context "
+        "supports; answer_correctness: claim F1 against the expected answer) rate yes at this "
+        "score (0..1) or above (default: %(default)s)",
+    )
+    add_setting_flag(
+        g, "--judge-embeddings-model", JudgeSettings, "embeddings_model", metavar="NAME",
+        help="answer_correctness blends its claim F1 (0.75) with the cosine similarity (0.25) "
+        "of the answer's and the expected answer's embeddings from this model, asked at the "
+        "judge endpoint's /embeddings (default: off)",
+    )
+    add_setting_flag(
+        g, "--judge-combine", JudgeSettings, "combine", action="store_true",
+        help="grade the LLM judges that read the same event (groundedness, relevance_to_query, "
+        "safety and custom judges of the answer) in one call per event: the chunks are sent "
+        "once; a reply lacking one judge's verdict makes that verdict an error",
+    )
+    add_setting_flag(
+        g, "--judge-logprobs", JudgeSettings, "logprobs", action="store_true",
+        help="ask the endpoint for token log-probabilities: a yes/no verdict then carries "
+        "P(yes) as its score (a graded one its expected score), exported as "
+        "ragpulse_judge_score and used by the cascade and calibrate; an endpoint that returns "
+        "none gives verdicts as without the flag",
+    )
+    add_setting_flag(
+        g, "--redact-pii", JudgeSettings, "redact_pii", choices=REDACT_MODES,
+        help="replace e-mails, phone, card and IBAN numbers, IP addresses and API keys with "
+        "[EMAIL], [PHONE] ... in LLM judge prompts. auto: on unless "
+        "--judge-endpoint-trusted (default: %(default)s)",
+    )
+    add_setting_flag(
+        g, "--judge-endpoint-trusted", JudgeSettings, "endpoint_trusted", action="store_true",
+        help="the judge endpoint keeps prompts where the users' text may go (e.g. a model served "
+        "on this machine, not a proxy to a hosted one): --redact-pii auto then sends raw text",
+    )
+    g.add_argument(
+        "--redact-pattern",
+        action="append",
+        default=[],
+        metavar="REGEX",
+        help="also replace matches of this Python regex with [REDACTED] (repeatable); used "
+        "for prompts and stored text",
+    )
+    g.add_argument(
+        "--guideline",
+        action="append",
+        default=[],
+        metavar="NAME=RULE",
+        help="a guideline every answer must follow, checked by the guideline_adherence judge "
+        "with the event's own `guidelines` (repeatable; rules with one NAME form one set), "
+        "e.g. --guideline 'english=The response must be in English'",
+    )
+    g.add_argument(
+        "--composite",
+        action="append",
+        default=[],
+        metavar="NAME=JUDGE:WEIGHT,...",
+        help="a weighted composite of the judges' grades, exported like a judge on a graded "
+        "scale: each member's grade on 0..1 (yes 1, no 0; a 0-3 or 1-5 score scaled), their "
+        "weighted mean passes at pass:SCORE (default 0.5) (repeatable), e.g. "
+        "--composite quality=correctness:0.6,comprehensiveness:0.2,readability:0.2",
+    )
+    g.add_argument(
+        "--ensemble",
+        action="append",
+        default=[],
+        metavar="JUDGE=MODEL,MODEL,MODEL",
+        help="grade JUDGE by the majority of an odd number (>= 3) of models on the endpoint, "
+        "or JUDGE=N: N samples of --judge-model; agreement counted in "
+        "ragpulse_judge_ensemble_votes_total (repeatable; openai backend)",
+    )
+    add_setting_flag(
+        g, "--store-text", JudgeSettings, "store_text", choices=STORE_TEXT_MODES,
+        help="what verdict rows keep of judge rationales and error messages, which can quote "
+        "the answer: full, redacted (PII replaced) or none (ratings only) (default: %(default)s)",
+    )
+
+
+def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> JudgeSettings:
+    """Judge settings from the flags and the environment; logs which backend was chosen and why."""
+    env = os.environ if env is None else env
+    base_url = args.judge_base_url or env.get("OPENAI_BASE_URL") or None
+    api_key = env.get("OPENAI_API_KEY") or None
+    backend = args.judge_backend
+    if backend is None:
+        if base_url or api_key:
+            backend = "openai"
+            log.info("judge backend: openai (an endpoint or API key is configured)")
+        else:
+            backend = "local"
+            log.info(
+                "judge backend: local (no --judge-base-url, OPENAI_BASE_URL or OPENAI_API_KEY set)"
+            )
+    else:
+        log.info("judge backend: %s (from --judge-backend)", backend)
+    if backend == "openai" and not (base_url or api_key):
+        raise SettingsError(
+            "--judge-backend openai needs an endpoint: set OPENAI_API_KEY (for api.openai.com) "
+            "or --judge-base-url / OPENAI_BASE_URL (for a compatible server)"
+        )
+    try:
+        settings = JudgeSettings(
+            names=tuple(n.strip() for n in args.judges.split(",") if n.strip()),
+            backend=backend,
+            custom_judges=tuple(args.custom_judge),
+            base_url=base_url,
+            model=args.judge_model,
+            api_key=SecretStr(api_key) if api_key else None,
+            concurrency=args.judge_concurrency,
+            timeout_seconds=args.judge_timeout,
+            max_retries=args.judge_max_retries,
+            temperature=args.judge_temperature,
+            prompts_dir=args.judge_prompts,
+            reply_format=args.judge_reply_format,
+            max_tokens=args.judge_max_tokens,
+            breaker_failures=args.judge_breaker_failures,
+            breaker_cooldown_seconds=args.judge_breaker_cooldown,
+            batch_deadline_seconds=args.judge_batch_deadline,
+            rpm=args.judge_rpm,
+            tpm=args.judge_tpm,
+            redact_pii=args.redact_pii,
+            endpoint_trusted=args.judge_endpoint_trusted,
+            redact_patterns=tuple(args.redact_pattern),
+            store_text=args.store_text,
+            guidelines=tuple(args.guideline),
+            composites=tuple(args.composite),
+            ensembles=tuple(args.ensemble),
+            cache_size=args.judge_cache_size,
+            cache_ttl_seconds=args.judge_cache_ttl,
+            score_threshold=args.judge_score_threshold,
+            embeddings_model=args.judge_embeddings_model,
+            combine=args.judge_combine,
+            logprobs=args.judge_logprobs,
+        )
+    except ValidationError as exc:
+        raise SettingsError(describe_validation_error(exc, JudgeSettings)) from None
+    if settings.endpoint_trusted and settings.redact_pii != "auto":
+        raise SettingsError(
+            f"--judge-endpoint-trusted has no effect with --redact-pii {settings.redact_pii}: "
+            "it only turns --redact-pii auto off"
+        )
+    if backend == "openai":
+        _log_redaction(settings, base_url)
+    return settings
+
+
+def _log_redaction(settings: JudgeSettings, base_url: str | None) -> None:
+    """Say whether the users' PII reaches the judge endpoint; at WARNING when it does."""
+    endpoint = endpoint_for_log(base_url)
+    why = f"--redact-pii {settings.redact_pii}" + (
+        ", --judge-endpoint-trusted" if settings.endpoint_trusted else ""
+    )
+    if not settings.text_policy().redacts_prompts:
+        log.warning(
+            "PII redaction of judge prompts: off (%s): e-mails, phone, card and IBAN numbers, "
+            "IP addresses and API keys in the users' text are sent to %s",
+            why,
+            endpoint,
+        )
+    elif settings.redact_pii == "auto" and is_loopback_url(base_url):
+        log.info(
+            "PII redaction of judge prompts: on (%s) for %s, although it is on loopback: a "
+            "local proxy may forward to a hosted model; --judge-endpoint-trusted sends raw text",
+            why,
+            endpoint,
+        )
+    else:
+        log.info("PII redaction of judge prompts: on (%s) for %s", why, endpoint)
+
+
+def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> str:
+    """One line per invalid setting of `model`, named by the flag that sets it (see
+    `setting_flag`), without echoing values that may be secret."""
+    parts = []
+    for err in exc.errors():
+        where = setting_flag(model, str(err["loc"][0])) if err["loc"] else "settings"
+        # pydantic prefixes the message of a ValueError raised by a validator.
+        parts.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")
+    return "invalid settings: " + "; ".join(parts)
+
+
+def setting_flag(model: type[BaseModel], field: str) -> str:
+    """The flag that sets `field` of `model`: the field's title, else the field's name as a flag."""
+    info = model.model_fields.get(field)
+    return info.title if info is not None and info.title else "--" + field.replace("_", "-")
+
+
+def sample_rate(text: str) -> float:
+    """argparse type for --sample-rate."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be within [0, 1], got {text}")
+    return value
+
+
+def positive_duration(text: str) -> float:
+    """argparse type for durations that must be > 0."""
+    seconds = duration(text)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be longer than 0, got {text}")
+    return seconds
+
+
+def duration(text: str) -> float:
+    """argparse type for durations that may be 0."""
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return seconds
