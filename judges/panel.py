@@ -75,8 +75,7 @@ class JudgePanel:
     The loop runs in a thread of its own, for as long as the panel lives, so that calls keep
     flowing between batches: `submit` hands a batch over and returns at once, and a caller that
     submits the next batch before waiting for the last one (`pipeline.stages.judge.JudgeEvents`)
-    keeps
-    the endpoint's slots busy across the boundary. `judge_batch` is `submit` and wait; any
+    keeps the endpoint's slots busy across the boundary. `judge_batch` is `submit` and wait; any
     thread may call either. `start_ahead` starts calls for inputs that a later batch will bring
     (`pipeline.service.lookahead`, in serve): that batch takes their outcome over as its own.
 

@@ -192,8 +192,7 @@ _ENTRIES = (
         default=False,
     ),
     # The agent's tool calls (pipeline.formats.events `tool_calls`): opt-in, and skipped for an
-    # event
-    # without tool calls, so a chatbot that calls no tool pays nothing for them.
+    # event without tool calls, so a chatbot that calls no tool pays nothing for them.
     JudgeEntry(
         "tool_call_errors",
         local="ragpulse.judges.local.tool_calls:ToolCallErrorsJudge",

@@ -5,10 +5,10 @@ plugged into `FakeOpenAI` as its `decide` function:
 
 * it sees through disguises: HTML entities, numeric and hex character references and
   percent-encoding are decoded (repeatedly, as a model reading `&amp;lt;` may), the prompt is
-  NFKC-normalised, invisible format characters
-  (zero-width joiners, Unicode tag characters ...) are removed, and every character it knows to
-  look like `<`, `>` or `/` is read as that character. This list is kept here, apart from
-  `judges.llm.fencing`, so that a look-alike the fencer forgets makes the tests fail;
+  NFKC-normalised, invisible format characters (zero-width joiners, Unicode tag characters ...) are
+  removed, and every character it knows to look like `<`, `>` or `/` is read as that character. This
+  list is kept here, apart from `judges.llm.fencing`, so that a look-alike the fencer forgets makes
+  the tests fail;
 * the real fences are the tags carrying the nonce of the prompt's first tag. Inside a fence,
   anything that reads as a tag (`</answer>`, `<system>`, `<|im_start|>`, `</answer-...>` with
   another nonce ...) "closes" the fence for this model: what follows is read as instructions;

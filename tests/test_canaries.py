@@ -1,11 +1,9 @@
 """Judge canaries: the golden-set file, the feed's rate, and canaries inside a real Beam run.
 
 The pipeline tests run the Beam graph (`pipeline.graphs.bounded`) on Beam's FnApiRunner with the
-local
-judges, once without
-and once with canaries, and compare every output: canaries must change nothing but
-`ragpulse_canary_verdicts_total`, whose counts are checked against the judges' own verdicts on
-the golden events.
+local judges, once without and once with canaries, and compare every output: canaries must change
+nothing but `ragpulse_canary_verdicts_total`, whose counts are checked against the judges' own
+verdicts on the golden events.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 When the endpoint fails `failure_threshold` attempts in a row (timeouts, connection errors,
 5xx, 429, malformed replies: the failures `judges.endpoint.retry` would retry), the breaker opens:
-every
-call then fails at once with cause `circuit_open` instead of waiting out timeouts and retries
+every call then fails at once with cause `circuit_open` instead of waiting out timeouts and retries
 (a call whose earlier attempt was sent, and whose retry the breaker stops, keeps the cause of
 that attempt: it was called).
 After `cooldown_seconds` it lets exactly one call through as a probe (half-open); the probe's

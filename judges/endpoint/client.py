@@ -11,8 +11,7 @@ whatever the server does, each call ends, in bounded time, as either a well-form
 * `judges.endpoint.retry` is the one retry layer; a circuit breaker per endpoint
 (`judges.endpoint.breaker`) fails
   calls fast while the endpoint is down; `--judge-rpm/--judge-tpm` quotas (`judges.endpoint.quota`)
-  pace
-  requests; the batch deadline published by `JudgePanel` bounds every wait (a queue slot, a
+  pace requests; the batch deadline published by `JudgePanel` bounds every wait (a queue slot, a
   quota, a Retry-After, a hung request);
 * every text that leaves (reply content, refusal, error messages, log lines) has the API key
   scrubbed from it, also when the server echoes the key back.
@@ -405,8 +404,7 @@ class OpenAIJudgeEndpoint:
     `response_format`; the prompt's `rationale:` / `rating:` lines are read). `max_tokens` caps
     each reply. Calls are bounded by one semaphore (`concurrency`) across every judge using this
     endpoint, and retried by `judges.endpoint.retry` only (the client's own retries are off). The
-    client
-    and the semaphore are made lazily inside the running event loop, and remade if the loop
+    client and the semaphore are made lazily inside the running event loop, and remade if the loop
     changes, because `JudgePanel` runs its own private loop; the breaker and the quotas are
     process-wide (`shared_endpoint_state`). The numbers are trusted: they come from flags that
     `pipeline.settings.models.JudgeSettings` has validated, the one place their bounds are written.

@@ -17,8 +17,7 @@ claims that lowered it are in the rationale ("faithfulness 0.67: 2 of 3 claims s
 supported: ..."). The calls go through the shared `OpenAIJudgeEndpoint` (retry, breaker,
 quotas, deadline, key scrubbing) and the prompts fence untrusted text like every LLM judge
 (`judges.llm.judge`). A reply that is not the claims JSON is `error` with cause `unparsable`, never
-a
-score. The prompts are versioned here (PROMPT_VERSION), not in judges/prompts/: their reply is
+a score. The prompts are versioned here (PROMPT_VERSION), not in judges/prompts/: their reply is
 not the verdict shape those files describe, so --judge-prompts does not replace them.
 """
 

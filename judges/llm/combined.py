@@ -8,8 +8,7 @@ A `CombinedJudges` group sends one request per event: the system message holds e
 rubric and one shared set of worked examples (fixed, so a provider's prompt cache serves it;
 written to cost about half the prompt tokens of the separate calls), the user
 message holds the event once, fenced as in `judges.llm.judge` (the union of the members' inputs),
-and
-the reply is one JSON object with a `{"rationale", "rating"}` verdict per judge (or, with
+and the reply is one JSON object with a `{"rationale", "rating"}` verdict per judge (or, with
 `--judge-reply-format text`, `NAME rationale:` / `NAME rating:` lines).
 
 Each member stays a judge of the panel (`CombinedMember`, with its own name, verdict and cache

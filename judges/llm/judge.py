@@ -2,13 +2,12 @@
 
 For whoever wires the `openai` backend (`JudgeSpec.build`, the CLI): make one
 `OpenAIJudgeEndpoint` (`judges.endpoint.client`: client settings, one concurrency bound shared by
-every
-LLM judge, the single retry layer, breaker, quotas, deadline) and pass it to `build_llm_judges`.
-Each judge is an `LLMJudge` driven by the versioned prompt file in `judges/prompts/` that its
-entry in `judges.registry` names (the registry also says which inputs it requires): rubric,
-closed ratings yes/no, exactly one few-shot example per rating, as the Databricks study found
-makes cheap judges usable; binary single-answer grading, one-sentence rationale before the
-rating, temperature 0.1.
+every LLM judge, the single retry layer, breaker, quotas, deadline) and pass it to
+`build_llm_judges`. Each judge is an `LLMJudge` driven by the versioned prompt file in
+`judges/prompts/` that its entry in `judges.registry` names (the registry also says which inputs it
+requires): rubric, closed ratings yes/no, exactly one few-shot example per rating, as the Databricks
+study found makes cheap judges usable; binary single-answer grading, one-sentence rationale before
+the rating, temperature 0.1.
 
 A prompt file says what its judge grades (`subject`): the answer (response judges), the
 retrieved passages as a whole (context_sufficiency), or one passage per call (chunk_relevance,

@@ -3,8 +3,7 @@ that failed?
 
 Deterministic (no model), from the status of each call (the event's `tool_calls`, or its
 trace's tool spans: pipeline.formats.events). "no" when a call failed; the rationale names each
-failed
-call and each call the agent repeated with the same name and arguments after it had failed
+failed call and each call the agent repeated with the same name and arguments after it had failed
 (the loop MLflow's ToolCallEfficiency and Datadog's tool error checks look for), so that a
 reader sees which tool broke without opening the trace. "yes" when every call worked. An event
 without tool calls is skipped (judges.registry).

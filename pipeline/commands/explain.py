@@ -2,9 +2,8 @@
 
 For the person an alert or a dashboard sent here: which answers did the judges rate `no` (or
 could not grade), and why. Reads verdict rows (see `pipeline.formats.verdict_rows`) from the
-verdicts
-topic `ragpulse serve` publishes (`--kafka-bootstrap` with `--topic` or `--verdicts-topic`) or
-from a file run's output directory (`--run-output`), keeps the failing verdicts whose event
+verdicts topic `ragpulse serve` publishes (`--kafka-bootstrap` with `--topic` or `--verdicts-topic`)
+or from a file run's output directory (`--run-output`), keeps the failing verdicts whose event
 time falls in the window, and prints them newest first as a table, or as JSON lines (`--json`).
 
 A verdict row read twice (serve publishes at least once) is shown once. Rows that are not

@@ -3,9 +3,8 @@
 For operators paying per token: with `--judge-budget-per-hour N`, before each serve cycle the
 governor picks a factor in [0, 1] that scales every sampling stratum's rate
 (`pipeline.costs.sampling.SamplingPlan.governed`) so that the cycle's expected spend fits what is
-left
-of the clock hour's budget, paced over the rest of the hour: the records still expected this hour
-(the arrival rate seen between cycles times the seconds left) are budgeted for at the same
+left of the clock hour's budget, paced over the rest of the hour: the records still expected this
+hour (the arrival rate seen between cycles times the seconds left) are budgeted for at the same
 factor, so the budget is not spent in the first minutes, leaving the rest of the hour to a
 thin sample. No stratum goes below `--judge-min-sample-rate` (so a budget that is spent still
 leaves a weighted sample). The budget is tokens (prompt + completion), or,

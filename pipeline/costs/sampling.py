@@ -14,9 +14,8 @@ every event with negative user feedback, half of a new model's answers, 5 % of t
     default_rate: 0.05                      # the `default` stratum; without it, --sample-rate
 
 `when` reads the event's `app`, `model` and `feedback` fields (pipeline/formats/events.py), each
-matched
-against one string or a list of strings. Which events are kept is decided by the same hash of
-request_id as plain sampling (`is_sampled` below), at the stratum's rate.
+matched against one string or a list of strings. Which events are kept is decided by the same hash
+of request_id as plain sampling (`is_sampled` below), at the stratum's rate.
 
 A judged event of a stratum sampled at rate p stands for 1/p events (inverse-probability, or
 Horvitz-Thompson, weighting): summed weights estimate population counts without bias, so

@@ -86,8 +86,7 @@ characters.
 `feedback`: the user's feedback on the answer as one string (e.g. "negative", "thumbs_down"),
 as the chatbot recorded it; absent, null or blank means none. ragpulse judges do not read it:
 stratified sampling rules match on it (pipeline/costs/sampling.py), e.g. to judge every answer a
-user
-disliked. Stripped, at most 128 characters.
+user disliked. Stripped, at most 128 characters.
 
 `session_id`: the conversation this turn belongs to (optional), as the chatbot names it: every
 turn of one conversation carries the same id. A string, stripped; absent, null or blank means

@@ -2,13 +2,11 @@
 
 The stages, the serve loop and the cost controls count under these names
 (`pipeline.metrics.counting.key(EVENTS, outcome="accepted")`); the collector
-(`pipeline.metrics.collector`)
-exports them with the help texts below; the Prometheus rules and dashboards are checked
-against `ALL_NAMES` (tests/test_metrics_catalogue.py). A separate module rather than part of
-`pipeline.metrics.counting`: this is data that the collector, the rule checks and the counting code
-all
-read, while `counting` is the codec of counter keys that Beam workers use; neither needs the
-other's imports. Pure data: no imports, so any layer may read it.
+(`pipeline.metrics.collector`) exports them with the help texts below; the Prometheus rules and
+dashboards are checked against `ALL_NAMES` (tests/test_metrics_catalogue.py). A separate module
+rather than part of `pipeline.metrics.counting`: this is data that the collector, the rule checks
+and the counting code all read, while `counting` is the codec of counter keys that Beam workers use;
+neither needs the other's imports. Pure data: no imports, so any layer may read it.
 """
 
 from __future__ import annotations

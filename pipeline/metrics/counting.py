@@ -2,9 +2,8 @@
 
 Beam counters carry them out of the workers (their names encode the metric and its labels);
 the driver decodes them into `Counts`, the state store persists them, and
-`pipeline.metrics.collector`
-exposes them. Keeping one representation is what lets `serve` restore `_total` counters after a
-restart without ever going backwards.
+`pipeline.metrics.collector` exposes them. Keeping one representation is what lets `serve` restore
+`_total` counters after a restart without ever going backwards.
 """
 
 from __future__ import annotations
@@ -66,8 +65,7 @@ LATENCY_COUNT = catalogue.LATENCY_COUNT
 
 
 # The chatbot's own cost and latency, per app and model (pipeline.formats.events.AgentUsage), for
-# every
-# accepted event: Agent Evaluation's agent/input_token_count, output and total.
+# every accepted event: Agent Evaluation's agent/input_token_count, output and total.
 AGENT_INPUT_TOKENS = catalogue.AGENT_INPUT_TOKENS
 AGENT_OUTPUT_TOKENS = catalogue.AGENT_OUTPUT_TOKENS
 AGENT_TOTAL_TOKENS = catalogue.AGENT_TOTAL_TOKENS

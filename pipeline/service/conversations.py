@@ -4,8 +4,7 @@ a late turn.
 
 `run` and `stream` group turns with Beam session windows inside one pipeline
 (`pipeline.stages.sessions`); serve runs one bounded pipeline per micro-batch, so the session
-windows
-live here instead, as the same rule on the turns saved in the state file: turns of one
+windows live here instead, as the same rule on the turns saved in the state file: turns of one
 (app, session id) belong to one session while each follows the previous one by less than
 `--session-gap` in event time (Beam's `Sessions(gap)` merging), and a session is due once the
 watermark reaches its last turn + the gap. Everything a cycle changes (turns added, sessions

@@ -3,12 +3,11 @@
 A cycle (`TopicWatcher.run_cycle`) asks the broker for each partition's bounds, plans
 [start, stop) offset ranges from the offsets in the state store, runs the Beam graph over them
 (`pipeline.graphs.bounded.run_graph`: read, parse, judge, window, and publish dead letters and
-verdict
-rows, each acknowledged before the run ends), then saves the window counts, counter increments,
-watermark and offsets in ONE SQLite transaction, and only then commits the offsets to the Kafka
-consumer group (for lag tools; the state file is the source of truth). A crash at any point
-replays at most the cycle in flight, whose counts were not saved: nothing is lost and nothing is
-counted twice. Dead-letter records of a replayed cycle may be published twice (at least once);
+verdict rows, each acknowledged before the run ends), then saves the window counts, counter
+increments, watermark and offsets in ONE SQLite transaction, and only then commits the offsets to
+the Kafka consumer group (for lag tools; the state file is the source of truth). A crash at any
+point replays at most the cycle in flight, whose counts were not saved: nothing is lost and nothing
+is counted twice. Dead-letter records of a replayed cycle may be published twice (at least once);
 their headers carry the source partition and offset to deduplicate on.
 
 What can still go wrong is counted and logged, never silent (see README, "Reliability"): a saved

@@ -103,8 +103,7 @@ CREATE TABLE IF NOT EXISTS exemplars (
 
 
 # Spans of traces still being assembled (--input-format otlp_*, pipeline/formats/otlp.py), saved
-# with
-# the offsets that read them, and the traces assembled or refused lately, so that spans of
+# with the offsets that read them, and the traces assembled or refused lately, so that spans of
 # theirs arriving later are not judged again; added like the exemplars table, no schema bump.
 _TRACE_SPANS_TABLE = """
 CREATE TABLE IF NOT EXISTS trace_spans (

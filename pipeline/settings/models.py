@@ -334,9 +334,8 @@ class BatchSettings(BaseModel):
                                lambda: judges.spec().prompt_versions())
         return loaded
     # What a record is: ragpulse's event (pipeline/formats/events.py) or an OTLP
-    # ExportTraceServiceRequest
-    # of the Collector's Kafka exporter, assembled into one event per trace
-    # (pipeline/formats/otlp.py).
+    # ExportTraceServiceRequest of the Collector's Kafka exporter, assembled into one event per
+    # trace (pipeline/formats/otlp.py).
     input_format: InputFormat = "ragpulse"
 
     @field_validator("beam_args")

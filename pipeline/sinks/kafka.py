@@ -2,10 +2,9 @@
 
 `PublishDeadLetters` and `PublishVerdicts` are the last steps of serve's Beam graph
 (`pipeline.graphs.bounded`). Each bundle's records are sent and their acknowledgements awaited
-before the
-bundle ends (`deliver`), so when the run returns every record is delivered, refused for good, or
-reported as unacknowledged; serve saves the cycle's offsets only after that. `deliver` tells
-records the broker refused for good (counted at once in
+before the bundle ends (`deliver`), so when the run returns every record is delivered, refused for
+good, or reported as unacknowledged; serve saves the cycle's offsets only after that. `deliver`
+tells records the broker refused for good (counted at once in
 `ragpulse_dead_letters_undeliverable_total`) from records it did not acknowledge (yet): those are
 handed to the caller (a Beam counter in UNACKNOWLEDGED_NAMESPACE, named by topic and reason),
 which fails the cycle, or gives up on them after --undeliverable-after.

@@ -2,9 +2,8 @@
 judged once per session (the session judges, judges.sessions).
 
 For the graph builders (`pipeline.graphs.bounded`, `pipeline.graphs.unbounded`): `GroupSessions`
-takes the
-sampled `InferenceRecord`s, keeps those naming a `session_id`, keys them by (app, session id),
-puts each turn at its event time into `Sessions(gap)` windows (a conversation is over once no
+takes the sampled `InferenceRecord`s, keeps those naming a `session_id`, keys them by (app, session
+id), puts each turn at its event time into `Sessions(gap)` windows (a conversation is over once no
 turn came for `gap`, --session-gap) and, when the window closes (the watermark passes the
 session's last turn + gap; at the end of the input in `ragpulse run`), makes one `Session`
 (ordered, capped: judges.sessions.make_session) and one judge record of it: an

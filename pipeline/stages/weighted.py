@@ -1,9 +1,8 @@
 """Weighted window ratings: the summed sample weights of each rating per event-time window.
 
 The stage beside `pipeline.stages.windows.WindowRatings` when sampling is stratified or governed by
-a
-judge budget (`pipeline.costs.sampling`): the same windows and keys, but each verdict counts for its
-event's weight (1 / the rate it was sampled at), so yes / (yes + no) estimates the window's
+a judge budget (`pipeline.costs.sampling`): the same windows and keys, but each verdict counts for
+its event's weight (1 / the rate it was sampled at), so yes / (yes + no) estimates the window's
 pass ratio in all traffic rather than in the judged sample. The sums leave the workers as Beam
 counters in millionths (`WEIGHTED_WINDOW_NAMESPACE`), which `pipeline.graphs.bounded` decodes into
 `GraphResult.weighted_windows`.
