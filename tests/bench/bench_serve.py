@@ -158,6 +158,16 @@ def start_simulate(
         )
 
 
+def ragpulse_command(code: Path | None) -> list[str]:
+    """How to start `ragpulse` from this checkout (its console script) or from another checkout
+    `code` (on PYTHONPATH): `python -m` its CLI module, `ragpulse.pipeline.cli` since the
+    ragpulse.* layout and `pipeline.cli` in checkouts from before it."""
+    if code is None:
+        return [str(RAGPULSE)]
+    new_layout = (code / "ragpulse" / "__init__.py").exists()
+    return [sys.executable, "-m", "ragpulse.pipeline.cli" if new_layout else "pipeline.cli"]
+
+
 @dataclass
 class Serve:
     """`ragpulse serve` as a subprocess with its own state file and metrics port."""
@@ -178,7 +188,8 @@ class Serve:
     def start(self, timeout_s: float = 60.0) -> float:
         """Start and wait until /metrics answers; returns that moment (time.time())."""
         cmd = [
-            str(RAGPULSE), "serve", "--kafka-bootstrap", self.bootstrap, "--topic", self.topic,
+            *ragpulse_command(self.code), "serve", "--kafka-bootstrap", self.bootstrap,
+            "--topic", self.topic,
             "--state", str(self.workdir / f"state-{self.port}.sqlite"),
             "--metrics-host", "127.0.0.1", "--metrics-port", str(self.port),
             "--group-id", f"bench-{self.port}", *self.extra,
