@@ -64,7 +64,6 @@ from ragpulse.pipeline.stages.report import (
     ReportSessionWindows,
     ReportWindows,
     decode_session_window,
-    decode_window,
 )
 from ragpulse.pipeline.stages.sessions import GroupSessions, SessionConfig, SessionKey
 from ragpulse.pipeline.stages.weighted import (
@@ -73,7 +72,7 @@ from ragpulse.pipeline.stages.weighted import (
     decode_weighted_window,
 )
 from ragpulse.pipeline.stages.windows import ReplaceRejudged, WindowRatings
-from ragpulse.pipeline.windows import RatingCounts, WindowKey
+from ragpulse.pipeline.windows import RatingCounts, WindowKey, decode_window
 
 log = logging.getLogger(__name__)
 
