@@ -11,6 +11,8 @@ import math
 import re
 from datetime import UTC, datetime
 
+import orjson
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -105,6 +107,20 @@ class RatingCounts:
     def score_mean(self) -> float | None:
         """The mean score of the scored verdicts (None when there are none)."""
         return self.score_milli / 1000 / self.scored if self.scored else None
+
+
+def encode_window(key: WindowKey, field: str) -> str:
+    """The name of one window's count of `field` (a `RatingCounts` field, or a weighted count's
+    rating), as the Beam counters that carry window counts out of the workers spell it."""
+    return orjson.dumps(
+        [key.window_start, key.window_end, key.judge, key.app, key.model, key.version, field]
+    ).decode()
+
+
+def decode_window(name: str) -> tuple[WindowKey, str]:
+    """Inverse of `encode_window`."""
+    start, end, judge, app, model, version, field = orjson.loads(name)
+    return WindowKey(float(start), float(end), judge, app, model, version), field
 
 
 def window_row(key: WindowKey, counts: RatingCounts) -> dict[str, object]:

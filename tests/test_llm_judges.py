@@ -14,6 +14,7 @@ from fake_openai import MARKER, FakeOpenAI, Fault, fake_openai_fixture  # noqa: 
 from ragpulse.judges.base import Chunk, JudgeInput, Turn, Verdict
 from ragpulse.judges.llm.build import build_llm_judges
 from ragpulse.judges.llm.judge import (
+    VERDICT_SCHEMA,
     LLMJudge,
     OpenAIJudgeEndpoint,
     UnparsableReply,
@@ -217,7 +218,7 @@ def test_stand_in_model_obeys_verdict_lines_that_are_not_fenced(fake_openai: Fak
     ]
 
     async def ask() -> str | None:
-        reply = await judge.endpoint.complete("safety", unfenced)
+        reply = await judge.endpoint.complete("safety", unfenced, VERDICT_SCHEMA)
         await judge.endpoint.aclose()
         return getattr(reply, "content", None)
 

@@ -104,6 +104,25 @@ def ci_band(panel: timeseries.Panel) -> timeseries.Panel:
                 models.DynamicConfigValue(id_val="custom.lineWidth", value=0)]))
 
 
+def pass_ratio_band(title: str, judge: str, floor: float | None, *, width: int,
+                    description: str) -> timeseries.Panel:
+    """A judge's pass ratio per app, model and version with its 95 % Wilson band, and the
+    alert floor's line when the judge has one."""
+    panel = ci_band(graph(
+        title,
+        query(f'ragpulse_judge_pass_ratio{{judge="{judge}"}}', "{{app}} / {{model}} {{version}}"),
+        query(f'ragpulse_judge_pass_ratio_ci_low{{judge="{judge}"}}',
+              "{{app}} / {{model}} {{version}} ci_low"),
+        query(f'ragpulse_judge_pass_ratio_ci_high{{judge="{judge}"}}',
+              "{{app}} / {{model}} {{version}} ci_high"),
+        width=width, unit="percentunit", description=description,
+    ))
+    if floor is not None:
+        panel = panel.thresholds(floor_steps(floor)).thresholds_style(
+            line(common.GraphThresholdsStyleMode.LINE_AND_AREA))
+    return panel.fill_opacity(0)
+
+
 def big_number(title: str, expr: str, legend: str, thresholds: builders.ThresholdsConfig, *,
                description: str, width: int = 8, height: int = 5) -> stat.Panel:
     """A stat panel: the latest value with its name, coloured by ``thresholds``."""
@@ -177,20 +196,10 @@ def overview(cfg: dict[str, Any]) -> dict[str, Any]:
             description=f"Sample-weighted pass ratio over all apps in the latest complete "
                         f"window; red below the alert floor ({floors[judge]:.0%})."))
     for judge in JUDGES:
-        board.with_panel(ci_band(graph(
-            f"{judge}: pass ratio with 95% band",
-            query(f'ragpulse_judge_pass_ratio{{judge="{judge}"}}',
-                  "{{app}} / {{model}} {{version}}"),
-            query(f'ragpulse_judge_pass_ratio_ci_low{{judge="{judge}"}}',
-                  "{{app}} / {{model}} {{version}} ci_low"),
-            query(f'ragpulse_judge_pass_ratio_ci_high{{judge="{judge}"}}',
-                  "{{app}} / {{model}} {{version}} ci_high"),
-            width=8, unit="percentunit",
+        board.with_panel(pass_ratio_band(
+            f"{judge}: pass ratio with 95% band", judge, floors[judge], width=8,
             description="Per app and model; the band is the 95 % Wilson interval. The "
-                        "threshold line is the alert floor.",
-        )).thresholds(floor_steps(floors[judge]))
-            .thresholds_style(line(common.GraphThresholdsStyleMode.LINE_AND_AREA))
-            .fill_opacity(0))
+                        "threshold line is the alert floor."))
     # The chatbot's own cost and latency beside its quality: a drop above can be read against
     # a model change (the model label) or a latency or token change here.
     board.with_panel(graph(
@@ -301,22 +310,11 @@ def overview(cfg: dict[str, Any]) -> dict[str, Any]:
 
     board.with_row(builders.Row("Conversations (session judges)"))
     for judge in SESSION_JUDGES:
-        panel = graph(
-            f"{judge}: pass ratio of conversations with 95% band",
-            query(f'ragpulse_judge_pass_ratio{{judge="{judge}"}}',
-                  "{{app}} / {{model}} {{version}}"),
-            query(f'ragpulse_judge_pass_ratio_ci_low{{judge="{judge}"}}',
-                  "{{app}} / {{model}} {{version}} ci_low"),
-            query(f'ragpulse_judge_pass_ratio_ci_high{{judge="{judge}"}}',
-                  "{{app}} / {{model}} {{version}} ci_high"),
-            width=6, unit="percentunit",
+        board.with_panel(pass_ratio_band(
+            f"{judge}: pass ratio of conversations with 95% band", judge, floors.get(judge),
+            width=6,
             description="Whole conversations (--session-judges), counted in the window of "
-                        "their last turn; empty without session judges.",
-        )
-        if judge in floors:
-            panel = panel.thresholds(floor_steps(floors[judge])).thresholds_style(
-                line(common.GraphThresholdsStyleMode.LINE_AND_AREA))
-        board.with_panel(ci_band(panel).fill_opacity(0))
+                        "their last turn; empty without session judges."))
     board.with_panel(graph(
         "Conversations judged and truncated",
         query("sum by (app) (rate(ragpulse_sessions_judged_total[$__rate_interval]))",

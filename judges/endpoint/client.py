@@ -70,21 +70,6 @@ MIN_SECRET_LENGTH = 8
 
 FAILURE_LOG_INTERVAL_SECONDS = 10.0
 
-VERDICT_JSON_SCHEMA: dict[str, Any] = {
-    "name": "judge_verdict",
-    "strict": True,
-    "schema": {
-        "type": "object",
-        "properties": {
-            "rationale": {"type": "string"},
-            "rating": {"type": "string", "enum": ["yes", "no"]},
-        },
-        "required": ["rationale", "rating"],
-        "additionalProperties": False,
-    },
-}
-
-
 # -- secrets ------------------------------------------------------------------------------------
 
 
@@ -399,7 +384,7 @@ class OpenAIJudgeEndpoint:
     is sent; with neither, construction fails with a ValueError saying what to set. The key is
     never logged, kept out of `repr`, and scrubbed from every text this class returns.
 
-    `reply_format` is what `response_format` asks for: "json_schema" (the verdict schema,
+    `reply_format` is what `response_format` asks for: "json_schema" (the call's reply schema,
     strict), "json_object" (any JSON object; the prompt gives the shape) or "text" (no
     `response_format`; the prompt's `rationale:` / `rating:` lines are read). `max_tokens` caps
     each reply. Calls are bounded by one semaphore (`concurrency`) across every judge using this
@@ -633,7 +618,7 @@ class OpenAIJudgeEndpoint:
         self,
         judge: str,
         messages: Sequence[Mapping[str, str]],
-        json_schema: Mapping[str, Any] | None = None,
+        json_schema: Mapping[str, Any],
         *,
         model: str | None = None,
         max_tokens: int | None = None,
@@ -641,16 +626,12 @@ class OpenAIJudgeEndpoint:
         """Send one chat request, retrying as `judges.endpoint.retry` decides; never raises for I/O.
 
         Ends by the batch deadline (`judges.panel.batch_deadline`) when there is one. With the
-        json_schema reply format, `json_schema` (OpenAI's `{"name", "strict", "schema"}`)
-        replaces the one-verdict schema, for calls that reply with another shape (a graded
-        scale, claims, several verdicts at once: judges.llm.combined); `model` replaces the
-        endpoint's model (an ensemble's member) and `max_tokens` its reply cap.
+        json_schema reply format, `json_schema` (OpenAI's `{"name", "strict", "schema"}`, from
+        `judges.llm.judge.strict_schema`) is the shape the reply must have (a verdict, a score,
+        claims, several verdicts at once); `model` replaces the endpoint's model (an ensemble's
+        member) and `max_tokens` its reply cap.
         """
-        call = _Call(
-            model,
-            VERDICT_JSON_SCHEMA if json_schema is None else json_schema,
-            self.max_tokens if max_tokens is None else max_tokens,
-        )
+        call = _Call(model, json_schema, self.max_tokens if max_tokens is None else max_tokens)
         state = self._loop_state()
         deadline = batch_deadline()
         return await self._call(

@@ -23,26 +23,30 @@ not the verdict shape those files describe, so --judge-prompts does not replace 
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from ragpulse.judges.base import InputName, JudgeInput, Verdict
 from ragpulse.judges.endpoint.client import EndpointFailure, OpenAIJudgeEndpoint
 from ragpulse.judges.llm.fencing import new_nonce
 from ragpulse.judges.llm.judge import (
+    YES_OR_NO,
     BinaryRating,
     ReplyRating,
     ReplyText,
     UnparsableReply,
     fence_rules,
     fenced_inputs,
+    object_schema,
+    reply_body,
     reply_verdict,
     settings_version,
+    strict_schema,
+    validate_reply,
 )
 from ragpulse.judges.registry import DEFAULT_SCORE_THRESHOLD, JudgeEntry, judge_entry
 
@@ -81,25 +85,8 @@ class CorrectnessReply(BaseModel):
 
 def _claims_schema(name: str, lists: Sequence[str]) -> dict[str, Any]:
     """OpenAI's json_schema (strict) for an object of claim lists."""
-    item = {
-        "type": "object",
-        "properties": {
-            "claim": {"type": "string"},
-            "verdict": {"type": "string", "enum": ["yes", "no"]},
-        },
-        "required": ["claim", "verdict"],
-        "additionalProperties": False,
-    }
-    return {
-        "name": name,
-        "strict": True,
-        "schema": {
-            "type": "object",
-            "properties": {key: {"type": "array", "items": item} for key in lists},
-            "required": list(lists),
-            "additionalProperties": False,
-        },
-    }
+    claim = object_schema({"claim": {"type": "string"}, "verdict": YES_OR_NO})
+    return strict_schema(name, {key: {"type": "array", "items": claim} for key in lists})
 
 
 _Reply = TypeVar("_Reply", bound=BaseModel)
@@ -107,23 +94,13 @@ _Reply = TypeVar("_Reply", bound=BaseModel)
 
 def parse_claims(text: str | None, model: type[_Reply]) -> _Reply:
     """The claims JSON of a reply (bare or in a code block); `UnparsableReply` says why not."""
-    body = (text or "").strip()
-    if body.startswith("```"):
-        body = body.strip("`").removeprefix("json").strip()
-    if not body:
-        raise UnparsableReply("the reply is empty")
     try:
-        data = json.loads(body)
-    except ValueError as exc:
-        raise UnparsableReply(f"the reply is not the claims JSON: {exc}") from exc
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'reply'}: {e['msg']}"
-            for e in exc.errors()[:3]
-        )
-        raise UnparsableReply(problems) from exc
+        body = reply_body(text)
+    except UnparsableReply as exc:
+        raise UnparsableReply(f"the reply is not the claims JSON: {exc.reason}") from exc
+    if isinstance(body, str):
+        raise UnparsableReply("the reply is not the claims JSON (no JSON object)")
+    return validate_reply(model, body)
 
 
 # -- scores (pure) ------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ from pydantic import (
 
 from ragpulse.judges.base import (
     LIST_GUIDELINES,
+    ErrorCause,
     Guideline,
     InputName,
     JudgeInput,
@@ -130,6 +131,31 @@ _SUBJECT_WORDS: dict[Subject, tuple[str, str, str]] = {
     "conversation": ("one whole conversation between a user and a retrieval-augmented chatbot",
                      "this conversation as a whole", "the conversation above"),
 }
+
+# -- the replies' JSON schemas (OpenAI's strict json_schema response format) ---------------------
+
+
+def object_schema(properties: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON schema of an object with exactly `properties`, every one required (as OpenAI's
+    strict mode wants)."""
+    return {
+        "type": "object",
+        "properties": dict(properties),
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+def strict_schema(name: str, properties: Mapping[str, Any]) -> dict[str, Any]:
+    """The json_schema response format (`{"name", "strict", "schema"}`) of a reply that is an
+    object with exactly `properties`."""
+    return {"name": name, "strict": True, "schema": object_schema(properties)}
+
+
+YES_OR_NO: dict[str, Any] = {"type": "string", "enum": ["yes", "no"]}
+# One yes/no verdict: the reply of a binary judge, and each verdict of a combined reply.
+VERDICT_PROPERTIES: dict[str, Any] = {"rationale": {"type": "string"}, "rating": YES_OR_NO}
+VERDICT_SCHEMA = strict_schema("judge_verdict", VERDICT_PROPERTIES)
 
 # -- prompt files (a boundary: validated with pydantic) -----------------------------------------
 
@@ -255,24 +281,16 @@ class JudgePrompt(BaseModel):
         """"yes" at or above the pass score."""
         return "yes" if self.pass_score is not None and score >= self.pass_score else "no"
 
-    def reply_schema(self) -> dict[str, Any] | None:
-        """The json_schema response format of a graded scale (None: the yes/no schema)."""
+    def reply_schema(self) -> dict[str, Any]:
+        """The json_schema response format of this judge's reply: a yes/no verdict, or a score
+        on its graded scale."""
         scores = self.scores
         if scores is None:
-            return None
-        return {
-            "name": "judge_score",
-            "strict": True,
-            "schema": {
-                "type": "object",
-                "properties": {
-                    "rationale": {"type": "string"},
-                    "score": {"type": "integer", "enum": list(scores)},
-                },
-                "required": ["rationale", "score"],
-                "additionalProperties": False,
-            },
-        }
+            return VERDICT_SCHEMA
+        return strict_schema(
+            "judge_score",
+            {"rationale": {"type": "string"}, "score": {"type": "integer", "enum": list(scores)}},
+        )
 
 
 def load_prompt_file(path: Path) -> JudgePrompt:
@@ -529,35 +547,48 @@ class ScoredReply(BaseModel):
 _LEADING_NUMBER = re.compile(r"^(\d+)(?:\.0*)?(?:\s*/\s*\d+)?$")
 
 
-_Reply = TypeVar("_Reply", JudgeReply, ScoredReply)
+_Reply = TypeVar("_Reply", bound=BaseModel)
 
 
-def _validated(model: type[_Reply], data: object) -> _Reply:
+def validate_reply(model: type[_Reply], data: object) -> _Reply:
+    """`data` (a reply's fields) as `model`; `UnparsableReply` names the first three problems."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'reply'}: {e['msg']}" for e in exc.errors()
+            f"{'.'.join(str(p) for p in e['loc']) or 'reply'}: {e['msg']}"
+            for e in exc.errors()[:3]
         )
         raise UnparsableReply(problems) from exc
 
 
-def _reply_fields(text: str | None, key: Literal["rating", "score"]) -> dict[str, Any]:
-    """The rationale and the `key` of a reply: a JSON object, or labelled lines (`rationale:`
-    or MLflow's `justification:`, and `rating:` or `score:`); UnparsableReply otherwise."""
+def reply_body(text: str | None) -> str | dict[str, Any]:
+    """A model reply's JSON object, or, when it is not one, its text; either way without the
+    code fence a model may put around it. Raises `UnparsableReply` for an empty reply and for
+    one that starts as a JSON object but is not one."""
     body = (text or "").strip()
     if not body:
         raise UnparsableReply("the reply is empty")
     block = _CODE_BLOCK.match(body)
     if block:
         body = block.group(1).strip()
-    if body.startswith("{"):
-        try:
-            data = json.loads(body)
-        except ValueError as exc:
-            raise UnparsableReply(f"the reply looks like JSON but is not valid: {exc}") from exc
-        if not isinstance(data, dict):
-            raise UnparsableReply("the JSON reply is not an object")
+    if not body.startswith("{"):
+        return body
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise UnparsableReply(f"the reply looks like JSON but is not valid: {exc}") from exc
+    if not isinstance(data, dict):
+        raise UnparsableReply("the JSON reply is not an object")
+    return data
+
+
+def _reply_fields(text: str | None, key: Literal["rating", "score"]) -> dict[str, Any]:
+    """The rationale and the `key` of a reply: a JSON object, or labelled lines (`rationale:`
+    or MLflow's `justification:`, and `rating:` or `score:`); UnparsableReply otherwise."""
+    body = reply_body(text)
+    if isinstance(body, dict):
+        data = body
         if "rationale" not in data and "justification" in data:
             data["rationale"] = data["justification"]
         return data
@@ -591,14 +622,14 @@ def parse_reply(text: str | None) -> JudgeReply:
     Only the reply is read (never the prompt), and a reply with more than one rating line is
     refused rather than guessed at. Raises `UnparsableReply` otherwise.
     """
-    return _validated(JudgeReply, _reply_fields(text, "rating"))
+    return validate_reply(JudgeReply, _reply_fields(text, "rating"))
 
 
 def parse_scored_reply(text: str | None, scores: tuple[int, ...]) -> ScoredReply:
     """Read a score on a graded scale from a model reply: a JSON object with `score`, or
     MLflow's `score:` / `justification:` lines (either order; `rationale:` too). Raises
     `UnparsableReply` unless there is exactly one score, and it is one of `scores`."""
-    reply = _validated(ScoredReply, _reply_fields(text, "score"))
+    reply = validate_reply(ScoredReply, _reply_fields(text, "score"))
     if reply.score not in scores:
         raise UnparsableReply(f"score {reply.score} is not on the scale {list(scores)}")
     return reply
@@ -763,58 +794,118 @@ def guideline_verdict(name: str, parts: tuple[Verdict, ...], latency_seconds: fl
     return Verdict(name, "no" if "no" in ratings else "yes", f"{summary}.", **cost)
 
 
+# What a judge's `read` makes of a reply: the rating, the rationale and, on a graded scale, the
+# score.
+ReadVerdict = tuple[BinaryRating, str] | tuple[BinaryRating, str, float | None]
+
+
 def reply_verdict(
     name: str,
     outcome: EndpointReply | EndpointFailure,
     max_tokens: int,
-    read: Callable[[str | None], tuple[BinaryRating, str] | tuple[BinaryRating, str, float | None]],
+    read: Callable[[str | None], ReadVerdict],
 ) -> Verdict:
-    """The verdict of one call to the endpoint: `read` turns the reply's text into a rating, a
-    rationale and, on a graded scale, the score (raising `UnparsableReply`); a failed call, a
-    reply cut off at `max_tokens`, a refusal or a reply `read` cannot parse become `error` with
-    their cause, never "no". The call's latency and tokens are kept either way."""
+    """The verdict of one call to the endpoint for judge `name`: `read` turns the reply's text
+    into a rating, a rationale and, on a graded scale, the score (raising `UnparsableReply`);
+    see `reply_verdicts`."""
+    return reply_verdicts((name,), outcome, max_tokens, lambda text: {name: read(text)})[name]
+
+
+def reply_verdicts(
+    names: Sequence[str],
+    outcome: EndpointReply | EndpointFailure,
+    max_tokens: int,
+    read: Callable[[str | None], Mapping[str, ReadVerdict | UnparsableReply]],
+) -> dict[str, Verdict]:
+    """The verdicts of one call to the endpoint that grades the judges `names` (several in a
+    combined call, judges.llm.combined).
+
+    `read` turns the reply's text into each judge's `ReadVerdict`, or an `UnparsableReply` of
+    that judge's alone, and raises `UnparsableReply` when the reply as a whole is unreadable. A
+    failed call, a reply cut off at `max_tokens`, a refusal or an unreadable reply make every
+    verdict `error` with their cause, never "no". The call's latency is every verdict's; its
+    tokens are shared out among the verdicts, so that they add up to what was spent.
+    """
     if isinstance(outcome, EndpointFailure):
-        return Verdict(
-            name,
-            "error",
-            error_message=outcome.message,
-            error_cause=outcome.cause,
-            latency_seconds=outcome.latency_seconds,
+        return {
+            name: Verdict(
+                name,
+                "error",
+                error_message=outcome.message,
+                error_cause=outcome.cause,
+                latency_seconds=outcome.latency_seconds,
+            )
+            for name in names
+        }
+    combined = len(names) > 1
+    what = "combined judge reply" if combined else "judge reply"
+    costs: dict[str, Mapping[str, Any]] = {
+        name: {
+            "latency_seconds": outcome.latency_seconds,
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "cached_prompt_tokens": cached,
+        }
+        for name, prompt, completion, cached in zip(
+            names,
+            _shares(outcome.prompt_tokens, len(names)),
+            _shares(outcome.completion_tokens, len(names)),
+            _shares(outcome.cached_prompt_tokens, len(names)),
+            strict=True,
         )
-    cost: Mapping[str, Any] = {
-        "latency_seconds": outcome.latency_seconds,
-        "prompt_tokens": outcome.prompt_tokens,
-        "completion_tokens": outcome.completion_tokens,
-        "cached_prompt_tokens": outcome.cached_prompt_tokens,
     }
+
+    def failed(cause: ErrorCause, message: str) -> dict[str, Verdict]:
+        return {
+            name: Verdict(name, "error", error_message=message, error_cause=cause, **cost)
+            for name, cost in costs.items()
+        }
+
     if outcome.finish_reason == "length":
         # A cut-off reply may still parse (a rating before the cut), but it is not the
         # verdict the model meant to give.
-        return Verdict(
-            name,
-            "error",
-            error_message=f"the judge reply was cut off at {max_tokens} "
-            "tokens (finish_reason length); raise --judge-max-tokens",
-            error_cause="truncated",
-            **cost,
+        return failed(
+            "truncated",
+            f"the {what} was cut off at {max_tokens} tokens (finish_reason length); raise "
+            "--judge-max-tokens" + (" (a combined call may use it once per judge)" if combined
+                                    else ""),
         )
+    excerpt = (outcome.content or "")[:120]
     try:
         if outcome.content is None and outcome.refusal:
             raise UnparsableReply(f"the model refused: {outcome.refusal[:200]}")
-        rating, rationale, *score = read(outcome.content)  # a score only on a graded scale
+        replies = read(outcome.content)
     except UnparsableReply as exc:
-        excerpt = (outcome.content or "")[:120]
-        return Verdict(
-            name,
-            "error",
-            error_message=f"judge reply could not be parsed ({exc.reason}); "
-            f"reply began {excerpt!r}",
-            error_cause="unparsable",
-            **cost,
+        return failed(
+            "unparsable", f"{what} could not be parsed ({exc.reason}); reply began {excerpt!r}"
         )
-    return Verdict(
-        name, rating, rationale=rationale, score=score[0] if score else None, **cost
-    )
+    verdicts: dict[str, Verdict] = {}
+    for name, cost in costs.items():
+        reply = replies[name]
+        if isinstance(reply, UnparsableReply):
+            verdicts[name] = Verdict(
+                name,
+                "error",
+                error_message=f"{what} could not be parsed for {name} ({reply.reason}); "
+                f"reply began {excerpt!r}",
+                error_cause="unparsable",
+                **cost,
+            )
+        else:
+            rating, rationale, *score = reply  # a score only on a graded scale
+            verdicts[name] = Verdict(
+                name, rating, rationale=rationale, score=score[0] if score else None, **cost
+            )
+    return verdicts
+
+
+def _shares(total: int, parts: int) -> list[int]:
+    """`total` split into `parts` whole shares that add up to it, the larger ones first.
+
+    Splitting the cached prompt tokens the same way keeps each share within the verdict's prompt
+    share (as `Verdict` requires), since cached <= prompt."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
 def settings_version(
@@ -826,6 +917,13 @@ def settings_version(
     """What an LLM judge's verdicts depend on besides the event, for the verdict cache
     (judges.verdict_cache): the prompt as sent, the model, the request settings and `extra`
     (redaction, --guideline rules, thresholds). Hashed: it holds the endpoint's address."""
+    digest = settings_digest(system, endpoint, *extra)
+    return f"prompt v{prompt_version} frame v{FRAME_VERSION} {digest}"
+
+
+def settings_digest(system: str, endpoint: OpenAIJudgeEndpoint, *extra: object) -> str:
+    """The hashed part of `settings_version`: the system prompt as sent, the endpoint's address,
+    model and request settings, and `extra`."""
     settings = (
         system,
         endpoint.base_url,
@@ -836,5 +934,4 @@ def settings_version(
         endpoint.logprobs,
         *extra,
     )
-    digest = hashlib.blake2b(repr(settings).encode(), digest_size=8).hexdigest()
-    return f"prompt v{prompt_version} frame v{FRAME_VERSION} {digest}"
+    return hashlib.blake2b(repr(settings).encode(), digest_size=8).hexdigest()

@@ -15,17 +15,12 @@ from __future__ import annotations
 from ragpulse.judges.base import JudgeInput, Rating
 from ragpulse.judges.local.judge import LocalJudge
 from ragpulse.judges.local.relevance import key_stems
-from ragpulse.judges.local.text import Bag, bag_of, coverage
+from ragpulse.judges.local.text import Bag, bag_of, coverage, quote
 
 # Shares of the expected answer's content words, and of the question's key words, that the
 # chunks must hold.
 DEFAULT_MIN_EXPECTED_SHARE = 0.7
 DEFAULT_MIN_QUESTION_SHARE = 0.6
-
-
-def _quote(text: str, limit: int = 60) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class ContextSufficiencyJudge(LocalJudge):
@@ -54,13 +49,13 @@ class ContextSufficiencyJudge(LocalJudge):
             if cov.missing_numbers:
                 return "no", (
                     f"The context lacks the number {cov.missing_numbers[0]!r} of the expected "
-                    f"answer {_quote(target)!r}."
+                    f"answer {quote(target)!r}."
                 )
             if cov.share < self.min_expected_share:
                 shown = ", ".join(repr(w) for w in cov.missing_words[:4])
                 return "no", (
                     f"The context lacks {len(cov.missing_words)} of the {cov.words} content "
-                    f"words of the expected answer {_quote(target)!r} ({shown})."
+                    f"words of the expected answer {quote(target)!r} ({shown})."
                 )
         what = f"all {len(targets)} expected facts" if item.facts else "the expected answer"
         return "yes", f"The context states the numbers and most content words of {what}."

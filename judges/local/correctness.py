@@ -16,7 +16,7 @@ import string
 
 from ragpulse.judges.base import JudgeInput, Rating
 from ragpulse.judges.local.judge import LocalJudge
-from ragpulse.judges.local.text import bag_of, coverage
+from ragpulse.judges.local.text import bag_of, coverage, quote
 
 # Tuned on EVOUNA and checked on NQ301 (tests/bench/eval_local_judges.py).
 DEFAULT_MIN_SHARE = 0.5
@@ -29,11 +29,6 @@ _PUNCTUATION = str.maketrans(dict.fromkeys(string.punctuation + "‘’“”", 
 def normalise_answer(text: str) -> str:
     """SQuAD's answer normalisation: lower case, punctuation and articles removed, one space."""
     return " ".join(_ARTICLES_RE.sub(" ", text.lower().translate(_PUNCTUATION)).split())
-
-
-def _quote(text: str, limit: int = 60) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class CorrectnessJudge(LocalJudge):
@@ -58,15 +53,15 @@ class CorrectnessJudge(LocalJudge):
             if cov.missing_numbers:
                 return "no", (
                     f"The answer lacks the number {cov.missing_numbers[0]!r} of the expected "
-                    f"answer {_quote(target)!r}."
+                    f"answer {quote(target)!r}."
                 )
             if not cov.words and (cov.numbers or not norm):
                 continue  # only numbers, all stated; or punctuation only, nothing to state
             if not cov.words or cov.share < self.min_share:
                 # (A target of common words only, "yes", must appear as it is.)
-                shown = ", ".join(repr(w) for w in cov.missing_words[:4]) or repr(_quote(target))
+                shown = ", ".join(repr(w) for w in cov.missing_words[:4]) or repr(quote(target))
                 return "no", (
-                    f"The answer does not state the expected answer {_quote(target)!r} "
+                    f"The answer does not state the expected answer {quote(target)!r} "
                     f"(missing {shown})."
                 )
         what = f"all {len(targets)} expected facts" if item.facts else "the expected answer"

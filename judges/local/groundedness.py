@@ -40,6 +40,7 @@ from ragpulse.judges.local.text import (
     claim_of,
     content_stems,
     load_lexicon,
+    quote,
     split_sentences,
     stem,
 )
@@ -172,11 +173,6 @@ def first_unsupported(
     return None
 
 
-def _quote(text: str, limit: int = 80) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 class GroundednessJudge(LocalJudge):
     """Local `groundedness` judge: "no" when some claim of the answer is not in the chunks."""
 
@@ -212,7 +208,7 @@ class GroundednessJudge(LocalJudge):
                 return "yes", "The answer's one claim is supported by the context."
             return "yes", f"All {n} claims of the answer are supported by the context."
         claim, reason = found
-        return "no", f"The claim {_quote(claim.claim.text)!r} is unsupported: {reason}."
+        return "no", f"The claim {quote(claim.claim.text, 80)!r} is unsupported: {reason}."
 
     def _decide_summary(self, item: JudgeInput, chunks: list[str]) -> tuple[Rating, str]:
         shares = summary_shares(item.answer, chunks)
@@ -220,7 +216,7 @@ class GroundednessJudge(LocalJudge):
             if share > SUMMARY_MAX_UNSUPPORTED:
                 shown = ", ".join(repr(w) for w in new[:4])
                 return "no", (
-                    f"The summary's sentence {_quote(sentence)!r} is unsupported: {share:.0%} "
+                    f"The summary's sentence {quote(sentence, 80)!r} is unsupported: {share:.0%} "
                     f"of its content words are not in the source (stems {shown})."
                 )
         return "yes", f"Each of the summary's {len(shares)} measured sentences keeps to the source."

@@ -56,6 +56,12 @@ _stemmer = snowballstemmer.stemmer("english")
 _LEXICON_DIR = Path(__file__).resolve().parent.parent / "lexicons"  # judges/lexicons/
 
 
+def quote(text: str, limit: int = 60) -> str:
+    """`text` on one line, cut to `limit` characters with an ellipsis, for a rationale."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def load_lexicon(name: str) -> tuple[str, ...]:
     """Lines of `judges/lexicons/<name>.txt`, without blank lines and `#` comments."""
     text = (_LEXICON_DIR / f"{name}.txt").read_text("utf-8")

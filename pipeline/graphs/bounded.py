@@ -49,7 +49,7 @@ from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.metrics import catalogue, counting
 from ragpulse.pipeline.metrics.counting import COUNTER_NAMESPACE
 from ragpulse.pipeline.records import InferenceRecord, JudgedEvent
-from ragpulse.pipeline.sinks.kafka import UNACKNOWLEDGED_NAMESPACE
+from ragpulse.pipeline.sinks.kafka import UNACKNOWLEDGED_NAMESPACE, decode_unacknowledged
 from ragpulse.pipeline.stages.judge import JudgeEvents
 from ragpulse.pipeline.stages.parse import (
     DEFAULT_MAX_FUTURE_SKEW_S,
@@ -64,7 +64,6 @@ from ragpulse.pipeline.stages.report import (
     ReportSessionWindows,
     ReportWindows,
     decode_session_window,
-    decode_window,
 )
 from ragpulse.pipeline.stages.sessions import GroupSessions, SessionConfig, SessionKey
 from ragpulse.pipeline.stages.weighted import (
@@ -73,7 +72,7 @@ from ragpulse.pipeline.stages.weighted import (
     decode_weighted_window,
 )
 from ragpulse.pipeline.stages.windows import ReplaceRejudged, WindowRatings
-from ragpulse.pipeline.windows import RatingCounts, WindowKey
+from ragpulse.pipeline.windows import RatingCounts, WindowKey, decode_window
 
 log = logging.getLogger(__name__)
 
@@ -317,7 +316,7 @@ def decode_metrics(metrics: MetricResults) -> GraphResult:
                 **{rating: value}
             )
         elif namespace == UNACKNOWLEDGED_NAMESPACE:
-            topic, why = orjson.loads(name)
+            topic, why = decode_unacknowledged(name)
             n, first = unacknowledged.get(topic, (0, why))
             unacknowledged[topic] = (n + value, first)
         elif namespace == WEIGHTED_WINDOW_NAMESPACE:

@@ -37,8 +37,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.transforms import trigger, window
-from apache_beam.utils.timestamp import Duration
 from apache_beam.utils.windowed_value import PaneInfoTiming
 
 from ragpulse.pipeline.formats.rating_rows import PaneTiming, RatingPane
@@ -46,24 +44,20 @@ from ragpulse.pipeline.graphs.bounded import StageConfig, with_sessions
 from ragpulse.pipeline.records import SourceRecord
 from ragpulse.pipeline.stages.judge import JudgeEvents
 from ragpulse.pipeline.stages.parse import ParseEvents
-from ragpulse.pipeline.stages.windows import CountRatings, at_event_time, weighted_ratings
-from ragpulse.pipeline.windows import RatingCounts, WindowKey
+from ragpulse.pipeline.stages.windows import (
+    CountRatings,
+    PaneSchedule,
+    WindowByEventTime,
+    weighted_ratings,
+    window_key,
+)
+from ragpulse.pipeline.windows import RatingCounts
 
 _TIMINGS: dict[int, PaneTiming] = {
     PaneInfoTiming.EARLY: "early",
     PaneInfoTiming.ON_TIME: "on_time",
     PaneInfoTiming.LATE: "late",
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class PaneSchedule:
-    """When a window's panes fire: early every `early_firing_seconds` of processing time while
-    it is open, on time when the watermark passes its end, late for each late event up to
-    `allowed_lateness_seconds` after that."""
-
-    allowed_lateness_seconds: float
-    early_firing_seconds: float
 
 
 class _ToPane(beam.DoFn):
@@ -73,9 +67,8 @@ class _ToPane(beam.DoFn):
         win: Any = beam.DoFn.WindowParam,
         pane: Any = beam.DoFn.PaneInfoParam,
     ) -> Iterator[RatingPane]:
-        (judge, version, app, model), counts = element
-        key = WindowKey(float(win.start), float(win.end), judge, app, model, version)
-        yield RatingPane(key, counts, _TIMINGS[pane.timing], pane.index)
+        key, counts = element
+        yield RatingPane(window_key(key, win), counts, _TIMINGS[pane.timing], pane.index)
 
 
 class PaneRatings(beam.PTransform):
@@ -89,21 +82,10 @@ class PaneRatings(beam.PTransform):
         self._schedule = schedule
 
     def expand(self, judged: Any) -> Any:
-        schedule = self._schedule
         return (
             judged
-            | "StampEventTime" >> beam.Map(at_event_time)
-            | "FixedWindows"
-            >> beam.WindowInto(
-                window.FixedWindows(self._size),
-                trigger=trigger.AfterWatermark(
-                    # Beam takes whole seconds here (the runner API's delay is an integer).
-                    early=trigger.AfterProcessingTime(max(1, round(schedule.early_firing_seconds))),
-                    late=trigger.AfterCount(1),
-                ),
-                allowed_lateness=Duration(seconds=schedule.allowed_lateness_seconds),
-                accumulation_mode=trigger.AccumulationMode.ACCUMULATING,
-            )
+            | "WindowByEventTime"
+            >> WindowByEventTime(window_size=self._size, schedule=self._schedule)
             | "RatingPerJudge" >> beam.FlatMap(weighted_ratings)
             | "CountRatings" >> beam.CombinePerKey(CountRatings())
             | "ToPane" >> beam.ParDo(_ToPane())

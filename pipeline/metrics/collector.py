@@ -445,25 +445,19 @@ class RagpulseCollector(Collector):
             gauge.add_metric([], value)
             yield gauge
         if snap.lag:
-            lag = GaugeMetricFamily(
-                catalogue.CONSUMER_LAG,
-                catalogue.FAMILY_HELP[catalogue.CONSUMER_LAG],
-                labels=["topic", "partition"],
-            )
-            for (topic, partition), value in sorted(snap.lag.items()):
-                lag.add_metric([topic, str(partition)], value)
-            yield lag
+            yield _partition_family(catalogue.CONSUMER_LAG, snap.lag)
         if snap.group_lag:
-            group_lag = GaugeMetricFamily(
-                catalogue.CONSUMER_GROUP_LAG,
-                catalogue.FAMILY_HELP[catalogue.CONSUMER_GROUP_LAG],
-                labels=["topic", "partition"],
-            )
-            for (topic, partition), value in sorted(snap.group_lag.items()):
-                group_lag.add_metric([topic, str(partition)], value)
-            yield group_lag
+            yield _partition_family(catalogue.CONSUMER_GROUP_LAG, snap.group_lag)
         if snap.cycles is not None:
             yield from _cycle_families(snap.cycles)
+
+
+def _partition_family(name: str, values: Mapping[tuple[str, int], float]) -> GaugeMetricFamily:
+    """A gauge with one sample per (topic, partition): a consumer lag."""
+    family = GaugeMetricFamily(name, catalogue.FAMILY_HELP[name], labels=["topic", "partition"])
+    for (topic, partition), value in sorted(values.items()):
+        family.add_metric([topic, str(partition)], value)
+    return family
 
 
 def registry_for(

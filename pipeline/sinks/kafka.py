@@ -199,11 +199,50 @@ def new_producer(target: KafkaTopic) -> KafkaProducer:
     )
 
 
+def count_unacknowledged(where: str, why: str, n: int) -> None:
+    """Hands `n` outputs that `where` (a topic, an endpoint) did not acknowledge, and why, to the
+    caller (a Beam counter in UNACKNOWLEDGED_NAMESPACE, which pipeline.graphs.bounded reads)."""
+    Metrics.counter(UNACKNOWLEDGED_NAMESPACE, orjson.dumps([where, why]).decode()).inc(n)
+
+
+def decode_unacknowledged(name: str) -> tuple[str, str]:
+    """(where, why) of a counter `count_unacknowledged` made."""
+    where, why = orjson.loads(name)
+    return where, why
+
+
+def count_undeliverable(where: str, n: int) -> None:
+    """Counts `n` outputs that `where` refused for good (ragpulse_undeliverable_total)."""
+    Metrics.counter(
+        counting.COUNTER_NAMESPACE, counting.encode(counting.key(UNDELIVERABLE, topic=where))
+    ).inc(n)
+
+
+class SendPerBundle(beam.DoFn):
+    """A sink's DoFn that sends the elements of a bundle together when the bundle ends (one
+    request, one wait for acknowledgements), by `send`."""
+
+    def start_bundle(self) -> None:
+        self._bundle: list[Any] = []
+
+    def process(self, element: Any) -> None:
+        self._bundle.append(element)
+
+    def finish_bundle(self) -> None:
+        bundle, self._bundle = self._bundle, []
+        if bundle:
+            self.send(bundle)
+
+    def send(self, bundle: list[Any]) -> None:
+        """Sends one bundle's elements (they are never empty)."""
+        raise NotImplementedError
+
+
 class Unacknowledged(RuntimeError):
     """Records of a bundle the broker did not acknowledge; the runner retries the bundle."""
 
 
-class _Publish(beam.DoFn):
+class _Publish(SendPerBundle):
     """Sends a bundle's records when the bundle ends and waits for their acknowledgements.
 
     With `runner_retries`, unacknowledged records fail the bundle (`Unacknowledged`) instead of
@@ -217,16 +256,7 @@ class _Publish(beam.DoFn):
     def setup(self) -> None:
         self._producer: KafkaProducer | None = None
 
-    def start_bundle(self) -> None:
-        self._records: list[OutputRecord] = []
-
-    def process(self, record: OutputRecord) -> None:
-        self._records.append(record)
-
-    def finish_bundle(self) -> None:
-        records, self._records = self._records, []
-        if not records:
-            return
+    def send(self, records: list[OutputRecord]) -> None:
         target = self._target
         if self._producer is None:
             self._producer = new_producer(target)
@@ -240,17 +270,14 @@ class _Publish(beam.DoFn):
             log.info("published %d records to %s", d.delivered, d.topic)
         if d.refused:
             _log_refused(d)
-            Metrics.counter(
-                counting.COUNTER_NAMESPACE,
-                counting.encode(counting.key(UNDELIVERABLE, topic=target.topic)),
-            ).inc(len(d.refused))
+            count_undeliverable(target.topic, len(d.refused))
         if d.unacknowledged and self._runner_retries:
             raise Unacknowledged(
                 f"{len(d.unacknowledged)} records for {d.topic} not acknowledged "
                 f"({d.unacknowledged[0][1]}); the bundle is retried"
             )
         for why, n in Counter(why for _, why in d.unacknowledged).items():
-            Metrics.counter(UNACKNOWLEDGED_NAMESPACE, orjson.dumps([d.topic, why]).decode()).inc(n)
+            count_unacknowledged(d.topic, why, n)
 
     def _send_heads_of_large_letters(self, d: Delivery) -> Delivery:
         """Dead letters the topic refused as too large go again as their head (a dead-letter

@@ -36,8 +36,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import apache_beam as beam
-import orjson
-from apache_beam.metrics import Metrics
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
@@ -46,9 +44,12 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from ragpulse.judges import TextPolicy
 from ragpulse.judges.endpoint.retry import CallFailure, is_retryable
 from ragpulse.pipeline.formats.verdict_rows import verdict_row
-from ragpulse.pipeline.metrics import counting
 from ragpulse.pipeline.records import JudgedEvent
-from ragpulse.pipeline.sinks.kafka import UNACKNOWLEDGED_NAMESPACE, UNDELIVERABLE
+from ragpulse.pipeline.sinks.kafka import (
+    SendPerBundle,
+    count_unacknowledged,
+    count_undeliverable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -140,22 +141,13 @@ def post(url: str, body: bytes, timeout_s: float) -> CallFailure | None:
     return None
 
 
-class _Export(beam.DoFn):
+class _Export(SendPerBundle):
     def __init__(self, url: str, policy: TextPolicy, timeout_s: float) -> None:
         self._url = url
         self._policy = policy
         self._timeout_s = timeout_s
 
-    def start_bundle(self) -> None:
-        self._events: list[JudgedEvent] = []
-
-    def process(self, judged: JudgedEvent) -> None:
-        self._events.append(judged)
-
-    def finish_bundle(self) -> None:
-        events, self._events = self._events, []
-        if not events:
-            return
+    def send(self, events: list[JudgedEvent]) -> None:
         request = evaluation_request(events, self._policy, time.time_ns())
         n = sum(len(e.verdicts) for e in events)
         failure = post(self._url, request.SerializeToString(), self._timeout_s)
@@ -165,12 +157,10 @@ class _Export(beam.DoFn):
             return
         why = f"HTTP {failure.status}" if failure.kind == "status" else str(failure.detail)
         if is_retryable(failure):
-            Metrics.counter(UNACKNOWLEDGED_NAMESPACE, orjson.dumps([where, why]).decode()).inc(n)
+            count_unacknowledged(where, why, n)
             return
         log.error("%d evaluation events refused by %s (%s) and dropped", n, where, why)
-        Metrics.counter(
-            counting.COUNTER_NAMESPACE, counting.encode(counting.key(UNDELIVERABLE, topic=where))
-        ).inc(n)
+        count_undeliverable(where, n)
 
 
 class ExportEvaluations(beam.PTransform):

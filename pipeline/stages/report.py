@@ -18,7 +18,13 @@ from ragpulse.pipeline.records import (
 )
 from ragpulse.pipeline.stages.sessions import SessionKey, session_key
 from ragpulse.pipeline.stages.windows import ratings_by_judge
-from ragpulse.pipeline.windows import RatingCounts, WindowKey, window_start
+from ragpulse.pipeline.windows import (
+    RatingCounts,
+    WindowKey,
+    decode_window,
+    encode_window,
+    window_start,
+)
 
 WINDOW_NAMESPACE = "ragpulse.windows"
 
@@ -40,19 +46,6 @@ class _ReportWindow(beam.DoFn):
 
 
 _WINDOW_FIELDS = tuple(f.name for f in dataclasses.fields(RatingCounts))
-
-
-def encode_window(key: WindowKey, rating: str) -> str:
-    """The Beam counter name of one window's count of `rating` (a `RatingCounts` field)."""
-    return orjson.dumps(
-        [key.window_start, key.window_end, key.judge, key.app, key.model, key.version, rating]
-    ).decode()
-
-
-def decode_window(name: str) -> tuple[WindowKey, str]:
-    """Inverse of `encode_window`."""
-    start, end, judge, app, model, version, rating = orjson.loads(name)
-    return WindowKey(float(start), float(end), judge, app, model, version), rating
 
 
 class ReportWindows(beam.PTransform):

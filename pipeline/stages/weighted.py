@@ -14,43 +14,35 @@ from collections.abc import Iterable
 from typing import Any
 
 import apache_beam as beam
-import orjson
 from apache_beam.metrics import Metrics
-from apache_beam.transforms import window
 
 from ragpulse.pipeline.costs.sampling import MICRO, WeightedCounts, to_micros
-from ragpulse.pipeline.windows import WindowKey
+from ragpulse.pipeline.records import JudgedEvent
+from ragpulse.pipeline.stages.windows import WindowByEventTime, ratings_by_judge, window_key
+from ragpulse.pipeline.windows import WindowKey, decode_window, encode_window
 
 WEIGHTED_WINDOW_NAMESPACE = "ragpulse.weighted_windows"
 
+_Weighed = tuple[tuple[tuple[str, str, str, str], str], int]
 
-def _weighted_ratings(judged: Any) -> Iterable[tuple[tuple[str, str, str, str, str], int]]:
-    """((judge, version, app, model, rating), weight in millionths) for each verdict of a
-    judged event."""
-    record = judged.record
-    micros = to_micros(record.weight)
-    return [
-        ((v.judge, version, record.app, record.model, v.rating), micros)
-        for v, version in judged.versioned()
-        if v.rating != "skipped"  # the judge did not run on this event: nothing to weigh
-    ]
+
+def _weighted_ratings(judged: JudgedEvent) -> Iterable[_Weighed]:
+    """(((judge, version, app, model), rating), weight in millionths) for each verdict of a
+    judged event (`ratings_by_judge`: a judge that did not run has nothing to weigh)."""
+    micros = to_micros(judged.record.weight)
+    return [((key, rating), micros) for key, (rating, _) in ratings_by_judge(judged)]
 
 
 class _ReportWeightedWindow(beam.DoFn):
-    def process(
-        self,
-        element: tuple[tuple[str, str, str, str, str], int],
-        win: Any = beam.DoFn.WindowParam,
-    ) -> None:
-        (judge, version, app, model, rating), micros = element
-        name = orjson.dumps([float(win.start), float(win.end), judge, version, app, model, rating])
-        Metrics.counter(WEIGHTED_WINDOW_NAMESPACE, name.decode()).inc(micros)
+    def process(self, element: _Weighed, win: Any = beam.DoFn.WindowParam) -> None:
+        (key, rating), micros = element
+        name = encode_window(window_key(key, win), rating)
+        Metrics.counter(WEIGHTED_WINDOW_NAMESPACE, name).inc(micros)
 
 
 def decode_weighted_window(name: str, micros: int) -> tuple[WindowKey, WeightedCounts]:
     """The window and weighted count of one counter of `WEIGHTED_WINDOW_NAMESPACE`."""
-    start, end, judge, version, app, model, rating = orjson.loads(name)
-    key = WindowKey(float(start), float(end), judge, app, model, version)
+    key, rating = decode_window(name)
     return key, WeightedCounts(**{rating: micros / MICRO})
 
 
@@ -65,9 +57,7 @@ class ReportWeightedWindows(beam.PTransform):
     def expand(self, judged: Any) -> Any:
         return (
             judged
-            | "StampEventTime"
-            >> beam.Map(lambda j: window.TimestampedValue(j, j.record.event_time))
-            | "FixedWindows" >> beam.WindowInto(window.FixedWindows(self._size))
+            | "WindowByEventTime" >> WindowByEventTime(window_size=self._size)
             | "WeightPerRating" >> beam.FlatMap(_weighted_ratings)
             # Beam 2.62's stubs type CombinePerKey's argument as a CombineFn; a callable works.
             | "SumWeights" >> beam.CombinePerKey(sum)  # type: ignore[arg-type]

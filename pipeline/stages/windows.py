@@ -11,7 +11,8 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam import coders
-from apache_beam.transforms import userstate, window
+from apache_beam.transforms import trigger, userstate, window
+from apache_beam.utils.timestamp import Duration
 
 from ragpulse.judges.base import RATINGS
 from ragpulse.pipeline.metrics import catalogue, counting
@@ -188,20 +189,65 @@ class CountRatings(beam.CombineFn):
         return RatingCounts(*acc)
 
 
+def window_key(key: tuple[str, str, str, str], win: Any) -> WindowKey:
+    """The `WindowKey` of a (judge, version, app, model) key counted in the Beam window `win`."""
+    judge, version, app, model = key
+    return WindowKey(float(win.start), float(win.end), judge, app, model, version)
+
+
 class _KeyByWindow(beam.DoFn):
     def process(
         self,
         element: tuple[tuple[str, str, str, str], RatingCounts],
         win: Any = beam.DoFn.WindowParam,
     ) -> Iterator[tuple[WindowKey, RatingCounts]]:
-        (judge, version, app, model), counts = element
-        yield WindowKey(float(win.start), float(win.end), judge, app, model, version), counts
+        key, counts = element
+        yield window_key(key, win), counts
 
 
 def at_event_time(judged: JudgedEvent | Retraction) -> window.TimestampedValue:
     """The judged event (or retraction) stamped with its event time, for event-time windows."""
     at = judged.event_time if isinstance(judged, Retraction) else judged.record.event_time
     return window.TimestampedValue(judged, at)
+
+
+@dataclasses.dataclass(frozen=True)
+class PaneSchedule:
+    """When a window's panes fire in `ragpulse stream`: early every `early_firing_seconds` of
+    processing time while it is open, on time when the watermark passes its end, late for each
+    late event up to `allowed_lateness_seconds` after that."""
+
+    allowed_lateness_seconds: float
+    early_firing_seconds: float
+
+
+class WindowByEventTime(beam.PTransform):
+    """Judged events (and `Retraction`s) into fixed windows of their event time: the one
+    windowing of `run` and `serve` (`WindowRatings`, `ReportWeightedWindows`: a bounded batch,
+    one pane per window) and of `stream` (`PaneRatings`: accumulating panes as `schedule`
+    says)."""
+
+    def __init__(self, *, window_size: float, schedule: PaneSchedule | None = None) -> None:
+        super().__init__()
+        self._size = window_size
+        self._schedule = schedule
+
+    def expand(self, judged: Any) -> Any:
+        schedule = self._schedule
+        panes: dict[str, Any] = {} if schedule is None else {
+            "trigger": trigger.AfterWatermark(
+                # Beam takes whole seconds here (the runner API's delay is an integer).
+                early=trigger.AfterProcessingTime(max(1, round(schedule.early_firing_seconds))),
+                late=trigger.AfterCount(1),
+            ),
+            "allowed_lateness": Duration(seconds=schedule.allowed_lateness_seconds),
+            "accumulation_mode": trigger.AccumulationMode.ACCUMULATING,
+        }
+        return (
+            judged
+            | "StampEventTime" >> beam.Map(at_event_time)
+            | "FixedWindows" >> beam.WindowInto(window.FixedWindows(self._size), **panes)
+        )
 
 
 class WindowRatings(beam.PTransform):
@@ -220,8 +266,7 @@ class WindowRatings(beam.PTransform):
     def expand(self, judged: Any) -> Any:
         return (
             judged
-            | "StampEventTime" >> beam.Map(at_event_time)
-            | "FixedWindows" >> beam.WindowInto(window.FixedWindows(self._size))
+            | "WindowByEventTime" >> WindowByEventTime(window_size=self._size)
             | "RatingPerJudge" >> beam.FlatMap(weighted_ratings)
             | "CountRatings" >> beam.CombinePerKey(CountRatings())
             | "KeyByWindow" >> beam.ParDo(_KeyByWindow())

@@ -39,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fake
 from fake_openai import FakeOpenAI
 
 from ragpulse.judges.base import JudgeInput
-from ragpulse.judges.endpoint.client import VERDICT_JSON_SCHEMA, OpenAIJudgeEndpoint, _Call
+from ragpulse.judges.endpoint.client import OpenAIJudgeEndpoint, _Call
 from ragpulse.judges.llm.build import build_llm_judges
 from ragpulse.judges.llm.fencing import new_nonce
-from ragpulse.judges.llm.judge import LLMJudge
+from ragpulse.judges.llm.judge import VERDICT_SCHEMA, LLMJudge
 from ragpulse.judges.panel import JudgePanel
 from ragpulse.pipeline.commands.simulate import simulate
 from ragpulse.pipeline.formats.events import parse_event
@@ -70,7 +70,7 @@ def bare_loop(server: FakeOpenAI, inputs: list[JudgeInput], concurrency: int, ju
     endpoint = OpenAIJudgeEndpoint(base_url=server.base_url, api_key="bench")
     (llm,) = build_llm_judges([judge], endpoint)
     assert isinstance(llm, LLMJudge)
-    options = endpoint._request_options(_Call(None, VERDICT_JSON_SCHEMA, endpoint.max_tokens))
+    options = endpoint._request_options(_Call(None, VERDICT_SCHEMA, endpoint.max_tokens))
 
     async def run() -> int:
         client = openai.AsyncOpenAI(base_url=server.base_url, api_key="bench", max_retries=0)
