@@ -155,7 +155,8 @@ def path_of(events: list[tuple[int, str, str, str]]) -> list[str]:
     first_file: dict[int, str] = {}
     for thread, f, _, _ in events:
         first_file.setdefault(thread, f)
-    scrapes = {t for t, f in first_file.items() if f.endswith("metrics/http.py")}
+    scrapes = {t for t, f in first_file.items()
+               if f.endswith(("metrics/http.py", "sinks/prometheus_http.py"))}  # new, old layout
     # The first element a stage processes is the record (the cycles before it read nothing).
     judged = next(i for i, (_, f, fn, _) in enumerate(events)
                   if f.startswith("pipeline/stages") and fn == "process")
