@@ -88,7 +88,7 @@ def calibrate(settings: CalibrateSettings) -> AgreementReport:
     items, unlabelled = read_labelled(settings.input, judge)
     spec = settings.judges.spec()
     panel = spec.build()
-    batch = max(256, settings.judges.concurrency * 16)
+    batch = settings.judges.batch_events
     judged: list[Judged] = []
     try:
         for start in range(0, len(items), batch):

@@ -93,6 +93,10 @@ REFUSED_RUNNERS = {
 # each up to --max-event-bytes (Kafka's own default record limit is 1 MiB).
 MAX_BATCH_EVENTS = 1_000_000
 MAX_EVENT_BYTES = 64 * 1_048_576
+# A judge batch holds enough events to keep every concurrent judge call busy: this many per
+# call, and never fewer than the floor (`JudgeSettings.batch_events`).
+BATCH_EVENTS_PER_CALL = 16
+MIN_BATCH_EVENTS = 256
 
 
 class JudgeSettings(BaseModel):
@@ -252,6 +256,11 @@ class JudgeSettings(BaseModel):
     def _http_url(cls, url: str | None) -> str | None:
         return http_url(url)
 
+    @property
+    def batch_events(self) -> int:
+        """Events judged per batch (run, serve, stream, calibrate)."""
+        return max(MIN_BATCH_EVENTS, self.concurrency * BATCH_EVENTS_PER_CALL)
+
     def text_policy(self) -> TextPolicy:
         """What prompts and stored verdict text keep of the users' text."""
         return TextPolicy(
@@ -371,8 +380,7 @@ class BatchSettings(BaseModel):
             cascade=self.cascade,
             window_seconds=self.window_seconds,
             max_event_bytes=self.max_event_bytes,
-            # Enough events in flight to keep every concurrent judge call busy.
-            judge_batch_size=max(256, self.judges.concurrency * 16),
+            judge_batch_size=self.judges.batch_events,
             closed_before=closed_before,
             max_future_skew_s=self.max_future_skew_seconds,
             sessions=self.session_config(),
@@ -529,7 +537,7 @@ class StreamSettings(SessionFields):
             sample_rate=self.sample_rate,
             window_seconds=self.window_seconds,
             max_event_bytes=self.max_event_bytes,
-            judge_batch_size=max(256, self.judges.concurrency * 16),
+            judge_batch_size=self.judges.batch_events,
             max_future_skew_s=self.max_future_skew_seconds,
             sessions=self.session_config(),
         )
@@ -999,7 +1007,8 @@ def add_judge_arguments(parser: argparse.ArgumentParser, *, one_judge: bool = Fa
         g, "--judge-batch-deadline", JudgeSettings, "batch_deadline_seconds",
         "most time one batch of events may spend being judged; calls still pending then "
         "are cancelled (cause deadline), and no retry or Retry-After wait past it is taken. "
-        "Keep it above batch events (256, or 16 x --judge-concurrency) x judges / "
+        f"Keep it above batch events ({MIN_BATCH_EVENTS}, or {BATCH_EVENTS_PER_CALL} x "
+        "--judge-concurrency) x judges / "
         "concurrency x call latency (default: {default})",
     )
     g.add_argument(
