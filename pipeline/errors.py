@@ -1,4 +1,8 @@
-"""The error every command turns into one line on stderr and exit code 2."""
+"""The error every command turns into one line on stderr and exit code 2, and serve's other
+exit code (its --on-offset-reset help names it)."""
+
+# `ragpulse serve --on-offset-reset fail` stops with this code when a saved offset is gone.
+EXIT_OFFSET_RESET = 3
 
 
 class SettingsError(Exception):

@@ -17,7 +17,6 @@ retry with backoff.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import re
@@ -346,94 +345,35 @@ def _chain_text(exc: BaseException) -> str:
     return " | ".join(parts)
 
 
-# ----- the command line ---------------------------------------------------------------------
-
-
-# The TLS files a client may be given, in the order --help lists them.
-_SSL_FILE_FLAGS = (
-    ("--kafka-ssl-cafile",
-     "PEM CA bundle that signed the brokers' certificates (default: system trust store)"),
-    ("--kafka-ssl-certfile", "PEM client certificate, for brokers that require one (mutual TLS)"),
-    ("--kafka-ssl-keyfile",
-     "PEM private key of the client certificate (default: inside --kafka-ssl-certfile)"),
-    ("--kafka-ssl-key-password-file",
-     f"file holding the password of an encrypted key (or env {ENV_SSL_KEY_PASSWORD})"),
-    ("--kafka-ssl-crlfile",
-     "PEM certificate revocation list to check the broker certificate against"),
-)
-
-
-def add_kafka_security_arguments(group: argparse._ArgumentGroup) -> None:
-    """The `--kafka-*` security flags of serve and simulate (secrets only as files)."""
-    group.add_argument(
-        "--kafka-properties",
-        type=Path,
-        metavar="FILE",
-        help="Java-style Kafka client properties (security.protocol, sasl.mechanism, "
-        "sasl.jaas.config, ssl.truststore.location with ssl.truststore.type=PEM, ...); flags "
-        "override it",
-    )
-    group.add_argument(
-        "--kafka-security-protocol",
-        choices=PROTOCOLS,
-        default=None,
-        help="PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL",
-    )
-    for flag, help in _SSL_FILE_FLAGS:
-        group.add_argument(flag, type=Path, metavar="FILE", help=help)
-    group.add_argument(
-        "--kafka-ssl-no-check-hostname",
-        action="store_true",
-        default=None,
-        help="do not check that the broker certificate names the host connected to (on by "
-        "default; switching it off allows man-in-the-middle attacks)",
-    )
-    group.add_argument(
-        "--kafka-sasl-mechanism", choices=MECHANISMS, default=None,
-        help="SASL mechanism with SASL_PLAINTEXT / SASL_SSL",
-    )
-    group.add_argument(
-        "--kafka-sasl-username", default=None,
-        help=f"SASL user for PLAIN and SCRAM (or env {ENV_SASL_USERNAME})",
-    )
-    group.add_argument(
-        "--kafka-sasl-password-file", type=Path, metavar="FILE",
-        help=f"file holding the SASL password (or env {ENV_SASL_PASSWORD}); never a flag, "
-        "so it does not show in process lists",
-    )
-    group.add_argument(
-        "--kafka-sasl-oauth-token-file", type=Path, metavar="FILE",
-        help="OAUTHBEARER: file holding the access token, re-read whenever it changes",
-    )
-
-
-def security_from_args(
-    args: argparse.Namespace, env: Mapping[str, str] | None = None
+def security_from(
+    flags: Mapping[str, Any], env: Mapping[str, str] | None = None
 ) -> KafkaSecurity:
-    """KafkaSecurity from the flags, over the properties file, over the defaults; validated."""
+    """KafkaSecurity from the `--kafka-*` flags' values (by the keys of
+    `pipeline.settings.blocks.kafka_security`), over the properties file, over the defaults;
+    validated."""
     env = os.environ if env is None else env
     props: dict[str, Any] = {}
-    if args.kafka_properties is not None:
-        props = read_properties(args.kafka_properties)
-    flags: dict[str, Any] = {
-        "protocol": args.kafka_security_protocol,
-        "ssl_cafile": args.kafka_ssl_cafile,
-        "ssl_certfile": args.kafka_ssl_certfile,
-        "ssl_keyfile": args.kafka_ssl_keyfile,
-        "ssl_crlfile": args.kafka_ssl_crlfile,
-        "ssl_check_hostname": False if args.kafka_ssl_no_check_hostname else None,
-        "sasl_mechanism": args.kafka_sasl_mechanism,
-        "sasl_username": args.kafka_sasl_username or env.get(ENV_SASL_USERNAME),
-        "sasl_oauth_token_file": args.kafka_sasl_oauth_token_file,
+    if flags["properties"] is not None:
+        props = read_properties(flags["properties"])
+    given: dict[str, Any] = {
+        "protocol": flags["protocol"],
+        "ssl_cafile": flags["ssl_cafile"],
+        "ssl_certfile": flags["ssl_certfile"],
+        "ssl_keyfile": flags["ssl_keyfile"],
+        "ssl_crlfile": flags["ssl_crlfile"],
+        "ssl_check_hostname": False if flags["ssl_no_check_hostname"] else None,
+        "sasl_mechanism": flags["sasl_mechanism"],
+        "sasl_username": flags["sasl_username"] or env.get(ENV_SASL_USERNAME),
+        "sasl_oauth_token_file": flags["sasl_oauth_token_file"],
     }
     sasl_password = _secret(
-        args.kafka_sasl_password_file, "--kafka-sasl-password-file", env, ENV_SASL_PASSWORD
+        flags["sasl_password_file"], "--kafka-sasl-password-file", env, ENV_SASL_PASSWORD
     )
     key_password = _secret(
-        args.kafka_ssl_key_password_file, "--kafka-ssl-key-password-file", env,
+        flags["ssl_key_password_file"], "--kafka-ssl-key-password-file", env,
         ENV_SSL_KEY_PASSWORD,
     )
-    merged = {**props, **{k: v for k, v in flags.items() if v is not None}}
+    merged = {**props, **{k: v for k, v in given.items() if v is not None}}
     if sasl_password is not None:
         merged["sasl_password"] = sasl_password
     if key_password is not None:

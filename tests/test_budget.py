@@ -9,6 +9,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import apache_beam as beam
 import orjson
@@ -23,8 +24,6 @@ from ragpulse.pipeline.costs.budget import (
     BudgetGovernor,
     BudgetSettings,
     Prices,
-    add_budget_arguments,
-    budget_settings,
     load_prices,
     spend_of,
 )
@@ -33,6 +32,8 @@ from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.graphs.bounded import Sinks, run_graph
 from ragpulse.pipeline.metrics import counting
 from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.settings.blocks import BUDGET
+from ragpulse.pipeline.settings.flags import FlagTable, add_flags, values_of
 from ragpulse.pipeline.settings.models import JudgeSettings
 from ragpulse.pipeline.sinks.files import WriteDeadLetters
 
@@ -145,8 +146,16 @@ def test_a_restart_within_the_hour_goes_on_from_the_saved_spend_and_does_not_pro
 
 def parse_budget_flags(*argv: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    add_budget_arguments(p)
+    add_flags(p, FlagTable(None, (BUDGET,)))
     return p.parse_args(list(argv))
+
+
+def budget_settings(
+    args: argparse.Namespace, model: str, backend: Literal["local", "openai"]
+) -> BudgetSettings | None:
+    judges = JudgeSettings(model=model, backend=backend)
+    built: BudgetSettings | None = BUDGET.build(values_of(BUDGET.flags, args), {"judges": judges})
+    return built
 
 
 def test_budget_flags_are_checked_against_the_backend_and_the_price_table(tmp_path: Path) -> None:

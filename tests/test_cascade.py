@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Literal
 
 import apache_beam as beam
 import orjson
@@ -21,14 +22,14 @@ from ragpulse.pipeline.costs.cascade import (
     UNSURE,
     CascadeSettings,
     _hash_point,
-    add_cascade_arguments,
-    cascade_settings,
 )
 from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.formats.events import parse_event
 from ragpulse.pipeline.graphs.bounded import Sinks, run_graph
 from ragpulse.pipeline.metrics import counting
 from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.settings.blocks import CASCADE
+from ragpulse.pipeline.settings.flags import FlagTable, add_flags, values_of
 from ragpulse.pipeline.settings.models import JudgeSettings
 from ragpulse.pipeline.sinks.files import WriteDeadLetters
 
@@ -136,8 +137,18 @@ def test_with_logprobs_llm_verdicts_near_even_odds_are_counted_as_unsure(tmp_pat
 
 def cascade_flags(*argv: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    add_cascade_arguments(p)
+    add_flags(p, FlagTable(None, (CASCADE,)))
     return p.parse_args(list(argv))
+
+
+def cascade_settings(
+    args: argparse.Namespace, names: tuple[str, ...], backend: Literal["local", "openai"]
+) -> CascadeSettings | None:
+    judges = JudgeSettings(names=names, backend=backend)
+    built: CascadeSettings | None = CASCADE.build(
+        values_of(CASCADE.flags, args), {"judges": judges}
+    )
+    return built
 
 
 def test_a_cascade_needs_the_llm_backend_and_local_versions_of_its_judges() -> None:

@@ -17,7 +17,8 @@ from ragpulse.judges.llm.build import build_llm_judges
 from ragpulse.judges.llm.claim_scores import ClaimVerdict, CorrectnessReply, claim_f1, cosine
 from ragpulse.judges.panel import JudgePanel
 from ragpulse.judges.redaction import TextPolicy
-from ragpulse.pipeline.settings.models import SettingsError, add_judge_arguments, judge_settings
+from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.settings.command_flags import add_judge_arguments, judge_settings
 
 CONTEXT = (Chunk("Deleted files stay in the trash for 30 days, then they are removed."),)
 QUESTION = "How long are deleted files kept?"

@@ -13,12 +13,11 @@ from pydantic import BaseModel
 
 from ragpulse.judges.llm.judge import LLMJudge
 from ragpulse.pipeline.commands.serve import configure_parser as configure_serve_parser
+from ragpulse.pipeline.settings.command_flags import add_judge_arguments, judge_settings
 from ragpulse.pipeline.settings.models import (
     JudgeSettings,
     ServeSettings,
     SettingsError,
-    add_judge_arguments,
-    judge_settings,
     setting_flag,
 )
 

@@ -158,7 +158,7 @@ def test_the_exporter_bounds_app_values_as_serve_does() -> None:
 def exporter_reading(*panes: RatingPane, labels: LabelLimits | None = None) -> RatingsExporter:
     """A RatingsExporter that took `panes` as records of the ratings topic (encoded, decoded)."""
     settings = ExporterSettings(
-        bootstrap="127.0.0.1:9092", ratings_topic="r", labels=labels or LabelLimits()
+        bootstrap="127.0.0.1:9092", ratings_topic="r", labels=labels or LabelLimits(max_values=100)
     )
     exporter = RatingsExporter(settings)
     for offset, p in enumerate(panes):

@@ -23,7 +23,8 @@ from ragpulse.judges.llm.logprobs import (
     read_logprobs,
 )
 from ragpulse.judges.panel import JudgePanel
-from ragpulse.pipeline.settings.models import SettingsError, add_judge_arguments, judge_settings
+from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.settings.command_flags import add_judge_arguments, judge_settings
 
 SAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "samples"
 ITEM = JudgeInput("How long are deleted files kept?", "Deleted files are kept for 30 days.")

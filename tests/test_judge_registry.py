@@ -16,12 +16,8 @@ from ragpulse.judges import JUDGES, Backend, Chunk, JudgeEntry, JudgeInput, chec
 from ragpulse.judges.llm.judge import available_prompts, load_prompt
 from ragpulse.judges.local.judge import build_local_judges
 from ragpulse.judges.registry import SESSION_JUDGES
-from ragpulse.pipeline.settings.models import (
-    JudgeSettings,
-    SettingsError,
-    add_judge_arguments,
-    judge_settings,
-)
+from ragpulse.pipeline.settings.command_flags import add_judge_arguments, judge_settings
+from ragpulse.pipeline.settings.models import JudgeSettings, SettingsError
 
 SAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "samples" / "events.jsonl"
 PROMPTS = Path(judges.__file__).parent / "prompts"

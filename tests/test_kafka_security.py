@@ -30,21 +30,29 @@ from ragpulse.pipeline.kafka_security import (
     ENV_SASL_PASSWORD,
     KafkaSecurity,
     KafkaSecurityError,
-    add_kafka_security_arguments,
     check_access,
     connect,
     file_token_provider,
     read_properties,
-    security_from_args,
+    security_from,
 )
+from ragpulse.pipeline.settings.blocks import kafka_security
+from ragpulse.pipeline.settings.flags import FlagTable, add_flags, values_of
 
 SECRET = "s3cret-Pa55word"  # must never show in a log, an error or a repr; wrong on the broker
 BROKER_PASSWORD = "r1ght-Pa55word-on-the-broker"  # the user's password there; never shown either
 
 
+KAFKA_SECURITY = kafka_security("kafka security")
+
+
+def security_from_args(args: argparse.Namespace, env: dict[str, str]) -> KafkaSecurity:
+    return security_from(values_of(KAFKA_SECURITY.flags, args), env)
+
+
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    add_kafka_security_arguments(parser.add_argument_group("kafka security"))
+    add_flags(parser, FlagTable(None, (KAFKA_SECURITY,)))
     return parser.parse_args(argv)
 
 

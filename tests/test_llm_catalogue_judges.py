@@ -27,7 +27,8 @@ from ragpulse.judges.llm.build import build_llm_judges
 from ragpulse.judges.llm.judge import load_prompt
 from ragpulse.judges.panel import JudgePanel
 from ragpulse.pipeline.cli import main
-from ragpulse.pipeline.settings.models import SettingsError, add_judge_arguments, judge_settings
+from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.settings.command_flags import add_judge_arguments, judge_settings
 
 PROMPTS = Path(judges.__file__).parent / "prompts"
 ITEM = JudgeInput(

@@ -12,7 +12,8 @@ import yaml
 
 from ragpulse.pipeline.cli import build_parser
 from ragpulse.pipeline.commands.serve import settings_from_args
-from ragpulse.pipeline.settings.models import BatchSettings, default_of
+from ragpulse.pipeline.settings.flags import default_of
+from ragpulse.pipeline.settings.models import BatchSettings
 
 CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "otel-collector" / "config.yaml"
 

@@ -24,12 +24,8 @@ from ragpulse.judges.redaction import (
 from ragpulse.pipeline.cli import main
 from ragpulse.pipeline.formats.verdict_rows import verdict_row
 from ragpulse.pipeline.records import InferenceRecord, JudgedEvent
-from ragpulse.pipeline.settings.models import (
-    JudgeSettings,
-    SettingsError,
-    add_judge_arguments,
-    judge_settings,
-)
+from ragpulse.pipeline.settings.command_flags import add_judge_arguments, judge_settings
+from ragpulse.pipeline.settings.models import JudgeSettings, SettingsError
 
 # (planted item, placeholder): one of each kind the redactor knows.
 PLANTED: list[tuple[str, str]] = [

@@ -18,7 +18,8 @@ from ragpulse.judges.endpoint.retry import (
     over_budget_note,
     parse_retry_after,
 )
-from ragpulse.pipeline.settings.models import JudgeSettings, add_judge_arguments
+from ragpulse.pipeline.settings.command_flags import add_judge_arguments
+from ragpulse.pipeline.settings.models import JudgeSettings
 
 POLICY = RetryPolicy(max_retries=4, base_delay=0.5, max_delay=8.0, max_retry_after=30.0)
 

@@ -29,7 +29,8 @@ from ragpulse.judges.verdict_cache import VerdictCache, input_digest
 from ragpulse.pipeline.graphs.bounded import GraphResult, Sinks, run_graph
 from ragpulse.pipeline.metrics import counting
 from ragpulse.pipeline.records import SourceRecord
-from ragpulse.pipeline.settings.models import JudgeSettings, add_judge_arguments, judge_settings
+from ragpulse.pipeline.settings.command_flags import add_judge_arguments, judge_settings
+from ragpulse.pipeline.settings.models import JudgeSettings
 from ragpulse.pipeline.sinks.files import WriteDeadLetters
 
 

@@ -30,13 +30,9 @@ from ragpulse.pipeline.calibration import (
 )
 from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.formats.events import InvalidEvent, parse_event
-from ragpulse.pipeline.settings.models import (
-    CalibrateSettings,
-    add_judge_arguments,
-    add_setting_flag,
-    build,
-    judge_settings,
-)
+from ragpulse.pipeline.settings.command_flags import CALIBRATE, settings_from
+from ragpulse.pipeline.settings.flags import add_flags
+from ragpulse.pipeline.settings.models import CalibrateSettings
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +84,7 @@ def calibrate(settings: CalibrateSettings) -> AgreementReport:
     items, unlabelled = read_labelled(settings.input, judge)
     spec = settings.judges.spec()
     panel = spec.build()
-    batch = max(256, settings.judges.concurrency * 16)
+    batch = settings.judges.batch_events
     judged: list[Judged] = []
     try:
         for start in range(0, len(items), batch):
@@ -127,47 +123,12 @@ def _stored_text(policy: TextPolicy) -> Callable[[str | None], str | None]:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "input",
-        type=Path,
-        metavar="LABELLED",
-        help='JSON Lines of events with their human label, e.g. {..., "label": "no"}: "yes" '
-        'or "no", an integer score on a graded scale, or null (left out)',
-    )
-    p.add_argument(
-        "--output",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="where to write the report as JSON, the file --judge-calibration reads "
-        "(default: calibration-JUDGE.json)",
-    )
-    add_setting_flag(
-        p, "--pass-threshold", CalibrateSettings, "pass_threshold", type=int, metavar="N",
-        help="on a graded scale, the lowest score that passes: sensitivity and specificity "
-        "(and so --judge-calibration) need it (default: none; yes passes on a binary judge)",
-    )
-    add_setting_flag(
-        p, "--show", CalibrateSettings, "show", type=int, metavar="N",
-        help="disagreements printed (all of them are in --output) (default: %(default)s)",
-    )
-    add_judge_arguments(p, one_judge=True)
+    add_flags(p, CALIBRATE)
 
 
 def settings_from_args(args: argparse.Namespace) -> CalibrateSettings:
     """`CalibrateSettings` from the command line; SettingsError says what is wrong."""
-    judges = judge_settings(args)
-    if len(judges.names) != 1:
-        raise SettingsError(f"--judge: one judge, not {', '.join(judges.names)}")
-    output = args.output or Path(f"calibration-{judges.names[0]}.json")
-    return build(
-        CalibrateSettings,
-        judges=judges,
-        input=args.input,
-        output=output,
-        pass_threshold=args.pass_threshold,
-        show=args.show,
-    )
+    return settings_from(CALIBRATE, args)
 
 
 def main(args: argparse.Namespace) -> int:

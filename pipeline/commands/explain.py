@@ -28,12 +28,13 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
 from ragpulse.pipeline.commands.windows import parse_time
+from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.formats.verdict_rows import (
     FailingVerdict,
     InvalidVerdictRow,
     failing_verdicts,
 )
-from ragpulse.pipeline.settings.models import SettingsError, positive_duration
+from ragpulse.pipeline.settings.flags import positive_duration
 from ragpulse.pipeline.sinks import VERDICTS_FILE
 from ragpulse.pipeline.windows import isoformat_utc
 

@@ -25,12 +25,7 @@ from kafka import KafkaConsumer, TopicPartition
 from prometheus_client import make_wsgi_app
 
 from ragpulse.pipeline.formats import rating_rows
-from ragpulse.pipeline.kafka_security import (
-    add_kafka_security_arguments,
-    check_access,
-    connect,
-    security_from_args,
-)
+from ragpulse.pipeline.kafka_security import check_access, connect
 from ragpulse.pipeline.metrics import catalogue, counting
 from ragpulse.pipeline.metrics.collector import MetricsSnapshot, registry_for
 from ragpulse.pipeline.metrics.http import (
@@ -42,18 +37,11 @@ from ragpulse.pipeline.metrics.http import (
 from ragpulse.pipeline.metrics.labels import (
     EXPORTER_BOUNDED_LABELS,
     LabelBudget,
-    add_label_arguments,
-    label_limits,
 )
 from ragpulse.pipeline.service.panes import PaneTable
-from ragpulse.pipeline.settings.models import (
-    ExporterSettings,
-    add_duration_flag,
-    add_future_skew_argument,
-    add_metrics_server_arguments,
-    build,
-    metrics_server_fields,
-)
+from ragpulse.pipeline.settings.command_flags import EXPORTER, settings_from
+from ragpulse.pipeline.settings.flags import add_flags
+from ragpulse.pipeline.settings.models import ExporterSettings
 from ragpulse.pipeline.settings.sources import add_config_arguments
 
 log = logging.getLogger(__name__)
@@ -167,52 +155,13 @@ class RatingsExporter:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    k = p.add_argument_group("kafka")
-    k.add_argument(
-        "--kafka-bootstrap", required=True, metavar="HOST:PORT",
-        help="Kafka bootstrap servers, comma-separated",
-    )
-    k.add_argument(
-        "--ratings-topic", required=True,
-        help="the topic `ragpulse stream` publishes window panes to",
-    )
-    add_duration_flag(
-        k, "--kafka-timeout", ExporterSettings, "kafka_timeout_seconds",
-        "timeout of one Kafka request (default: {default})",
-    )
-    add_kafka_security_arguments(p.add_argument_group("kafka security"))
-    s = p.add_argument_group("service")
-    add_metrics_server_arguments(s, ExporterSettings)
-    add_duration_flag(
-        s, "--unhealthy-after", ExporterSettings, "unhealthy_after_seconds",
-        "/healthz answers 503 once the broker has not answered for this long "
-        "(default: {default})",
-    )
-    add_duration_flag(
-        s, "--retention", ExporterSettings, "retention_seconds",
-        "windows ending this long before the newest one are folded into the counters and "
-        "take no more panes; keep it above the stream's --allowed-lateness "
-        "(default: {default})",
-    )
-    add_future_skew_argument(s, ExporterSettings)
-    add_label_arguments(p)
+    add_flags(p, EXPORTER)
     add_config_arguments(p)
 
 
 def settings_from_args(args: argparse.Namespace) -> ExporterSettings:
     """`ExporterSettings` from the command line; SettingsError says what is wrong."""
-    return build(
-        ExporterSettings,
-        bootstrap=args.kafka_bootstrap,
-        ratings_topic=args.ratings_topic,
-        kafka_timeout_seconds=args.kafka_timeout,
-        kafka_security=security_from_args(args),
-        **metrics_server_fields(args),
-        unhealthy_after_seconds=args.unhealthy_after,
-        retention_seconds=args.retention,
-        max_future_skew_seconds=args.max_future_skew,
-        labels=label_limits(args),
-    )
+    return settings_from(EXPORTER, args)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -15,20 +15,12 @@ from typing import TYPE_CHECKING
 from ragpulse.pipeline.calibration import by_judge
 from ragpulse.pipeline.metrics import catalogue, counting
 from ragpulse.pipeline.metrics.collector import MetricsSnapshot, write_textfile
-from ragpulse.pipeline.metrics.labels import LabelBudget, add_label_arguments
-from ragpulse.pipeline.settings.models import (
-    RunSettings,
-    add_batch_arguments,
-    add_beam_arguments,
-    add_judge_arguments,
-    add_session_arguments,
-    add_setting_flag,
-    batch_fields,
-    build,
-    session_fields,
-)
+from ragpulse.pipeline.metrics.labels import LabelBudget
+from ragpulse.pipeline.settings.command_flags import RUN, settings_from
+from ragpulse.pipeline.settings.flags import add_flags
+from ragpulse.pipeline.settings.models import RunSettings
 from ragpulse.pipeline.settings.sources import add_config_arguments
-from ragpulse.pipeline.sinks import DEAD_LETTER_FILE, VERDICTS_FILE, WINDOWS_FILE
+from ragpulse.pipeline.sinks import DEAD_LETTER_FILE, METRICS_FILE, VERDICTS_FILE, WINDOWS_FILE
 from ragpulse.pipeline.windows import isoformat_utc
 
 if TYPE_CHECKING:
@@ -37,9 +29,6 @@ if TYPE_CHECKING:
     from ragpulse.pipeline.graphs.bounded import GraphResult
 
 log = logging.getLogger(__name__)
-
-METRICS_FILE = "metrics.prom"
-
 
 def run_file(settings: RunSettings) -> GraphResult:
     """Judge every line of the input file; write the four outputs into the output directory.
@@ -98,30 +87,13 @@ def _source(settings: RunSettings) -> beam.PTransform:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "input",
-        type=Path,
-        help="JSON Lines file, one inference-log event per line (see --input-format)",
-    )
-    add_setting_flag(
-        p, "--output", RunSettings, "output", type=Path,
-        help=f"directory for {VERDICTS_FILE}, {WINDOWS_FILE}, {DEAD_LETTER_FILE} and "
-        f"{METRICS_FILE} (default: out/)",
-    )
-    add_batch_arguments(p)
-    add_session_arguments(p)
-    add_label_arguments(p)
-    add_judge_arguments(p)
-    add_beam_arguments(p)
+    add_flags(p, RUN)
     add_config_arguments(p)
 
 
 def settings_from_args(args: argparse.Namespace) -> RunSettings:
     """`RunSettings` from the command line; SettingsError says what is wrong."""
-    return build(
-        RunSettings, input=args.input, output=args.output, **batch_fields(args),
-        **session_fields(args),
-    )
+    return settings_from(RUN, args)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -37,14 +37,16 @@ from typing import Any
 from ragpulse.pipeline.kafka_security import (
     PLAINTEXT,
     KafkaSecurity,
-    add_kafka_security_arguments,
     check_access,
     connect,
-    security_from_args,
+    security_from,
 )
-from ragpulse.pipeline.settings.models import duration as dur
+from ragpulse.pipeline.settings.blocks import kafka_security
+from ragpulse.pipeline.settings.flags import FlagTable, add_flags, values_of
+from ragpulse.pipeline.settings.flags import duration as dur
 from ragpulse.pipeline.windows import isoformat_utc
 
+_KAFKA_SECURITY = kafka_security("kafka security")
 DEFAULT_APPS = ("support-bot", "hr-assistant")
 DEFAULT_MODELS = ("gpt-4o-mini", "llama-3.1-8b")
 
@@ -609,7 +611,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    "(default 60s)")
     p.add_argument("--seed", type=int, default=0,
                    help="random seed: the same seed gives the same events (default %(default)s)")
-    add_kafka_security_arguments(p.add_argument_group("kafka security"))
+    add_flags(p, FlagTable(None, (_KAFKA_SECURITY,)))
     p.add_argument("--start-time", default=None, metavar="ISO8601",
                    help="first event time (default now; set it for reproducible files)")
     p.add_argument("--apps", default=",".join(DEFAULT_APPS), help="comma-separated app names")
@@ -699,7 +701,9 @@ def main(args: argparse.Namespace) -> int:
         print("simulate: --conversation-turns must be >= 0, and >= 2 with --forgetting-at",
               file=sys.stderr)
         return 2
-    security = security_from_args(args) if args.output is None else PLAINTEXT
+    security = (
+        security_from(values_of(_KAFKA_SECURITY.flags, args)) if args.output is None else PLAINTEXT
+    )
     n = max(1, round(args.rate * args.duration))
     if args.start_time is not None:
         start = datetime.fromisoformat(args.start_time.replace("Z", "+00:00"))

@@ -35,7 +35,6 @@ that did not commit (a crash, a failed cycle) is counted by the next cycle that 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import math
@@ -56,8 +55,7 @@ __all__ = [
     "BudgetGovernor",
     "BudgetSettings",
     "Prices",
-    "add_budget_arguments",
-    "budget_settings",
+    "load_prices",
     "spend_of",
 ]
 
@@ -261,55 +259,6 @@ def _largest_within(expected: Callable[[float], float], limit: float) -> float:
     return low
 
 
-# --- settings ---------------------------------------------------------------------------------
-
-
-def add_budget_arguments(p: argparse.ArgumentParser) -> None:
-    """`--judge-budget-per-hour`, `--judge-min-sample-rate`, `--judge-price-table` (serve)."""
-    g = p.add_argument_group("judge budget")
-    g.add_argument(
-        "--judge-budget-per-hour",
-        type=_positive,
-        default=None,
-        metavar="N",
-        help="judge spend allowed per clock hour: tokens, or money with --judge-price-table; "
-        "the sample rate of every stratum is lowered for the rest of the hour when the next "
-        "cycle would exceed it, and verdicts are weighted by 1 / rate (default: no budget)",
-    )
-    g.add_argument(
-        "--judge-min-sample-rate",
-        type=_rate,
-        default=0.01,
-        metavar="RATE",
-        help="the budget never lowers a stratum's sample rate below this (default: %(default)s)",
-    )
-    g.add_argument(
-        "--judge-price-table",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="YAML prices per million tokens by judge model, e.g. 'gpt-4o-mini: {prompt: 0.15, "
-        "cached_prompt: 0.075, completion: 0.6}': the budget is then money (default: tokens)",
-    )
-
-
-def budget_settings(args: argparse.Namespace, judge_model: str, backend: str
-                    ) -> BudgetSettings | None:
-    """The budget of the flags, None without --judge-budget-per-hour; SettingsError if unusable."""
-    if args.judge_budget_per_hour is None:
-        if args.judge_price_table is not None:
-            raise SettingsError("--judge-price-table needs --judge-budget-per-hour")
-        return None
-    if backend == "local":
-        raise SettingsError(
-            "--judge-budget-per-hour limits LLM judge spend; --judge-backend local spends nothing"
-        )
-    prices = None
-    if args.judge_price_table is not None:
-        prices = load_prices(args.judge_price_table, judge_model)
-    return BudgetSettings(args.judge_budget_per_hour, args.judge_min_sample_rate, prices)
-
-
 def load_prices(path: Path, model: str) -> Prices:
     """`model`'s prices in the price table at `path`; SettingsError naming what is wrong."""
     where = f"--judge-price-table {path}"
@@ -347,17 +296,3 @@ def load_prices(path: Path, model: str) -> Prices:
                 f"{where}: {model}: the {kind} price must be a finite number >= 0, got {value!r}"
             )
     return Prices(**{k: float(v) for k, v in values.items()})
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
-    return value
-
-
-def _rate(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be within [0, 1], got {text}")
-    return value

@@ -28,7 +28,6 @@ apply to which events reach the judges at all.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from collections import Counter
 from collections.abc import Collection, Sequence
@@ -40,7 +39,6 @@ from ragpulse.judges.base import JudgeInput, Verdict
 from ragpulse.judges.local.judge import build_local_judges
 from ragpulse.judges.panel import JudgePanel
 from ragpulse.pipeline.costs.sampling import sample_point
-from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.metrics import catalogue, counting
 
 AGREEMENT = catalogue.CASCADE_AGREEMENT
@@ -149,53 +147,3 @@ class CascadePanel:
     def close(self) -> None:
         self._local.close()
         self._llm.close()
-
-
-# --- settings ---------------------------------------------------------------------------------
-
-
-def add_cascade_arguments(p: argparse.ArgumentParser) -> None:
-    """`--cascade-llm-sample-rate` and `--cascade-uncertainty-band` (run and serve)."""
-    g = p.add_argument_group("judge cascade")
-    g.add_argument(
-        "--cascade-llm-sample-rate",
-        type=_unit,
-        default=None,
-        metavar="RATE",
-        help="turn on the judge cascade (with --judge-backend openai): the local judges grade "
-        "every event, the LLM judges this share of them and the ones the local judges are "
-        "unsure of; verdicts are the LLM's where it ran (default: no cascade)",
-    )
-    g.add_argument(
-        "--cascade-uncertainty-band",
-        type=_unit,
-        default=0.1,
-        metavar="MARGIN",
-        help="send an event to the LLM when a local judge's rating is within this margin of "
-        "its threshold (groundedness, relevance_to_query) (default: %(default)s)",
-    )
-
-
-def cascade_settings(args: argparse.Namespace, names: Sequence[str], backend: str
-                     ) -> CascadeSettings | None:
-    """The cascade of the flags, None without --cascade-llm-sample-rate; SettingsError when
-    the judges cannot run as a cascade."""
-    if args.cascade_llm_sample_rate is None:
-        return None
-    if backend != "openai":
-        raise SettingsError(
-            "--cascade-llm-sample-rate needs --judge-backend openai: the cascade sends events "
-            "from the local judges to the LLM ones"
-        )
-    try:
-        build_local_judges(names)
-    except ValueError as exc:
-        raise SettingsError(f"--cascade-llm-sample-rate: {exc}; the cascade runs both") from None
-    return CascadeSettings(args.cascade_llm_sample_rate, args.cascade_uncertainty_band)
-
-
-def _unit(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be within [0, 1], got {text}")
-    return value

@@ -27,7 +27,6 @@ same way. Verdict rows and `windows.jsonl` of `ragpulse run` keep the real value
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
@@ -53,7 +52,7 @@ _VERDICTS = counting.VERDICTS
 class LabelLimits:
     """How many values each bounded label may take, or which ones (an allowlist per label)."""
 
-    max_values: int = 100
+    max_values: int
     allowed: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)
 
 
@@ -153,69 +152,3 @@ class LabelBudget:
 
 def _has(labels: counting.Labels, label: str) -> bool:
     return any(name == label for name, _ in labels)
-
-
-def add_label_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags that bound the app, model and guideline labels, shared by `run` and
-    `serve`."""
-    g = p.add_argument_group("labels")
-    g.add_argument(
-        "--max-label-values",
-        type=_positive_int,
-        default=LabelLimits.max_values,
-        metavar="N",
-        help="most distinct values of the app, the model and the guideline label in metrics; "
-        "later new values are counted as 'other' (default: %(default)s)",
-    )
-    g.add_argument(
-        "--allowed-apps",
-        type=_comma_list,
-        default=None,
-        metavar="A,B,...",
-        help="the only app label values exported; others are counted as 'other'",
-    )
-    g.add_argument(
-        "--allowed-models",
-        type=_comma_list,
-        default=None,
-        metavar="M,N,...",
-        help="the only model label values exported; others are counted as 'other'",
-    )
-    g.add_argument(
-        "--allowed-guidelines",
-        type=_comma_list,
-        default=None,
-        metavar="G,H,...",
-        help="the only guideline label values exported (names of the events' named "
-        "guidelines); others are counted as 'other'",
-    )
-
-
-def label_limits(args: argparse.Namespace) -> LabelLimits:
-    allowed = {
-        label: values
-        for label, values in (
-            ("app", args.allowed_apps),
-            ("model", args.allowed_models),
-            ("guideline", args.allowed_guidelines),
-        )
-        if values is not None
-    }
-    return LabelLimits(max_values=args.max_label_values, allowed=allowed)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _comma_list(text: str) -> frozenset[str]:
-    values = frozenset(v.strip() for v in text.split(",") if v.strip())
-    if not values:
-        raise argparse.ArgumentTypeError("must name at least one value")
-    return values

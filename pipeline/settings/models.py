@@ -1,15 +1,15 @@
-"""The settings model of `ragpulse run` and `ragpulse serve`: typed, validated once, in `main()`.
+"""The settings models of the commands: typed, validated once, in `main()`.
 
 `RunSettings` and `ServeSettings` share `BatchSettings` (judges, sampling, windows, labels, Beam
-options). Each field's default lives here, on the model; the command-line flags take theirs
-from it (`default_of`), so help texts and behaviour cannot disagree. Beam workers import these
-modules in other processes, so nothing here reads the environment or the command line until a
-command asks for it.
+options). Each field's default lives here, on the model; the flags that set the fields are
+declared in pipeline.settings.command_flags and take their defaults from here
+(`pipeline.settings.flags.default_of`), so help texts and behaviour cannot disagree. Beam
+workers import these modules in other processes, so nothing here reads the environment or the
+command line until a command asks for it.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 from collections.abc import Mapping
@@ -28,15 +28,12 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticUndefined
 
 from ragpulse.judges import DEFAULT_JUDGES, JudgeSpec, ReplyFormat, check_judge_names
 from ragpulse.judges.base import global_guidelines
 from ragpulse.judges.composite import parse_composite
 from ragpulse.judges.llm.ensemble import parse_ensemble
 from ragpulse.judges.redaction import (
-    REDACT_MODES,
-    STORE_TEXT_MODES,
     RedactMode,
     StoreText,
     TextPolicy,
@@ -48,7 +45,6 @@ from ragpulse.judges.registry import (
     DEFAULT_SCORE_THRESHOLD,
     SESSION_JUDGES,
     judge_entry,
-    judges_help,
     session_judge_entry,
 )
 from ragpulse.judges.sessions import (
@@ -57,13 +53,14 @@ from ragpulse.judges.sessions import (
     DEFAULT_SESSION_MAX_TURNS,
 )
 from ragpulse.pipeline.costs.budget import BudgetSettings
-from ragpulse.pipeline.costs.cascade import CascadeSettings, add_cascade_arguments, cascade_settings
+from ragpulse.pipeline.costs.cascade import CascadeSettings
 from ragpulse.pipeline.costs.sampling import SamplingPlan, load_plan
 from ragpulse.pipeline.errors import SettingsError
-from ragpulse.pipeline.formats.otlp import INPUT_FORMATS, InputFormat
+from ragpulse.pipeline.formats.otlp import InputFormat
 from ragpulse.pipeline.kafka_security import PLAINTEXT, KafkaSecurity
 from ragpulse.pipeline.metrics.labels import LabelLimits
-from ragpulse.pipeline.windows import parse_duration
+from ragpulse.pipeline.settings.blocks import DEFAULT_LABEL_LIMITS
+from ragpulse.pipeline.settings.flags import format_duration
 
 if TYPE_CHECKING:
     from ragpulse.pipeline.graphs.bounded import StageConfig
@@ -93,6 +90,10 @@ REFUSED_RUNNERS = {
 # each up to --max-event-bytes (Kafka's own default record limit is 1 MiB).
 MAX_BATCH_EVENTS = 1_000_000
 MAX_EVENT_BYTES = 64 * 1_048_576
+# A judge batch holds enough events to keep every concurrent judge call busy: this many per
+# call, and never fewer than the floor (`JudgeSettings.batch_events`).
+BATCH_EVENTS_PER_CALL = 16
+MIN_BATCH_EVENTS = 256
 
 
 class JudgeSettings(BaseModel):
@@ -252,6 +253,11 @@ class JudgeSettings(BaseModel):
     def _http_url(cls, url: str | None) -> str | None:
         return http_url(url)
 
+    @property
+    def batch_events(self) -> int:
+        """Events judged per batch (run, serve, stream, calibrate)."""
+        return max(MIN_BATCH_EVENTS, self.concurrency * BATCH_EVENTS_PER_CALL)
+
     def text_policy(self) -> TextPolicy:
         """What prompts and stored verdict text keep of the users' text."""
         return TextPolicy(
@@ -308,7 +314,7 @@ class BatchSettings(BaseModel):
     max_event_bytes: int = Field(1_048_576, ge=1024, le=MAX_EVENT_BYTES)
     # Events dated further ahead of their record time or the clock are refused (stages.py).
     max_future_skew_seconds: float = Field(300.0, gt=0, title="--max-future-skew")
-    labels: LabelLimits = LabelLimits()
+    labels: LabelLimits = DEFAULT_LABEL_LIMITS
     beam_args: tuple[str, ...] = Field((), title="--beam-arg")
     runner: str | None = Field(None, title="--runner")  # None: FnApiRunner in this process
     # pipeline.calibration.JudgeCalibration values, loaded from the --judge-calibration files
@@ -371,8 +377,7 @@ class BatchSettings(BaseModel):
             cascade=self.cascade,
             window_seconds=self.window_seconds,
             max_event_bytes=self.max_event_bytes,
-            # Enough events in flight to keep every concurrent judge call busy.
-            judge_batch_size=max(256, self.judges.concurrency * 16),
+            judge_batch_size=self.judges.batch_events,
             closed_before=closed_before,
             max_future_skew_s=self.max_future_skew_seconds,
             sessions=self.session_config(),
@@ -519,6 +524,11 @@ class StreamSettings(SessionFields):
             )
         return known
 
+    @model_validator(mode="before")
+    @classmethod
+    def _topics_named_after_the_input(cls, data: Any) -> Any:
+        return _derived_topics(data, dead_letter_topic=".dlq", ratings_topic=".ratings")
+
     def stage_config(self) -> StageConfig:
         """The picklable configuration of the Beam stages (no closed windows: Beam decides
         lateness with panes)."""
@@ -529,7 +539,7 @@ class StreamSettings(SessionFields):
             sample_rate=self.sample_rate,
             window_seconds=self.window_seconds,
             max_event_bytes=self.max_event_bytes,
-            judge_batch_size=max(256, self.judges.concurrency * 16),
+            judge_batch_size=self.judges.batch_events,
             max_future_skew_s=self.max_future_skew_seconds,
             sessions=self.session_config(),
         )
@@ -566,7 +576,7 @@ class ExporterSettings(BaseModel):
     retention_seconds: float = Field(86400.0, gt=0, title="--retention")
     # Panes of windows starting further ahead of the clock are ignored (service/panes.py).
     max_future_skew_seconds: float = Field(300.0, gt=0, title="--max-future-skew")
-    labels: LabelLimits = LabelLimits()
+    labels: LabelLimits = DEFAULT_LABEL_LIMITS
 
 
 class ServeSettings(SessionFields, BatchSettings):
@@ -610,6 +620,11 @@ class ServeSettings(SessionFields, BatchSettings):
     # OTLP/HTTP logs URL for gen_ai.evaluation.result events (pipeline/sinks/otlp_evaluations.py).
     evaluation_events_endpoint: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _topics_named_after_the_input(cls, data: Any) -> Any:
+        return _derived_topics(data, dead_letter_topic=".dlq", verdicts_topic=".verdicts")
+
     @field_validator("evaluation_events_endpoint")
     @classmethod
     def _evaluation_url(cls, url: str | None) -> str | None:
@@ -649,19 +664,28 @@ class CalibrateSettings(BaseModel):
         if not path.is_file():
             raise ValueError(f"labelled file not found: {path}")
         return path
+
+    @model_validator(mode="before")
+    @classmethod
+    def _output_named_after_the_judge(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("output") is None:
+            judges = data.get("judges")
+            if isinstance(judges, JudgeSettings) and judges.names:
+                return {**data, "output": Path(f"calibration-{judges.names[0]}.json")}
+        return data
+
+
+def _derived_topics(data: Any, **suffixes: str) -> Any:
+    """`data` with each topic not given named after the input topic (TOPIC + suffix)."""
+    if not isinstance(data, dict) or not isinstance(data.get("topic"), str):
+        return data
+    derived = {name: data["topic"] + suffix for name, suffix in suffixes.items()}
+    return {**data, **{name: t for name, t in derived.items() if not data.get(name)}}
 def http_url(url: str | None) -> str | None:
     """`url` when it is an http(s) URL (or None); ValueError otherwise."""
     if url is not None and not url.startswith(("http://", "https://")):
         raise ValueError(f"must start with http:// or https://, got {url!r}")
     return url
-
-
-def default_of(model: type[BaseModel], field: str) -> Any:
-    """The default of `model.field`, for the flag that sets it."""
-    default = model.model_fields[field].default
-    if default is PydanticUndefined:
-        raise ValueError(f"{model.__name__}.{field} has no default")
-    return default
 
 
 def runner_name(name: str) -> str:
@@ -680,217 +704,7 @@ def runner_name(name: str) -> str:
     raise ValueError(f"unknown Beam runner {name!r}; choose one of {', '.join(RUNNERS)}")
 
 
-def format_duration(seconds: float) -> str:
-    """`seconds` as the shortest duration text `parse_duration` reads back (300 -> 5m)."""
-    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
-
-
-def add_setting_flag(
-    g: Any, flag: str, model: type[BaseModel], field: str, *, help: str, **options: Any
-) -> None:
-    """A flag setting `model.field`, with the model's default (`%(default)s` in `help`);
-    `options` are argparse's (type, choices, metavar, action)."""
-    g.add_argument(flag, default=default_of(model, field), help=help, **options)
-
-
-def add_duration_flag(
-    g: Any, flag: str, model: type[BaseModel], field: str, help: str, *, positive: bool = True
-) -> None:
-    """A DURATION flag setting `model.field` (seconds), with the model's default; `{default}` in
-    `help` is that default as the flag takes it (e.g. 10m). `positive`: zero is refused."""
-    default = default_of(model, field)
-    g.add_argument(
-        flag,
-        type=positive_duration if positive else duration,
-        default=default,
-        metavar="DURATION",
-        help=help.replace("{default}", format_duration(default)),
-    )
-
-
-def add_future_skew_argument(g: Any, model: type[BaseModel]) -> None:
-    """--max-future-skew, for the commands that admit events (run, serve, stream) and the
-    exporter (which ignores panes of windows beyond it)."""
-    add_duration_flag(
-        g, "--max-future-skew", model, "max_future_skew_seconds",
-        "events dated more than this ahead of their Kafka record time or the clock are "
-        "dead-lettered as future-dated, so that one wrong clock cannot move the watermark to "
-        "the future (default: {default})",
-    )
-
-
-def add_event_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-    """`--sample-rate`, `--window` and `--max-event-bytes`, shared by `run`, `serve` and
-    `stream`; returns their group."""
-    g = p.add_argument_group("events and windows")
-    add_setting_flag(
-        g, "--sample-rate", BatchSettings, "sample_rate", type=sample_rate,
-        help="share of events judged, chosen by a hash of request_id (default: %(default)s)",
-    )
-    add_duration_flag(
-        g, "--window", BatchSettings, "window_seconds",
-        "event-time window size, e.g. 60s, 5m, 1h (default: {default})",
-    )
-    add_setting_flag(
-        g, "--max-event-bytes", BatchSettings, "max_event_bytes", type=int, metavar="N",
-        help="largest accepted event; larger ones are dead-lettered (default: %(default)s)",
-    )
-    add_future_skew_argument(g, BatchSettings)
-    return g
-
-
-def add_batch_arguments(p: argparse.ArgumentParser) -> None:
-    """The event flags plus sampling rules, the cascade, calibration and the input format,
-    shared by `run` and `serve` (`stream` reads none of these, so it does not take them)."""
-    g = add_event_arguments(p)
-    g.add_argument(
-        "--sampling-rules",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="YAML rules sampling strata of events at their own rates (e.g. every event with "
-        "negative feedback, 5%% of the rest); judged events are weighted by 1 / rate in "
-        "ragpulse_judge_verdicts_weighted_total (see pipeline/costs/sampling.py) (default: none)",
-    )
-    add_cascade_arguments(p)
-    p.add_argument_group("judge calibration").add_argument(
-        "--judge-calibration",
-        action="append",
-        type=Path,
-        default=list(default_of(BatchSettings, "judge_calibrations")),
-        metavar="FILE",
-        help="a judge's sensitivity and specificity on human labels, as `ragpulse calibrate "
-        "--output FILE` wrote them (one file per judge, repeatable): the judge's windows also "
-        "get the pass ratio corrected for its errors, with a 95 %% interval "
-        "(ragpulse_judge_pass_ratio_corrected*, windows.jsonl corrected_*) (default: none)",
-    )
-    add_setting_flag(
-        g, "--input-format", BatchSettings, "input_format", choices=INPUT_FORMATS,
-        help="ragpulse: one inference-log event per record; otlp_json, otlp_proto: one "
-        "OpenTelemetry ExportTraceServiceRequest per record, as the Collector's Kafka exporter "
-        "publishes with that encoding (a file: OTLP JSON lines, or length-prefixed protobuf), "
-        "assembled into one answer per trace (default: %(default)s)",
-    )
-
-
-def add_metrics_server_arguments(g: Any, model: type[BaseModel]) -> None:
-    """`--metrics-host`, `--metrics-port` and `--web-config-file` of a command serving /metrics
-    and /healthz (serve, exporter), with the defaults of its settings `model`."""
-    add_setting_flag(
-        g, "--metrics-host", model, "metrics_host",
-        help="address of the /metrics and /healthz server (default: %(default)s, this host "
-        "only; in a container pass 0.0.0.0 or the pod address so Prometheus can reach it)",
-    )
-    add_setting_flag(
-        g, "--metrics-port", model, "metrics_port", type=int,
-        help="port of the /metrics and /healthz server (default: %(default)s)",
-    )
-    g.add_argument(
-        "--web-config-file",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="TLS and basic auth for /metrics, in the Prometheus exporters' web config format "
-        "(tls_server_config, basic_auth_users with bcrypt hashes); /healthz stays open",
-    )
-
-
-def metrics_server_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings fields the flags of `add_metrics_server_arguments` set."""
-    return {
-        "metrics_host": args.metrics_host,
-        "metrics_port": args.metrics_port,
-        "web_config_file": args.web_config_file,
-    }
-
-
-def add_beam_arguments(p: argparse.ArgumentParser) -> None:
-    """`--runner` and `--beam-arg`: the Beam runner and the pipeline options passed to it."""
-    g = p.add_argument_group("beam")
-    refused = "; ".join(f"{name} ({why})" for name, why in REFUSED_RUNNERS.items())
-    add_setting_flag(
-        g, "--runner", BatchSettings, "runner", metavar="NAME",
-        help=f"the Beam runner: {', '.join(RUNNERS)}; its options with --beam-arg, e.g. "
-        "--runner PortableRunner --beam-arg=--job_endpoint=HOST:PORT. Refused: "
-        f"{refused} (default: Beam's FnApiRunner in this process)",
-    )
-    g.add_argument(
-        "--beam-arg",
-        action="append",
-        default=[],
-        metavar="OPTION",
-        help="a Beam pipeline option for the runner (repeatable), e.g. "
-        "--beam-arg=--direct_num_workers=2 --beam-arg=--direct_running_mode=multi_processing "
-        "(default: one worker)",
-    )
-
-
-def batch_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The `BatchSettings` fields the shared flags set."""
-    from ragpulse.pipeline.metrics.labels import label_limits
-
-    judges = judge_settings(args)
-    return {
-        "judges": judges,
-        "sample_rate": args.sample_rate,
-        "sampling": args.sampling_rules,
-        "cascade": cascade_settings(args, judges.names, judges.backend),
-        "window_seconds": args.window,
-        "max_event_bytes": args.max_event_bytes,
-        "max_future_skew_seconds": args.max_future_skew,
-        "labels": label_limits(args),
-        "beam_args": tuple(args.beam_arg),
-        "runner": args.runner,
-        "judge_calibrations": tuple(args.judge_calibration),
-        "input_format": args.input_format,
-    }
-
-
-def add_session_arguments(p: argparse.ArgumentParser) -> None:
-    """`--session-judges`, `--session-gap` and the session caps (pipeline.stages.sessions)."""
-    g = p.add_argument_group("conversations (events with a session_id)")
-    g.add_argument(
-        "--session-judges",
-        default="",
-        metavar="NAMES",
-        help="comma-separated session judges, each grading a whole conversation once: "
-        f"{_session_judges_help()}, or a --custom-judge with assessment: SESSION "
-        "(default: none)",
-    )
-    add_duration_flag(
-        g, "--session-gap", SessionFields, "session_gap_seconds",
-        "a conversation is over, and judged, once no turn came for this long in event "
-        "time (Beam session windows) (default: {default})",
-    )
-    add_setting_flag(
-        g, "--session-max-turns", SessionFields, "session_max_turns", type=int, metavar="N",
-        help="a longer conversation is judged on its last N turns and counted in "
-        "ragpulse_sessions_truncated_total (default: %(default)s)",
-    )
-    add_setting_flag(
-        g, "--session-max-bytes", SessionFields, "session_max_bytes", type=int, metavar="N",
-        help="likewise for the bytes of a conversation's text (default: %(default)s)",
-    )
-
-
-def _session_judges_help() -> str:
-    return ", ".join(f"{n} ({', '.join(e.backends)})" for n, e in SESSION_JUDGES.items())
-
-
-def session_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The `SessionFields` the session flags set."""
-    return {
-        "session_judges": tuple(n.strip() for n in args.session_judges.split(",") if n.strip()),
-        "session_gap_seconds": args.session_gap,
-        "session_max_turns": args.session_max_turns,
-        "session_max_bytes": args.session_max_bytes,
-    }
-
-
-def build(model: type[SettingsModel], **fields: Any) -> SettingsModel:
+def build(model: type[SettingsModel], /, **fields: Any) -> SettingsModel:
     """`model(**fields)`, with a validation error turned into a SettingsError."""
     try:
         return model(**fields)
@@ -898,224 +712,15 @@ def build(model: type[SettingsModel], **fields: Any) -> SettingsModel:
         raise SettingsError(describe_validation_error(exc, model)) from None
 
 
-def add_judge_arguments(parser: argparse.ArgumentParser, *, one_judge: bool = False) -> None:
-    """Judge flags shared by `run`, `serve` and (`one_judge`: `--judge NAME`) `calibrate`."""
-    g = parser.add_argument_group("judges")
-    if one_judge:
-        g.add_argument(
-            "--judge",
-            dest="judges",
-            required=True,
-            metavar="NAME",
-            help=f"the judge to run, one of: {judges_help()}",
-        )
-    else:
-        g.add_argument(
-            "--judges",
-            default=",".join(DEFAULT_JUDGES),
-            help=f"comma-separated judges to run, each once, from: {judges_help()} "
-            f"(default: {','.join(DEFAULT_JUDGES)})",
-        )
-    g.add_argument(
-        "--judge-backend",
-        choices=["local", "openai"],
-        default=None,
-        help="local: offline lexical judges, no network. openai: LLM judges through the openai "
-        "client. Default: openai when --judge-base-url, OPENAI_BASE_URL or OPENAI_API_KEY is "
-        "set, else local (the choice is logged).",
-    )
-    g.add_argument(
-        "--judge-base-url",
-        default=None,
-        help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (vLLM, Ollama, Azure "
-        "OpenAI, ...); default $OPENAI_BASE_URL, else api.openai.com. The key comes from "
-        "$OPENAI_API_KEY and is never logged.",
-    )
-    add_setting_flag(
-        g, "--judge-model", JudgeSettings, "model",
-        help="judge model name (default: %(default)s)",
-    )
-    add_setting_flag(
-        g, "--judge-concurrency", JudgeSettings, "concurrency", type=int,
-        help="LLM calls in flight at once (default: %(default)s)",
-    )
-    add_duration_flag(
-        g, "--judge-timeout", JudgeSettings, "timeout_seconds",
-        "timeout of one LLM call, e.g. 30s (default: {default})",
-    )
-    add_setting_flag(
-        g, "--judge-max-retries", JudgeSettings, "max_retries", type=int,
-        help="retries of an LLM call on 429, 5xx, timeouts and connection errors "
-        "(default: %(default)s)",
-    )
-    g.add_argument(
-        "--custom-judge",
-        action="append",
-        type=Path,
-        default=list(default_of(JudgeSettings, "custom_judges")),
-        metavar="FILE",
-        help="a custom LLM judge defined in YAML: the keys of a shipped prompt file (name, "
-        "version, ratings, inputs, task, rubric, one example per rating) plus requires and "
-        "when_missing; run it by adding its name to --judges (openai backend; repeatable)",
-    )
-    g.add_argument(
-        "--judge-prompts",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="folder of LLM judge prompt files (<judge>.yaml) replacing the shipped ones, "
-        "e.g. a mounted ConfigMap (default: the files in judges/prompts/)",
-    )
-    add_setting_flag(
-        g, "--judge-temperature", JudgeSettings, "temperature", type=float,
-        help="sampling temperature of LLM judges (default: %(default)s)",
-    )
-    add_setting_flag(
-        g, "--judge-reply-format", JudgeSettings, "reply_format",
-        help="the response_format LLM judges ask for: json_schema (the verdict schema, strict; "
-        "OpenAI, vLLM), json_object (any JSON object, for servers without json_schema) or "
-        "text (no response_format; the rationale:/rating: lines of the prompt are read) "
-        "(default: %(default)s)",
-        choices=["json_schema", "json_object", "text"],
-    )
-    add_setting_flag(
-        g, "--judge-max-tokens", JudgeSettings, "max_tokens", type=int, metavar="N",
-        help="cap on each LLM judge reply (max_tokens); a reply cut off there is an error "
-        "with cause truncated (default: %(default)s; a one-sentence verdict takes well under "
-        "100)",
-    )
-    add_setting_flag(
-        g, "--judge-breaker-failures", JudgeSettings, "breaker_failures", type=int, metavar="N",
-        help="open the judge endpoint's circuit breaker after N failed requests in a row "
-        "(timeouts, 5xx, 429, connection errors); while open, calls fail at once with cause "
-        "circuit_open. 0 turns the breaker off (default: %(default)s)",
-    )
-    add_duration_flag(
-        g, "--judge-breaker-cooldown", JudgeSettings, "breaker_cooldown_seconds",
-        "how long the breaker stays open before one probe call tests the endpoint "
-        "again (default: {default})",
-    )
-    add_duration_flag(
-        g, "--judge-batch-deadline", JudgeSettings, "batch_deadline_seconds",
-        "most time one batch of events may spend being judged; calls still pending then "
-        "are cancelled (cause deadline), and no retry or Retry-After wait past it is taken. "
-        "Keep it above batch events (256, or 16 x --judge-concurrency) x judges / "
-        "concurrency x call latency (default: {default})",
-    )
-    g.add_argument(
-        "--judge-rpm",
-        type=int,
-        default=None,
-        metavar="N",
-        help="requests per minute the judge endpoint allows (its quota); calls are paced "
-        "to stay under it (default: no limit)",
-    )
-    g.add_argument(
-        "--judge-tpm",
-        type=int,
-        default=None,
-        metavar="N",
-        help="tokens per minute the judge endpoint allows; each call is estimated before it "
-        "is sent (characters / 4 + --judge-max-tokens) and corrected by the usage reported "
-        "(default: no limit)",
-    )
-    add_setting_flag(
-        g, "--judge-cache-size", JudgeSettings, "cache_size", type=int, metavar="N",
-        help="LLM judge verdicts kept so that an input identical to one already judged (same "
-        "judge, prompt version, model and event text) is not sent again within "
-        "--judge-cache-ttl; errors are never kept. 0 turns the cache off; the local judges "
-        "have none (they grade faster than a lookup) (default: %(default)s)",
-    )
-    add_duration_flag(
-        g, "--judge-cache-ttl", JudgeSettings, "cache_ttl_seconds",
-        "how long a kept verdict is given again for an identical input "
-        "(default: {default})",
-    )
-    add_setting_flag(
-        g, "--judge-score-threshold", JudgeSettings, "score_threshold", type=float, metavar="SCORE",
-        help="the scored judges (faithfulness: share of the answer's claims the context "
-        "supports; answer_correctness: claim F1 against the expected answer) rate yes at this "
-        "score (0..1) or above (default: %(default)s)",
-    )
-    add_setting_flag(
-        g, "--judge-embeddings-model", JudgeSettings, "embeddings_model", metavar="NAME",
-        help="answer_correctness blends its claim F1 (0.75) with the cosine similarity (0.25) "
-        "of the answer's and the expected answer's embeddings from this model, asked at the "
-        "judge endpoint's /embeddings (default: off)",
-    )
-    add_setting_flag(
-        g, "--judge-combine", JudgeSettings, "combine", action="store_true",
-        help="grade the LLM judges that read the same event (groundedness, relevance_to_query, "
-        "safety and custom judges of the answer) in one call per event: the chunks are sent "
-        "once; a reply lacking one judge's verdict makes that verdict an error",
-    )
-    add_setting_flag(
-        g, "--judge-logprobs", JudgeSettings, "logprobs", action="store_true",
-        help="ask the endpoint for token log-probabilities: a yes/no verdict then carries "
-        "P(yes) as its score (a graded one its expected score), exported as "
-        "ragpulse_judge_score and used by the cascade and calibrate; an endpoint that returns "
-        "none gives verdicts as without the flag",
-    )
-    add_setting_flag(
-        g, "--redact-pii", JudgeSettings, "redact_pii", choices=REDACT_MODES,
-        help="replace e-mails, phone, card and IBAN numbers, IP addresses and API keys with "
-        "[EMAIL], [PHONE] ... in LLM judge prompts. auto: on unless "
-        "--judge-endpoint-trusted (default: %(default)s)",
-    )
-    add_setting_flag(
-        g, "--judge-endpoint-trusted", JudgeSettings, "endpoint_trusted", action="store_true",
-        help="the judge endpoint keeps prompts where the users' text may go (e.g. a model served "
-        "on this machine, not a proxy to a hosted one): --redact-pii auto then sends raw text",
-    )
-    g.add_argument(
-        "--redact-pattern",
-        action="append",
-        default=[],
-        metavar="REGEX",
-        help="also replace matches of this Python regex with [REDACTED] (repeatable); used "
-        "for prompts and stored text",
-    )
-    g.add_argument(
-        "--guideline",
-        action="append",
-        default=[],
-        metavar="NAME=RULE",
-        help="a guideline every answer must follow, checked by the guideline_adherence judge "
-        "with the event's own `guidelines` (repeatable; rules with one NAME form one set), "
-        "e.g. --guideline 'english=The response must be in English'",
-    )
-    g.add_argument(
-        "--composite",
-        action="append",
-        default=[],
-        metavar="NAME=JUDGE:WEIGHT,...",
-        help="a weighted composite of the judges' grades, exported like a judge on a graded "
-        "scale: each member's grade on 0..1 (yes 1, no 0; a 0-3 or 1-5 score scaled), their "
-        "weighted mean passes at pass:SCORE (default 0.5) (repeatable), e.g. "
-        "--composite quality=correctness:0.6,comprehensiveness:0.2,readability:0.2",
-    )
-    g.add_argument(
-        "--ensemble",
-        action="append",
-        default=[],
-        metavar="JUDGE=MODEL,MODEL,MODEL",
-        help="grade JUDGE by the majority of an odd number (>= 3) of models on the endpoint, "
-        "or JUDGE=N: N samples of --judge-model; agreement counted in "
-        "ragpulse_judge_ensemble_votes_total (repeatable; openai backend)",
-    )
-    add_setting_flag(
-        g, "--store-text", JudgeSettings, "store_text", choices=STORE_TEXT_MODES,
-        help="what verdict rows keep of judge rationales and error messages, which can quote "
-        "the answer: full, redacted (PII replaced) or none (ratings only) (default: %(default)s)",
-    )
-
-
-def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> JudgeSettings:
-    """Judge settings from the flags and the environment; logs which backend was chosen and why."""
+def judge_settings_from(
+    flags: Mapping[str, Any], env: Mapping[str, str] | None = None
+) -> JudgeSettings:
+    """Judge settings from the judge flags' values (by field) and the environment, which gives
+    the endpoint and the key; logs which backend was chosen and why."""
     env = os.environ if env is None else env
-    base_url = args.judge_base_url or env.get("OPENAI_BASE_URL") or None
+    base_url = flags["base_url"] or env.get("OPENAI_BASE_URL") or None
     api_key = env.get("OPENAI_API_KEY") or None
-    backend = args.judge_backend
+    backend = flags["backend"]
     if backend is None:
         if base_url or api_key:
             backend = "openai"
@@ -1132,42 +737,15 @@ def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = Non
             "--judge-backend openai needs an endpoint: set OPENAI_API_KEY (for api.openai.com) "
             "or --judge-base-url / OPENAI_BASE_URL (for a compatible server)"
         )
-    try:
-        settings = JudgeSettings(
-            names=tuple(n.strip() for n in args.judges.split(",") if n.strip()),
-            backend=backend,
-            custom_judges=tuple(args.custom_judge),
-            base_url=base_url,
-            model=args.judge_model,
-            api_key=SecretStr(api_key) if api_key else None,
-            concurrency=args.judge_concurrency,
-            timeout_seconds=args.judge_timeout,
-            max_retries=args.judge_max_retries,
-            temperature=args.judge_temperature,
-            prompts_dir=args.judge_prompts,
-            reply_format=args.judge_reply_format,
-            max_tokens=args.judge_max_tokens,
-            breaker_failures=args.judge_breaker_failures,
-            breaker_cooldown_seconds=args.judge_breaker_cooldown,
-            batch_deadline_seconds=args.judge_batch_deadline,
-            rpm=args.judge_rpm,
-            tpm=args.judge_tpm,
-            redact_pii=args.redact_pii,
-            endpoint_trusted=args.judge_endpoint_trusted,
-            redact_patterns=tuple(args.redact_pattern),
-            store_text=args.store_text,
-            guidelines=tuple(args.guideline),
-            composites=tuple(args.composite),
-            ensembles=tuple(args.ensemble),
-            cache_size=args.judge_cache_size,
-            cache_ttl_seconds=args.judge_cache_ttl,
-            score_threshold=args.judge_score_threshold,
-            embeddings_model=args.judge_embeddings_model,
-            combine=args.judge_combine,
-            logprobs=args.judge_logprobs,
-        )
-    except ValidationError as exc:
-        raise SettingsError(describe_validation_error(exc, JudgeSettings)) from None
+    settings = build(
+        JudgeSettings,
+        **{
+            **flags,
+            "backend": backend,
+            "base_url": base_url,
+            "api_key": SecretStr(api_key) if api_key else None,
+        },
+    )
     if settings.endpoint_trusted and settings.redact_pii != "auto":
         raise SettingsError(
             f"--judge-endpoint-trusted has no effect with --redact-pii {settings.redact_pii}: "
@@ -1217,28 +795,3 @@ def setting_flag(model: type[BaseModel], field: str) -> str:
     """The flag that sets `field` of `model`: the field's title, else the field's name as a flag."""
     info = model.model_fields.get(field)
     return info.title if info is not None and info.title else "--" + field.replace("_", "-")
-
-
-def sample_rate(text: str) -> float:
-    """argparse type for --sample-rate."""
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be within [0, 1], got {text}")
-    return value
-
-
-def positive_duration(text: str) -> float:
-    """argparse type for durations that must be > 0."""
-    seconds = duration(text)
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"must be longer than 0, got {text}")
-    return seconds
-
-
-def duration(text: str) -> float:
-    """argparse type for durations that may be 0."""
-    try:
-        seconds = parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return seconds

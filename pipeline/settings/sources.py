@@ -31,7 +31,7 @@ from ragpulse.pipeline.kafka_security import (
     ENV_SASL_USERNAME,
     ENV_SSL_KEY_PASSWORD,
 )
-from ragpulse.pipeline.settings.models import duration, format_duration, positive_duration
+from ragpulse.pipeline.settings.flags import duration, format_duration, positive_duration
 
 ENV_PREFIX = "RAGPULSE_"
 # RAGPULSE_ variables that are not a flag: the config file, the Kafka secrets, and the

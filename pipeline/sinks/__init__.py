@@ -5,3 +5,5 @@ Beam."""
 VERDICTS_FILE = "verdicts.jsonl"
 WINDOWS_FILE = "windows.jsonl"
 DEAD_LETTER_FILE = "dead_letter.jsonl"
+# The Prometheus textfile `ragpulse run` writes (pipeline.metrics.collector.write_textfile).
+METRICS_FILE = "metrics.prom"
