@@ -88,12 +88,13 @@ from ragpulse.pipeline.service.conversations import (
     hold,
     judged_session,
     new_turns,
-    plan,
 )
+from ragpulse.pipeline.service.conversations import plan as plan_sessions
 from ragpulse.pipeline.service.cycle_hooks import CycleHooks
 from ragpulse.pipeline.service.journal import AnsweredCalls
 from ragpulse.pipeline.service.lookahead import Lookahead, runs_here
 from ragpulse.pipeline.service.owners import Commit, Owner, conflicts, read_metadata
+from ragpulse.pipeline.service.plan import CyclePlan, plan_cycle
 from ragpulse.pipeline.service.state import HourSpend, StateError, StateStore
 from ragpulse.pipeline.service.watermark import (
     ceiling,
@@ -113,7 +114,6 @@ from ragpulse.pipeline.sinks.otlp_evaluations import ExportEvaluations
 from ragpulse.pipeline.sources.kafka import (
     RECORDS_LOST,
     LogBounds,
-    OffsetReset,
     ReadKafkaRanges,
     commit_offsets,
     committed_offsets,
@@ -121,9 +121,6 @@ from ragpulse.pipeline.sources.kafka import (
     end_offsets,
     group_commits,
     log_bounds,
-    offset_resets,
-    plan_batch,
-    reset_starts,
 )
 from ragpulse.pipeline.sources.otlp import TraceBatch, collect_traces, read_kafka_ranges
 from ragpulse.pipeline.stages.sessions import SessionConfig, session_key, session_record
@@ -223,15 +220,19 @@ class TopicWatcher:
         every = log_bounds(
             s.bootstrap, topic, timeout_s=s.kafka_timeout_seconds, security=s.kafka_security
         )
-        bounds = self._owned(every)
+        bounds = every.only(s.owns)
         ends = bounds.ends
         saved = self.state.offsets(topic)
-        starts = {**self._fresh_starts(saved, bounds), **saved}
-        reset_to, increments = self._apply_reset_policy(
-            offset_resets(starts, bounds.beginnings, ends, bounds.unconfirmed_ends)
+        plan = plan_cycle(
+            bounds,
+            saved,
+            max_records=s.max_batch_events,
+            on_offset_reset=s.on_offset_reset,
+            group_offsets=self._group_offsets_for(saved, bounds),
         )
-        starts.update(reset_to)
-        ranges = plan_batch(starts, ends, s.max_batch_events, bounds.beginnings)
+        self._log_resets(plan)
+        increments = plan.counts(topic)
+        starts, ranges, reset_to = dict(plan.starts), plan.ranges, plan.reset_to
         if self._journal is not None:
             self._journal.begin_attempt()
         if ranges:
@@ -291,8 +292,8 @@ class TopicWatcher:
             took = time.perf_counter() - started
         if conversations is not None and changes is None and saved_turns:
             # A cycle that judged nothing still forgets the judged sessions no turn can join.
-            changes = plan(saved_turns, {}, {}, [], conversations,
-                           window_size=s.window_seconds, final_before=cutoff)
+            changes = plan_sessions(saved_turns, {}, {}, [], conversations,
+                                    window_size=s.window_seconds, final_before=cutoff)
         clock = time.monotonic()
         for p in ends:
             self._last_backlog.setdefault(p, self._started)
@@ -381,16 +382,6 @@ class TopicWatcher:
                 watermark,
             )
         return covered, took
-
-    def _owned(self, bounds: LogBounds) -> LogBounds:
-        """`bounds` of this instance's partitions only: everything a cycle plans, reads,
-        saves, commits and reports as lag comes from them."""
-        owns = self.settings.owns
-        return LogBounds(
-            {p: o for p, o in bounds.beginnings.items() if owns(p)},
-            {p: o for p, o in bounds.ends.items() if owns(p)},
-            frozenset(p for p in bounds.unconfirmed_ends if owns(p)),
-        )
 
     def _traces(
         self, ranges: Mapping[int, tuple[int, int]], increments: counting.Counts, now: float
@@ -549,7 +540,7 @@ class TopicWatcher:
                 sampling=config.sampling,
             )
         )
-        changes = plan(
+        changes = plan_sessions(
             saved,
             {session_key(x): result.session_windows.get(session_key(x), {}) for x in judged},
             self.state.judged_sessions(
@@ -609,17 +600,17 @@ class TopicWatcher:
             lost[counting.key(UNDELIVERABLE, topic=topic)] += n
         return lost
 
-    def _fresh_starts(self, saved: Mapping[int, int], bounds: LogBounds) -> dict[int, int]:
-        """Start offsets of partitions with no saved offset: the log start, except after
-        --state-reset moved an unusable file aside, when the consumer group's committed
-        offsets (where that file had got to) are used where there are any.
+    def _group_offsets_for(self, saved: Mapping[int, int], bounds: LogBounds) -> dict[int, int]:
+        """Where partitions with no saved offset go on from, if not from their log start:
+        after --state-reset moved an unusable file aside (and for a sharded instance), the
+        consumer group's committed offsets (where that file, or the partition's previous owner,
+        had got to); asked once, and only when a partition has no saved offset.
 
         Only then: a missing file is a fresh start from the log start, so that a second
         deployment sharing the group (or a deliberate recount) is not silently skipped ahead.
         """
         s = self.settings
-        missing = [p for p in bounds.ends if p not in saved]
-        if not missing:
+        if all(p in saved for p in bounds.ends):
             return {}
         if self._group_offsets is None:
             self._group_offsets = committed_offsets(
@@ -637,18 +628,15 @@ class TopicWatcher:
                     self._group_offsets,
                     s.topic,
                 )
-        group = self._group_offsets or {}
-        return {p: group.get(p, bounds.beginnings.get(p, 0)) for p in missing}
+        return self._group_offsets or {}
 
-    def _apply_reset_policy(
-        self, resets: list[OffsetReset]
-    ) -> tuple[dict[int, int], counting.Counts]:
-        """Log each reset as an error and apply --on-offset-reset: the offsets to go on from
-        and the counter increments (resets by kind, records skipped by reason)."""
+    def _log_resets(self, plan: CyclePlan) -> None:
+        """Log each reset of `plan` as an error and where it goes on from; raise
+        OffsetResetRefused when --on-offset-reset is fail."""
         s = self.settings
-        if not resets:
-            return {}, Counter()
-        for r in resets:
+        if not plan.resets:
+            return
+        for r in plan.resets:
             log.error(
                 "%s/%d: saved offset %d is %s the partition (log start %d, end %d): %s",
                 s.topic,
@@ -661,26 +649,19 @@ class TopicWatcher:
                 if r.kind == "beyond_end"
                 else "retention deleted records before ragpulse read them",
             )
-        if s.on_offset_reset == "fail":
+        if plan.refused:
             raise OffsetResetRefused(
                 f"offsets saved in {s.state} are outside topic {s.topic!r} (partitions "
-                f"{', '.join(str(r.partition) for r in resets)}) and --on-offset-reset is fail: "
-                "check the topic, then restart with --on-offset-reset earliest (read what the "
-                "partition holds) or latest (skip to its end)"
+                f"{', '.join(str(r.partition) for r in plan.resets)}) and --on-offset-reset is "
+                "fail: check the topic, then restart with --on-offset-reset earliest (read what "
+                "the partition holds) or latest (skip to its end)"
             )
-        starts, lost = reset_starts(resets, s.on_offset_reset)
         log.error(
             "going on from offsets %s (--on-offset-reset %s); records skipped: %s",
-            starts,
+            dict(plan.reset_to),
             s.on_offset_reset,
-            lost or "none",
+            dict(plan.lost) or "none",
         )
-        increments: counting.Counts = Counter()
-        for r in resets:
-            increments[counting.key(OFFSET_RESETS, topic=s.topic, kind=r.kind)] += 1
-        for why, n in lost.items():
-            increments[counting.key(RECORDS_LOST, topic=s.topic, reason=why)] += n
-        return starts, increments
 
     def _bound_labels(self, result: GraphResult) -> GraphResult:
         """The run with app and model labels bounded; the saved counters (the snapshot's)

@@ -122,6 +122,14 @@ class LogBounds:
     ends: dict[int, int]
     unconfirmed_ends: frozenset[int] = frozenset()
 
+    def only(self, keep: Callable[[int], bool]) -> LogBounds:
+        """The bounds of the partitions `keep` says yes to."""
+        return LogBounds(
+            {p: o for p, o in self.beginnings.items() if keep(p)},
+            {p: o for p, o in self.ends.items() if keep(p)},
+            frozenset(p for p in self.unconfirmed_ends if keep(p)),
+        )
+
 
 def log_bounds(
     bootstrap: str,
