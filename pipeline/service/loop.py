@@ -113,6 +113,7 @@ from ragpulse.pipeline.sinks.kafka import (
 from ragpulse.pipeline.sinks.otlp_evaluations import ExportEvaluations
 from ragpulse.pipeline.sources.kafka import (
     RECORDS_LOST,
+    KafkaRangeSource,
     LogBounds,
     ReadKafkaRanges,
     commit_offsets,
@@ -122,7 +123,7 @@ from ragpulse.pipeline.sources.kafka import (
     group_commits,
     log_bounds,
 )
-from ragpulse.pipeline.sources.otlp import TraceBatch, collect_traces, read_kafka_ranges
+from ragpulse.pipeline.sources.otlp import TraceBatch, collect_traces
 from ragpulse.pipeline.stages.sessions import SessionConfig, session_key, session_record
 from ragpulse.pipeline.windows import RatingCounts, WindowKey, isoformat_utc
 
@@ -163,6 +164,14 @@ class TopicWatcher:
         signs its commits, and `previous_owner` the one that held the state file's lock before
         (`pipeline.service.owners`)."""
         self.settings = settings
+        # Where the cycles read their ranges, in the graph or (traces, conversations) here.
+        self._source = KafkaRangeSource(
+            settings.bootstrap,
+            settings.topic,
+            settings.kafka_security,
+            stall_timeout_s=settings.kafka_timeout_seconds,
+            max_value_bytes=settings.max_event_bytes,
+        )
         self.owner = owner or Owner.this_process(
             settings.instance, settings.instances, settings.unhealthy_after_seconds
         )
@@ -417,17 +426,7 @@ class TopicWatcher:
         def on_lost(n: int) -> None:
             increments[lost] += n
 
-        return list(
-            read_kafka_ranges(
-                s.bootstrap,
-                s.topic,
-                ranges,
-                security=s.kafka_security,
-                stall_timeout_s=s.kafka_timeout_seconds,
-                max_value_bytes=s.max_event_bytes,
-                on_lost=on_lost,
-            )
-        )
+        return list(self._source.read(ranges, on_lost))
 
     def _config(
         self,
@@ -485,14 +484,7 @@ class TopicWatcher:
         source = (
             beam.Create(records)
             if records is not None
-            else ReadKafkaRanges(
-                s.bootstrap,
-                s.topic,
-                ranges,
-                stall_timeout_s=s.kafka_timeout_seconds,
-                security=s.kafka_security,
-                max_value_bytes=s.max_event_bytes,
-            )
+            else ReadKafkaRanges(self._source, ranges)
         )
         return run_graph(
             source,
