@@ -95,7 +95,7 @@ from ragpulse.pipeline.service.journal import AnsweredCalls
 from ragpulse.pipeline.service.lookahead import Lookahead, runs_here
 from ragpulse.pipeline.service.owners import Commit, Owner, conflicts, read_metadata
 from ragpulse.pipeline.service.plan import CyclePlan, plan_cycle
-from ragpulse.pipeline.service.state import HourSpend, StateError, StateStore
+from ragpulse.pipeline.service.state import CycleOutcome, HourSpend, StateError, StateStore
 from ragpulse.pipeline.service.watermark import (
     ceiling,
     closed_before,
@@ -335,12 +335,11 @@ class TopicWatcher:
                 conversations.gap_seconds,
                 s.window_seconds,
             ))
-        completed = self.state.apply_cycle(
-            topic,
-            result.windows if result else {},
-            new_offsets,
-            increments,
-            final_before,
+        outcome = CycleOutcome(
+            windows=result.windows if result else {},
+            offsets=new_offsets,
+            counts=increments,
+            closed_before=final_before,
             watermark=watermark,
             latest_event_times=latest,
             reset_offsets=reset_to,
@@ -360,6 +359,7 @@ class TopicWatcher:
             calls_settled=settlement.calls if settlement is not None else None,
             sessions=changes,
         )
+        completed = self.state.apply_cycle(topic, outcome)
         if self._journal is not None and settlement is not None:
             self._journal.settled(settlement)
         if self._governor is not None:
