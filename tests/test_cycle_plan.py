@@ -16,7 +16,7 @@ def bounds(*parts: tuple[int, int, int], unconfirmed: frozenset[int] = frozenset
 
 def test_a_partition_goes_on_from_its_saved_offset_up_to_its_end() -> None:
     plan = plan_cycle(bounds((0, 0, 30)), {0: 12}, max_records=100, on_offset_reset="earliest")
-    assert plan == CyclePlan(starts={0: 12}, ranges={0: (12, 30)})
+    assert plan == CyclePlan(ends={0: 30}, starts={0: 12}, ranges={0: (12, 30)})
     assert plan.stops == {0: 30}
     assert plan.covered == 18
 
@@ -54,7 +54,7 @@ def test_empty_and_caught_up_partitions_have_no_range() -> None:
         bounds((0, 0, 0), (1, 7, 7), (2, 0, 5)), {2: 5}, max_records=100,
         on_offset_reset="earliest",
     )
-    assert plan == CyclePlan(starts={0: 0, 1: 7, 2: 5}, ranges={})
+    assert plan == CyclePlan(ends={0: 0, 1: 7, 2: 5}, starts={0: 0, 1: 7, 2: 5}, ranges={})
     assert plan.covered == 0
 
 
@@ -119,7 +119,7 @@ def test_an_end_no_fetch_confirmed_is_not_a_reset() -> None:
         bounds((0, 0, 1), unconfirmed=frozenset({0})), {0: 100}, max_records=100,
         on_offset_reset="fail",
     )
-    assert plan == CyclePlan(starts={0: 100}, ranges={})
+    assert plan == CyclePlan(ends={0: 1}, starts={0: 100}, ranges={})
 
 
 def test_a_groups_commit_outside_the_partition_is_reset_too() -> None:

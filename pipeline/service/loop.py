@@ -1,14 +1,15 @@
 """The serve loop: one micro-batch cycle after another over a live Kafka topic, exactly once.
 
 A cycle (`TopicWatcher.run_cycle`) asks the broker for each partition's bounds, plans
-[start, stop) offset ranges from the offsets in the state store, runs the Beam graph over them
-(`pipeline.graphs.bounded.run_graph`: read, parse, judge, window, and publish dead letters and
-verdict rows, each acknowledged before the run ends), then saves the window counts, counter
-increments, watermark and offsets in ONE SQLite transaction, and only then commits the offsets to
-the Kafka consumer group (for lag tools; the state file is the source of truth). A crash at any
-point replays at most the cycle in flight, whose counts were not saved: nothing is lost and nothing
-is counted twice. Dead-letter records of a replayed cycle may be published twice (at least once);
-their headers carry the source partition and offset to deduplicate on.
+[start, stop) offset ranges from the offsets in the state store (`pipeline.service.plan`, pure),
+runs the Beam graph over them (`pipeline.graphs.bounded.run_graph`: read, parse, judge, window,
+and publish dead letters and verdict rows, each acknowledged before the run ends), then saves
+the window counts, counter increments, watermark and offsets (a `CycleOutcome`) in ONE SQLite
+transaction, and only then commits the offsets to the Kafka consumer group (for lag tools; the
+state file is the source of truth). A crash at any point replays at most the cycle in flight,
+whose counts were not saved: nothing is lost and nothing is counted twice. Dead-letter records
+of a replayed cycle may be published twice (at least once); their headers carry the source
+partition and offset to deduplicate on.
 
 What can still go wrong is counted and logged, never silent (see README, "Reliability"): a saved
 offset outside the partition (topic recreated or truncated, retention ahead of serve) is
@@ -91,7 +92,7 @@ from ragpulse.pipeline.service.conversations import (
 )
 from ragpulse.pipeline.service.conversations import plan as plan_sessions
 from ragpulse.pipeline.service.cycle_hooks import CycleHooks
-from ragpulse.pipeline.service.journal import AnsweredCalls
+from ragpulse.pipeline.service.journal import AnsweredCalls, Settlement
 from ragpulse.pipeline.service.lookahead import Lookahead, runs_here
 from ragpulse.pipeline.service.owners import Commit, Owner, conflicts, read_metadata
 from ragpulse.pipeline.service.plan import CyclePlan, plan_cycle
@@ -143,6 +144,35 @@ class OffsetResetRefused(RuntimeError):
 
 class PublishError(RuntimeError):
     """Output records were not acknowledged and --undeliverable-after has not passed yet."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _CycleRun:
+    """What running a cycle's graph gave, for its outcome: its clock (`now`), the watermark it
+    started from, the latest event time per partition, its counter increments (records lost
+    on reading, undeliverable outputs, verdicts with bounded labels, sessions), the graph's
+    result, the traces it assembled, its changes to the conversations and the cut-off of final
+    windows its open sessions hold (`conversations.hold`; None: no open session), and how long
+    it judged (None: it read nothing)."""
+
+    now: float
+    previous_watermark: float | None
+    latest: dict[int, float]
+    counts: counting.Counts
+    result: GraphResult | None = None
+    traces: TraceBatch | None = None
+    sessions: SessionChanges | None = None
+    sessions_hold: float | None = None
+    took: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Paid:
+    """The judge calls a cycle pays for: the journal's settlement (None without a journal) and
+    the tokens counted, marked paid once the cycle is saved."""
+
+    settlement: Settlement | None
+    tokens: counting.Counts
 
 
 class TopicWatcher:
@@ -223,15 +253,28 @@ class TopicWatcher:
     # ----- one cycle -------------------------------------------------------------------------
     def run_cycle(self) -> tuple[int, float | None]:
         """Read, judge and save one micro-batch; returns how many records it covered and, if
-        it read any, how long it took."""
+        it read any, how long it took.
+
+        Read the partitions' bounds, plan the cycle's ranges (`plan_cycle`), run the graph over
+        them, save what it gave (`CycleOutcome`, one transaction), then report: the group's
+        commit, the lag, the snapshot /metrics serves."""
         s = self.settings
-        topic = s.topic
         every = log_bounds(
-            s.bootstrap, topic, timeout_s=s.kafka_timeout_seconds, security=s.kafka_security
+            s.bootstrap, s.topic, timeout_s=s.kafka_timeout_seconds, security=s.kafka_security
         )
-        bounds = every.only(s.owns)
-        ends = bounds.ends
-        saved = self.state.offsets(topic)
+        plan = self._plan(every.only(s.owns))
+        run = self._run(plan)
+        outcome, paid = self._outcome(plan, run)
+        completed = self.state.apply_cycle(s.topic, outcome)
+        self._after_save(plan, run, outcome, paid)
+        self._report(every, plan, run, outcome, completed)
+        return plan.covered, run.took
+
+    def _plan(self, bounds: LogBounds) -> CyclePlan:
+        """The cycle's plan over `bounds` (this instance's partitions), from the saved offsets;
+        resets are logged, and refused under --on-offset-reset fail (OffsetResetRefused)."""
+        s = self.settings
+        saved = self.state.offsets(s.topic)
         plan = plan_cycle(
             bounds,
             saved,
@@ -240,12 +283,18 @@ class TopicWatcher:
             group_offsets=self._group_offsets_for(saved, bounds),
         )
         self._log_resets(plan)
-        increments = plan.counts(topic)
-        starts, ranges, reset_to = dict(plan.starts), plan.ranges, plan.reset_to
         if self._journal is not None:
             self._journal.begin_attempt()
-        if ranges:
+        if plan.ranges:
             self._hooks.at("planned")
+        return plan
+
+    def _run(self, plan: CyclePlan) -> _CycleRun:
+        """Run the graph over the plan's ranges (read here first for traces and
+        conversations), with the sessions the watermark has closed; the verdict counts come
+        back with their labels bounded, undeliverable outputs decided on."""
+        s = self.settings
+        topic = s.topic
         previous_wm = self.state.watermark(topic)
         if previous_wm is not None:
             # A watermark saved from a future-dated event (before --max-future-skew) would
@@ -261,21 +310,21 @@ class TopicWatcher:
                                            s.window_seconds))
             sessions_due = self._sessions_due(saved_turns, conversations, previous_wm)
         if self._lookahead is not None:
-            self._lookahead.cycle_started(
-                starts, {p: stop for p, (_, stop) in ranges.items()}, cutoff, reset=reset_to
-            )
+            self._lookahead.cycle_started(plan.starts, plan.stops, cutoff, reset=plan.reset_to)
+        ranges = plan.ranges
+        counts: counting.Counts = Counter()
         latest = self.state.latest_event_times(topic)
         result: GraphResult | None = None
         took: float | None = None
         started = time.perf_counter()
         now = time.time()
-        traces = None if s.input_format == "ragpulse" else self._traces(ranges, increments, now)
+        traces = None if s.input_format == "ragpulse" else self._traces(ranges, counts, now)
         # With conversations, the cycle reads its records here (as for traces): their turns
         # are saved in the state file with the cycle (pipeline/service/conversations.py).
         records: list[SourceRecord] | None = (
             list(traces.records)
             if traces is not None
-            else self._read_here(ranges, increments) if conversations is not None else None
+            else self._read_here(ranges, counts) if conversations is not None else None
         )
         changes: SessionChanges | None = None
         if (records if records is not None else ranges) or sessions_due:
@@ -284,71 +333,97 @@ class TopicWatcher:
             result = self._judge(ranges, records, config, sessions_due)
             self._hooks.at("judged")
             if self._journal is not None:
-                # Tokens are counted from the journal (below), once per paid call.
+                # Tokens are counted from the journal (`_outcome`), once per paid call.
                 result = dataclasses.replace(
                     result, counts=Counter({k: n for k, n in result.counts.items()
                                             if k[0] != TOKENS})
                 )
-            increments.update(self._undeliverable(result))
+            counts.update(self._undeliverable(result))
             result = self._bound_labels(result)
-            increments.update(result.counts)
+            counts.update(result.counts)
             latest = merge_latest(latest, result.latest_event_time)
             if conversations is not None:
                 changes = self._conversations(
                     saved_turns, sessions_due, result, records or [], config, conversations
                 )
-                increments.update(changes.counts)
+                counts.update(changes.counts)
             took = time.perf_counter() - started
         if conversations is not None and changes is None and saved_turns:
             # A cycle that judged nothing still forgets the judged sessions no turn can join.
             changes = plan_sessions(saved_turns, {}, {}, [], conversations,
                                     window_size=s.window_seconds, final_before=cutoff)
-        clock = time.monotonic()
-        for p in ends:
-            self._last_backlog.setdefault(p, self._started)
-        self._last_backlog.update(dict.fromkeys(ranges, clock))
-        watermark = compute_watermark(
+        return _CycleRun(
+            now,
+            previous_wm,
             latest,
+            counts,
+            result,
+            traces,
+            changes,
+            # No window is final while an open session could still be dated in it.
+            sessions_hold=(
+                None
+                if conversations is None
+                else hold(
+                    changes.after if changes is not None else saved_turns,
+                    conversations.gap_seconds,
+                    s.window_seconds,
+                )
+            ),
+            took=took,
+        )
+
+    def _outcome(self, plan: CyclePlan, run: _CycleRun) -> tuple[CycleOutcome, _Paid]:
+        """What the cycle saves: its counts, windows and offsets, the watermark it moved to,
+        and the judge calls it pays for (the journal's settlement, the budget's spend)."""
+        s = self.settings
+        clock = time.monotonic()
+        for p in plan.ends:
+            self._last_backlog.setdefault(p, self._started)
+        self._last_backlog.update(dict.fromkeys(plan.ranges, clock))
+        watermark = compute_watermark(
+            run.latest,
             holding_partitions(self._last_backlog, clock, s.partition_idle_after_seconds),
             s.out_of_orderness_seconds,
-            previous=previous_wm,
-            now=now,
+            previous=run.previous_watermark,
+            now=run.now,
         )
-        new_offsets = {p: stop for p, (_, stop) in ranges.items()}
+        result, traces = run.result, run.traces
         settlement = self._journal.settle() if self._journal is not None else None
-        paid = counting.merge(
-            result.counts if result is not None else {},
-            settlement.tokens if settlement is not None else {},
+        paid = _Paid(
+            settlement,
+            counting.merge(
+                result.counts if result is not None else {},
+                settlement.tokens if settlement is not None else {},
+            ),
         )
+        counts = plan.counts(s.topic)
+        counts.update(run.counts)
         hour_spend = None
         if settlement is not None:
-            increments.update(settlement.tokens)
+            counts.update(settlement.tokens)
         if self._governor is not None:
-            spend = self._governor.spend(paid)
-            increments.update(self._governor.spend_counter(spend))
+            spend = self._governor.spend(paid.tokens)
+            counts.update(self._governor.spend_counter(spend))
             hour, spent = self._governor.this_hour_with(spend)
             hour_spend = HourSpend(hour, self._governor.settings.unit, spent)
-        final_before = closed_before(watermark, s.allowed_lateness_seconds)
-        if conversations is not None:
-            final_before = _earlier(final_before, hold(
-                changes.after if changes is not None else saved_turns,
-                conversations.gap_seconds,
-                s.window_seconds,
-            ))
+        final_before = _earlier(
+            closed_before(watermark, s.allowed_lateness_seconds), run.sessions_hold
+        )
         outcome = CycleOutcome(
             windows=result.windows if result else {},
-            offsets=new_offsets,
-            counts=increments,
+            offsets=plan.stops,
+            counts=counts,
             closed_before=final_before,
             watermark=watermark,
-            latest_event_times=latest,
-            reset_offsets=reset_to,
+            latest_event_times=run.latest,
+            reset_offsets=plan.reset_to,
             spans_added=traces.spans_added if traces else (),
             traces_finished=traces.traces_finished if traces else (),
-            finished_at=now,
+            finished_at=run.now,
             # A finished trace is remembered as long as a span of it could still be counted:
             # its wait, then its window until the watermark closes it.
-            forget_finished_before=now
+            forget_finished_before=run.now
             - (
                 s.trace_assembly_wait_seconds
                 + s.window_seconds
@@ -357,40 +432,56 @@ class TopicWatcher:
             ),
             hour_spend=hour_spend,
             calls_settled=settlement.calls if settlement is not None else None,
-            sessions=changes,
+            sessions=run.sessions,
         )
-        completed = self.state.apply_cycle(topic, outcome)
-        if self._journal is not None and settlement is not None:
-            self._journal.settled(settlement)
+        return outcome, paid
+
+    def _after_save(
+        self, plan: CyclePlan, run: _CycleRun, outcome: CycleOutcome, paid: _Paid
+    ) -> None:
+        """What follows the cycle's transaction: its calls marked paid in the journal and the
+        budget, the delivery retries reset, its exemplars kept and old windows pruned."""
+        if self._journal is not None and paid.settlement is not None:
+            self._journal.settled(paid.settlement)
         if self._governor is not None:
-            self._governor.record(paid)
+            self._governor.record(paid.tokens)
         self._delivery_failing_since, self._delivery_failures = None, 0
-        if ranges:
+        if plan.ranges:
             self._hooks.at("saved")
+        if run.result is not None:
+            self.state.save_exemplars(run.result.exemplars)
+        if outcome.watermark is not None:
+            retention = self.settings.retention_seconds
+            self.state.prune_windows(ended_before=outcome.watermark - retention)
+
+    def _report(
+        self,
+        every: LogBounds,
+        plan: CyclePlan,
+        run: _CycleRun,
+        outcome: CycleOutcome,
+        completed: Mapping[WindowKey, RatingCounts],
+    ) -> None:
+        """The saved cycle made visible: windows completed, the group's commit, the lag gauges
+        (`every`: all the topic's partitions) and the snapshot /metrics serves."""
         _log_completed(completed)
-        if result is not None:
-            self.state.save_exemplars(result.exemplars)
-        if watermark is not None:
-            self.state.prune_windows(ended_before=watermark - s.retention_seconds)
         # Every cycle, even one that read nothing: the signed commit is this owner's heartbeat.
         group = self._commit_group_offsets()
         # The lag is measured against the ends as they are NOW: measured against the ends seen
         # at the start of the cycle it would read 0 after every cycle that caught up with them,
         # however much arrived while the cycle ran (a 16 s cycle at 3,000 events/s hid 48,000).
-        now_ends = self._ends_after_cycle(ends) if ranges else ends
-        self._update_lag(now_ends, starts)
+        now_ends = self._ends_after_cycle(plan.ends) if plan.ranges else dict(plan.ends)
+        self._update_lag(now_ends, plan.starts)
         self._update_group_lag(group, {**every.ends, **now_ends}, every.beginnings)
         self._refresh_snapshot()
-        covered = sum(stop - start for start, stop in ranges.values())
-        if result is not None:
+        if run.result is not None:
             log.info(
                 "cycle covered %d records in %d partitions; %d dead letters; watermark %s",
-                covered,
-                len(ranges),
-                result.dead_letters,
-                watermark,
+                plan.covered,
+                len(plan.ranges),
+                run.result.dead_letters,
+                outcome.watermark,
             )
-        return covered, took
 
     def _traces(
         self, ranges: Mapping[int, tuple[int, int]], increments: counting.Counts, now: float

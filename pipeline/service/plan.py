@@ -35,14 +35,15 @@ __all__ = ["CyclePlan", "plan_cycle"]
 class CyclePlan:
     """One cycle's offsets, per partition of this instance.
 
-    `starts`: where each partition goes on from (resets applied); `ranges`: the [start, stop)
-    ranges the cycle reads, partitions with nothing to read left out; `resets`: the starts the
-    partitions could not continue from, `reset_to` where they go on (saved before the cycle's
-    offsets: they may move back) and `lost` the records that skips, by reason (`retention`,
-    `topic_reset`). `refused`: there are resets and --on-offset-reset is `fail`; such a plan
-    reads nothing.
+    `ends`: the partitions' log ends the plan was made against; `starts`: where each partition
+    goes on from (resets applied); `ranges`: the [start, stop) ranges the cycle reads,
+    partitions with nothing to read left out; `resets`: the starts the partitions could not
+    continue from, `reset_to` where they go on (saved before the cycle's offsets: they may move
+    back) and `lost` the records that skips, by reason (`retention`, `topic_reset`).
+    `refused`: there are resets and --on-offset-reset is `fail`; such a plan reads nothing.
     """
 
+    ends: Mapping[int, int]
     starts: Mapping[int, int]
     ranges: Mapping[int, tuple[int, int]]
     resets: tuple[OffsetReset, ...] = ()
@@ -94,8 +95,8 @@ def plan_cycle(
         offset_resets(starts, bounds.beginnings, bounds.ends, bounds.unconfirmed_ends)
     )
     if resets and on_offset_reset == "fail":
-        return CyclePlan(starts, {}, resets, refused=True)
+        return CyclePlan(bounds.ends, starts, {}, resets, refused=True)
     reset_to, lost = reset_starts(resets, on_offset_reset) if resets else ({}, {})
     starts.update(reset_to)
     ranges = plan_batch(starts, bounds.ends, max_records, bounds.beginnings)
-    return CyclePlan(starts, ranges, resets, reset_to, lost)
+    return CyclePlan(bounds.ends, starts, ranges, resets, reset_to, lost)
