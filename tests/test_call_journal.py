@@ -12,7 +12,7 @@ from ragpulse.judges.redaction import TextPolicy
 from ragpulse.judges.verdict_cache import CacheKey
 from ragpulse.pipeline.metrics import counting
 from ragpulse.pipeline.service.journal import AnsweredCalls
-from ragpulse.pipeline.service.state import StateStore
+from ragpulse.pipeline.service.state import CycleOutcome, StateStore
 
 TOKENS = "ragpulse_judge_tokens_total"
 
@@ -29,7 +29,7 @@ def commit(state: StateStore, journal: AnsweredCalls) -> counting.Counts:
     """One cycle's commit as serve makes it: the journal's settlement in the cycle's
     transaction; returns the tokens it counted."""
     settlement = journal.settle()
-    state.apply_cycle("t", {}, {}, settlement.tokens, None, calls_settled=settlement.calls)
+    state.apply_cycle("t", CycleOutcome(counts=settlement.tokens, calls_settled=settlement.calls))
     journal.settled(settlement)
     return settlement.tokens
 

@@ -19,6 +19,7 @@ from ragpulse.pipeline.records import Rejected, SourceRecord
 from ragpulse.pipeline.sinks.kafka import dead_letter_record, deliver
 from ragpulse.pipeline.sources.kafka import (
     HEAD_BYTES,
+    KafkaRangeSource,
     KafkaReadError,
     KafkaRecord,
     OffsetReset,
@@ -151,13 +152,19 @@ def test_beam_source_reads_exactly_the_planned_ranges(
     expected = [(0, i, f"a{i}".encode()) for i in range(3, 17)] + [
         (1, i, f"b{i}".encode()) for i in range(5)
     ]
+    source = KafkaRangeSource(kafka_broker.bootstrap, "events")
     with beam.Pipeline(runner=FnApiRunner()) as p:
         got = (
             p
-            | ReadKafkaRanges(kafka_broker.bootstrap, "events", ranges)
+            | ReadKafkaRanges(source, ranges)
             | beam.Map(lambda r: (r.partition, r.position, r.raw))
         )
         assert_that(got, equal_to(expected))
+    # The same source read in this process (serve's read for traces and conversations).
+    lost: list[int] = []
+    here = [(r.partition, r.position, r.raw) for r in source.read(ranges, lost.append)]
+    assert here == expected
+    assert lost == []
 
 
 def test_records_carry_the_kafka_timestamp_in_seconds(
@@ -351,7 +358,8 @@ def test_a_record_over_the_limit_is_read_as_its_head_and_the_ones_behind_it_whol
         got = (
             p
             | ReadKafkaRanges(
-                kafka_broker.bootstrap, "events", {0: (0, 3)}, max_value_bytes=1 << 20
+                KafkaRangeSource(kafka_broker.bootstrap, "events", max_value_bytes=1 << 20),
+                {0: (0, 3)},
             )
             | beam.Map(lambda r: (r.position, r.raw, r.oversize_bytes))
         )

@@ -23,7 +23,7 @@ from ragpulse.pipeline.metrics import counting
 from ragpulse.pipeline.metrics.collector import MetricsSnapshot, registry_for
 from ragpulse.pipeline.metrics.labels import OTHER, LabelBudget, LabelLimits
 from ragpulse.pipeline.records import SourceRecord
-from ragpulse.pipeline.service.state import StateStore
+from ragpulse.pipeline.service.state import CycleOutcome, StateStore
 from ragpulse.pipeline.settings.models import JudgeSettings
 from ragpulse.pipeline.windows import RatingCounts, WindowKey
 
@@ -52,7 +52,7 @@ def values(windows: Iterable[WindowKey], label: str = "app") -> set[str]:
 def save(
     store: StateStore, windows: dict[WindowKey, RatingCounts], counts: counting.Counts
 ) -> None:
-    store.apply_cycle("chat", windows, {}, counts, None)
+    store.apply_cycle("chat", CycleOutcome(windows=windows, counts=counts))
 
 
 def test_values_beyond_the_cap_are_counted_as_other_in_sorted_order_with_their_overflow(

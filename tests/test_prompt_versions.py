@@ -16,7 +16,7 @@ from graph_runs import run_to_files, stage_config
 from ragpulse.pipeline.metrics import counting
 from ragpulse.pipeline.metrics.collector import MetricsSnapshot, registry_for
 from ragpulse.pipeline.records import SourceRecord
-from ragpulse.pipeline.service.state import StateStore
+from ragpulse.pipeline.service.state import CycleOutcome, StateStore
 from ragpulse.pipeline.settings.models import JudgeSettings
 from ragpulse.pipeline.windows import RatingCounts, WindowKey
 
@@ -97,8 +97,15 @@ def test_a_schema_1_state_file_is_migrated_and_a_new_prompt_version_gets_a_windo
         new = WindowKey(START, END, "safety", "faq", "m1", "v2f2")
         new_count = counting.key(counting.VERDICTS, judge="safety", version="v2f2",
                                  rating="yes", app="faq", model="m1")
-        state.apply_cycle("t", {new: RatingCounts(yes=1, no=1)}, {0: 5}, {new_count: 1},
-                          closed_before=END)
+        state.apply_cycle(
+            "t",
+            CycleOutcome(
+                windows={new: RatingCounts(yes=1, no=1)},
+                offsets={0: 5},
+                counts={new_count: 1},
+                closed_before=END,
+            ),
+        )
         complete, _ = state.current_windows()
         counts = state.counters()
     old = WindowKey(START, END, "safety", "faq", "m1", "")

@@ -18,7 +18,7 @@ from ragpulse.pipeline.service.conversations import (
     plan,
     split,
 )
-from ragpulse.pipeline.service.state import StateError, StateStore
+from ragpulse.pipeline.service.state import CycleOutcome, StateError, StateStore
 from ragpulse.pipeline.settings.models import JudgeSettings
 from ragpulse.pipeline.stages.sessions import SessionConfig
 from ragpulse.pipeline.windows import RatingCounts, WindowKey
@@ -123,7 +123,7 @@ def test_the_state_file_saves_the_changes_and_refuses_to_take_counts_out_of_a_fi
     with StateStore(tmp_path / "state.sqlite") as state:
         first = plan([], {}, {}, [event("a", 1, 0, "hello"), event("a", 2, 40)], CONFIG,
                      window_size=WINDOW, final_before=None)
-        state.apply_cycle("t", {}, {0: 2}, {}, None, sessions=first)
+        state.apply_cycle("t", CycleOutcome(offsets={0: 2}, sessions=first))
         saved = state.session_turns("t")
         assert sorted(t.request_id for t in saved) == ["a-1", "a-2"]
         (conversation,) = due(saved, GAP, 340)
@@ -132,18 +132,41 @@ def test_the_state_file_saves_the_changes_and_refuses_to_take_counts_out_of_a_fi
         verdicts = counts_at(40)
         judged = plan(saved, {conversation.key: verdicts}, {}, [], CONFIG, window_size=WINDOW,
                       final_before=0.0)
-        state.apply_cycle("t", verdicts, {0: 3}, {}, 0.0, sessions=judged)
+        state.apply_cycle(
+            "t",
+            CycleOutcome(
+                windows=verdicts,
+                offsets={0: 3},
+                closed_before=0.0,
+                sessions=judged,
+            ),
+        )
         assert state.judged_sessions("t", [("app", "a")]) == {("app", "a", 40.0): verdicts}
         late = plan(state.session_turns("t"), {}, state.judged_sessions("t", [("app", "a")]),
                     [event("a", 3, 100)], CONFIG, window_size=WINDOW, final_before=0.0)
-        state.apply_cycle("t", {}, {0: 4}, late.counts, 0.0, sessions=late)
+        state.apply_cycle(
+            "t",
+            CycleOutcome(
+                offsets={0: 4},
+                counts=late.counts,
+                closed_before=0.0,
+                sessions=late,
+            ),
+        )
         (row,) = state.windows("user_frustration")
         assert (row["yes"], row["no"]) == (0, 0)  # taken back out, to be judged again
         assert state.judged_sessions("t", [("app", "a")]) == {}
         # The window is final now: taking counts out of it again is refused, nothing saved.
-        state.apply_cycle("t", verdicts, {0: 5}, {}, 200.0)
+        state.apply_cycle("t", CycleOutcome(windows=verdicts, offsets={0: 5}, closed_before=200.0))
         again = plan([], {}, {}, [], CONFIG, window_size=WINDOW, final_before=None)
         again.retracted = verdicts
         with pytest.raises(StateError, match="it is final"):
-            state.apply_cycle("t", {}, {0: 6}, {}, 200.0, sessions=again)
+            state.apply_cycle(
+                "t",
+                CycleOutcome(
+                    offsets={0: 6},
+                    closed_before=200.0,
+                    sessions=again,
+                ),
+            )
         assert state.offsets("t") == {0: 5}

@@ -33,7 +33,7 @@ from test_serve import (
 )
 
 from ragpulse.pipeline.commands.simulate import simulate
-from ragpulse.pipeline.service.state import StateStore
+from ragpulse.pipeline.service.state import CycleOutcome, StateStore
 from ragpulse.pipeline.sources.kafka import committed_offsets, end_offsets
 
 PARTITIONS = 4
@@ -276,7 +276,7 @@ def test_a_state_file_of_another_assignment_is_refused_with_one_line_and_exit_co
     # instances given one state file, or an instance restarted with another --instances, meet.
     state = tmp_path / "instance-1.sqlite"
     with StateStore(state) as store:
-        store.apply_cycle("split", {}, {1: 120, 3: 118}, {}, None)
+        store.apply_cycle("split", CycleOutcome(offsets={1: 120, 3: 118}))
     done = serve_exit("--instance", "0", "--instances", "2", state=state)
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()

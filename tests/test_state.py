@@ -12,7 +12,7 @@ import pytest
 
 from ragpulse.pipeline.cli import main
 from ragpulse.pipeline.metrics import counting
-from ragpulse.pipeline.service.state import SCHEMA_VERSION, StateError, StateStore
+from ragpulse.pipeline.service.state import SCHEMA_VERSION, CycleOutcome, StateError, StateStore
 from ragpulse.pipeline.windows import RatingCounts, WindowKey
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
@@ -60,10 +60,22 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
 
 def test_partials_from_several_cycles_add_up_to_one_pass(tmp_path: Path) -> None:
     with StateStore(tmp_path / "a.db") as split, StateStore(tmp_path / "b.db") as whole:
-        split.apply_cycle("t", windows(partial(T0, 3, 1)), {0: 10}, {}, None)
+        split.apply_cycle("t", CycleOutcome(windows=windows(partial(T0, 3, 1)), offsets={0: 10}))
         later = partial(T0 + 300, 1, 1)
-        split.apply_cycle("t", windows(partial(T0, 2, 0, 1), later), {0: 20}, {}, None)
-        whole.apply_cycle("t", windows(partial(T0, 5, 1, 1), later), {0: 20}, {}, None)
+        split.apply_cycle(
+            "t",
+            CycleOutcome(
+                windows=windows(partial(T0, 2, 0, 1), later),
+                offsets={0: 20},
+            ),
+        )
+        whole.apply_cycle(
+            "t",
+            CycleOutcome(
+                windows=windows(partial(T0, 5, 1, 1), later),
+                offsets={0: 20},
+            ),
+        )
         assert split.windows() == whole.windows()
         first = split.windows()[0]
         assert (first["yes"], first["no"], first["error"]) == (5, 1, 1)
@@ -75,18 +87,30 @@ def test_partials_from_several_cycles_add_up_to_one_pass(tmp_path: Path) -> None
 
 def test_windows_before_the_closing_time_become_complete_once(tmp_path: Path) -> None:
     with StateStore(tmp_path / "s.db") as store:
-        store.apply_cycle("t", windows(partial(T0, 1, 0), partial(T0 + 300, 1, 0)), {}, {}, None)
-        done = store.apply_cycle("t", {}, {}, {}, closed_before=T0 + 300)
+        store.apply_cycle(
+            "t",
+            CycleOutcome(
+                windows=windows(partial(T0, 1, 0), partial(T0 + 300, 1, 0)),
+            ),
+        )
+        done = store.apply_cycle("t", CycleOutcome(closed_before=T0 + 300))
         assert done == windows(partial(T0, 1, 0))
-        assert store.apply_cycle("t", {}, {}, {}, closed_before=T0 + 300) == {}
+        assert store.apply_cycle("t", CycleOutcome(closed_before=T0 + 300)) == {}
         assert [w["complete"] for w in store.windows()] == [True, False]
 
 
 def test_counts_for_a_complete_window_are_refused(tmp_path: Path) -> None:
     with StateStore(tmp_path / "s.db") as store:
-        store.apply_cycle("t", windows(partial(T0, 1, 0)), {0: 1}, {}, closed_before=T0 + 300)
+        store.apply_cycle(
+            "t",
+            CycleOutcome(
+                windows=windows(partial(T0, 1, 0)),
+                offsets={0: 1},
+                closed_before=T0 + 300,
+            ),
+        )
         with pytest.raises(StateError, match="already complete"):
-            store.apply_cycle("t", windows(partial(T0, 1, 0)), {0: 2}, {}, None)
+            store.apply_cycle("t", CycleOutcome(windows=windows(partial(T0, 1, 0)), offsets={0: 2}))
         assert store.offsets("t") == {0: 1}
 
 
@@ -97,13 +121,25 @@ def test_a_cycle_that_raises_midway_leaves_nothing_applied(tmp_path: Path) -> No
     c = counting.key("c", a="x")
     with StateStore(tmp_path / "s.db") as store:
         store.apply_cycle(
-            "t", windows(partial(T0, 1, 0)), {0: 5}, counting.merge({c: 1}), None, watermark=T0
+            "t",
+            CycleOutcome(
+                windows=windows(partial(T0, 1, 0)),
+                offsets={0: 5},
+                counts=counting.merge({c: 1}),
+                watermark=T0,
+            ),
         )
         before = (store.windows(), store.offsets("t"), store.counters(), store.watermark("t"))
         with pytest.raises(RuntimeError, match="crashed"):
             store.apply_cycle(
-                "t", _Exploding(partial(T0, 7, 7), crash), {0: 9}, counting.merge({c: 5}),
-                T0 + 900, watermark=T0 + 999,
+                "t",
+                CycleOutcome(
+                    windows=_Exploding(partial(T0, 7, 7), crash),
+                    offsets={0: 9},
+                    counts=counting.merge({c: 5}),
+                    closed_before=T0 + 900,
+                    watermark=T0 + 999,
+                ),
             )
         after = (store.windows(), store.offsets("t"), store.counters(), store.watermark("t"))
         assert after == before
@@ -113,13 +149,19 @@ def _crash_in_the_middle_of_a_cycle(path: str) -> None:
     def die() -> None:
         os._exit(3)  # the process dies with the transaction open
 
-    StateStore(path).apply_cycle("t", _Exploding(partial(T0, 7, 7), die), {0: 99}, {}, None)
+    StateStore(path).apply_cycle(
+        "t",
+        CycleOutcome(
+            windows=_Exploding(partial(T0, 7, 7), die),
+            offsets={0: 99},
+        ),
+    )
 
 
 def test_a_process_killed_mid_transaction_leaves_the_last_cycle_intact(tmp_path: Path) -> None:
     path = str(tmp_path / "s.db")
     with StateStore(path) as store:
-        store.apply_cycle("t", windows(partial(T0, 1, 0)), {0: 5}, {}, None)
+        store.apply_cycle("t", CycleOutcome(windows=windows(partial(T0, 1, 0)), offsets={0: 5}))
     child = multiprocessing.get_context("fork").Process(
         target=_crash_in_the_middle_of_a_cycle, args=(path,)
     )
@@ -133,9 +175,15 @@ def test_a_process_killed_mid_transaction_leaves_the_last_cycle_intact(tmp_path:
 
 def test_offsets_may_not_move_backwards(tmp_path: Path) -> None:
     with StateStore(tmp_path / "s.db") as store:
-        store.apply_cycle("t", {}, {0: 10, 1: 4}, {}, None)
+        store.apply_cycle("t", CycleOutcome(offsets={0: 10, 1: 4}))
         with pytest.raises(StateError, match="move back"):
-            store.apply_cycle("t", windows(partial(T0, 1, 0)), {1: 5, 0: 9}, {}, None)
+            store.apply_cycle(
+                "t",
+                CycleOutcome(
+                    windows=windows(partial(T0, 1, 0)),
+                    offsets={1: 5, 0: 9},
+                ),
+            )
         assert store.offsets("t") == {0: 10, 1: 4}
         assert store.windows() == []
 
@@ -145,17 +193,22 @@ def test_reopening_restores_everything(tmp_path: Path) -> None:
     with StateStore(path) as store:
         store.apply_cycle(
             "events",
-            windows(partial(T0, 4, 1), partial(T0, 2, 2, judge="groundedness")),
-            {0: 40, 1: 12},
-            events_total("accepted", 50) + events_total("invalid", 2),
-            closed_before=T0 + 300,
-            watermark=T0 + 400,
-            latest_event_times={0: T0 + 420, 1: T0 + 400},
+            CycleOutcome(
+                windows=windows(partial(T0, 4, 1), partial(T0, 2, 2, judge="groundedness")),
+                offsets={0: 40, 1: 12},
+                counts=events_total("accepted", 50) + events_total("invalid", 2),
+                closed_before=T0 + 300,
+                watermark=T0 + 400,
+                latest_event_times={0: T0 + 420, 1: T0 + 400},
+            ),
         )
         store.apply_cycle(
-            "events", {}, {0: 41},
-            events_total("accepted", 1),
-            None, watermark=T0 + 350,  # an older watermark does not replace a newer one
+            "events",
+            CycleOutcome(
+                offsets={0: 41},
+                counts=events_total("accepted", 1),
+                watermark=T0 + 350,
+            ),
         )
         saved = store.windows()
     with StateStore(path) as store:
@@ -176,13 +229,14 @@ def _safety_windows_and_one_groundedness_window(
     closing the windows that end by T0 + 900 (safety windows 0-2 and the groundedness one)."""
     store.apply_cycle(
         "t",
-        windows(
-            *(partial(T0 + i * 300, 1, 0) for i in range(count)),
-            partial(T0, 0, 1, judge="groundedness"),
+        CycleOutcome(
+            windows=windows(
+                *(partial(T0 + i * 300, 1, 0) for i in range(count)),
+                partial(T0, 0, 1, judge="groundedness"),
+            ),
+            counts=counts or {},
+            closed_before=T0 + 900,
         ),
-        {},
-        counts or {},
-        closed_before=T0 + 900,
     )
 
 
@@ -220,7 +274,7 @@ def test_pruning_drops_old_complete_windows_but_keeps_each_series_latest_and_ope
 
 def _good_state(path: Path) -> Path:
     with StateStore(path) as store:
-        store.apply_cycle("t", windows(partial(T0, 3, 1)), {0: 10}, {}, None)
+        store.apply_cycle("t", CycleOutcome(windows=windows(partial(T0, 3, 1)), offsets={0: 10}))
     return path
 
 

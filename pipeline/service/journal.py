@@ -15,7 +15,7 @@ cycle, is taken instead of paying again.
 
 Tokens are counted from the journal, not from the cycle's verdicts: every cycle that commits
 adds the tokens of every journaled call not counted yet to its counters, and marks those calls
-counted in the same transaction (`settle`, `StateStore.apply_cycle(calls_settled=...)`). Each
+counted in the same transaction (`settle`, `CycleOutcome.calls_settled`). Each
 paid call's tokens are therefore counted exactly once, whichever cycle used its verdict, or
 none did (a call started ahead for events a later cycle judges, a canary, an error reply).
 

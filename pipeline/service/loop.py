@@ -1,14 +1,15 @@
 """The serve loop: one micro-batch cycle after another over a live Kafka topic, exactly once.
 
 A cycle (`TopicWatcher.run_cycle`) asks the broker for each partition's bounds, plans
-[start, stop) offset ranges from the offsets in the state store, runs the Beam graph over them
-(`pipeline.graphs.bounded.run_graph`: read, parse, judge, window, and publish dead letters and
-verdict rows, each acknowledged before the run ends), then saves the window counts, counter
-increments, watermark and offsets in ONE SQLite transaction, and only then commits the offsets to
-the Kafka consumer group (for lag tools; the state file is the source of truth). A crash at any
-point replays at most the cycle in flight, whose counts were not saved: nothing is lost and nothing
-is counted twice. Dead-letter records of a replayed cycle may be published twice (at least once);
-their headers carry the source partition and offset to deduplicate on.
+[start, stop) offset ranges from the offsets in the state store (`pipeline.service.plan`, pure),
+runs the Beam graph over them (`pipeline.graphs.bounded.run_graph`: read, parse, judge, window,
+and publish dead letters and verdict rows, each acknowledged before the run ends), then saves
+the window counts, counter increments, watermark and offsets (a `CycleOutcome`) in ONE SQLite
+transaction, and only then commits the offsets to the Kafka consumer group (for lag tools; the
+state file is the source of truth). A crash at any point replays at most the cycle in flight,
+whose counts were not saved: nothing is lost and nothing is counted twice. Dead-letter records
+of a replayed cycle may be published twice (at least once); their headers carry the source
+partition and offset to deduplicate on.
 
 What can still go wrong is counted and logged, never silent (see README, "Reliability"): a saved
 offset outside the partition (topic recreated or truncated, retention ahead of serve) is
@@ -88,13 +89,14 @@ from ragpulse.pipeline.service.conversations import (
     hold,
     judged_session,
     new_turns,
-    plan,
 )
+from ragpulse.pipeline.service.conversations import plan as plan_sessions
 from ragpulse.pipeline.service.cycle_hooks import CycleHooks
-from ragpulse.pipeline.service.journal import AnsweredCalls
+from ragpulse.pipeline.service.journal import AnsweredCalls, Settlement
 from ragpulse.pipeline.service.lookahead import Lookahead, runs_here
 from ragpulse.pipeline.service.owners import Commit, Owner, conflicts, read_metadata
-from ragpulse.pipeline.service.state import HourSpend, StateError, StateStore
+from ragpulse.pipeline.service.plan import CyclePlan, plan_cycle
+from ragpulse.pipeline.service.state import CycleOutcome, HourSpend, StateError, StateStore
 from ragpulse.pipeline.service.watermark import (
     ceiling,
     closed_before,
@@ -112,8 +114,8 @@ from ragpulse.pipeline.sinks.kafka import (
 from ragpulse.pipeline.sinks.otlp_evaluations import ExportEvaluations
 from ragpulse.pipeline.sources.kafka import (
     RECORDS_LOST,
+    KafkaRangeSource,
     LogBounds,
-    OffsetReset,
     ReadKafkaRanges,
     commit_offsets,
     committed_offsets,
@@ -121,11 +123,8 @@ from ragpulse.pipeline.sources.kafka import (
     end_offsets,
     group_commits,
     log_bounds,
-    offset_resets,
-    plan_batch,
-    reset_starts,
 )
-from ragpulse.pipeline.sources.otlp import TraceBatch, collect_traces, read_kafka_ranges
+from ragpulse.pipeline.sources.otlp import TraceBatch, collect_traces
 from ragpulse.pipeline.stages.sessions import SessionConfig, session_key, session_record
 from ragpulse.pipeline.windows import RatingCounts, WindowKey, isoformat_utc
 
@@ -147,6 +146,35 @@ class PublishError(RuntimeError):
     """Output records were not acknowledged and --undeliverable-after has not passed yet."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _CycleRun:
+    """What running a cycle's graph gave, for its outcome: its clock (`now`), the watermark it
+    started from, the latest event time per partition, its counter increments (records lost
+    on reading, undeliverable outputs, verdicts with bounded labels, sessions), the graph's
+    result, the traces it assembled, its changes to the conversations and the cut-off of final
+    windows its open sessions hold (`conversations.hold`; None: no open session), and how long
+    it judged (None: it read nothing)."""
+
+    now: float
+    previous_watermark: float | None
+    latest: dict[int, float]
+    counts: counting.Counts
+    result: GraphResult | None = None
+    traces: TraceBatch | None = None
+    sessions: SessionChanges | None = None
+    sessions_hold: float | None = None
+    took: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Paid:
+    """The judge calls a cycle pays for: the journal's settlement (None without a journal) and
+    the tokens counted, marked paid once the cycle is saved."""
+
+    settlement: Settlement | None
+    tokens: counting.Counts
+
+
 class TopicWatcher:
     """The serve loop: cycles over the topic, keeps the state, feeds /metrics and /healthz."""
 
@@ -166,6 +194,14 @@ class TopicWatcher:
         signs its commits, and `previous_owner` the one that held the state file's lock before
         (`pipeline.service.owners`)."""
         self.settings = settings
+        # Where the cycles read their ranges, in the graph or (traces, conversations) here.
+        self._source = KafkaRangeSource(
+            settings.bootstrap,
+            settings.topic,
+            settings.kafka_security,
+            stall_timeout_s=settings.kafka_timeout_seconds,
+            max_value_bytes=settings.max_event_bytes,
+        )
         self.owner = owner or Owner.this_process(
             settings.instance, settings.instances, settings.unhealthy_after_seconds
         )
@@ -217,25 +253,48 @@ class TopicWatcher:
     # ----- one cycle -------------------------------------------------------------------------
     def run_cycle(self) -> tuple[int, float | None]:
         """Read, judge and save one micro-batch; returns how many records it covered and, if
-        it read any, how long it took."""
+        it read any, how long it took.
+
+        Read the partitions' bounds, plan the cycle's ranges (`plan_cycle`), run the graph over
+        them, save what it gave (`CycleOutcome`, one transaction), then report: the group's
+        commit, the lag, the snapshot /metrics serves."""
         s = self.settings
-        topic = s.topic
         every = log_bounds(
-            s.bootstrap, topic, timeout_s=s.kafka_timeout_seconds, security=s.kafka_security
+            s.bootstrap, s.topic, timeout_s=s.kafka_timeout_seconds, security=s.kafka_security
         )
-        bounds = self._owned(every)
-        ends = bounds.ends
-        saved = self.state.offsets(topic)
-        starts = {**self._fresh_starts(saved, bounds), **saved}
-        reset_to, increments = self._apply_reset_policy(
-            offset_resets(starts, bounds.beginnings, ends, bounds.unconfirmed_ends)
+        plan = self._plan(every.only(s.owns))
+        run = self._run(plan)
+        outcome, paid = self._outcome(plan, run)
+        completed = self.state.apply_cycle(s.topic, outcome)
+        self._after_save(plan, run, outcome, paid)
+        self._report(every, plan, run, outcome, completed)
+        return plan.covered, run.took
+
+    def _plan(self, bounds: LogBounds) -> CyclePlan:
+        """The cycle's plan over `bounds` (this instance's partitions), from the saved offsets;
+        resets are logged, and refused under --on-offset-reset fail (OffsetResetRefused)."""
+        s = self.settings
+        saved = self.state.offsets(s.topic)
+        plan = plan_cycle(
+            bounds,
+            saved,
+            max_records=s.max_batch_events,
+            on_offset_reset=s.on_offset_reset,
+            group_offsets=self._group_offsets_for(saved, bounds),
         )
-        starts.update(reset_to)
-        ranges = plan_batch(starts, ends, s.max_batch_events, bounds.beginnings)
+        self._log_resets(plan)
         if self._journal is not None:
             self._journal.begin_attempt()
-        if ranges:
+        if plan.ranges:
             self._hooks.at("planned")
+        return plan
+
+    def _run(self, plan: CyclePlan) -> _CycleRun:
+        """Run the graph over the plan's ranges (read here first for traces and
+        conversations), with the sessions the watermark has closed; the verdict counts come
+        back with their labels bounded, undeliverable outputs decided on."""
+        s = self.settings
+        topic = s.topic
         previous_wm = self.state.watermark(topic)
         if previous_wm is not None:
             # A watermark saved from a future-dated event (before --max-future-skew) would
@@ -251,21 +310,21 @@ class TopicWatcher:
                                            s.window_seconds))
             sessions_due = self._sessions_due(saved_turns, conversations, previous_wm)
         if self._lookahead is not None:
-            self._lookahead.cycle_started(
-                starts, {p: stop for p, (_, stop) in ranges.items()}, cutoff, reset=reset_to
-            )
+            self._lookahead.cycle_started(plan.starts, plan.stops, cutoff, reset=plan.reset_to)
+        ranges = plan.ranges
+        counts: counting.Counts = Counter()
         latest = self.state.latest_event_times(topic)
         result: GraphResult | None = None
         took: float | None = None
         started = time.perf_counter()
         now = time.time()
-        traces = None if s.input_format == "ragpulse" else self._traces(ranges, increments, now)
+        traces = None if s.input_format == "ragpulse" else self._traces(ranges, counts, now)
         # With conversations, the cycle reads its records here (as for traces): their turns
         # are saved in the state file with the cycle (pipeline/service/conversations.py).
         records: list[SourceRecord] | None = (
             list(traces.records)
             if traces is not None
-            else self._read_here(ranges, increments) if conversations is not None else None
+            else self._read_here(ranges, counts) if conversations is not None else None
         )
         changes: SessionChanges | None = None
         if (records if records is not None else ranges) or sessions_due:
@@ -274,72 +333,97 @@ class TopicWatcher:
             result = self._judge(ranges, records, config, sessions_due)
             self._hooks.at("judged")
             if self._journal is not None:
-                # Tokens are counted from the journal (below), once per paid call.
+                # Tokens are counted from the journal (`_outcome`), once per paid call.
                 result = dataclasses.replace(
                     result, counts=Counter({k: n for k, n in result.counts.items()
                                             if k[0] != TOKENS})
                 )
-            increments.update(self._undeliverable(result))
+            counts.update(self._undeliverable(result))
             result = self._bound_labels(result)
-            increments.update(result.counts)
+            counts.update(result.counts)
             latest = merge_latest(latest, result.latest_event_time)
             if conversations is not None:
                 changes = self._conversations(
                     saved_turns, sessions_due, result, records or [], config, conversations
                 )
-                increments.update(changes.counts)
+                counts.update(changes.counts)
             took = time.perf_counter() - started
         if conversations is not None and changes is None and saved_turns:
             # A cycle that judged nothing still forgets the judged sessions no turn can join.
-            changes = plan(saved_turns, {}, {}, [], conversations,
-                           window_size=s.window_seconds, final_before=cutoff)
-        clock = time.monotonic()
-        for p in ends:
-            self._last_backlog.setdefault(p, self._started)
-        self._last_backlog.update(dict.fromkeys(ranges, clock))
-        watermark = compute_watermark(
+            changes = plan_sessions(saved_turns, {}, {}, [], conversations,
+                                    window_size=s.window_seconds, final_before=cutoff)
+        return _CycleRun(
+            now,
+            previous_wm,
             latest,
+            counts,
+            result,
+            traces,
+            changes,
+            # No window is final while an open session could still be dated in it.
+            sessions_hold=(
+                None
+                if conversations is None
+                else hold(
+                    changes.after if changes is not None else saved_turns,
+                    conversations.gap_seconds,
+                    s.window_seconds,
+                )
+            ),
+            took=took,
+        )
+
+    def _outcome(self, plan: CyclePlan, run: _CycleRun) -> tuple[CycleOutcome, _Paid]:
+        """What the cycle saves: its counts, windows and offsets, the watermark it moved to,
+        and the judge calls it pays for (the journal's settlement, the budget's spend)."""
+        s = self.settings
+        clock = time.monotonic()
+        for p in plan.ends:
+            self._last_backlog.setdefault(p, self._started)
+        self._last_backlog.update(dict.fromkeys(plan.ranges, clock))
+        watermark = compute_watermark(
+            run.latest,
             holding_partitions(self._last_backlog, clock, s.partition_idle_after_seconds),
             s.out_of_orderness_seconds,
-            previous=previous_wm,
-            now=now,
+            previous=run.previous_watermark,
+            now=run.now,
         )
-        new_offsets = {p: stop for p, (_, stop) in ranges.items()}
+        result, traces = run.result, run.traces
         settlement = self._journal.settle() if self._journal is not None else None
-        paid = counting.merge(
-            result.counts if result is not None else {},
-            settlement.tokens if settlement is not None else {},
+        paid = _Paid(
+            settlement,
+            counting.merge(
+                result.counts if result is not None else {},
+                settlement.tokens if settlement is not None else {},
+            ),
         )
+        counts = plan.counts(s.topic)
+        counts.update(run.counts)
         hour_spend = None
         if settlement is not None:
-            increments.update(settlement.tokens)
+            counts.update(settlement.tokens)
         if self._governor is not None:
-            spend = self._governor.spend(paid)
-            increments.update(self._governor.spend_counter(spend))
+            spend = self._governor.spend(paid.tokens)
+            counts.update(self._governor.spend_counter(spend))
             hour, spent = self._governor.this_hour_with(spend)
             hour_spend = HourSpend(hour, self._governor.settings.unit, spent)
-        final_before = closed_before(watermark, s.allowed_lateness_seconds)
-        if conversations is not None:
-            final_before = _earlier(final_before, hold(
-                changes.after if changes is not None else saved_turns,
-                conversations.gap_seconds,
-                s.window_seconds,
-            ))
-        completed = self.state.apply_cycle(
-            topic,
-            result.windows if result else {},
-            new_offsets,
-            increments,
-            final_before,
+        final_before = _earlier(
+            closed_before(watermark, s.allowed_lateness_seconds), run.sessions_hold
+        )
+        outcome = CycleOutcome(
+            windows=result.windows if result else {},
+            offsets=plan.stops,
+            counts=counts,
+            closed_before=final_before,
             watermark=watermark,
-            latest_event_times=latest,
-            reset_offsets=reset_to,
+            latest_event_times=run.latest,
+            reset_offsets=plan.reset_to,
             spans_added=traces.spans_added if traces else (),
             traces_finished=traces.traces_finished if traces else (),
-            finished_at=now,
+            finished_at=run.now,
             # A finished trace is remembered as long as a span of it could still be counted:
             # its wait, then its window until the watermark closes it.
-            forget_finished_before=now
+            forget_finished_before=run.now
             - (
                 s.trace_assembly_wait_seconds
                 + s.window_seconds
@@ -348,49 +432,56 @@ class TopicWatcher:
             ),
             hour_spend=hour_spend,
             calls_settled=settlement.calls if settlement is not None else None,
-            sessions=changes,
+            sessions=run.sessions,
         )
-        if self._journal is not None and settlement is not None:
-            self._journal.settled(settlement)
+        return outcome, paid
+
+    def _after_save(
+        self, plan: CyclePlan, run: _CycleRun, outcome: CycleOutcome, paid: _Paid
+    ) -> None:
+        """What follows the cycle's transaction: its calls marked paid in the journal and the
+        budget, the delivery retries reset, its exemplars kept and old windows pruned."""
+        if self._journal is not None and paid.settlement is not None:
+            self._journal.settled(paid.settlement)
         if self._governor is not None:
-            self._governor.record(paid)
+            self._governor.record(paid.tokens)
         self._delivery_failing_since, self._delivery_failures = None, 0
-        if ranges:
+        if plan.ranges:
             self._hooks.at("saved")
+        if run.result is not None:
+            self.state.save_exemplars(run.result.exemplars)
+        if outcome.watermark is not None:
+            retention = self.settings.retention_seconds
+            self.state.prune_windows(ended_before=outcome.watermark - retention)
+
+    def _report(
+        self,
+        every: LogBounds,
+        plan: CyclePlan,
+        run: _CycleRun,
+        outcome: CycleOutcome,
+        completed: Mapping[WindowKey, RatingCounts],
+    ) -> None:
+        """The saved cycle made visible: windows completed, the group's commit, the lag gauges
+        (`every`: all the topic's partitions) and the snapshot /metrics serves."""
         _log_completed(completed)
-        if result is not None:
-            self.state.save_exemplars(result.exemplars)
-        if watermark is not None:
-            self.state.prune_windows(ended_before=watermark - s.retention_seconds)
         # Every cycle, even one that read nothing: the signed commit is this owner's heartbeat.
         group = self._commit_group_offsets()
         # The lag is measured against the ends as they are NOW: measured against the ends seen
         # at the start of the cycle it would read 0 after every cycle that caught up with them,
         # however much arrived while the cycle ran (a 16 s cycle at 3,000 events/s hid 48,000).
-        now_ends = self._ends_after_cycle(ends) if ranges else ends
-        self._update_lag(now_ends, starts)
+        now_ends = self._ends_after_cycle(plan.ends) if plan.ranges else dict(plan.ends)
+        self._update_lag(now_ends, plan.starts)
         self._update_group_lag(group, {**every.ends, **now_ends}, every.beginnings)
         self._refresh_snapshot()
-        covered = sum(stop - start for start, stop in ranges.values())
-        if result is not None:
+        if run.result is not None:
             log.info(
                 "cycle covered %d records in %d partitions; %d dead letters; watermark %s",
-                covered,
-                len(ranges),
-                result.dead_letters,
-                watermark,
+                plan.covered,
+                len(plan.ranges),
+                run.result.dead_letters,
+                outcome.watermark,
             )
-        return covered, took
-
-    def _owned(self, bounds: LogBounds) -> LogBounds:
-        """`bounds` of this instance's partitions only: everything a cycle plans, reads,
-        saves, commits and reports as lag comes from them."""
-        owns = self.settings.owns
-        return LogBounds(
-            {p: o for p, o in bounds.beginnings.items() if owns(p)},
-            {p: o for p, o in bounds.ends.items() if owns(p)},
-            frozenset(p for p in bounds.unconfirmed_ends if owns(p)),
-        )
 
     def _traces(
         self, ranges: Mapping[int, tuple[int, int]], increments: counting.Counts, now: float
@@ -426,17 +517,7 @@ class TopicWatcher:
         def on_lost(n: int) -> None:
             increments[lost] += n
 
-        return list(
-            read_kafka_ranges(
-                s.bootstrap,
-                s.topic,
-                ranges,
-                security=s.kafka_security,
-                stall_timeout_s=s.kafka_timeout_seconds,
-                max_value_bytes=s.max_event_bytes,
-                on_lost=on_lost,
-            )
-        )
+        return list(self._source.read(ranges, on_lost))
 
     def _config(
         self,
@@ -494,14 +575,7 @@ class TopicWatcher:
         source = (
             beam.Create(records)
             if records is not None
-            else ReadKafkaRanges(
-                s.bootstrap,
-                s.topic,
-                ranges,
-                stall_timeout_s=s.kafka_timeout_seconds,
-                security=s.kafka_security,
-                max_value_bytes=s.max_event_bytes,
-            )
+            else ReadKafkaRanges(self._source, ranges)
         )
         return run_graph(
             source,
@@ -549,7 +623,7 @@ class TopicWatcher:
                 sampling=config.sampling,
             )
         )
-        changes = plan(
+        changes = plan_sessions(
             saved,
             {session_key(x): result.session_windows.get(session_key(x), {}) for x in judged},
             self.state.judged_sessions(
@@ -609,17 +683,17 @@ class TopicWatcher:
             lost[counting.key(UNDELIVERABLE, topic=topic)] += n
         return lost
 
-    def _fresh_starts(self, saved: Mapping[int, int], bounds: LogBounds) -> dict[int, int]:
-        """Start offsets of partitions with no saved offset: the log start, except after
-        --state-reset moved an unusable file aside, when the consumer group's committed
-        offsets (where that file had got to) are used where there are any.
+    def _group_offsets_for(self, saved: Mapping[int, int], bounds: LogBounds) -> dict[int, int]:
+        """Where partitions with no saved offset go on from, if not from their log start:
+        after --state-reset moved an unusable file aside (and for a sharded instance), the
+        consumer group's committed offsets (where that file, or the partition's previous owner,
+        had got to); asked once, and only when a partition has no saved offset.
 
         Only then: a missing file is a fresh start from the log start, so that a second
         deployment sharing the group (or a deliberate recount) is not silently skipped ahead.
         """
         s = self.settings
-        missing = [p for p in bounds.ends if p not in saved]
-        if not missing:
+        if all(p in saved for p in bounds.ends):
             return {}
         if self._group_offsets is None:
             self._group_offsets = committed_offsets(
@@ -637,18 +711,15 @@ class TopicWatcher:
                     self._group_offsets,
                     s.topic,
                 )
-        group = self._group_offsets or {}
-        return {p: group.get(p, bounds.beginnings.get(p, 0)) for p in missing}
+        return self._group_offsets or {}
 
-    def _apply_reset_policy(
-        self, resets: list[OffsetReset]
-    ) -> tuple[dict[int, int], counting.Counts]:
-        """Log each reset as an error and apply --on-offset-reset: the offsets to go on from
-        and the counter increments (resets by kind, records skipped by reason)."""
+    def _log_resets(self, plan: CyclePlan) -> None:
+        """Log each reset of `plan` as an error and where it goes on from; raise
+        OffsetResetRefused when --on-offset-reset is fail."""
         s = self.settings
-        if not resets:
-            return {}, Counter()
-        for r in resets:
+        if not plan.resets:
+            return
+        for r in plan.resets:
             log.error(
                 "%s/%d: saved offset %d is %s the partition (log start %d, end %d): %s",
                 s.topic,
@@ -661,26 +732,19 @@ class TopicWatcher:
                 if r.kind == "beyond_end"
                 else "retention deleted records before ragpulse read them",
             )
-        if s.on_offset_reset == "fail":
+        if plan.refused:
             raise OffsetResetRefused(
                 f"offsets saved in {s.state} are outside topic {s.topic!r} (partitions "
-                f"{', '.join(str(r.partition) for r in resets)}) and --on-offset-reset is fail: "
-                "check the topic, then restart with --on-offset-reset earliest (read what the "
-                "partition holds) or latest (skip to its end)"
+                f"{', '.join(str(r.partition) for r in plan.resets)}) and --on-offset-reset is "
+                "fail: check the topic, then restart with --on-offset-reset earliest (read what "
+                "the partition holds) or latest (skip to its end)"
             )
-        starts, lost = reset_starts(resets, s.on_offset_reset)
         log.error(
             "going on from offsets %s (--on-offset-reset %s); records skipped: %s",
-            starts,
+            dict(plan.reset_to),
             s.on_offset_reset,
-            lost or "none",
+            dict(plan.lost) or "none",
         )
-        increments: counting.Counts = Counter()
-        for r in resets:
-            increments[counting.key(OFFSET_RESETS, topic=s.topic, kind=r.kind)] += 1
-        for why, n in lost.items():
-            increments[counting.key(RECORDS_LOST, topic=s.topic, reason=why)] += n
-        return starts, increments
 
     def _bound_labels(self, result: GraphResult) -> GraphResult:
         """The run with app and model labels bounded; the saved counters (the snapshot's)

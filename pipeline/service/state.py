@@ -196,6 +196,41 @@ class CallsSettled:
     dropped: Sequence[int] = ()
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class CycleOutcome:
+    """What one serve cycle saves, in one transaction (`StateStore.apply_cycle`).
+
+    `windows`: the cycle's partial counts, added to the saved ones; `offsets`: where each
+    partition it read goes on from; `counts`: its counter increments; windows with window_end
+    <= `closed_before` (watermark - allowed lateness) are marked complete. `watermark` and
+    `latest_event_times` (per partition) only ever move forward. `reset_offsets` are saved
+    first and may move backwards: the partitions whose topic was recreated or truncated, at the
+    offset the cycle went on from. `spans_added` are the cycle's spans of traces still
+    pending, `traces_finished` the traces it assembled or dead-lettered (their saved spans are
+    dropped, and the trace is remembered as finished at `finished_at` until
+    `forget_finished_before` passes it). `hour_spend` replaces the judge budget's saved spend
+    (older hours are dropped); `calls_settled` marks journaled calls as counted (their tokens
+    are in `counts`) and deletes the ones done with. `sessions`: the cycle's changes to the
+    saved conversations; the verdict counts of re-opened sessions (`retracted`) are taken out
+    of their windows after `windows` is added.
+    """
+
+    windows: Mapping[WindowKey, RatingCounts] = dataclasses.field(default_factory=dict)
+    offsets: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    counts: Mapping[counting.CounterKey, float] = dataclasses.field(default_factory=dict)
+    closed_before: float | None = None
+    watermark: float | None = None
+    latest_event_times: Mapping[int, float] = dataclasses.field(default_factory=dict)
+    reset_offsets: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    spans_added: Sequence[Arrival] = ()
+    traces_finished: Iterable[str] = ()
+    finished_at: float = 0.0
+    forget_finished_before: float | None = None
+    hour_spend: HourSpend | None = None
+    calls_settled: CallsSettled | None = None
+    sessions: SessionChanges | None = None
+
+
 class StateError(RuntimeError):
     """The state file cannot be used (missing pieces, damaged, newer schema, not a file...),
     or a cycle contradicts it."""
@@ -252,52 +287,25 @@ class StateStore:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def apply_cycle(
-        self,
-        topic: str,
-        windows: Mapping[WindowKey, RatingCounts],
-        offsets: Mapping[int, int],
-        counts: Mapping[counting.CounterKey, float],
-        closed_before: float | None,
-        *,
-        watermark: float | None = None,
-        latest_event_times: Mapping[int, float] | None = None,
-        reset_offsets: Mapping[int, int] | None = None,
-        spans_added: Sequence[Arrival] = (),
-        traces_finished: Iterable[str] = (),
-        finished_at: float = 0.0,
-        forget_finished_before: float | None = None,
-        hour_spend: HourSpend | None = None,
-        calls_settled: CallsSettled | None = None,
-        sessions: SessionChanges | None = None,
-    ) -> dict[WindowKey, RatingCounts]:
-        """Save one cycle atomically; returns the windows this cycle completed, with their counts.
+    def apply_cycle(self, topic: str, outcome: CycleOutcome) -> dict[WindowKey, RatingCounts]:
+        """Save one cycle's `outcome` on `topic` atomically; returns the windows this cycle
+        completed, with their counts.
 
-        `windows` holds the cycle's partial counts; `counts` its counter increments.
-        Partial counts are added to the saved ones; windows with window_end <= `closed_before`
-        (watermark - allowed lateness) are marked complete. Raises StateError, leaving the
-        store unchanged, if an offset would move backwards or a partial lands in a window
-        that is already complete (late events must be left out before this point).
-        `reset_offsets` are saved first and may move backwards: the partitions whose topic was
-        recreated or truncated, at the offset the cycle went on from. `spans_added` are the
-        cycle's spans of traces still pending, `traces_finished` the traces it assembled or
-        dead-lettered (their saved spans are dropped, and the trace is remembered as finished
-        at `finished_at` until `forget_finished_before` passes it): saved with the offsets that
-        read them. `hour_spend` replaces the judge budget's saved spend (older hours are
-        dropped); `calls_settled` marks journaled calls as counted (their tokens are in
-        `counts`) and deletes the ones done with. `sessions`: the cycle's changes to the saved
-        conversations; the verdict counts of re-opened sessions (`retracted`) are taken out of
-        their windows after `windows` is added (StateError if one is final or would go below 0).
+        Raises StateError, leaving the store unchanged, if an offset would move backwards, a
+        partial lands in a window that is already complete (late events must be left out
+        before this point), or a re-opened session's counts are taken out of a final window or
+        would go below 0.
         """
+        o = outcome
         db = self._db
         with write_transaction(db):
-            for partition, next_offset in (reset_offsets or {}).items():
+            for partition, next_offset in o.reset_offsets.items():
                 db.execute(
                     "INSERT INTO offsets (topic, partition, next_offset) VALUES (?, ?, ?) "
                     "ON CONFLICT (topic, partition) DO UPDATE SET next_offset=excluded.next_offset",
                     (topic, partition, next_offset),
                 )
-            for part, c in windows.items():
+            for part, c in o.windows.items():
                 if min(c.yes, c.no, c.error, c.scored) < 0:
                     raise StateError(f"negative count in {part}: {c}")
                 row = db.execute(
@@ -322,9 +330,9 @@ class StateStore:
                     (part.window_start, part.window_end, part.judge, part.version, part.app,
                      part.model, c.yes, c.no, c.error, c.scored, c.score_milli),
                 )
-            if sessions is not None:
-                _save_sessions(db, topic, sessions)
-            for partition, next_offset in offsets.items():
+            if o.sessions is not None:
+                _save_sessions(db, topic, o.sessions)
+            for partition, next_offset in o.offsets.items():
                 saved = db.execute(
                     "SELECT next_offset FROM offsets WHERE topic=? AND partition=?",
                     (topic, partition),
@@ -339,7 +347,7 @@ class StateStore:
                     "ON CONFLICT (topic, partition) DO UPDATE SET next_offset=excluded.next_offset",
                     (topic, partition, next_offset),
                 )
-            for (name, labels), amount in counts.items():
+            for (name, labels), amount in o.counts.items():
                 if amount < 0:
                     raise StateError(f"counter {name} cannot decrease (by {amount})")
                 db.execute(
@@ -347,31 +355,31 @@ class StateStore:
                     "ON CONFLICT (name, labels) DO UPDATE SET value = value + excluded.value",
                     (name, _labels_key(labels), amount),
                 )
-            if watermark is not None:
+            if o.watermark is not None:
                 db.execute(
                     "INSERT INTO watermarks (topic, watermark) VALUES (?, ?) ON CONFLICT (topic) "
                     "DO UPDATE SET watermark = max(coalesce(watermark, excluded.watermark), "
                     "excluded.watermark)",
-                    (topic, watermark),
+                    (topic, o.watermark),
                 )
-            for partition, event_time in (latest_event_times or {}).items():
+            for partition, event_time in o.latest_event_times.items():
                 db.execute(
                     "INSERT INTO partition_event_times (topic, partition, latest_event_time) "
                     "VALUES (?, ?, ?) ON CONFLICT (topic, partition) DO UPDATE SET "
                     "latest_event_time = max(latest_event_time, excluded.latest_event_time)",
                     (topic, partition, event_time),
                 )
-            finished = [(topic, t) for t in traces_finished]
+            finished = [(topic, t) for t in o.traces_finished]
             db.executemany("DELETE FROM trace_spans WHERE topic = ? AND trace_id = ?", finished)
             db.executemany(
                 "INSERT OR REPLACE INTO finished_traces (topic, trace_id, finished_at) "
                 "VALUES (?, ?, ?)",
-                [(topic, t, finished_at) for _, t in finished],
+                [(topic, t, o.finished_at) for _, t in finished],
             )
-            if forget_finished_before is not None:
+            if o.forget_finished_before is not None:
                 db.execute(
                     "DELETE FROM finished_traces WHERE topic = ? AND finished_at < ?",
-                    (topic, forget_finished_before),
+                    (topic, o.forget_finished_before),
                 )
             db.executemany(
                 "INSERT OR IGNORE INTO trace_spans (topic, trace_id, partition, position, "
@@ -386,34 +394,34 @@ class StateStore:
                         a.seen,
                         a.part.to_json(),
                     )
-                    for a in spans_added
+                    for a in o.spans_added
                 ],
             )
-            if hour_spend is not None:
-                db.execute("DELETE FROM judge_spend WHERE hour <> ?", (hour_spend.hour,))
+            if o.hour_spend is not None:
+                db.execute("DELETE FROM judge_spend WHERE hour <> ?", (o.hour_spend.hour,))
                 db.execute(
                     "INSERT OR REPLACE INTO judge_spend (hour, unit, spent) VALUES (?, ?, ?)",
-                    (hour_spend.hour, hour_spend.unit, hour_spend.spent),
+                    (o.hour_spend.hour, o.hour_spend.unit, o.hour_spend.spent),
                 )
-            if calls_settled is not None:
+            if o.calls_settled is not None:
                 db.executemany(
                     "UPDATE answered_calls SET counted = 1 WHERE id = ?",
-                    [(i,) for i in calls_settled.counted],
+                    [(i,) for i in o.calls_settled.counted],
                 )
                 db.executemany(
                     "DELETE FROM answered_calls WHERE id = ?",
-                    [(i,) for i in calls_settled.dropped],
+                    [(i,) for i in o.calls_settled.dropped],
                 )
             completed: dict[WindowKey, RatingCounts] = {}
-            if closed_before is not None:
+            if o.closed_before is not None:
                 rows = db.execute(
                     "SELECT * FROM windows WHERE complete = 0 AND window_end <= ? "
                     "ORDER BY window_start, judge, version, app, model",
-                    (closed_before,),
+                    (o.closed_before,),
                 ).fetchall()
                 db.execute(
                     "UPDATE windows SET complete = 1 WHERE complete = 0 AND window_end <= ?",
-                    (closed_before,),
+                    (o.closed_before,),
                 )
                 completed = dict(_window(r) for r in rows)
         return completed

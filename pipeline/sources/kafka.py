@@ -122,6 +122,14 @@ class LogBounds:
     ends: dict[int, int]
     unconfirmed_ends: frozenset[int] = frozenset()
 
+    def only(self, keep: Callable[[int], bool]) -> LogBounds:
+        """The bounds of the partitions `keep` says yes to."""
+        return LogBounds(
+            {p: o for p, o in self.beginnings.items() if keep(p)},
+            {p: o for p, o in self.ends.items() if keep(p)},
+            frozenset(p for p in self.unconfirmed_ends if keep(p)),
+        )
+
 
 def log_bounds(
     bootstrap: str,
@@ -439,49 +447,79 @@ def range_consumer(bootstrap: str, security: KafkaSecurity) -> KafkaConsumer:
     )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class KafkaRangeSource:
+    """Where a cycle's offset ranges are read from, and how: the broker, the topic, the
+    connection's security, how long a read may make no progress (`stall_timeout_s`) and the
+    size over which a value comes as its head (`max_value_bytes`). One value serves the graph's
+    reader (`ReadKafkaRanges`) and a read in the calling process (`read`)."""
+
+    bootstrap: str
+    topic: str
+    security: KafkaSecurity = PLAINTEXT
+    stall_timeout_s: float = 30.0
+    max_value_bytes: int | None = None
+
+    def consumer(self) -> KafkaConsumer:
+        return range_consumer(self.bootstrap, self.security)
+
+    def records(
+        self,
+        consumer: KafkaConsumer,
+        partition: int,
+        start: int,
+        stop: int,
+        on_lost: Callable[[int], None] | None = None,
+    ) -> Iterator[SourceRecord]:
+        """The records of one range (`read_range`), as SourceRecords."""
+        for r in read_range(
+            consumer,
+            self.topic,
+            partition,
+            start,
+            stop,
+            stall_timeout_s=self.stall_timeout_s,
+            max_value_bytes=self.max_value_bytes,
+            on_lost=on_lost,
+        ):
+            yield SourceRecord(
+                r.value, self.topic, r.partition, r.offset, r.timestamp_s, r.oversize_bytes
+            )
+
+    def read(
+        self, ranges: Mapping[int, tuple[int, int]], on_lost: Callable[[int], None]
+    ) -> Iterator[SourceRecord]:
+        """The records of `ranges` ({partition: (start, stop)}), read with one consumer in this
+        process; records retention deleted first are reported to `on_lost`."""
+        consumer = self.consumer()
+        try:
+            for partition, (start, stop) in sorted(ranges.items()):
+                yield from self.records(consumer, partition, start, stop, on_lost)
+        finally:
+            consumer.close(autocommit=False)
+
+
 class _ReadRangeFn(beam.DoFn):
     """Reads one (partition, start, stop) element; one consumer per DoFn instance."""
 
-    def __init__(
-        self,
-        bootstrap: str,
-        topic: str,
-        stall_timeout_s: float,
-        max_value_bytes: int | None,
-        security: KafkaSecurity,
-    ) -> None:
-        self._bootstrap = bootstrap
-        self._security = security
-        self._topic = topic
-        self._stall_timeout_s = stall_timeout_s
-        self._max_value_bytes = max_value_bytes
+    def __init__(self, source: KafkaRangeSource) -> None:
+        self._source = source
         self._consumer: KafkaConsumer | None = None
 
     def setup(self) -> None:
-        self._consumer = range_consumer(self._bootstrap, self._security)
+        self._consumer = self._source.consumer()
         # Counted like every other ragpulse counter: a Beam counter, saved with the cycle.
         self._lost = Metrics.counter(
             counting.COUNTER_NAMESPACE,
-            counting.encode(counting.key(RECORDS_LOST, topic=self._topic, reason="retention")),
+            counting.encode(
+                counting.key(RECORDS_LOST, topic=self._source.topic, reason="retention")
+            ),
         )
 
     def process(self, element: tuple[int, int, int]) -> Iterator[SourceRecord]:
         assert self._consumer is not None
         partition, start, stop = element
-        topic = self._topic
-        for r in read_range(
-            self._consumer,
-            topic,
-            partition,
-            start,
-            stop,
-            stall_timeout_s=self._stall_timeout_s,
-            max_value_bytes=self._max_value_bytes,
-            on_lost=self._lost.inc,
-        ):
-            yield SourceRecord(
-                r.value, topic, r.partition, r.offset, r.timestamp_s, r.oversize_bytes
-            )
+        yield from self._source.records(self._consumer, partition, start, stop, self._lost.inc)
 
     def teardown(self) -> None:
         if self._consumer is not None:
@@ -490,28 +528,14 @@ class _ReadRangeFn(beam.DoFn):
 
 
 class ReadKafkaRanges(beam.PTransform):
-    """Bounded source: the records of `ranges` ({partition: (start, stop)}) as SourceRecords.
+    """Bounded source: the records of `ranges` ({partition: (start, stop)}) of `source`'s
+    topic as SourceRecords (a value over its size limit comes as its head,
+    `SourceRecord.oversize_bytes`)."""
 
-    Values longer than `max_value_bytes` come as their head (`SourceRecord.oversize_bytes`).
-    """
-
-    def __init__(
-        self,
-        bootstrap: str,
-        topic: str,
-        ranges: Mapping[int, tuple[int, int]],
-        *,
-        stall_timeout_s: float = 30.0,
-        security: KafkaSecurity = PLAINTEXT,
-        max_value_bytes: int | None = None,
-    ) -> None:
+    def __init__(self, source: KafkaRangeSource, ranges: Mapping[int, tuple[int, int]]) -> None:
         super().__init__()
-        self._bootstrap = bootstrap
-        self._security = security
-        self._topic = topic
+        self._source = source
         self._elements = [(p, start, stop) for p, (start, stop) in sorted(ranges.items())]
-        self._stall_timeout_s = stall_timeout_s
-        self._max_value_bytes = max_value_bytes
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         return (
@@ -519,16 +543,7 @@ class ReadKafkaRanges(beam.PTransform):
             | "Ranges" >> beam.Create(self._elements)
             # One range per worker bundle when a runner parallelises; a no-op on FnApiRunner.
             | "Spread" >> beam.Reshuffle()
-            | "Read"
-            >> beam.ParDo(
-                _ReadRangeFn(
-                    self._bootstrap,
-                    self._topic,
-                    self._stall_timeout_s,
-                    self._max_value_bytes,
-                    self._security,
-                )
-            )
+            | "Read" >> beam.ParDo(_ReadRangeFn(self._source))
         )
 
 
@@ -571,16 +586,8 @@ def committed_offsets(
     security: KafkaSecurity = PLAINTEXT,
 ) -> dict[int, int]:
     """The group's committed offsets for `topic` (partitions without a commit are left out)."""
-    consumer = _consumer(bootstrap, timeout_s, security, group_id=group_id)
-    try:
-        found: dict[int, int] = {}
-        for partition in _partitions(consumer, topic, timeout_s):
-            offset = consumer.committed(TopicPartition(topic, partition))
-            if offset is not None:
-                found[partition] = int(offset)
-        return found
-    finally:
-        consumer.close(autocommit=False)
+    commits = group_commits(bootstrap, group_id, topic, timeout_s=timeout_s, security=security)
+    return {p: offset for p, (offset, _) in commits.items()}
 
 
 def group_commits(

@@ -1,27 +1,26 @@
 """The trace source of `--input-format otlp_json|otlp_proto`: OTLP records in, assembled
 events out, read in the calling process (see pipeline/formats/otlp.py for why not in the graph).
 
-`read_kafka_ranges` reads a serve cycle's offset ranges, `read_file` the records of a file
-(`ragpulse run`): OTLP JSON lines, as the Collector's file exporter writes them, or protobuf
-messages each behind a 4-byte big-endian length (its `format: proto`). `collect_traces` decodes
-them, adds the spans still pending from earlier cycles and assembles what is due; what it
-returns goes to the Beam graph as a list of `SourceRecord`s and, in serve, to the state store.
+serve reads a cycle's offset ranges with `pipeline.sources.kafka.KafkaRangeSource.read`;
+`read_file` reads the records of a file (`ragpulse run`): OTLP JSON lines, as the Collector's
+file exporter writes them, or protobuf messages each behind a 4-byte big-endian length (its
+`format: proto`). `collect_traces` decodes them, adds the spans still pending from earlier
+cycles and assembles what is due; what it returns goes to the Beam graph as a list of
+`SourceRecord`s and, in serve, to the state store.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 
 from ragpulse.pipeline.formats.events import InvalidEvent
 from ragpulse.pipeline.formats.otlp import Arrival, InputFormat, assemble, decode_spans
-from ragpulse.pipeline.kafka_security import KafkaSecurity
 from ragpulse.pipeline.records import HEAD_BYTES, SourceRecord
 from ragpulse.pipeline.sources.files import numbered_lines
-from ragpulse.pipeline.sources.kafka import range_consumer, read_range
 
-__all__ = ["TraceBatch", "collect_traces", "read_file", "read_kafka_ranges"]
+__all__ = ["TraceBatch", "collect_traces", "read_file"]
 
 _LENGTH_BYTES = 4
 
@@ -94,37 +93,6 @@ def collect_traces(
         pending_traces=len({a.part.trace_id for a in assembly.pending}),
         records_read=read,
     )
-
-
-def read_kafka_ranges(
-    bootstrap: str,
-    topic: str,
-    ranges: Mapping[int, tuple[int, int]],
-    *,
-    security: KafkaSecurity,
-    stall_timeout_s: float,
-    max_value_bytes: int,
-    on_lost: Callable[[int], None],
-) -> Iterator[SourceRecord]:
-    """The records of `ranges` ({partition: (start, stop)}), read with one consumer here."""
-    consumer = range_consumer(bootstrap, security)
-    try:
-        for partition, (start, stop) in sorted(ranges.items()):
-            for r in read_range(
-                consumer,
-                topic,
-                partition,
-                start,
-                stop,
-                stall_timeout_s=stall_timeout_s,
-                max_value_bytes=max_value_bytes,
-                on_lost=on_lost,
-            ):
-                yield SourceRecord(
-                    r.value, topic, r.partition, r.offset, r.timestamp_s, r.oversize_bytes
-                )
-    finally:
-        consumer.close(autocommit=False)
 
 
 def read_file(path: Path, encoding: InputFormat, max_bytes: int) -> Iterator[SourceRecord]:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ragpulse.judges.base import JudgeInput
 from ragpulse.pipeline.records import InferenceRecord
 from ragpulse.pipeline.service.conversations import due, hold, plan
-from ragpulse.pipeline.service.state import StateStore
+from ragpulse.pipeline.service.state import CycleOutcome, StateStore
 from ragpulse.pipeline.settings.models import JudgeSettings
 from ragpulse.pipeline.stages.sessions import SessionConfig
 
@@ -57,7 +57,7 @@ def main() -> None:
         fresh = [turn(s, i, s * GAP / args.open + i * 5.0)
                  for s in range(args.open) for i in range(args.turns)]
         first = plan([], {}, {}, fresh, config, window_size=WINDOW, final_before=None)
-        state.apply_cycle("t", {}, {0: len(fresh)}, {}, None, sessions=first)
+        state.apply_cycle("t", CycleOutcome(offsets={0: len(fresh)}, sessions=first))
         clock, offset, next_session = GAP, len(fresh), args.open
         for _ in range(args.cycles):
             clock += 10.0
@@ -72,7 +72,14 @@ def main() -> None:
                            window_size=WINDOW, final_before=clock - 600.0)
             t3 = time.perf_counter()
             offset += len(new)
-            state.apply_cycle("t", {}, {0: offset}, changes.counts, None, sessions=changes)
+            state.apply_cycle(
+                "t",
+                CycleOutcome(
+                    offsets={0: offset},
+                    counts=changes.counts,
+                    sessions=changes,
+                ),
+            )
             t4 = time.perf_counter()
             hold(changes.after, GAP, WINDOW)
             t5 = time.perf_counter()

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for kafka
 from kafka_broker import ApacheKafkaBroker
 
 from ragpulse.pipeline.sources.kafka import (
+    KafkaRangeSource,
     ReadKafkaRanges,
     commit_offsets,
     end_offsets,
@@ -37,7 +38,7 @@ def beam_read(bootstrap: str, topic: str, ranges: dict[int, tuple[int, int]]) ->
     with beam.Pipeline(runner=FnApiRunner()) as p:
         counted = (
             p
-            | ReadKafkaRanges(bootstrap, topic, ranges)
+            | ReadKafkaRanges(KafkaRangeSource(bootstrap, topic), ranges)
             | beam.combiners.Count.Globally()
         )
         counted | beam.Map(_check, sum(stop - start for start, stop in ranges.values()))
