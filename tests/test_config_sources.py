@@ -112,7 +112,7 @@ def test_a_bad_key_or_value_is_one_line_naming_it_and_exit_code_2(
 
 def test_a_missing_config_file_is_named(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["run", str(SAMPLES), "--config", "/nonexistent/ragpulse.yaml"]) == 2
-    assert "config /nonexistent/ragpulse.yaml: cannot be read" in capsys.readouterr().err
+    assert "config /nonexistent/ragpulse.yaml: cannot read it" in capsys.readouterr().err
 
 
 @pytest.mark.slow

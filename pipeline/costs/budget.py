@@ -44,9 +44,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ragpulse.judges.yaml_file import YamlFileError, load_yaml
 from ragpulse.pipeline.costs.sampling import SAMPLED, SEEN, SPEND, SamplingPlan, to_micros
-from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.errors import SettingsError, load_settings_file
 from ragpulse.pipeline.metrics import catalogue, counting
 
 log = logging.getLogger(__name__)
@@ -262,12 +261,7 @@ def _largest_within(expected: Callable[[float], float], limit: float) -> float:
 def load_prices(path: Path, model: str) -> Prices:
     """`model`'s prices in the price table at `path`; SettingsError naming what is wrong."""
     where = f"--judge-price-table {path}"
-    try:
-        table = load_yaml(path)
-    except OSError as exc:
-        raise SettingsError(f"{where}: cannot read it: {exc.strerror}") from None
-    except YamlFileError as exc:
-        raise SettingsError(f"{where}: {exc}") from None
+    table = load_settings_file(path, where)
     if not isinstance(table, dict):
         raise SettingsError(f"{where}: must map judge models to their prices")
     entry: Any = table.get(model)

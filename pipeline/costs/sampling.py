@@ -48,7 +48,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ragpulse.judges.yaml_file import YamlFileError, load_yaml
+from ragpulse.pipeline.errors import load_settings_file
 from ragpulse.pipeline.metrics import catalogue, counting
 
 _SCALE = float(2**64)
@@ -174,16 +174,12 @@ def load_plan(path: Path, default_rate: float) -> SamplingPlan:
 
     Raises SamplingRulesError naming the file and, for a bad rule, its number and name.
     """
-    try:
-        data = load_yaml(path)
-    except OSError as exc:
-        raise SamplingRulesError(f"cannot read sampling rules {path}: {exc.strerror}") from None
-    except YamlFileError as exc:
-        raise SamplingRulesError(f"sampling rules {path}: {exc}") from None
+    where = f"sampling rules {path}"
+    data = load_settings_file(path, where, SamplingRulesError)
     try:
         return plan_from_data(data, default_rate)
     except SamplingRulesError as exc:
-        raise SamplingRulesError(f"sampling rules {path}: {exc}") from None
+        raise SamplingRulesError(f"{where}: {exc}") from None
 
 
 def plan_from_data(data: Any, default_rate: float) -> SamplingPlan:

@@ -53,8 +53,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 import bcrypt
 
-from ragpulse.judges.yaml_file import YamlFileError, load_yaml
-from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.errors import SettingsError, load_settings_file
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +88,7 @@ class WebConfig:
 def load_web_config(path: Path) -> WebConfig:
     """Read and check `path`; SettingsError naming the key at fault when it cannot be used."""
     where = f"--web-config-file {path}"
-    try:
-        document = load_yaml(path)
-    except OSError as exc:
-        raise SettingsError(f"{where}: cannot read it: {exc.strerror}") from None
-    except YamlFileError as exc:
-        raise SettingsError(f"{where}: {exc}") from None
+    document = load_settings_file(path, where)
     document = {} if document is None else document
     if not isinstance(document, dict):
         raise SettingsError(f"{where}: the top level must be a mapping")

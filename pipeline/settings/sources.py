@@ -24,8 +24,7 @@ from typing import Any
 
 import yaml
 
-from ragpulse.judges.yaml_file import YamlFileError, load_yaml
-from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.errors import SettingsError, load_settings_file
 from ragpulse.pipeline.kafka_security import (
     ENV_SASL_PASSWORD,
     ENV_SASL_USERNAME,
@@ -183,12 +182,7 @@ def check_variables(
 
 
 def _read_file(path: Path) -> dict[str, Any]:
-    try:
-        data = load_yaml(path)
-    except OSError as exc:
-        raise SettingsError(f"config {path}: cannot be read: {exc.strerror}") from None
-    except YamlFileError as exc:
-        raise SettingsError(f"config {path}: {exc}") from None
+    data = load_settings_file(path, f"config {path}")
     if data is None:
         return {}
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
