@@ -145,11 +145,6 @@ class JudgePanel:
         """The names of each verdict of a row: the judges', then the composites'."""
         return tuple(j.name for j in self.judges) + tuple(c.name for c in self._composites)
 
-    @property
-    def waits_on_io(self) -> bool:
-        """Whether judging waits on I/O (an LLM endpoint): only then is starting ahead useful."""
-        return self._graders is None
-
     def judge_batch(
         self, items: Sequence[JudgeInput], fresh: Collection[int] = ()
     ) -> list[tuple[Verdict, ...]]:

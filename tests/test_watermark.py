@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+from ragpulse.judges.base import JudgeInput
+from ragpulse.pipeline.records import InferenceRecord
 from ragpulse.pipeline.service.watermark import (
     ceiling,
     closed_before,
     compute_watermark,
     holding_partitions,
-    is_late,
-    is_window_complete,
     merge_latest,
 )
+from ragpulse.pipeline.stages.parse import admission
+
+
+def is_late(
+    event_time: float, window_size: float, watermark: float | None, allowed_lateness_s: float
+) -> bool:
+    """What ParseEvents decides for an event at `event_time`, given the watermark: late (its
+    window is final), asked of the product's own admission rule."""
+    event = InferenceRecord("r", event_time, "app", "model", JudgeInput("q", "a"))
+    refused = admission(
+        event, None, now=event_time, max_future_skew_s=300.0, window_size=window_size,
+        closed_before=closed_before(watermark, allowed_lateness_s),
+    )
+    return refused is not None and refused[1]
 
 
 def test_watermark_is_the_slowest_busy_partition_minus_the_bound() -> None:
@@ -45,10 +59,7 @@ def test_latest_event_time_per_partition_only_grows() -> None:
     assert merge_latest({0: 10.0, 1: 50.0}, {1: 20.0, 2: 5.0}) == {0: 10.0, 1: 50.0, 2: 5.0}
 
 
-def test_window_completes_once_watermark_passes_end_plus_lateness() -> None:
-    assert not is_window_complete(600.0, watermark=659.0, allowed_lateness_s=60)
-    assert is_window_complete(600.0, watermark=660.0, allowed_lateness_s=60)
-    assert not is_window_complete(600.0, watermark=None, allowed_lateness_s=0)
+def test_windows_close_once_the_watermark_passes_their_end_plus_lateness() -> None:
     assert closed_before(660.0, 60) == 600.0
     assert closed_before(None, 60) is None
 

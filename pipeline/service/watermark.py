@@ -27,8 +27,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from ragpulse.pipeline.windows import window_start
-
 
 def merge_latest(
     previous: Mapping[int, float], batch: Mapping[int, float]
@@ -92,18 +90,3 @@ def compute_watermark(
 def closed_before(watermark: float | None, allowed_lateness_s: float) -> float | None:
     """Windows ending at or before this time are complete (None: nothing is complete yet)."""
     return None if watermark is None else watermark - allowed_lateness_s
-
-
-def is_window_complete(
-    window_end: float, watermark: float | None, allowed_lateness_s: float
-) -> bool:
-    """A window [start, end) is complete once watermark >= end + allowed lateness."""
-    return watermark is not None and watermark >= window_end + allowed_lateness_s
-
-
-def is_late(
-    event_time: float, window_size_s: float, watermark: float | None, allowed_lateness_s: float
-) -> bool:
-    """True when the event's window is already complete: it is counted late and left out."""
-    end = window_start(event_time, window_size_s) + window_size_s
-    return is_window_complete(end, watermark, allowed_lateness_s)
