@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -61,6 +62,7 @@ from ragpulse.pipeline.kafka_security import PLAINTEXT, KafkaSecurity
 from ragpulse.pipeline.metrics.labels import LabelLimits
 from ragpulse.pipeline.settings.blocks import DEFAULT_LABEL_LIMITS
 from ragpulse.pipeline.settings.flags import format_duration
+from ragpulse.pipeline.windows import parse_time
 
 if TYPE_CHECKING:
     from ragpulse.pipeline.graphs.bounded import StageConfig
@@ -673,6 +675,206 @@ class CalibrateSettings(BaseModel):
             if isinstance(judges, JudgeSettings) and judges.names:
                 return {**data, "output": Path(f"calibration-{judges.names[0]}.json")}
         return data
+
+
+# --- the commands around the service: windows, explain, simulate -----------------------------
+
+
+class WindowsSettings(BaseModel):
+    """Validated settings of `ragpulse windows`: which windows of serve's state file to print."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    state: Path
+    judge: str | None = None
+    since: float | None = None  # epoch seconds, from ISO 8601 or epoch seconds
+
+    @field_validator("state")
+    @classmethod
+    def _state_file_exists(cls, path: Path) -> Path:
+        if not os.path.lexists(path):
+            raise SettingsError(f"state file not found: {path}")
+        return path
+
+    @field_validator("since", mode="before")
+    @classmethod
+    def _since_is_a_time(cls, text: Any) -> Any:
+        return None if text is None else parse_time(text)
+
+
+class ExplainSettings(BaseModel):
+    """Validated settings of `ragpulse explain`: where the verdict rows are read (a run's output
+    directory, or serve's verdicts topic), which window of event time and which verdicts.
+
+    Its errors are the command's own lines (SettingsError, not "invalid settings"), checked in
+    the order it always checked them: --limit, the window, then the source."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_output: Path | None = None
+    kafka_bootstrap: str | None = None
+    topic: str | None = None
+    verdicts_topic: str | None = None
+    kafka_timeout_seconds: float = Field(30.0, gt=0)
+    # Epoch seconds: --window-start with --window, or --since and --until.
+    window_start: float | None = None
+    window_seconds: float | None = Field(None, gt=0)
+    since: float | None = None
+    until: float | None = None
+    judge: str | None = None
+    app: str | None = None
+    model: str | None = None
+    rating: Literal["no", "error"] | None = None  # None: both
+    limit: int = 50  # 0: all
+    as_json: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_window_and_one_source(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        limit = data.get("limit")
+        if limit is not None and limit < 0:
+            raise SettingsError(f"--limit must be 0 (all) or more, got {limit}")
+        return _explain_source(_explain_window(data))
+
+    def window(self, now: float) -> tuple[float | None, float | None]:
+        """[start, end) of event time; --window alone is the last DURATION up to `now`."""
+        if self.window_seconds is None:
+            return self.since, self.until
+        if self.window_start is None:
+            return now - self.window_seconds, None
+        return self.window_start, self.window_start + self.window_seconds
+
+    @property
+    def topic_to_read(self) -> str | None:
+        """The verdicts topic, named after --topic unless --verdicts-topic names it."""
+        if self.kafka_bootstrap is None:
+            return None
+        return self.verdicts_topic or f"{self.topic}.verdicts"
+
+
+def _explain_window(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with its times in epoch seconds; SettingsError if the window is given twice or
+    in part."""
+    start, window, since, until = (
+        data.get(k) for k in ("window_start", "window_seconds", "since", "until")
+    )
+    if start is not None or window is not None:
+        if since is not None or until is not None:
+            raise SettingsError("give --window-start/--window or --since/--until, not both")
+        if start is None:
+            return data
+        if window is None:
+            raise SettingsError("--window-start needs --window DURATION (e.g. 5m)")
+        return {**data, "window_start": parse_time(start, "--window-start")}
+    begin = None if since is None else parse_time(since, "--since")
+    end = None if until is None else parse_time(until, "--until")
+    if begin is not None and end is not None and end <= begin:
+        raise SettingsError(f"--until {until} is not after --since {since}")
+    return {**data, "since": begin, "until": end}
+
+
+def _explain_source(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` when it names one source of verdict rows; SettingsError otherwise."""
+    kafka = data.get("kafka_bootstrap") is not None
+    if (data.get("run_output") is not None) == kafka:
+        raise SettingsError("give one source: --run-output DIR, or --kafka-bootstrap with --topic")
+    if not kafka:
+        if data.get("topic") or data.get("verdicts_topic"):
+            raise SettingsError("--topic and --verdicts-topic go with --kafka-bootstrap")
+    elif (data.get("topic") is None) == (data.get("verdicts_topic") is None):
+        raise SettingsError("--kafka-bootstrap needs --topic TOPIC or --verdicts-topic TOPIC")
+    return data
+
+
+# The simulated chatbot's defaults (pipeline.commands.simulate): its apps and models, the
+# share of answers from an agent that called tools, and the agent's tools in the order it calls
+# them (an answer calls the first 1-3): name -> what the tool does (the tool_arguments judge
+# reads it).
+DEFAULT_APPS = ("support-bot", "hr-assistant")
+DEFAULT_MODELS = ("gpt-4o-mini", "llama-3.1-8b")
+TOOL_CALL_SHARE = 0.3
+SIMULATED_TOOLS: dict[str, str] = {
+    "search_knowledge_base": "Searches the company knowledge base. parameters: query (string).",
+    "get_document": "Fetches one knowledge-base document. parameters: doc_uri (string).",
+    "lookup_account": "Looks up the user's account: plan, seats, billing contact. "
+    "parameters: user_id (string).",
+}
+
+
+class SimulateSettings(BaseModel):
+    """Validated settings of `ragpulse simulate`: where the synthetic traffic goes, how much,
+    and which incidents it plays; times T are seconds after the start of the traffic.
+
+    A check that fails raises ValueError with simulate's own message (the command prints it as
+    `simulate: ...`, exit code 2)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # One of the two: produce to Kafka, or write JSON lines.
+    kafka_bootstrap: str | None = None
+    output: Path | None = None
+    topic: str = "inference-logs"
+    partitions: int | None = None  # create the topic with this many when it does not exist
+    rate: float = 10.0  # events per second
+    duration_seconds: float = 60.0
+    seed: int = 0
+    kafka_security: KafkaSecurity = PLAINTEXT
+    start_time: str | None = None  # ISO 8601; None: now
+    apps: tuple[str, ...] = DEFAULT_APPS
+    models: tuple[str, ...] = DEFAULT_MODELS
+    groundedness_drop_at: float | None = None
+    groundedness_recover_at: float | None = None
+    drop_to: float = 0.6  # share of grounded answers during the drop
+    unsafe_burst_at: float | None = None
+    unsafe_burst_count: int = 10
+    malformed_burst_at: float | None = None
+    malformed_burst_count: int = 10
+    late_events: int = 0
+    late_by_seconds: float = 900.0
+    no_context_share: float = 0.0
+    tool_call_share: float = TOOL_CALL_SHARE
+    tool_failure_at: float | None = None
+    tool_recover_at: float | None = None
+    failing_tool: str = "get_document"
+    conversation_turns: int = 0  # 0: no conversations
+    forgetting_at: float | None = None
+
+    @field_validator("failing_tool")
+    @classmethod
+    def _known_tool(cls, name: str) -> str:
+        if name not in SIMULATED_TOOLS:
+            raise ValueError(f"--failing-tool {name!r}: one of {', '.join(SIMULATED_TOOLS)}")
+        return name
+
+    @model_validator(mode="after")
+    def _plays(self) -> SimulateSettings:
+        if self.rate <= 0 or self.duration_seconds <= 0:
+            raise ValueError("--rate and --duration must be positive")
+        if not all(
+            0 <= x <= 1 for x in (self.drop_to, self.no_context_share, self.tool_call_share)
+        ):
+            raise ValueError(
+                "--drop-to, --no-context-share and --tool-call-share are shares between 0 and 1"
+            )
+        if self.conversation_turns < 0 or (
+            self.forgetting_at is not None and self.conversation_turns < 2
+        ):
+            raise ValueError("--conversation-turns must be >= 0, and >= 2 with --forgetting-at")
+        return self
+
+    @property
+    def events(self) -> int:
+        """How many events: --rate x --duration, at least one."""
+        return max(1, round(self.rate * self.duration_seconds))
+
+    def start_epoch(self, now: float) -> float:
+        """The first event's time: --start-time (no zone means UTC), else `now`."""
+        if self.start_time is None:
+            return now
+        start = datetime.fromisoformat(self.start_time.replace("Z", "+00:00"))
+        return (start if start.tzinfo else start.replace(tzinfo=UTC)).timestamp()
 
 
 def _derived_topics(data: Any, **suffixes: str) -> Any:
