@@ -1,15 +1,17 @@
 """The settings models of the commands: typed, validated once, in `main()`.
 
-`RunSettings` and `ServeSettings` share `BatchSettings` (judges, sampling, windows, labels, Beam
-options). Each field's default lives here, on the model; the flags that set the fields are
-declared in pipeline.settings.command_flags and take their defaults from here
-(`pipeline.settings.flags.default_of`), so help texts and behaviour cannot disagree. Beam
-workers import these modules in other processes, so nothing here reads the environment or the
-command line until a command asks for it.
+`RunSettings`, `ServeSettings` and `StreamSettings` share `EventSettings` (judges, sample rate,
+window, event limits, Beam options, the stage configuration); run and serve add `BatchSettings`
+(sampling strata, cascade, labels, runner, calibrations). Each field's default lives here, on
+the model; the flags that set the fields are declared in pipeline.settings.command_flags and
+take their defaults from here (`pipeline.settings.flags.default_of`), so help texts and
+behaviour cannot disagree. Beam workers import these modules in other processes, so nothing
+here reads the environment or the command line until a command asks for it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping
@@ -300,8 +302,10 @@ class JudgeSettings(BaseModel):
         )
 
 
-class BatchSettings(BaseModel):
-    """What `run` and `serve` share: the judges, sampling, windows, label limits, Beam options.
+class EventSettings(BaseModel):
+    """What `run`, `serve` and `stream` share: the judges, which events are admitted and judged
+    (sample rate, size, future skew), the window size and the Beam options; and the stage
+    configuration built from them.
 
     A field's title is its flag, when the field's name is not (errors name the flag)."""
 
@@ -309,15 +313,50 @@ class BatchSettings(BaseModel):
 
     judges: JudgeSettings
     sample_rate: float = Field(1.0, ge=0, le=1)
-    # Strata from --sampling-rules FILE (a path is loaded and checked here, once); None: none.
-    sampling: InstanceOf[SamplingPlan] | None = Field(None, title="--sampling-rules")
-    cascade: InstanceOf[CascadeSettings] | None = Field(None, title="--cascade-llm-sample-rate")
     window_seconds: float = Field(300.0, gt=0, title="--window")
     max_event_bytes: int = Field(1_048_576, ge=1024, le=MAX_EVENT_BYTES)
     # Events dated further ahead of their record time or the clock are refused (stages.py).
     max_future_skew_seconds: float = Field(300.0, gt=0, title="--max-future-skew")
-    labels: LabelLimits = DEFAULT_LABEL_LIMITS
     beam_args: tuple[str, ...] = Field((), title="--beam-arg")
+
+    @field_validator("beam_args")
+    @classmethod
+    def _runner_not_in_beam_args(cls, args: tuple[str, ...]) -> tuple[str, ...]:
+        # One way to choose the runner, so that every choice is checked by `runner_name`.
+        if any(a == "--runner" or a.startswith("--runner=") for a in args):
+            raise ValueError("choose the runner with --runner NAME, not as a Beam option")
+        return args
+
+    def stage_config(self, closed_before: float | None = None) -> StageConfig:
+        """The picklable configuration of the Beam stages; `closed_before`: the windows serve
+        has closed (the stream has none: Beam decides lateness with panes)."""
+        # Imported here: building settings (e.g. for --help) must not pay Beam's import.
+        from ragpulse.pipeline.graphs.bounded import StageConfig
+
+        return StageConfig(
+            judges=self.judges.spec(),
+            sample_rate=self.sample_rate,
+            window_seconds=self.window_seconds,
+            max_event_bytes=self.max_event_bytes,
+            judge_batch_size=self.judges.batch_events,
+            closed_before=closed_before,
+            max_future_skew_s=self.max_future_skew_seconds,
+            sessions=self.session_config(),
+        )
+
+    def session_config(self) -> SessionConfig | None:
+        """How conversations are judged; None: this command judges none (`SessionFields`)."""
+        return None
+
+
+class BatchSettings(EventSettings):
+    """What `run` and `serve` add: sampling strata, the judge cascade, label limits, the Beam
+    runner, judge calibrations and the input format."""
+
+    # Strata from --sampling-rules FILE (a path is loaded and checked here, once); None: none.
+    sampling: InstanceOf[SamplingPlan] | None = Field(None, title="--sampling-rules")
+    cascade: InstanceOf[CascadeSettings] | None = Field(None, title="--cascade-llm-sample-rate")
+    labels: LabelLimits = DEFAULT_LABEL_LIMITS
     runner: str | None = Field(None, title="--runner")  # None: FnApiRunner in this process
     # pipeline.calibration.JudgeCalibration values, loaded from the --judge-calibration files
     # at validation (typed Any, like custom_judges).
@@ -346,14 +385,6 @@ class BatchSettings(BaseModel):
     # trace (pipeline/formats/otlp.py).
     input_format: InputFormat = "ragpulse"
 
-    @field_validator("beam_args")
-    @classmethod
-    def _runner_not_in_beam_args(cls, args: tuple[str, ...]) -> tuple[str, ...]:
-        # One way to choose the runner, so that every choice is checked by `runner_name`.
-        if any(a == "--runner" or a.startswith("--runner=") for a in args):
-            raise ValueError("choose the runner with --runner NAME, not as a Beam option")
-        return args
-
     @field_validator("sampling", mode="before")
     @classmethod
     def _load_sampling_rules(cls, value: Any, info: ValidationInfo) -> Any:
@@ -368,26 +399,10 @@ class BatchSettings(BaseModel):
         return None if name is None else runner_name(name)
 
     def stage_config(self, closed_before: float | None = None) -> StageConfig:
-        """The picklable configuration of the Beam stages."""
-        # Imported here: building settings (e.g. for --help) must not pay Beam's import.
-        from ragpulse.pipeline.graphs.bounded import StageConfig
-
-        return StageConfig(
-            judges=self.judges.spec(),
-            sample_rate=self.sample_rate,
-            sampling=self.sampling,
-            cascade=self.cascade,
-            window_seconds=self.window_seconds,
-            max_event_bytes=self.max_event_bytes,
-            judge_batch_size=self.judges.batch_events,
-            closed_before=closed_before,
-            max_future_skew_s=self.max_future_skew_seconds,
-            sessions=self.session_config(),
+        """The stages' configuration, with the sampling strata and the judge cascade."""
+        return dataclasses.replace(
+            super().stage_config(closed_before), sampling=self.sampling, cascade=self.cascade
         )
-
-    def session_config(self) -> SessionConfig | None:
-        """How conversations are judged; None: this command judges none (`SessionFields`)."""
-        return None
 
 
 class SessionFields(BaseModel):
@@ -481,20 +496,13 @@ class RunSettings(SessionFields, BatchSettings):
 STREAM_RUNNERS = ("PortableRunner", "FlinkRunner", "DataflowRunner")
 
 
-class StreamSettings(SessionFields):
+class StreamSettings(SessionFields, EventSettings):
     """Validated settings of `ragpulse stream`: one unbounded pipeline on a distributed runner.
 
     Judges, sampling and windows mean what they mean for `serve`; lateness is Beam's (allowed
     lateness and panes, `pipeline.graphs.unbounded`) instead of serve's watermark.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    judges: JudgeSettings
-    sample_rate: float = Field(1.0, ge=0, le=1)
-    window_seconds: float = Field(300.0, gt=0, title="--window")
-    max_event_bytes: int = Field(1_048_576, ge=1024, le=MAX_EVENT_BYTES)
-    max_future_skew_seconds: float = Field(300.0, gt=0, title="--max-future-skew")
     bootstrap: str = Field(min_length=3, title="--kafka-bootstrap")
     topic: str = Field(min_length=1)
     dead_letter_topic: str = Field(min_length=1)
@@ -507,13 +515,7 @@ class StreamSettings(SessionFields):
     allowed_lateness_seconds: float = Field(600.0, ge=0, title="--allowed-lateness")
     early_firing_seconds: float = Field(60.0, ge=1, title="--early-firing")
     runner: str = Field(title="--runner")
-    beam_args: tuple[str, ...] = Field((), title="--beam-arg")
     wait: bool = False  # wait for the job to end instead of returning once it is submitted
-
-    @field_validator("beam_args")
-    @classmethod
-    def _runner_not_in_beam_args(cls, args: tuple[str, ...]) -> tuple[str, ...]:
-        return BatchSettings._runner_not_in_beam_args(args)
 
     @field_validator("runner")
     @classmethod
@@ -530,21 +532,6 @@ class StreamSettings(SessionFields):
     @classmethod
     def _topics_named_after_the_input(cls, data: Any) -> Any:
         return _derived_topics(data, dead_letter_topic=".dlq", ratings_topic=".ratings")
-
-    def stage_config(self) -> StageConfig:
-        """The picklable configuration of the Beam stages (no closed windows: Beam decides
-        lateness with panes)."""
-        from ragpulse.pipeline.graphs.bounded import StageConfig
-
-        return StageConfig(
-            judges=self.judges.spec(),
-            sample_rate=self.sample_rate,
-            window_seconds=self.window_seconds,
-            max_event_bytes=self.max_event_bytes,
-            judge_batch_size=self.judges.batch_events,
-            max_future_skew_s=self.max_future_skew_seconds,
-            sessions=self.session_config(),
-        )
 
     @model_validator(mode="after")
     def _sessions_land_within_lateness(self) -> StreamSettings:
