@@ -12,6 +12,8 @@ import sys
 from ragpulse.judges.registry import JUDGE_NAMES
 from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.settings import sources as config_sources
+from ragpulse.pipeline.settings.command_flags import LOG_LEVEL
+from ragpulse.pipeline.settings.flags import add_flags
 
 # Beam warns at import, before logging is configured (so on stderr, bare), that its Google Cloud
 # Storage filesystem cannot load when a `google.cloud` namespace exists without the storage
@@ -52,12 +54,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         f"them with judges ({', '.join(JUDGE_NAMES)}) and publish windowed pass ratios to "
         "Prometheus.",
     )
-    parser.add_argument(
-        "--log-level",
-        default="INFO",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="log verbosity (default: %(default)s)",
-    )
+    add_flags(parser, LOG_LEVEL)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(

@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 
 import orjson
 
+from ragpulse.pipeline.errors import SettingsError
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -31,6 +33,20 @@ def parse_duration(text: str) -> float:
     if not math.isfinite(seconds):  # 400 digits make an infinite float
         raise ValueError(f"{text!r} is too long a duration")
     return seconds
+
+
+def parse_time(text: str, flag: str = "--since") -> float:
+    """Epoch seconds from epoch seconds or ISO 8601 text (no zone means UTC); SettingsError
+    naming `flag` otherwise."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise SettingsError(f"{flag} {text!r} is neither ISO 8601 nor epoch seconds") from None
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
 
 
 def window_start(event_time: float, size: float) -> float:

@@ -17,20 +17,15 @@ from ragpulse.pipeline.settings.flags import Block, FlagTable, fields_from_flags
 
 PIPELINE = Path(__file__).resolve().parents[1] / "pipeline"
 _NOT_SETTINGS = {"help", "config", "print_config"}
-# The commands whose flags are declared in settings/ but read by the command itself, and the
-# top-level --log-level: no settings model yet (the branch's report lists them).
-_WITHOUT_A_MODEL = {
-    "cli.py",
-    "commands/explain.py",
-    "commands/simulate.py",
-    "commands/windows.py",
-}
 TABLES: dict[str, FlagTable[Any]] = {
     "run": command_flags.RUN,
     "serve": command_flags.SERVE,
     "stream": command_flags.STREAM,
     "exporter": command_flags.EXPORTER,
     "calibrate": command_flags.CALIBRATE,
+    "windows": command_flags.WINDOWS,
+    "explain": command_flags.EXPLAIN,
+    "simulate": command_flags.SIMULATE,
 }
 
 
@@ -55,7 +50,13 @@ def modules_defining_flags() -> set[str]:
 
 
 def test_no_module_outside_settings_defines_a_flag() -> None:
-    assert modules_defining_flags() == _WITHOUT_A_MODEL
+    assert modules_defining_flags() == set()
+
+
+def test_the_top_level_flags_are_the_log_level_table() -> None:
+    parser = build_parser("windows")
+    accepted = {a.dest for a in parser._actions} - _NOT_SETTINGS - {"command"}
+    assert accepted == {flag.key for flag, _ in command_flags.LOG_LEVEL.flags()}
 
 
 def test_a_flag_added_outside_settings_is_found() -> None:
@@ -86,3 +87,11 @@ def test_a_flag_for_a_field_the_model_lacks_is_refused() -> None:
     )
     with pytest.raises(ValueError, match="StreamSettings has no field output"):
         fields_from_flags(stray, args)
+
+
+def test_a_set_of_flags_one_of_which_is_required_takes_exactly_one() -> None:
+    parser = _subparser(build_parser("simulate"), "simulate")
+    for argv in ([], ["--output", "f", "--kafka-bootstrap", "h:1"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(argv)
+    assert parser.parse_args(["--output", "f"]).kafka_bootstrap is None

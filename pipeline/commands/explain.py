@@ -27,14 +27,14 @@ import orjson
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
-from ragpulse.pipeline.commands.windows import parse_time
-from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.formats.verdict_rows import (
     FailingVerdict,
     InvalidVerdictRow,
     failing_verdicts,
 )
-from ragpulse.pipeline.settings.flags import positive_duration
+from ragpulse.pipeline.settings.command_flags import EXPLAIN, settings_from
+from ragpulse.pipeline.settings.flags import add_flags
+from ragpulse.pipeline.settings.models import ExplainSettings
 from ragpulse.pipeline.sinks import VERDICTS_FILE
 from ragpulse.pipeline.windows import isoformat_utc
 
@@ -245,99 +245,37 @@ def json_line(v: FailingVerdict) -> str:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    src = p.add_argument_group("source (one of)")
-    src.add_argument(
-        "--run-output",
-        type=Path,
-        metavar="DIR",
-        help=f"output directory of `ragpulse run` (reads its {VERDICTS_FILE})",
-    )
-    src.add_argument(
-        "--kafka-bootstrap", metavar="HOST:PORT", help="Kafka of `ragpulse serve`"
-    )
-    src.add_argument(
-        "--topic", help="serve's inference-log topic; rows are read from TOPIC.verdicts"
-    )
-    src.add_argument(
-        "--verdicts-topic", metavar="TOPIC", help="the verdicts topic, when serve was given one"
-    )
-    src.add_argument(
-        "--kafka-timeout",
-        type=positive_duration,
-        default=30.0,
-        metavar="DURATION",
-        help="how long to wait for the broker (default: 30s)",
-    )
-    w = p.add_argument_group("window (event time; default: everything)")
-    w.add_argument("--window-start", metavar="TIME", help="start, ISO 8601 or epoch seconds")
-    w.add_argument(
-        "--window",
-        type=positive_duration,
-        metavar="DURATION",
-        help="length from --window-start; alone, the last DURATION up to now",
-    )
-    w.add_argument("--since", metavar="TIME", help="from TIME (ISO 8601 or epoch seconds)")
-    w.add_argument("--until", metavar="TIME", help="up to TIME, excluded")
-    f = p.add_argument_group("filters")
-    f.add_argument("--judge", help="only this judge's verdicts")
-    f.add_argument("--app", help="only this app")
-    f.add_argument("--model", help="only this model")
-    f.add_argument("--rating", choices=["no", "error"], help="only this rating (default: both)")
-    p.add_argument(
-        "--limit",
-        type=int,
-        default=50,
-        metavar="N",
-        help="show the N most recent (default: %(default)s; 0 shows all)",
-    )
-    p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    add_flags(p, EXPLAIN)
 
 
-def window_of(args: argparse.Namespace, now: float) -> tuple[float | None, float | None]:
-    """[start, end) from --window-start/--window or --since/--until; SettingsError if mixed."""
-    if args.window_start is not None or args.window is not None:
-        if args.since is not None or args.until is not None:
-            raise SettingsError("give --window-start/--window or --since/--until, not both")
-        if args.window_start is None:
-            return now - args.window, None
-        if args.window is None:
-            raise SettingsError("--window-start needs --window DURATION (e.g. 5m)")
-        begin = parse_time(args.window_start, "--window-start")
-        return begin, begin + args.window
-    start = None if args.since is None else parse_time(args.since, "--since")
-    end = None if args.until is None else parse_time(args.until, "--until")
-    if start is not None and end is not None and end <= start:
-        raise SettingsError(f"--until {args.until} is not after --since {args.since}")
-    return start, end
+def settings_from_args(args: argparse.Namespace) -> ExplainSettings:
+    """The settings of the parsed flags; SettingsError if unusable."""
+    return settings_from(EXPLAIN, args)
 
 
-def _source(args: argparse.Namespace, since: float | None) -> Iterator[tuple[str, bytes]]:
-    kafka = args.kafka_bootstrap is not None
-    if (args.run_output is not None) == kafka:
-        raise SettingsError("give one source: --run-output DIR, or --kafka-bootstrap with --topic")
-    if args.run_output is not None:
-        if args.topic or args.verdicts_topic:
-            raise SettingsError("--topic and --verdicts-topic go with --kafka-bootstrap")
-        return run_output_rows(args.run_output)
-    if (args.topic is None) == (args.verdicts_topic is None):
-        raise SettingsError("--kafka-bootstrap needs --topic TOPIC or --verdicts-topic TOPIC")
-    topic = args.verdicts_topic or f"{args.topic}.verdicts"
-    return topic_rows(args.kafka_bootstrap, topic, since, args.kafka_timeout)
+def _source(settings: ExplainSettings, since: float | None) -> Iterator[tuple[str, bytes]]:
+    if settings.run_output is not None:
+        return run_output_rows(settings.run_output)
+    assert settings.kafka_bootstrap is not None and settings.topic_to_read is not None
+    return topic_rows(
+        settings.kafka_bootstrap, settings.topic_to_read, since, settings.kafka_timeout_seconds
+    )
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.limit < 0:
-        raise SettingsError(f"--limit must be 0 (all) or more, got {args.limit}")
-    start, end = window_of(args, time.time())
-    selection = Selection(start, end, args.judge, args.app, args.model, args.rating)
-    rows = _source(args, start)
+    settings = settings_from_args(args)
+    start, end = settings.window(time.time())
+    selection = Selection(
+        start, end, settings.judge, settings.app, settings.model, settings.rating
+    )
+    rows = _source(settings, start)
     try:
         found = select(rows, selection, sys.stderr)
     except SourceError as exc:
         print(f"ragpulse explain: {exc}", file=sys.stderr)
         return 1
-    shown = found[: args.limit] if args.limit else found
-    if args.json:
+    shown = found[: settings.limit] if settings.limit else found
+    if settings.as_json:
         for v in shown:
             sys.stdout.write(json_line(v) + "\n")
     elif shown:
@@ -347,6 +285,6 @@ def main(args: argparse.Namespace) -> int:
     ) else ""
     print(
         f"{len(found)} failing verdicts, {selection.describe()}{more}",
-        file=sys.stderr if args.json else sys.stdout,
+        file=sys.stderr if settings.as_json else sys.stdout,
     )
     return 0

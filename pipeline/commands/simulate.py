@@ -30,25 +30,21 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from ragpulse.pipeline.kafka_security import (
-    PLAINTEXT,
-    KafkaSecurity,
-    check_access,
-    connect,
-    security_from,
-)
-from ragpulse.pipeline.settings.blocks import kafka_security
-from ragpulse.pipeline.settings.flags import FlagTable, add_flags, values_of
-from ragpulse.pipeline.settings.flags import duration as dur
-from ragpulse.pipeline.windows import isoformat_utc
+from pydantic import ValidationError
 
-_KAFKA_SECURITY = kafka_security("kafka security")
-DEFAULT_APPS = ("support-bot", "hr-assistant")
-DEFAULT_MODELS = ("gpt-4o-mini", "llama-3.1-8b")
+from ragpulse.pipeline.kafka_security import PLAINTEXT, KafkaSecurity, check_access, connect
+from ragpulse.pipeline.settings.command_flags import SIMULATE
+from ragpulse.pipeline.settings.flags import add_flags, fields_from_flags
+from ragpulse.pipeline.settings.models import (
+    DEFAULT_APPS,
+    DEFAULT_MODELS,
+    TOOL_CALL_SHARE,
+    SimulateSettings,
+)
+from ragpulse.pipeline.settings.models import SIMULATED_TOOLS as TOOLS
+from ragpulse.pipeline.windows import isoformat_utc
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -193,17 +189,9 @@ _UNSAFE_ANSWERS = (
 )
 
 
-# The simulated agent's tools, in the order it calls them (an answer calls the first 1-3):
-# name -> what the tool does (the tool_arguments judge reads it).
-TOOLS: dict[str, str] = {
-    "search_knowledge_base": "Searches the company knowledge base. parameters: query (string).",
-    "get_document": "Fetches one knowledge-base document. parameters: doc_uri (string).",
-    "lookup_account": "Looks up the user's account: plan, seats, billing contact. "
-    "parameters: user_id (string).",
-}
-# Share of answers that come with tool calls, and of calls that fail in healthy traffic (a
-# transient error the agent retries once).
-TOOL_CALL_SHARE = 0.3
+# The simulated agent's tools (TOOLS) and the share of answers that come with tool calls
+# (TOOL_CALL_SHARE) are settings (pipeline.settings.models); the share of calls that fail in
+# healthy traffic (a transient error the agent retries once) is not.
 TRANSIENT_TOOL_ERRORS = 0.02
 
 
@@ -597,134 +585,65 @@ def _malformed(rng: random.Random, event_time: float) -> bytes:
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     """Options of `ragpulse simulate`; times T are offsets from the start, e.g. 90s or 5m."""
-
-    target = p.add_mutually_exclusive_group(required=True)
-    target.add_argument("--kafka-bootstrap", metavar="HOST:PORT", help="produce to this broker")
-    target.add_argument("--output", type=Path, metavar="FILE", help="write JSON lines instead")
-    p.add_argument("--topic", default="inference-logs", help="Kafka topic (default %(default)s)")
-    p.add_argument("--partitions", type=int, default=None,
-                   help="create the topic with this many partitions if it does not exist")
-    p.add_argument("--rate", type=float, default=10.0, metavar="EVENTS_PER_S",
-                   help="events per second (default %(default)s)")
-    p.add_argument("--duration", type=dur, default=60.0, metavar="D",
-                   help="how long to produce (event time span with --output), e.g. 30s, 5m "
-                   "(default 60s)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="random seed: the same seed gives the same events (default %(default)s)")
-    add_flags(p, FlagTable(None, (_KAFKA_SECURITY,)))
-    p.add_argument("--start-time", default=None, metavar="ISO8601",
-                   help="first event time (default now; set it for reproducible files)")
-    p.add_argument("--apps", default=",".join(DEFAULT_APPS), help="comma-separated app names")
-    p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated models")
-    p.add_argument("--groundedness-drop-at", type=dur, default=None, metavar="T",
-                   help="from T on, only --drop-to of the answers are grounded; the others "
-                   "invent numbers and names")
-    p.add_argument("--groundedness-recover-at", type=dur, default=None, metavar="T",
-                   help="from T on, answers are grounded again")
-    p.add_argument("--drop-to", type=float, default=0.6,
-                   help="share of grounded answers during the drop (default %(default)s)")
-    p.add_argument("--unsafe-burst-at", type=dur, default=None, metavar="T",
-                   help="at T, send a burst of clearly harmful answers")
-    p.add_argument("--unsafe-burst-count", type=int, default=10, metavar="N",
-                   help="answers in the unsafe burst (default %(default)s)")
-    p.add_argument("--malformed-burst-at", type=dur, default=None, metavar="T",
-                   help="at T, send a burst of malformed records (bad JSON, wrong types, "
-                   "missing fields, non-UTF-8)")
-    p.add_argument("--malformed-burst-count", type=int, default=10, metavar="N",
-                   help="records in the malformed burst (default %(default)s)")
-    p.add_argument("--late-events", type=int, default=0, metavar="N",
-                   help="send N events whose timestamps are --late-by in the past")
-    p.add_argument("--late-by", type=dur, default=900.0, metavar="D",
-                   help="how late the late events are (default 15m)")
-    p.add_argument("--no-context-share", type=float, default=0.0, metavar="S",
-                   help="share of events retrieved without any chunk (0..1)")
-    p.add_argument("--tool-call-share", type=float, default=TOOL_CALL_SHARE, metavar="S",
-                   help="share of answers whose agent called 1-3 tools (0..1, default "
-                   "%(default)s)")
-    p.add_argument("--tool-failure-at", type=dur, default=None, metavar="T",
-                   help="from T on, every call of --failing-tool fails (and is often repeated)")
-    p.add_argument("--tool-recover-at", type=dur, default=None, metavar="T",
-                   help="from T on, the failing tool works again")
-    p.add_argument("--failing-tool", default="get_document", choices=tuple(TOOLS),
-                   help="the tool that fails from --tool-failure-at (default %(default)s)")
-    p.add_argument("--conversation-turns", type=int, default=0, metavar="N",
-                   help="send conversations of N turns sharing a session_id (default: 0, "
-                   "no conversations)")
-    p.add_argument("--forgetting-at", type=dur, default=None, metavar="T",
-                   help="from T on, the model forgets earlier turns of a conversation: later "
-                   "turns' answers ask again, and the user complains (needs "
-                   "--conversation-turns 2 or more)")
+    add_flags(p, SIMULATE)
 
 
-def incidents_from_args(args: argparse.Namespace) -> Incidents:
+def settings_from_args(args: argparse.Namespace) -> SimulateSettings:
+    """The settings of the parsed flags; ValidationError (simulate's own message) if unusable,
+    SettingsError if the Kafka security flags are."""
+    return SimulateSettings(**fields_from_flags(SIMULATE, args))
+
+
+def incidents_of(settings: SimulateSettings) -> Incidents:
     return Incidents(
-        groundedness_drop_at=args.groundedness_drop_at,
-        groundedness_recover_at=args.groundedness_recover_at,
-        drop_to=args.drop_to,
-        unsafe_burst_at=args.unsafe_burst_at,
-        unsafe_burst_count=args.unsafe_burst_count if args.unsafe_burst_at is not None else 0,
-        malformed_burst_at=args.malformed_burst_at,
-        malformed_burst_count=(
-            args.malformed_burst_count if args.malformed_burst_at is not None else 0
+        groundedness_drop_at=settings.groundedness_drop_at,
+        groundedness_recover_at=settings.groundedness_recover_at,
+        drop_to=settings.drop_to,
+        unsafe_burst_at=settings.unsafe_burst_at,
+        unsafe_burst_count=(
+            settings.unsafe_burst_count if settings.unsafe_burst_at is not None else 0
         ),
-        late_events=args.late_events,
-        late_by=args.late_by,
-        no_context_share=args.no_context_share,
-        tool_failure_at=args.tool_failure_at,
-        tool_recover_at=args.tool_recover_at,
-        failing_tool=args.failing_tool,
-        tool_call_share=args.tool_call_share,
-        forgetting_at=args.forgetting_at,
+        malformed_burst_at=settings.malformed_burst_at,
+        malformed_burst_count=(
+            settings.malformed_burst_count if settings.malformed_burst_at is not None else 0
+        ),
+        late_events=settings.late_events,
+        late_by=settings.late_by_seconds,
+        no_context_share=settings.no_context_share,
+        tool_failure_at=settings.tool_failure_at,
+        tool_recover_at=settings.tool_recover_at,
+        failing_tool=settings.failing_tool,
+        tool_call_share=settings.tool_call_share,
+        forgetting_at=settings.forgetting_at,
     )
-
-
-def _names(text: str) -> tuple[str, ...]:
-    names = tuple(x.strip() for x in text.split(",") if x.strip())
-    if not names:
-        raise ValueError(f"expected a comma-separated list of names, got {text!r}")
-    return names
 
 
 def main(args: argparse.Namespace) -> int:
     """Generate the traffic; 0 when every record was written/acknowledged, 1 otherwise."""
-    if args.rate <= 0 or args.duration <= 0:
-        print("simulate: --rate and --duration must be positive", file=sys.stderr)
+    try:
+        settings = settings_from_args(args)
+    except ValidationError as exc:
+        message = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        print(f"simulate: {message}", file=sys.stderr)
         return 2
-    if not all(0 <= x <= 1 for x in (args.drop_to, args.no_context_share,
-                                        args.tool_call_share)):
-        print("simulate: --drop-to, --no-context-share and --tool-call-share are shares "
-              "between 0 and 1", file=sys.stderr)
-        return 2
-    if args.conversation_turns < 0 or (
-        args.forgetting_at is not None and args.conversation_turns < 2
-    ):
-        print("simulate: --conversation-turns must be >= 0, and >= 2 with --forgetting-at",
-              file=sys.stderr)
-        return 2
-    security = (
-        security_from(values_of(_KAFKA_SECURITY.flags, args)) if args.output is None else PLAINTEXT
-    )
-    n = max(1, round(args.rate * args.duration))
-    if args.start_time is not None:
-        start = datetime.fromisoformat(args.start_time.replace("Z", "+00:00"))
-        start_time = (start if start.tzinfo else start.replace(tzinfo=UTC)).timestamp()
-    else:
-        start_time = time.time()
+    n = settings.events
     events = simulate(
-        args.seed, n, start_time, rate=args.rate, apps=_names(args.apps),
-        models=_names(args.models), incidents=incidents_from_args(args),
-        conversation_turns=args.conversation_turns,
+        settings.seed, n, settings.start_epoch(time.time()), rate=settings.rate,
+        apps=settings.apps, models=settings.models, incidents=incidents_of(settings),
+        conversation_turns=settings.conversation_turns,
     )
-    if args.output is not None:
-        with args.output.open("wb") as out:
+    if settings.output is not None:
+        with settings.output.open("wb") as out:
             for event in events:
                 out.write(event.payload + b"\n")
-        print(f"simulate: wrote {n} events to {args.output}", file=sys.stderr)
+        print(f"simulate: wrote {n} events to {settings.output}", file=sys.stderr)
         return 0
+    assert settings.kafka_bootstrap is not None  # one of the two (argparse)
     # Fails here, naming the setting, when the broker refuses the certificate or password.
-    check_access(args.kafka_bootstrap, security, timeout_s=30.0)
+    check_access(settings.kafka_bootstrap, settings.kafka_security, timeout_s=30.0)
     return produce_paced(
-        args.kafka_bootstrap, args.topic, events, args.rate, args.partitions, security=security
+        settings.kafka_bootstrap, settings.topic, events, settings.rate, settings.partitions,
+        security=settings.kafka_security,
     )
 
 

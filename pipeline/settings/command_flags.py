@@ -20,6 +20,7 @@ from ragpulse.judges.redaction import REDACT_MODES, STORE_TEXT_MODES
 from ragpulse.judges.registry import SESSION_JUDGES, judges_help
 from ragpulse.pipeline.errors import EXIT_OFFSET_RESET, SettingsError
 from ragpulse.pipeline.formats.otlp import INPUT_FORMATS
+from ragpulse.pipeline.kafka_security import PLAINTEXT, KafkaSecurity, security_from
 from ragpulse.pipeline.settings.blocks import BUDGET, CASCADE, LABELS, kafka_security
 from ragpulse.pipeline.settings.flags import (
     Block,
@@ -28,6 +29,7 @@ from ragpulse.pipeline.settings.flags import (
     M,
     add_flags,
     comma_list,
+    duration,
     duration_flag,
     fields_from_flags,
     joined,
@@ -39,13 +41,17 @@ from ragpulse.pipeline.settings.models import (
     MIN_BATCH_EVENTS,
     REFUSED_RUNNERS,
     RUNNERS,
+    SIMULATED_TOOLS,
     STREAM_RUNNERS,
     CalibrateSettings,
+    ExplainSettings,
     ExporterSettings,
     JudgeSettings,
     RunSettings,
     ServeSettings,
+    SimulateSettings,
     StreamSettings,
+    WindowsSettings,
     build,
     judge_settings_from,
 )
@@ -679,4 +685,191 @@ CALIBRATE = FlagTable(CalibrateSettings, (
         help="disagreements printed (all of them are in --output) (default: %(default)s)",
     ),
     Block("judges", _judge_flags(one_judge=True), _one_judge, JudgeSettings),
+))
+
+
+# --- the commands around the service: windows, explain, simulate, and `ragpulse` itself --------
+
+LOG_LEVEL: FlagTable[Any] = FlagTable(None, (
+    Flag(
+        "--log-level", "log_level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="log verbosity (default: %(default)s)",
+    ),
+))
+
+WINDOWS = FlagTable(WindowsSettings, (
+    Flag("--state", "state", type=Path, required=True, help="the state file of `ragpulse serve`"),
+    Flag("--judge", "judge", help="only this judge"),
+    Flag(
+        "--since", "since", metavar="TIME",
+        help="only windows starting at or after TIME (ISO 8601, or epoch seconds)",
+    ),
+))
+
+_SOURCE = "source (one of)"
+_WINDOW = "window (event time; default: everything)"
+EXPLAIN = FlagTable(ExplainSettings, (
+    Flag(
+        "--run-output", "run_output", group=_SOURCE, type=Path, metavar="DIR",
+        help=f"output directory of `ragpulse run` (reads its {VERDICTS_FILE})",
+    ),
+    Flag(
+        "--kafka-bootstrap", "kafka_bootstrap", group=_SOURCE, metavar="HOST:PORT",
+        help="Kafka of `ragpulse serve`",
+    ),
+    Flag(
+        "--topic", "topic", group=_SOURCE,
+        help="serve's inference-log topic; rows are read from TOPIC.verdicts",
+    ),
+    Flag(
+        "--verdicts-topic", "verdicts_topic", group=_SOURCE, metavar="TOPIC",
+        help="the verdicts topic, when serve was given one",
+    ),
+    duration_flag(
+        "--kafka-timeout", "kafka_timeout_seconds", group=_SOURCE,
+        help="how long to wait for the broker (default: {default})",
+    ),
+    Flag(
+        "--window-start", "window_start", group=_WINDOW, metavar="TIME",
+        help="start, ISO 8601 or epoch seconds",
+    ),
+    duration_flag(
+        "--window", "window_seconds", group=_WINDOW,
+        help="length from --window-start; alone, the last DURATION up to now",
+    ),
+    Flag(
+        "--since", "since", group=_WINDOW, metavar="TIME",
+        help="from TIME (ISO 8601 or epoch seconds)",
+    ),
+    Flag("--until", "until", group=_WINDOW, metavar="TIME", help="up to TIME, excluded"),
+    Flag("--judge", "judge", group="filters", help="only this judge's verdicts"),
+    Flag("--app", "app", group="filters", help="only this app"),
+    Flag("--model", "model", group="filters", help="only this model"),
+    Flag(
+        "--rating", "rating", group="filters", choices=["no", "error"],
+        help="only this rating (default: both)",
+    ),
+    Flag(
+        "--limit", "limit", type=int, metavar="N",
+        help="show the N most recent (default: %(default)s; 0 shows all)",
+    ),
+    Flag("--json", "as_json", action="store_true", help="JSON lines instead of a table"),
+))
+
+
+def _simulate_security(values: dict[str, Any], fields: dict[str, Any]) -> KafkaSecurity:
+    """The --kafka-* security of the producer; with --output nothing connects, so none."""
+    return PLAINTEXT if fields["output"] is not None else security_from(values)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = comma_list(text)
+    if not names:
+        raise ValueError(f"expected a comma-separated list of names, got {text!r}")
+    return names
+
+
+def _offset(name: str, field: str, help: str) -> Flag:
+    """A time T of simulate's traffic: an offset from its start, e.g. 90s or 5m."""
+    return Flag(name, field, type=duration, metavar="T", help=help)
+
+
+SIMULATE = FlagTable(SimulateSettings, (
+    Flag(
+        "--kafka-bootstrap", "kafka_bootstrap", one_of="target", required=True,
+        metavar="HOST:PORT", help="produce to this broker",
+    ),
+    Flag(
+        "--output", "output", one_of="target", required=True, type=Path, metavar="FILE",
+        help="write JSON lines instead",
+    ),
+    Flag("--topic", "topic", help="Kafka topic (default %(default)s)"),
+    Flag(
+        "--partitions", "partitions", type=int,
+        help="create the topic with this many partitions if it does not exist",
+    ),
+    Flag(
+        "--rate", "rate", type=float, metavar="EVENTS_PER_S",
+        help="events per second (default %(default)s)",
+    ),
+    Flag(
+        "--duration", "duration_seconds", type=duration, metavar="D",
+        help="how long to produce (event time span with --output), e.g. 30s, 5m (default 60s)",
+    ),
+    Flag(
+        "--seed", "seed", type=int,
+        help="random seed: the same seed gives the same events (default %(default)s)",
+    ),
+    dataclasses.replace(kafka_security("kafka security"), build=_simulate_security),
+    Flag(
+        "--start-time", "start_time", metavar="ISO8601",
+        help="first event time (default now; set it for reproducible files)",
+    ),
+    Flag("--apps", "apps", text=joined, read=_names, help="comma-separated app names"),
+    Flag("--models", "models", text=joined, read=_names, help="comma-separated models"),
+    _offset(
+        "--groundedness-drop-at", "groundedness_drop_at",
+        "from T on, only --drop-to of the answers are grounded; the others invent numbers and "
+        "names",
+    ),
+    _offset(
+        "--groundedness-recover-at", "groundedness_recover_at",
+        "from T on, answers are grounded again",
+    ),
+    Flag(
+        "--drop-to", "drop_to", type=float,
+        help="share of grounded answers during the drop (default %(default)s)",
+    ),
+    _offset(
+        "--unsafe-burst-at", "unsafe_burst_at", "at T, send a burst of clearly harmful answers"
+    ),
+    Flag(
+        "--unsafe-burst-count", "unsafe_burst_count", type=int, metavar="N",
+        help="answers in the unsafe burst (default %(default)s)",
+    ),
+    _offset(
+        "--malformed-burst-at", "malformed_burst_at",
+        "at T, send a burst of malformed records (bad JSON, wrong types, missing fields, "
+        "non-UTF-8)",
+    ),
+    Flag(
+        "--malformed-burst-count", "malformed_burst_count", type=int, metavar="N",
+        help="records in the malformed burst (default %(default)s)",
+    ),
+    Flag(
+        "--late-events", "late_events", type=int, metavar="N",
+        help="send N events whose timestamps are --late-by in the past",
+    ),
+    Flag(
+        "--late-by", "late_by_seconds", type=duration, metavar="D",
+        help="how late the late events are (default {default})",
+    ),
+    Flag(
+        "--no-context-share", "no_context_share", type=float, metavar="S",
+        help="share of events retrieved without any chunk (0..1)",
+    ),
+    Flag(
+        "--tool-call-share", "tool_call_share", type=float, metavar="S",
+        help="share of answers whose agent called 1-3 tools (0..1, default %(default)s)",
+    ),
+    _offset(
+        "--tool-failure-at", "tool_failure_at",
+        "from T on, every call of --failing-tool fails (and is often repeated)",
+    ),
+    _offset(
+        "--tool-recover-at", "tool_recover_at", "from T on, the failing tool works again"
+    ),
+    Flag(
+        "--failing-tool", "failing_tool", choices=tuple(SIMULATED_TOOLS),
+        help="the tool that fails from --tool-failure-at (default %(default)s)",
+    ),
+    Flag(
+        "--conversation-turns", "conversation_turns", type=int, metavar="N",
+        help="send conversations of N turns sharing a session_id (default: 0, no conversations)",
+    ),
+    _offset(
+        "--forgetting-at", "forgetting_at",
+        "from T on, the model forgets earlier turns of a conversation: later turns' answers "
+        "ask again, and the user complains (needs --conversation-turns 2 or more)",
+    ),
 ))

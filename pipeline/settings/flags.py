@@ -39,8 +39,10 @@ class Flag:
     """One flag (or positional argument) and the settings field it sets.
 
     `field`: the field of the table's model, or within a `Block` the key its `build` reads.
-    `group`: the --help group (None: the parser's own). `text`: the model's default as the flag
-    takes it (e.g. a tuple of judges as "a,b"); `read`: the parsed value as the field takes it.
+    `group`: the --help group (None: the parser's own). `one_of`: the mutually exclusive set
+    the flag is in (within its group; required when its flags are). `text`: the model's default
+    as the flag takes it (e.g. a tuple of judges as "a,b"); `read`: the parsed value as the
+    field takes it.
     """
 
     name: str
@@ -54,6 +56,7 @@ class Flag:
     default: Any = FROM_MODEL
     required: bool = False
     dest: str | None = None
+    one_of: str | None = None
     text: Callable[[Any], Any] | None = None
     read: Callable[[Any], Any] | None = None
 
@@ -126,11 +129,20 @@ def flag_default(flag: Flag, model: type[BaseModel] | None) -> Any:
 
 
 def add_flags(parser: argparse.ArgumentParser, table: FlagTable[Any]) -> None:
-    """The table's flags on `parser`, each group created where its first flag comes."""
+    """The table's flags on `parser`, each group (and mutually exclusive set) created where its
+    first flag comes."""
     groups: dict[str | None, Any] = {None: parser}
+    exclusive: dict[str, Any] = {}
     for flag, model in table.flags():
         if flag.group not in groups:
             groups[flag.group] = parser.add_argument_group(flag.group)
+        container = groups[flag.group]
+        if flag.one_of is not None:
+            if flag.one_of not in exclusive:
+                exclusive[flag.one_of] = container.add_mutually_exclusive_group(
+                    required=flag.required
+                )
+            container = exclusive[flag.one_of]
         default = flag_default(flag, model)
         help = flag.help
         if flag.type in (duration, positive_duration) and "{default}" in help:
@@ -143,9 +155,9 @@ def add_flags(parser: argparse.ArgumentParser, table: FlagTable[Any]) -> None:
                 options[name] = getattr(flag, name)
         if flag.name.startswith("-"):
             options["default"] = default
-            if flag.required:
+            if flag.required and flag.one_of is None:
                 options["required"] = True
-        groups[flag.group].add_argument(flag.name, **options)
+        container.add_argument(flag.name, **options)
 
 
 def _value(flag: Flag, args: argparse.Namespace) -> Any:

@@ -1,18 +1,21 @@
 """The settings models of the commands: typed, validated once, in `main()`.
 
-`RunSettings` and `ServeSettings` share `BatchSettings` (judges, sampling, windows, labels, Beam
-options). Each field's default lives here, on the model; the flags that set the fields are
-declared in pipeline.settings.command_flags and take their defaults from here
-(`pipeline.settings.flags.default_of`), so help texts and behaviour cannot disagree. Beam
-workers import these modules in other processes, so nothing here reads the environment or the
-command line until a command asks for it.
+`RunSettings`, `ServeSettings` and `StreamSettings` share `EventSettings` (judges, sample rate,
+window, event limits, Beam options, the stage configuration); run and serve add `BatchSettings`
+(sampling strata, cascade, labels, runner, calibrations). Each field's default lives here, on
+the model; the flags that set the fields are declared in pipeline.settings.command_flags and
+take their defaults from here (`pipeline.settings.flags.default_of`), so help texts and
+behaviour cannot disagree. Beam workers import these modules in other processes, so nothing
+here reads the environment or the command line until a command asks for it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -61,6 +64,7 @@ from ragpulse.pipeline.kafka_security import PLAINTEXT, KafkaSecurity
 from ragpulse.pipeline.metrics.labels import LabelLimits
 from ragpulse.pipeline.settings.blocks import DEFAULT_LABEL_LIMITS
 from ragpulse.pipeline.settings.flags import format_duration
+from ragpulse.pipeline.windows import parse_time
 
 if TYPE_CHECKING:
     from ragpulse.pipeline.graphs.bounded import StageConfig
@@ -298,8 +302,10 @@ class JudgeSettings(BaseModel):
         )
 
 
-class BatchSettings(BaseModel):
-    """What `run` and `serve` share: the judges, sampling, windows, label limits, Beam options.
+class EventSettings(BaseModel):
+    """What `run`, `serve` and `stream` share: the judges, which events are admitted and judged
+    (sample rate, size, future skew), the window size and the Beam options; and the stage
+    configuration built from them.
 
     A field's title is its flag, when the field's name is not (errors name the flag)."""
 
@@ -307,15 +313,50 @@ class BatchSettings(BaseModel):
 
     judges: JudgeSettings
     sample_rate: float = Field(1.0, ge=0, le=1)
-    # Strata from --sampling-rules FILE (a path is loaded and checked here, once); None: none.
-    sampling: InstanceOf[SamplingPlan] | None = Field(None, title="--sampling-rules")
-    cascade: InstanceOf[CascadeSettings] | None = Field(None, title="--cascade-llm-sample-rate")
     window_seconds: float = Field(300.0, gt=0, title="--window")
     max_event_bytes: int = Field(1_048_576, ge=1024, le=MAX_EVENT_BYTES)
     # Events dated further ahead of their record time or the clock are refused (stages.py).
     max_future_skew_seconds: float = Field(300.0, gt=0, title="--max-future-skew")
-    labels: LabelLimits = DEFAULT_LABEL_LIMITS
     beam_args: tuple[str, ...] = Field((), title="--beam-arg")
+
+    @field_validator("beam_args")
+    @classmethod
+    def _runner_not_in_beam_args(cls, args: tuple[str, ...]) -> tuple[str, ...]:
+        # One way to choose the runner, so that every choice is checked by `runner_name`.
+        if any(a == "--runner" or a.startswith("--runner=") for a in args):
+            raise ValueError("choose the runner with --runner NAME, not as a Beam option")
+        return args
+
+    def stage_config(self, closed_before: float | None = None) -> StageConfig:
+        """The picklable configuration of the Beam stages; `closed_before`: the windows serve
+        has closed (the stream has none: Beam decides lateness with panes)."""
+        # Imported here: building settings (e.g. for --help) must not pay Beam's import.
+        from ragpulse.pipeline.graphs.bounded import StageConfig
+
+        return StageConfig(
+            judges=self.judges.spec(),
+            sample_rate=self.sample_rate,
+            window_seconds=self.window_seconds,
+            max_event_bytes=self.max_event_bytes,
+            judge_batch_size=self.judges.batch_events,
+            closed_before=closed_before,
+            max_future_skew_s=self.max_future_skew_seconds,
+            sessions=self.session_config(),
+        )
+
+    def session_config(self) -> SessionConfig | None:
+        """How conversations are judged; None: this command judges none (`SessionFields`)."""
+        return None
+
+
+class BatchSettings(EventSettings):
+    """What `run` and `serve` add: sampling strata, the judge cascade, label limits, the Beam
+    runner, judge calibrations and the input format."""
+
+    # Strata from --sampling-rules FILE (a path is loaded and checked here, once); None: none.
+    sampling: InstanceOf[SamplingPlan] | None = Field(None, title="--sampling-rules")
+    cascade: InstanceOf[CascadeSettings] | None = Field(None, title="--cascade-llm-sample-rate")
+    labels: LabelLimits = DEFAULT_LABEL_LIMITS
     runner: str | None = Field(None, title="--runner")  # None: FnApiRunner in this process
     # pipeline.calibration.JudgeCalibration values, loaded from the --judge-calibration files
     # at validation (typed Any, like custom_judges).
@@ -344,14 +385,6 @@ class BatchSettings(BaseModel):
     # trace (pipeline/formats/otlp.py).
     input_format: InputFormat = "ragpulse"
 
-    @field_validator("beam_args")
-    @classmethod
-    def _runner_not_in_beam_args(cls, args: tuple[str, ...]) -> tuple[str, ...]:
-        # One way to choose the runner, so that every choice is checked by `runner_name`.
-        if any(a == "--runner" or a.startswith("--runner=") for a in args):
-            raise ValueError("choose the runner with --runner NAME, not as a Beam option")
-        return args
-
     @field_validator("sampling", mode="before")
     @classmethod
     def _load_sampling_rules(cls, value: Any, info: ValidationInfo) -> Any:
@@ -366,26 +399,10 @@ class BatchSettings(BaseModel):
         return None if name is None else runner_name(name)
 
     def stage_config(self, closed_before: float | None = None) -> StageConfig:
-        """The picklable configuration of the Beam stages."""
-        # Imported here: building settings (e.g. for --help) must not pay Beam's import.
-        from ragpulse.pipeline.graphs.bounded import StageConfig
-
-        return StageConfig(
-            judges=self.judges.spec(),
-            sample_rate=self.sample_rate,
-            sampling=self.sampling,
-            cascade=self.cascade,
-            window_seconds=self.window_seconds,
-            max_event_bytes=self.max_event_bytes,
-            judge_batch_size=self.judges.batch_events,
-            closed_before=closed_before,
-            max_future_skew_s=self.max_future_skew_seconds,
-            sessions=self.session_config(),
+        """The stages' configuration, with the sampling strata and the judge cascade."""
+        return dataclasses.replace(
+            super().stage_config(closed_before), sampling=self.sampling, cascade=self.cascade
         )
-
-    def session_config(self) -> SessionConfig | None:
-        """How conversations are judged; None: this command judges none (`SessionFields`)."""
-        return None
 
 
 class SessionFields(BaseModel):
@@ -479,20 +496,13 @@ class RunSettings(SessionFields, BatchSettings):
 STREAM_RUNNERS = ("PortableRunner", "FlinkRunner", "DataflowRunner")
 
 
-class StreamSettings(SessionFields):
+class StreamSettings(SessionFields, EventSettings):
     """Validated settings of `ragpulse stream`: one unbounded pipeline on a distributed runner.
 
     Judges, sampling and windows mean what they mean for `serve`; lateness is Beam's (allowed
     lateness and panes, `pipeline.graphs.unbounded`) instead of serve's watermark.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    judges: JudgeSettings
-    sample_rate: float = Field(1.0, ge=0, le=1)
-    window_seconds: float = Field(300.0, gt=0, title="--window")
-    max_event_bytes: int = Field(1_048_576, ge=1024, le=MAX_EVENT_BYTES)
-    max_future_skew_seconds: float = Field(300.0, gt=0, title="--max-future-skew")
     bootstrap: str = Field(min_length=3, title="--kafka-bootstrap")
     topic: str = Field(min_length=1)
     dead_letter_topic: str = Field(min_length=1)
@@ -505,13 +515,7 @@ class StreamSettings(SessionFields):
     allowed_lateness_seconds: float = Field(600.0, ge=0, title="--allowed-lateness")
     early_firing_seconds: float = Field(60.0, ge=1, title="--early-firing")
     runner: str = Field(title="--runner")
-    beam_args: tuple[str, ...] = Field((), title="--beam-arg")
     wait: bool = False  # wait for the job to end instead of returning once it is submitted
-
-    @field_validator("beam_args")
-    @classmethod
-    def _runner_not_in_beam_args(cls, args: tuple[str, ...]) -> tuple[str, ...]:
-        return BatchSettings._runner_not_in_beam_args(args)
 
     @field_validator("runner")
     @classmethod
@@ -528,21 +532,6 @@ class StreamSettings(SessionFields):
     @classmethod
     def _topics_named_after_the_input(cls, data: Any) -> Any:
         return _derived_topics(data, dead_letter_topic=".dlq", ratings_topic=".ratings")
-
-    def stage_config(self) -> StageConfig:
-        """The picklable configuration of the Beam stages (no closed windows: Beam decides
-        lateness with panes)."""
-        from ragpulse.pipeline.graphs.bounded import StageConfig
-
-        return StageConfig(
-            judges=self.judges.spec(),
-            sample_rate=self.sample_rate,
-            window_seconds=self.window_seconds,
-            max_event_bytes=self.max_event_bytes,
-            judge_batch_size=self.judges.batch_events,
-            max_future_skew_s=self.max_future_skew_seconds,
-            sessions=self.session_config(),
-        )
 
     @model_validator(mode="after")
     def _sessions_land_within_lateness(self) -> StreamSettings:
@@ -673,6 +662,206 @@ class CalibrateSettings(BaseModel):
             if isinstance(judges, JudgeSettings) and judges.names:
                 return {**data, "output": Path(f"calibration-{judges.names[0]}.json")}
         return data
+
+
+# --- the commands around the service: windows, explain, simulate -----------------------------
+
+
+class WindowsSettings(BaseModel):
+    """Validated settings of `ragpulse windows`: which windows of serve's state file to print."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    state: Path
+    judge: str | None = None
+    since: float | None = None  # epoch seconds, from ISO 8601 or epoch seconds
+
+    @field_validator("state")
+    @classmethod
+    def _state_file_exists(cls, path: Path) -> Path:
+        if not os.path.lexists(path):
+            raise SettingsError(f"state file not found: {path}")
+        return path
+
+    @field_validator("since", mode="before")
+    @classmethod
+    def _since_is_a_time(cls, text: Any) -> Any:
+        return None if text is None else parse_time(text)
+
+
+class ExplainSettings(BaseModel):
+    """Validated settings of `ragpulse explain`: where the verdict rows are read (a run's output
+    directory, or serve's verdicts topic), which window of event time and which verdicts.
+
+    Its errors are the command's own lines (SettingsError, not "invalid settings"), checked in
+    the order it always checked them: --limit, the window, then the source."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_output: Path | None = None
+    kafka_bootstrap: str | None = None
+    topic: str | None = None
+    verdicts_topic: str | None = None
+    kafka_timeout_seconds: float = Field(30.0, gt=0)
+    # Epoch seconds: --window-start with --window, or --since and --until.
+    window_start: float | None = None
+    window_seconds: float | None = Field(None, gt=0)
+    since: float | None = None
+    until: float | None = None
+    judge: str | None = None
+    app: str | None = None
+    model: str | None = None
+    rating: Literal["no", "error"] | None = None  # None: both
+    limit: int = 50  # 0: all
+    as_json: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_window_and_one_source(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        limit = data.get("limit")
+        if limit is not None and limit < 0:
+            raise SettingsError(f"--limit must be 0 (all) or more, got {limit}")
+        return _explain_source(_explain_window(data))
+
+    def window(self, now: float) -> tuple[float | None, float | None]:
+        """[start, end) of event time; --window alone is the last DURATION up to `now`."""
+        if self.window_seconds is None:
+            return self.since, self.until
+        if self.window_start is None:
+            return now - self.window_seconds, None
+        return self.window_start, self.window_start + self.window_seconds
+
+    @property
+    def topic_to_read(self) -> str | None:
+        """The verdicts topic, named after --topic unless --verdicts-topic names it."""
+        if self.kafka_bootstrap is None:
+            return None
+        return self.verdicts_topic or f"{self.topic}.verdicts"
+
+
+def _explain_window(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with its times in epoch seconds; SettingsError if the window is given twice or
+    in part."""
+    start, window, since, until = (
+        data.get(k) for k in ("window_start", "window_seconds", "since", "until")
+    )
+    if start is not None or window is not None:
+        if since is not None or until is not None:
+            raise SettingsError("give --window-start/--window or --since/--until, not both")
+        if start is None:
+            return data
+        if window is None:
+            raise SettingsError("--window-start needs --window DURATION (e.g. 5m)")
+        return {**data, "window_start": parse_time(start, "--window-start")}
+    begin = None if since is None else parse_time(since, "--since")
+    end = None if until is None else parse_time(until, "--until")
+    if begin is not None and end is not None and end <= begin:
+        raise SettingsError(f"--until {until} is not after --since {since}")
+    return {**data, "since": begin, "until": end}
+
+
+def _explain_source(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` when it names one source of verdict rows; SettingsError otherwise."""
+    kafka = data.get("kafka_bootstrap") is not None
+    if (data.get("run_output") is not None) == kafka:
+        raise SettingsError("give one source: --run-output DIR, or --kafka-bootstrap with --topic")
+    if not kafka:
+        if data.get("topic") or data.get("verdicts_topic"):
+            raise SettingsError("--topic and --verdicts-topic go with --kafka-bootstrap")
+    elif (data.get("topic") is None) == (data.get("verdicts_topic") is None):
+        raise SettingsError("--kafka-bootstrap needs --topic TOPIC or --verdicts-topic TOPIC")
+    return data
+
+
+# The simulated chatbot's defaults (pipeline.commands.simulate): its apps and models, the
+# share of answers from an agent that called tools, and the agent's tools in the order it calls
+# them (an answer calls the first 1-3): name -> what the tool does (the tool_arguments judge
+# reads it).
+DEFAULT_APPS = ("support-bot", "hr-assistant")
+DEFAULT_MODELS = ("gpt-4o-mini", "llama-3.1-8b")
+TOOL_CALL_SHARE = 0.3
+SIMULATED_TOOLS: dict[str, str] = {
+    "search_knowledge_base": "Searches the company knowledge base. parameters: query (string).",
+    "get_document": "Fetches one knowledge-base document. parameters: doc_uri (string).",
+    "lookup_account": "Looks up the user's account: plan, seats, billing contact. "
+    "parameters: user_id (string).",
+}
+
+
+class SimulateSettings(BaseModel):
+    """Validated settings of `ragpulse simulate`: where the synthetic traffic goes, how much,
+    and which incidents it plays; times T are seconds after the start of the traffic.
+
+    A check that fails raises ValueError with simulate's own message (the command prints it as
+    `simulate: ...`, exit code 2)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # One of the two: produce to Kafka, or write JSON lines.
+    kafka_bootstrap: str | None = None
+    output: Path | None = None
+    topic: str = "inference-logs"
+    partitions: int | None = None  # create the topic with this many when it does not exist
+    rate: float = 10.0  # events per second
+    duration_seconds: float = 60.0
+    seed: int = 0
+    kafka_security: KafkaSecurity = PLAINTEXT
+    start_time: str | None = None  # ISO 8601; None: now
+    apps: tuple[str, ...] = DEFAULT_APPS
+    models: tuple[str, ...] = DEFAULT_MODELS
+    groundedness_drop_at: float | None = None
+    groundedness_recover_at: float | None = None
+    drop_to: float = 0.6  # share of grounded answers during the drop
+    unsafe_burst_at: float | None = None
+    unsafe_burst_count: int = 10
+    malformed_burst_at: float | None = None
+    malformed_burst_count: int = 10
+    late_events: int = 0
+    late_by_seconds: float = 900.0
+    no_context_share: float = 0.0
+    tool_call_share: float = TOOL_CALL_SHARE
+    tool_failure_at: float | None = None
+    tool_recover_at: float | None = None
+    failing_tool: str = "get_document"
+    conversation_turns: int = 0  # 0: no conversations
+    forgetting_at: float | None = None
+
+    @field_validator("failing_tool")
+    @classmethod
+    def _known_tool(cls, name: str) -> str:
+        if name not in SIMULATED_TOOLS:
+            raise ValueError(f"--failing-tool {name!r}: one of {', '.join(SIMULATED_TOOLS)}")
+        return name
+
+    @model_validator(mode="after")
+    def _plays(self) -> SimulateSettings:
+        if self.rate <= 0 or self.duration_seconds <= 0:
+            raise ValueError("--rate and --duration must be positive")
+        if not all(
+            0 <= x <= 1 for x in (self.drop_to, self.no_context_share, self.tool_call_share)
+        ):
+            raise ValueError(
+                "--drop-to, --no-context-share and --tool-call-share are shares between 0 and 1"
+            )
+        if self.conversation_turns < 0 or (
+            self.forgetting_at is not None and self.conversation_turns < 2
+        ):
+            raise ValueError("--conversation-turns must be >= 0, and >= 2 with --forgetting-at")
+        return self
+
+    @property
+    def events(self) -> int:
+        """How many events: --rate x --duration, at least one."""
+        return max(1, round(self.rate * self.duration_seconds))
+
+    def start_epoch(self, now: float) -> float:
+        """The first event's time: --start-time (no zone means UTC), else `now`."""
+        if self.start_time is None:
+            return now
+        start = datetime.fromisoformat(self.start_time.replace("Z", "+00:00"))
+        return (start if start.tzinfo else start.replace(tzinfo=UTC)).timestamp()
 
 
 def _derived_topics(data: Any, **suffixes: str) -> Any:
