@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli import one_line_error, ragpulse
 
 from ragpulse.pipeline.cli import _subparser, build_parser
 from ragpulse.pipeline.settings import command_flags
@@ -95,3 +96,19 @@ def test_a_set_of_flags_one_of_which_is_required_takes_exactly_one() -> None:
         with pytest.raises(SystemExit):
             parser.parse_args(argv)
     assert parser.parse_args(["--output", "f"]).kafka_bootstrap is None
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [
+        ("--start-time", "nonsense", "--start-time 'nonsense': not an ISO 8601 time"),
+        ("--apps", "", "--apps: expected a comma-separated list of names, got ''"),
+        ("--models", " , ", "--models: expected a comma-separated list of names"),
+    ],
+)
+def test_a_value_the_parser_took_but_the_setting_cannot_is_one_line_and_exit_2(
+    tmp_path: Path, flag: str, value: str, said: str
+) -> None:
+    done = ragpulse("simulate", "--output", str(tmp_path / "events.jsonl"), f"{flag}={value}")
+    assert said in one_line_error(done.returncode, done.stderr)
+    assert not (tmp_path / "events.jsonl").exists()

@@ -23,6 +23,7 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.windows import parse_duration
 
 
@@ -163,7 +164,10 @@ def add_flags(parser: argparse.ArgumentParser, table: FlagTable[Any]) -> None:
 def _value(flag: Flag, args: argparse.Namespace) -> Any:
     value = getattr(args, flag.key)
     if flag.read is not None:
-        return flag.read(value)
+        try:
+            return flag.read(value)
+        except ValueError as exc:  # a value argparse took but the field cannot: one line, exit 2
+            raise SettingsError(f"{flag.name}: {exc}") from None
     if flag.action == "append":
         return tuple(value)
     return value

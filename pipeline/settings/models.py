@@ -828,6 +828,18 @@ class SimulateSettings(BaseModel):
     conversation_turns: int = 0  # 0: no conversations
     forgetting_at: float | None = None
 
+    @field_validator("start_time")
+    @classmethod
+    def _iso_time(cls, text: str | None) -> str | None:
+        if text is not None:
+            try:
+                datetime.fromisoformat(text.replace("Z", "+00:00"))
+            except ValueError:
+                raise ValueError(
+                    f"--start-time {text!r}: not an ISO 8601 time (e.g. 2025-01-15T09:00:00Z)"
+                ) from None
+        return text
+
     @field_validator("failing_tool")
     @classmethod
     def _known_tool(cls, name: str) -> str:
