@@ -231,6 +231,19 @@ def test_stream_refuses_runners_that_do_not_run_unbounded_pipelines() -> None:
         )
 
 
+def test_a_consumer_group_on_flink_without_checkpoints_is_refused_before_submission() -> None:
+    # Found on Flink: the job was reported RUNNING, then failed at invocation ("No
+    # checkpointing configured but pipeline uses @RequiresStableInput").
+    grouped = ["--kafka-consumer-config", "group.id=ragpulse-stream"]
+    base = ["stream", "--kafka-bootstrap", "127.0.0.1:9092", "--topic", "logs",
+            "--runner", "PortableRunner", "--print-config"]
+    done = ragpulse(*base, *grouped)
+    line = one_line_error(done.returncode, done.stderr, allow_info=True)
+    assert "add --beam-arg=--checkpointing_interval=MS" in line
+    assert ragpulse(*base, *grouped, "--beam-arg=--checkpointing_interval=60000").returncode == 0
+    assert ragpulse(*base).returncode == 0  # no group, no commits: nothing to checkpoint
+
+
 def test_stream_without_an_expansion_service_says_how_to_start_one_in_one_line(
     tmp_path: Path,
 ) -> None:

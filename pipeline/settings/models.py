@@ -534,6 +534,23 @@ class StreamSettings(SessionFields, EventSettings):
         return _derived_topics(data, dead_letter_topic=".dlq", ratings_topic=".ratings")
 
     @model_validator(mode="after")
+    def _group_commits_need_checkpoints(self) -> StreamSettings:
+        # With a group.id the Kafka reader commits offsets when a bundle is finalized, which
+        # Beam marks @RequiresStableInput: Flink refuses such a job at invocation unless it
+        # checkpoints, after the submission has already been reported as running.
+        grouped = any(key == "group.id" for key, _ in self.consumer_config)
+        checkpoints = any(
+            arg.startswith("--checkpointing_interval") for arg in self.beam_args
+        )
+        if grouped and self.runner != "DataflowRunner" and not checkpoints:
+            raise ValueError(
+                "--kafka-consumer-config group.id commits the group's offsets at Flink "
+                "checkpoints: add --beam-arg=--checkpointing_interval=MS (e.g. 60000); "
+                "without it Flink refuses the job when it starts"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _sessions_land_within_lateness(self) -> StreamSettings:
         # A session is judged when the watermark passes its last turn + the gap, and counted
         # in the window of its last turn: a late pane of that window, so it must still be open.
