@@ -114,15 +114,11 @@ from ragpulse.pipeline.sinks.kafka import (
 from ragpulse.pipeline.sinks.otlp_evaluations import ExportEvaluations
 from ragpulse.pipeline.sources.kafka import (
     RECORDS_LOST,
+    KafkaGroup,
     KafkaRangeSource,
     LogBounds,
     ReadKafkaRanges,
-    commit_offsets,
-    committed_offsets,
     consumer_lag,
-    end_offsets,
-    group_commits,
-    log_bounds,
 )
 from ragpulse.pipeline.sources.otlp import TraceBatch, collect_traces
 from ragpulse.pipeline.stages.sessions import SessionConfig, session_key, session_record
@@ -202,6 +198,14 @@ class TopicWatcher:
             stall_timeout_s=settings.kafka_timeout_seconds,
             max_value_bytes=settings.max_event_bytes,
         )
+        # The topic's bounds and the consumer group's commits, asked outside the graph.
+        self._group = KafkaGroup(
+            settings.bootstrap,
+            settings.group_id,
+            settings.topic,
+            settings.kafka_timeout_seconds,
+            settings.kafka_security,
+        )
         self.owner = owner or Owner.this_process(
             settings.instance, settings.instances, settings.unhealthy_after_seconds
         )
@@ -258,14 +262,11 @@ class TopicWatcher:
         Read the partitions' bounds, plan the cycle's ranges (`plan_cycle`), run the graph over
         them, save what it gave (`CycleOutcome`, one transaction), then report: the group's
         commit, the lag, the snapshot /metrics serves."""
-        s = self.settings
-        every = log_bounds(
-            s.bootstrap, s.topic, timeout_s=s.kafka_timeout_seconds, security=s.kafka_security
-        )
-        plan = self._plan(every.only(s.owns))
+        every = self._group.bounds()
+        plan = self._plan(every.only(self.settings.owns))
         run = self._run(plan)
         outcome, paid = self._outcome(plan, run)
-        completed = self.state.apply_cycle(s.topic, outcome)
+        completed = self.state.apply_cycle(self.settings.topic, outcome)
         self._after_save(plan, run, outcome, paid)
         self._report(every, plan, run, outcome, completed)
         return plan.covered, run.took
@@ -696,13 +697,7 @@ class TopicWatcher:
         if all(p in saved for p in bounds.ends):
             return {}
         if self._group_offsets is None:
-            self._group_offsets = committed_offsets(
-                s.bootstrap,
-                s.group_id,
-                s.topic,
-                timeout_s=s.kafka_timeout_seconds,
-                security=s.kafka_security,
-            )
+            self._group_offsets = self._group.committed()
             if self._group_offsets:
                 log.warning(
                     "fresh state after --state-reset: going on from consumer group %s's committed "
@@ -766,35 +761,19 @@ class TopicWatcher:
 
     def _ends_after_cycle(self, ends: Mapping[int, int]) -> dict[int, int]:
         """End offsets after a cycle, for the lag gauge; the ones from its start if that fails."""
-        s = self.settings
         try:
-            return {
-                **ends,
-                **{
-                    p: end
-                    for p, end in end_offsets(
-                        s.bootstrap,
-                        s.topic,
-                        timeout_s=s.kafka_timeout_seconds,
-                        security=s.kafka_security,
-                    ).items()
-                    if s.owns(p)
-                },
-            }
+            now = self._group.bounds().ends
         except Exception as exc:  # visibility only: the next cycle asks again
             log.warning("could not read end offsets for the lag gauge: %s", exc)
             return dict(ends)
+        return {**ends, **{p: end for p, end in now.items() if self.settings.owns(p)}}
 
     def _group_commits(self) -> dict[int, Commit] | None:
         """The consumer group's commits on every partition; None when they cannot be read."""
-        s = self.settings
         try:
-            found = group_commits(
-                s.bootstrap, s.group_id, s.topic,
-                timeout_s=s.kafka_timeout_seconds, security=s.kafka_security,
-            )
+            found = self._group.commits()
         except Exception as exc:  # visibility only: the next cycle asks again
-            log.warning("could not read consumer group %s's offsets: %s", s.group_id, exc)
+            log.warning("could not read consumer group %s's offsets: %s", self._group.group_id, exc)
             return None
         return {p: read_metadata(offset, meta) for p, (offset, meta) in found.items()}
 
@@ -829,14 +808,9 @@ class TopicWatcher:
                 if other is not None and other.id not in self._newer_owners_logged:
                     self._newer_owners_logged.add(other.id)
                     log.error("%s; that owner started later and stops", why)
-        # Only this instance's partitions: the others' owners commit theirs.
-        offsets = {p: o for p, o in self.state.offsets(s.topic).items() if s.owns(p)}
+        offsets = self._owned_offsets()
         try:
-            commit_offsets(
-                s.bootstrap, s.group_id, s.topic, offsets,
-                timeout_s=s.kafka_timeout_seconds, security=s.kafka_security,
-                metadata=self.owner.metadata(time.time()),
-            )
+            self._group.commit(offsets, metadata=self.owner.metadata(time.time()))
         except Exception as exc:  # visibility only: the state file already holds the offsets
             log.warning("could not commit offsets to consumer group %s: %s", s.group_id, exc)
             self._committed = None  # not known to have landed: nothing to compare with
@@ -844,6 +818,11 @@ class TopicWatcher:
         if offsets:
             self._committed = dict(offsets)
         return None if group is None else {**group, **{p: Commit(o) for p, o in offsets.items()}}
+
+    def _owned_offsets(self) -> dict[int, int]:
+        """The saved offsets of this instance's partitions: the others' owners commit theirs."""
+        s = self.settings
+        return {p: o for p, o in self.state.offsets(s.topic).items() if s.owns(p)}
 
     def _refuse(self, found: list[tuple[str, Owner | None]]) -> None:
         s = self.settings
@@ -880,11 +859,8 @@ class TopicWatcher:
         if self._committed is None or self._refused is not None:
             return
         try:
-            commit_offsets(
-                s.bootstrap, s.group_id, s.topic,
-                {p: o for p, o in self.state.offsets(s.topic).items() if s.owns(p)},
-                timeout_s=s.kafka_timeout_seconds, security=s.kafka_security,
-                metadata=self.owner.metadata(time.time(), released=True),
+            self._group.commit(
+                self._owned_offsets(), metadata=self.owner.metadata(time.time(), released=True)
             )
         except Exception as exc:
             log.warning("could not release consumer group %s's offsets: %s", s.group_id, exc)
