@@ -163,6 +163,17 @@ class _CycleRun:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class _ReadHere:
+    """A cycle's records read in this process (`TopicWatcher._read_here`), the traces
+    assembled from them (--input-format otlp_*; None otherwise: the records are events), and
+    the counter increments of the read (records retention deleted first, counted lost)."""
+
+    records: list[SourceRecord]
+    counts: counting.Counts
+    traces: TraceBatch | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class _Paid:
     """The judge calls a cycle pays for: the journal's settlement (None without a journal) and
     the tokens counted, marked paid once the cycle is saved."""
@@ -295,53 +306,28 @@ class TopicWatcher:
         conversations), with the sessions the watermark has closed; the verdict counts come
         back with their labels bounded, undeliverable outputs decided on."""
         s = self.settings
-        topic = s.topic
-        previous_wm = self.state.watermark(topic)
-        if previous_wm is not None:
-            # A watermark saved from a future-dated event (before --max-future-skew) would
-            # close every window for this cycle too: pulled back to the ceiling at once.
-            previous_wm = min(previous_wm, ceiling(time.time(), s.out_of_orderness_seconds))
-        cutoff = closed_before(previous_wm, s.allowed_lateness_seconds)
+        previous_wm = self._previous_watermark()
         conversations = s.session_config()
-        saved_turns = self.state.session_turns(topic) if conversations is not None else []
-        sessions_due: list[Session] = []
-        if conversations is not None:
-            # No window is final while an open session could still be dated in it.
-            cutoff = _earlier(cutoff, hold(saved_turns, conversations.gap_seconds,
-                                           s.window_seconds))
-            sessions_due = self._sessions_due(saved_turns, conversations, previous_wm)
+        saved_turns = self.state.session_turns(s.topic) if conversations is not None else []
+        cutoff = _earlier(
+            closed_before(previous_wm, s.allowed_lateness_seconds),
+            _hold(saved_turns, conversations, s.window_seconds),
+        )
+        sessions_due = self._sessions_due(saved_turns, conversations, previous_wm)
         if self._lookahead is not None:
             self._lookahead.cycle_started(plan.starts, plan.stops, cutoff, reset=plan.reset_to)
-        ranges = plan.ranges
-        counts: counting.Counts = Counter()
-        latest = self.state.latest_event_times(topic)
+        started, now = time.perf_counter(), time.time()
+        here = self._read_here(plan.ranges, now, conversations is not None)
+        records = here.records if here is not None else None
+        counts = Counter(here.counts if here is not None else {})
+        latest = self.state.latest_event_times(s.topic)
         result: GraphResult | None = None
-        took: float | None = None
-        started = time.perf_counter()
-        now = time.time()
-        traces = None if s.input_format == "ragpulse" else self._traces(ranges, counts, now)
-        # With conversations, the cycle reads its records here (as for traces): their turns
-        # are saved in the state file with the cycle (pipeline/service/conversations.py).
-        records: list[SourceRecord] | None = (
-            list(traces.records)
-            if traces is not None
-            else self._read_here(ranges, counts) if conversations is not None else None
-        )
         changes: SessionChanges | None = None
-        if (records if records is not None else ranges) or sessions_due:
-            # The budget governor sets its rates for cycles that judge (`_config`).
-            config = self._config(ranges, records, cutoff, now)
-            result = self._judge(ranges, records, config, sessions_due)
-            self._hooks.at("judged")
-            if self._journal is not None:
-                # Tokens are counted from the journal (`_outcome`), once per paid call.
-                result = dataclasses.replace(
-                    result, counts=Counter({k: n for k, n in result.counts.items()
-                                            if k[0] != TOKENS})
-                )
-            counts.update(self._undeliverable(result))
-            result = self._bound_labels(result)
-            counts.update(result.counts)
+        took: float | None = None
+        if (records if records is not None else plan.ranges) or sessions_due:
+            config = self._config(plan.ranges, records, cutoff, now)
+            result, judged = self._graph(plan.ranges, records, config, sessions_due)
+            counts.update(judged)
             latest = merge_latest(latest, result.latest_event_time)
             if conversations is not None:
                 changes = self._conversations(
@@ -349,30 +335,48 @@ class TopicWatcher:
                 )
                 counts.update(changes.counts)
             took = time.perf_counter() - started
-        if conversations is not None and changes is None and saved_turns:
+        elif conversations is not None and saved_turns:
             # A cycle that judged nothing still forgets the judged sessions no turn can join.
             changes = plan_sessions(saved_turns, {}, {}, [], conversations,
                                     window_size=s.window_seconds, final_before=cutoff)
+        after = changes.after if changes is not None else saved_turns
         return _CycleRun(
-            now,
-            previous_wm,
-            latest,
-            counts,
-            result,
-            traces,
-            changes,
-            # No window is final while an open session could still be dated in it.
-            sessions_hold=(
-                None
-                if conversations is None
-                else hold(
-                    changes.after if changes is not None else saved_turns,
-                    conversations.gap_seconds,
-                    s.window_seconds,
-                )
-            ),
-            took=took,
+            now, previous_wm, latest, counts, result, here.traces if here else None, changes,
+            sessions_hold=_hold(after, conversations, s.window_seconds), took=took,
         )
+
+    def _previous_watermark(self) -> float | None:
+        """The saved watermark the cycle starts from. One saved from a future-dated event
+        (before --max-future-skew) would close every window for this cycle too: it is pulled
+        back to the ceiling at once."""
+        s = self.settings
+        saved = self.state.watermark(s.topic)
+        if saved is None:
+            return None
+        return min(saved, ceiling(time.time(), s.out_of_orderness_seconds))
+
+    def _graph(
+        self,
+        ranges: Mapping[int, tuple[int, int]],
+        records: list[SourceRecord] | None,
+        config: StageConfig,
+        sessions_due: Sequence[Session],
+    ) -> tuple[GraphResult, counting.Counts]:
+        """Run the graph (`_judge`) and make its result one to save: without the tokens the
+        journal counts, undeliverable outputs decided on (`_undeliverable`), labels bounded.
+        Returns that result and the counter increments it adds (undeliverable records, the
+        bounded counts)."""
+        result = self._judge(ranges, records, config, sessions_due)
+        self._hooks.at("judged")
+        if self._journal is not None:
+            # Tokens are counted from the journal (`_outcome`), once per paid call.
+            result = dataclasses.replace(
+                result, counts=Counter({k: n for k, n in result.counts.items() if k[0] != TOKENS})
+            )
+        counts = self._undeliverable(result)
+        result = self._bound_labels(result)
+        counts.update(result.counts)
+        return result, counts
 
     def _outcome(self, plan: CyclePlan, run: _CycleRun) -> tuple[CycleOutcome, _Paid]:
         """What the cycle saves: its counts, windows and offsets, the watermark it moved to,
@@ -484,14 +488,31 @@ class TopicWatcher:
                 outcome.watermark,
             )
 
-    def _traces(
-        self, ranges: Mapping[int, tuple[int, int]], increments: counting.Counts, now: float
-    ) -> TraceBatch:
-        """--input-format otlp_*: read `ranges` here and assemble, with the spans pending in
-        the state, the traces whose --trace-assembly-wait is over (pipeline/formats/otlp.py)."""
+    def _read_here(
+        self, ranges: Mapping[int, tuple[int, int]], now: float, conversations: bool
+    ) -> _ReadHere | None:
+        """The records of `ranges` read in this process, where the cycle needs them before its
+        graph: to assemble traces (--input-format otlp_*, `_traces`) or, with `conversations`,
+        to save their turns with the cycle (pipeline/service/conversations.py). None elsewhere:
+        the graph reads them. Records the broker's retention deleted first are counted as lost,
+        as the graph's reader counts them."""
+        s = self.settings
+        if s.input_format == "ragpulse" and not conversations:
+            return None
+        counts: counting.Counts = Counter()
+        lost = counting.key(RECORDS_LOST, topic=s.topic, reason="retention")
+        read = list(self._source.read(ranges, lambda n: counts.update({lost: n})))
+        if s.input_format == "ragpulse":
+            return _ReadHere(read, counts)
+        traces = self._traces(read, now)
+        return _ReadHere(list(traces.records), counts, traces)
+
+    def _traces(self, records: list[SourceRecord], now: float) -> TraceBatch:
+        """--input-format otlp_*: assemble from `records`, with the spans pending in the state,
+        the traces whose --trace-assembly-wait is over (pipeline/formats/otlp.py)."""
         s = self.settings
         batch = collect_traces(
-            self._read_here(ranges, increments),
+            records,
             self.state.pending_spans(s.topic),
             encoding=s.input_format,
             now=now,
@@ -506,19 +527,6 @@ class TopicWatcher:
             batch.pending_traces,
         )
         return batch
-
-    def _read_here(
-        self, ranges: Mapping[int, tuple[int, int]], increments: counting.Counts
-    ) -> list[SourceRecord]:
-        """The records of `ranges`, read in this process (records the broker's retention
-        deleted first are counted as lost, as the graph's reader counts them)."""
-        s = self.settings
-        lost = counting.key(RECORDS_LOST, topic=s.topic, reason="retention")
-
-        def on_lost(n: int) -> None:
-            increments[lost] += n
-
-        return list(self._source.read(ranges, on_lost))
 
     def _config(
         self,
@@ -590,9 +598,12 @@ class TopicWatcher:
         )
 
     def _sessions_due(
-        self, saved: list[StoredTurn], config: SessionConfig, watermark: float | None
+        self, saved: list[StoredTurn], config: SessionConfig | None, watermark: float | None
     ) -> list[Session]:
-        """The open sessions the watermark has closed, with their kept turns' text."""
+        """The open sessions the watermark has closed, with their kept turns' text (none
+        without conversations)."""
+        if config is None:
+            return []
         closed = due(saved, config.gap_seconds, watermark)
         texts = self.state.session_texts(
             self.settings.topic, (t for c in closed for t in c.turns if t.kept)
@@ -1099,6 +1110,17 @@ def _earlier(a: float | None, b: float | None) -> float | None:
     if a is None or b is None:
         return a
     return min(a, b)
+
+
+def _hold(
+    turns: Sequence[StoredTurn], conversations: SessionConfig | None, window_size: float
+) -> float | None:
+    """The cut-off of final windows the open sessions among `turns` hold: no window is final
+    while an open session could still be dated in it (`conversations.hold`). None: no
+    conversations, or no open session."""
+    if conversations is None:
+        return None
+    return hold(turns, conversations.gap_seconds, window_size)
 
 
 def _log_completed(windows: Mapping[WindowKey, RatingCounts]) -> None:
