@@ -8,7 +8,7 @@ those that do not match, or refuses every produce to a topic while its schema fi
 
 Tansu quirks worth knowing (tansu 0.6.0, found while writing pipeline/sources/kafka.py):
 - ListOffsets(latest) answers "base offset of the last record batch + 1", not the high watermark;
-  the high watermark in Fetch responses is right. `pipeline.sources.kafka.end_offsets` copes.
+  the high watermark in Fetch responses is right. `pipeline.sources.kafka.log_bounds` copes.
 - No CreatePartitions support ("broker does not support CreatePartitionsRequest"); DeleteTopics
   and CreateTopics work, so tests grow a topic by recreating it.
 - Its storage is memory only here, so `restart()` brings back an empty broker on the same port.

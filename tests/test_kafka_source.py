@@ -19,15 +19,14 @@ from ragpulse.pipeline.records import Rejected, SourceRecord
 from ragpulse.pipeline.sinks.kafka import dead_letter_record, deliver
 from ragpulse.pipeline.sources.kafka import (
     HEAD_BYTES,
+    KafkaGroup,
     KafkaRangeSource,
     KafkaReadError,
     KafkaRecord,
     OffsetReset,
     ReadKafkaRanges,
-    commit_offsets,
-    committed_offsets,
     consumer_lag,
-    end_offsets,
+    log_bounds,
     offset_resets,
     partitions,
     plan_batch,
@@ -121,7 +120,7 @@ def test_end_offsets_cover_the_whole_last_batch(
     kafka_broker.create_topic("events", partitions=3)
     kafka_broker.produce("events", [b"x"] * 10, partition=0)
     kafka_broker.produce("events", [b"y"], partition=1)
-    assert end_offsets(kafka_broker.bootstrap, "events") == {0: 10, 1: 1, 2: 0}
+    assert log_bounds(kafka_broker.bootstrap, "events").ends == {0: 10, 1: 1, 2: 0}
 
 
 def test_partitions_added_while_running_are_discovered(
@@ -132,12 +131,12 @@ def test_partitions_added_while_running_are_discovered(
     kafka_broker.produce("events", [b"old"], partition=1)
     kafka_broker.add_partitions("events", 4)  # CreatePartitions: the records stay
     kafka_broker.produce("events", [b"new"], partition=3)
-    assert end_offsets(kafka_broker.bootstrap, "events") == {0: 0, 1: 1, 2: 0, 3: 1}
+    assert log_bounds(kafka_broker.bootstrap, "events").ends == {0: 0, 1: 1, 2: 0, 3: 1}
 
 
 def test_missing_topic_fails_with_its_name(kafka_broker: ApacheKafkaBroker) -> None:  # noqa: F811
     with pytest.raises(KafkaReadError, match="nope"):
-        end_offsets(kafka_broker.bootstrap, "nope", timeout_s=0.5)
+        log_bounds(kafka_broker.bootstrap, "nope", timeout_s=0.5)
 
 
 def test_beam_source_reads_exactly_the_planned_ranges(
@@ -207,13 +206,14 @@ def test_group_offsets_are_committed_without_joining_the_group(
 ) -> None:
     kafka_broker.create_topic("events", partitions=2)
     started = time.monotonic()
-    commit_offsets(kafka_broker.bootstrap, "ragpulse", "events", {0: 12, 1: 3})
+    group = KafkaGroup(kafka_broker.bootstrap, "ragpulse", "events")
+    group.commit({0: 12, 1: 3})
     elapsed = time.monotonic() - started
-    assert committed_offsets(kafka_broker.bootstrap, "ragpulse", "events") == {0: 12, 1: 3}
+    assert group.committed() == {0: 12, 1: 3}
     # A group join takes seconds (~20 s on Tansu); a join-free commit is far below that.
     assert elapsed < 5, f"commit took {elapsed:.1f}s: did the consumer join the group?"
-    commit_offsets(kafka_broker.bootstrap, "ragpulse", "events", {0: 20})
-    assert committed_offsets(kafka_broker.bootstrap, "ragpulse", "events") == {0: 20, 1: 3}
+    group.commit({0: 20})
+    assert group.committed() == {0: 20, 1: 3}
 
 
 def test_a_restarted_broker_keeps_its_records_and_a_missing_topic_fails_clearly(
@@ -222,12 +222,12 @@ def test_a_restarted_broker_keeps_its_records_and_a_missing_topic_fails_clearly(
     kafka_broker.create_topic("events")
     kafka_broker.produce("events", [b"a", b"b"])
     kafka_broker.restart()
-    assert end_offsets(kafka_broker.bootstrap, "events") == {0: 2}
+    assert log_bounds(kafka_broker.bootstrap, "events").ends == {0: 2}
     kafka_broker.delete_topic("events")
     with pytest.raises(KafkaReadError, match="events"):
-        end_offsets(kafka_broker.bootstrap, "events", timeout_s=0.5)
+        log_bounds(kafka_broker.bootstrap, "events", timeout_s=0.5)
     kafka_broker.create_topic("events")
-    assert end_offsets(kafka_broker.bootstrap, "events") == {0: 0}
+    assert log_bounds(kafka_broker.bootstrap, "events").ends == {0: 0}
 
 
 def test_dead_letters_keep_the_record_and_say_why(

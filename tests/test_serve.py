@@ -34,7 +34,7 @@ from ragpulse.pipeline.commands.simulate import Incidents, SimulatedEvent, simul
 from ragpulse.pipeline.formats.events import InvalidEvent, parse_event
 from ragpulse.pipeline.metrics import counting
 from ragpulse.pipeline.service.state import StateStore
-from ragpulse.pipeline.sources.kafka import end_offsets
+from ragpulse.pipeline.sources.kafka import log_bounds
 
 JUDGES = ("groundedness", "safety", "relevance_to_query")
 
@@ -393,7 +393,8 @@ def test_sigterm_mid_backlog_saves_the_cycle_in_flight_exits_0_and_a_restart_doe
     serve = topic.serve(*batch)
     serve.wait_for(caught_up(1500), 90, "the rest of the backlog")
     assert serve.terminate() == 0
-    assert saved_offsets(topic.state, topic.name) == end_offsets(topic.broker.bootstrap, topic.name)
+    ends = log_bounds(topic.broker.bootstrap, topic.name).ends
+    assert saved_offsets(topic.state, topic.name) == ends
     rows = windows_rows(topic.state)
     assert rows
     for judge in JUDGES:

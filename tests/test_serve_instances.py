@@ -34,7 +34,7 @@ from test_serve import (
 
 from ragpulse.pipeline.commands.simulate import simulate
 from ragpulse.pipeline.service.state import CycleOutcome, StateStore
-from ragpulse.pipeline.sources.kafka import committed_offsets, end_offsets
+from ragpulse.pipeline.sources.kafka import KafkaGroup, log_bounds
 
 PARTITIONS = 4
 EVENTS = 4_000  # 80 s of event time at 50 events/s: eight 10 s windows, 1,000 per partition
@@ -135,9 +135,9 @@ def test_two_instances_one_killed_and_restarted_count_together_what_one_instance
     # partitions 1 and 3, in its state and in the consumer group, where instance 1 left them.
     mine = EVENTS // 2  # round robin: partitions 0 and 2 hold half of the events
     scrape = first.wait_for(caught_up(mine), 600, "instance 0 caught up")
-    ends = end_offsets(broker.bootstrap, topic)
+    ends = log_bounds(broker.bootstrap, topic).ends
     assert saved_offsets(states[0], topic) == {0: ends[0], 2: ends[2]}
-    group = committed_offsets(broker.bootstrap, "split", topic)
+    group = KafkaGroup(broker.bootstrap, "split", topic).committed()
     assert {p: group.get(p) for p in (0, 2)} == {0: ends[0], 2: ends[2]}
     assert {p: group.get(p) for p in (1, 3)} == {p: killed_at.get(p) for p in (1, 3)}
     assert lag_partitions(scrape) == {0, 2}
@@ -148,7 +148,7 @@ def test_two_instances_one_killed_and_restarted_count_together_what_one_instance
         restarted.wait_for(caught_up(EVENTS - mine), 600, "instance 1 restarted"),
     ]
     assert lag_partitions(scrapes[1]) == {1, 3}
-    assert committed_offsets(broker.bootstrap, "split", topic) == ends
+    assert KafkaGroup(broker.bootstrap, "split", topic).committed() == ends
 
     # One instance over the same data, never killed, in a consumer group of its own.
     reference_state = tmp_path / "reference.sqlite"
@@ -222,7 +222,7 @@ def test_going_from_one_instance_to_two_with_state_reset_counts_nothing_twice(
              enumerate(serves)]
     for serve in serves:
         assert serve.terminate() == 0
-    ends = end_offsets(broker.bootstrap, topic)
+    ends = log_bounds(broker.bootstrap, topic).ends
     assert saved_offsets(states[0], topic) == {0: ends[0], 2: ends[2]}
     assert saved_offsets(states[1], topic) == {1: ends[1], 3: ends[3]}
     # Each event counted once: 400 by the one instance, the 400 after the change by the two.

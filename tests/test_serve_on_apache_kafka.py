@@ -20,7 +20,7 @@ from kafka_broker import ApacheKafkaBroker, for_module
 from serve_process import T0, ServeProcess, TopicFactory, caught_up, saved_offsets
 
 from ragpulse.pipeline.commands.simulate import simulate
-from ragpulse.pipeline.sources.kafka import committed_offsets, end_offsets
+from ragpulse.pipeline.sources.kafka import KafkaGroup, log_bounds
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -113,8 +113,8 @@ def test_the_consumer_group_commits_follow_the_saved_offsets_of_every_partition(
     serve.wait_for(caught_up(90), 60, "90 records")
     assert serve.terminate() == 0
     saved = saved_offsets(topic.state, topic.name)
-    assert saved == end_offsets(broker.bootstrap, topic.name) == {0: 30, 1: 30, 2: 30}
-    assert committed_offsets(broker.bootstrap, "ragpulse-commits", topic.name) == saved
+    assert saved == log_bounds(broker.bootstrap, topic.name).ends == {0: 30, 1: 30, 2: 30}
+    assert KafkaGroup(broker.bootstrap, "ragpulse-commits", topic.name).committed() == saved
 
 
 def test_a_topic_deleted_and_recreated_is_read_from_its_new_start_without_loss(

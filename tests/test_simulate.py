@@ -15,7 +15,7 @@ from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 
 from ragpulse.pipeline.commands.simulate import Incidents, configure_parser, main, simulate
 from ragpulse.pipeline.formats.events import InvalidEvent, parse_event
-from ragpulse.pipeline.sources.kafka import end_offsets
+from ragpulse.pipeline.sources.kafka import log_bounds
 
 T0 = 1_736_931_600.0  # 2025-01-15T09:00:00Z
 WORD = re.compile(r"[a-z0-9]+(?:[.:][0-9]+)*")
@@ -156,7 +156,7 @@ def test_production_delivers_every_event_at_about_the_requested_rate(
     started = time.monotonic()
     assert main(args) == 0
     elapsed = time.monotonic() - started
-    assert sum(end_offsets(kafka_broker.bootstrap, "logs").values()) == 300
+    assert sum(log_bounds(kafka_broker.bootstrap, "logs").ends.values()) == 300
     assert 2.5 < elapsed < 6, f"300 events at 100/s took {elapsed:.1f}s"
 
 

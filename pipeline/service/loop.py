@@ -114,15 +114,11 @@ from ragpulse.pipeline.sinks.kafka import (
 from ragpulse.pipeline.sinks.otlp_evaluations import ExportEvaluations
 from ragpulse.pipeline.sources.kafka import (
     RECORDS_LOST,
+    KafkaGroup,
     KafkaRangeSource,
     LogBounds,
     ReadKafkaRanges,
-    commit_offsets,
-    committed_offsets,
     consumer_lag,
-    end_offsets,
-    group_commits,
-    log_bounds,
 )
 from ragpulse.pipeline.sources.otlp import TraceBatch, collect_traces
 from ragpulse.pipeline.stages.sessions import SessionConfig, session_key, session_record
@@ -167,6 +163,17 @@ class _CycleRun:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class _ReadHere:
+    """A cycle's records read in this process (`TopicWatcher._read_here`), the traces
+    assembled from them (--input-format otlp_*; None otherwise: the records are events), and
+    the counter increments of the read (records retention deleted first, counted lost)."""
+
+    records: list[SourceRecord]
+    counts: counting.Counts
+    traces: TraceBatch | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class _Paid:
     """The judge calls a cycle pays for: the journal's settlement (None without a journal) and
     the tokens counted, marked paid once the cycle is saved."""
@@ -201,6 +208,14 @@ class TopicWatcher:
             settings.kafka_security,
             stall_timeout_s=settings.kafka_timeout_seconds,
             max_value_bytes=settings.max_event_bytes,
+        )
+        # The topic's bounds and the consumer group's commits, asked outside the graph.
+        self._group = KafkaGroup(
+            settings.bootstrap,
+            settings.group_id,
+            settings.topic,
+            settings.kafka_timeout_seconds,
+            settings.kafka_security,
         )
         self.owner = owner or Owner.this_process(
             settings.instance, settings.instances, settings.unhealthy_after_seconds
@@ -258,14 +273,11 @@ class TopicWatcher:
         Read the partitions' bounds, plan the cycle's ranges (`plan_cycle`), run the graph over
         them, save what it gave (`CycleOutcome`, one transaction), then report: the group's
         commit, the lag, the snapshot /metrics serves."""
-        s = self.settings
-        every = log_bounds(
-            s.bootstrap, s.topic, timeout_s=s.kafka_timeout_seconds, security=s.kafka_security
-        )
-        plan = self._plan(every.only(s.owns))
+        every = self._group.bounds()
+        plan = self._plan(every.only(self.settings.owns))
         run = self._run(plan)
         outcome, paid = self._outcome(plan, run)
-        completed = self.state.apply_cycle(s.topic, outcome)
+        completed = self.state.apply_cycle(self.settings.topic, outcome)
         self._after_save(plan, run, outcome, paid)
         self._report(every, plan, run, outcome, completed)
         return plan.covered, run.took
@@ -294,53 +306,28 @@ class TopicWatcher:
         conversations), with the sessions the watermark has closed; the verdict counts come
         back with their labels bounded, undeliverable outputs decided on."""
         s = self.settings
-        topic = s.topic
-        previous_wm = self.state.watermark(topic)
-        if previous_wm is not None:
-            # A watermark saved from a future-dated event (before --max-future-skew) would
-            # close every window for this cycle too: pulled back to the ceiling at once.
-            previous_wm = min(previous_wm, ceiling(time.time(), s.out_of_orderness_seconds))
-        cutoff = closed_before(previous_wm, s.allowed_lateness_seconds)
+        previous_wm = self._previous_watermark()
         conversations = s.session_config()
-        saved_turns = self.state.session_turns(topic) if conversations is not None else []
-        sessions_due: list[Session] = []
-        if conversations is not None:
-            # No window is final while an open session could still be dated in it.
-            cutoff = _earlier(cutoff, hold(saved_turns, conversations.gap_seconds,
-                                           s.window_seconds))
-            sessions_due = self._sessions_due(saved_turns, conversations, previous_wm)
+        saved_turns = self.state.session_turns(s.topic) if conversations is not None else []
+        cutoff = _earlier(
+            closed_before(previous_wm, s.allowed_lateness_seconds),
+            _hold(saved_turns, conversations, s.window_seconds),
+        )
+        sessions_due = self._sessions_due(saved_turns, conversations, previous_wm)
         if self._lookahead is not None:
             self._lookahead.cycle_started(plan.starts, plan.stops, cutoff, reset=plan.reset_to)
-        ranges = plan.ranges
-        counts: counting.Counts = Counter()
-        latest = self.state.latest_event_times(topic)
+        started, now = time.perf_counter(), time.time()
+        here = self._read_here(plan.ranges, now, conversations is not None)
+        records = here.records if here is not None else None
+        counts = Counter(here.counts if here is not None else {})
+        latest = self.state.latest_event_times(s.topic)
         result: GraphResult | None = None
-        took: float | None = None
-        started = time.perf_counter()
-        now = time.time()
-        traces = None if s.input_format == "ragpulse" else self._traces(ranges, counts, now)
-        # With conversations, the cycle reads its records here (as for traces): their turns
-        # are saved in the state file with the cycle (pipeline/service/conversations.py).
-        records: list[SourceRecord] | None = (
-            list(traces.records)
-            if traces is not None
-            else self._read_here(ranges, counts) if conversations is not None else None
-        )
         changes: SessionChanges | None = None
-        if (records if records is not None else ranges) or sessions_due:
-            # The budget governor sets its rates for cycles that judge (`_config`).
-            config = self._config(ranges, records, cutoff, now)
-            result = self._judge(ranges, records, config, sessions_due)
-            self._hooks.at("judged")
-            if self._journal is not None:
-                # Tokens are counted from the journal (`_outcome`), once per paid call.
-                result = dataclasses.replace(
-                    result, counts=Counter({k: n for k, n in result.counts.items()
-                                            if k[0] != TOKENS})
-                )
-            counts.update(self._undeliverable(result))
-            result = self._bound_labels(result)
-            counts.update(result.counts)
+        took: float | None = None
+        if (records if records is not None else plan.ranges) or sessions_due:
+            config = self._config(plan.ranges, records, cutoff, now)
+            result, judged = self._graph(plan.ranges, records, config, sessions_due)
+            counts.update(judged)
             latest = merge_latest(latest, result.latest_event_time)
             if conversations is not None:
                 changes = self._conversations(
@@ -348,30 +335,48 @@ class TopicWatcher:
                 )
                 counts.update(changes.counts)
             took = time.perf_counter() - started
-        if conversations is not None and changes is None and saved_turns:
+        elif conversations is not None and saved_turns:
             # A cycle that judged nothing still forgets the judged sessions no turn can join.
             changes = plan_sessions(saved_turns, {}, {}, [], conversations,
                                     window_size=s.window_seconds, final_before=cutoff)
+        after = changes.after if changes is not None else saved_turns
         return _CycleRun(
-            now,
-            previous_wm,
-            latest,
-            counts,
-            result,
-            traces,
-            changes,
-            # No window is final while an open session could still be dated in it.
-            sessions_hold=(
-                None
-                if conversations is None
-                else hold(
-                    changes.after if changes is not None else saved_turns,
-                    conversations.gap_seconds,
-                    s.window_seconds,
-                )
-            ),
-            took=took,
+            now, previous_wm, latest, counts, result, here.traces if here else None, changes,
+            sessions_hold=_hold(after, conversations, s.window_seconds), took=took,
         )
+
+    def _previous_watermark(self) -> float | None:
+        """The saved watermark the cycle starts from. One saved from a future-dated event
+        (before --max-future-skew) would close every window for this cycle too: it is pulled
+        back to the ceiling at once."""
+        s = self.settings
+        saved = self.state.watermark(s.topic)
+        if saved is None:
+            return None
+        return min(saved, ceiling(time.time(), s.out_of_orderness_seconds))
+
+    def _graph(
+        self,
+        ranges: Mapping[int, tuple[int, int]],
+        records: list[SourceRecord] | None,
+        config: StageConfig,
+        sessions_due: Sequence[Session],
+    ) -> tuple[GraphResult, counting.Counts]:
+        """Run the graph (`_judge`) and make its result one to save: without the tokens the
+        journal counts, undeliverable outputs decided on (`_undeliverable`), labels bounded.
+        Returns that result and the counter increments it adds (undeliverable records, the
+        bounded counts)."""
+        result = self._judge(ranges, records, config, sessions_due)
+        self._hooks.at("judged")
+        if self._journal is not None:
+            # Tokens are counted from the journal (`_outcome`), once per paid call.
+            result = dataclasses.replace(
+                result, counts=Counter({k: n for k, n in result.counts.items() if k[0] != TOKENS})
+            )
+        counts = self._undeliverable(result)
+        result = self._bound_labels(result)
+        counts.update(result.counts)
+        return result, counts
 
     def _outcome(self, plan: CyclePlan, run: _CycleRun) -> tuple[CycleOutcome, _Paid]:
         """What the cycle saves: its counts, windows and offsets, the watermark it moved to,
@@ -483,14 +488,31 @@ class TopicWatcher:
                 outcome.watermark,
             )
 
-    def _traces(
-        self, ranges: Mapping[int, tuple[int, int]], increments: counting.Counts, now: float
-    ) -> TraceBatch:
-        """--input-format otlp_*: read `ranges` here and assemble, with the spans pending in
-        the state, the traces whose --trace-assembly-wait is over (pipeline/formats/otlp.py)."""
+    def _read_here(
+        self, ranges: Mapping[int, tuple[int, int]], now: float, conversations: bool
+    ) -> _ReadHere | None:
+        """The records of `ranges` read in this process, where the cycle needs them before its
+        graph: to assemble traces (--input-format otlp_*, `_traces`) or, with `conversations`,
+        to save their turns with the cycle (pipeline/service/conversations.py). None elsewhere:
+        the graph reads them. Records the broker's retention deleted first are counted as lost,
+        as the graph's reader counts them."""
+        s = self.settings
+        if s.input_format == "ragpulse" and not conversations:
+            return None
+        counts: counting.Counts = Counter()
+        lost = counting.key(RECORDS_LOST, topic=s.topic, reason="retention")
+        read = list(self._source.read(ranges, lambda n: counts.update({lost: n})))
+        if s.input_format == "ragpulse":
+            return _ReadHere(read, counts)
+        traces = self._traces(read, now)
+        return _ReadHere(list(traces.records), counts, traces)
+
+    def _traces(self, records: list[SourceRecord], now: float) -> TraceBatch:
+        """--input-format otlp_*: assemble from `records`, with the spans pending in the state,
+        the traces whose --trace-assembly-wait is over (pipeline/formats/otlp.py)."""
         s = self.settings
         batch = collect_traces(
-            self._read_here(ranges, increments),
+            records,
             self.state.pending_spans(s.topic),
             encoding=s.input_format,
             now=now,
@@ -505,19 +527,6 @@ class TopicWatcher:
             batch.pending_traces,
         )
         return batch
-
-    def _read_here(
-        self, ranges: Mapping[int, tuple[int, int]], increments: counting.Counts
-    ) -> list[SourceRecord]:
-        """The records of `ranges`, read in this process (records the broker's retention
-        deleted first are counted as lost, as the graph's reader counts them)."""
-        s = self.settings
-        lost = counting.key(RECORDS_LOST, topic=s.topic, reason="retention")
-
-        def on_lost(n: int) -> None:
-            increments[lost] += n
-
-        return list(self._source.read(ranges, on_lost))
 
     def _config(
         self,
@@ -589,9 +598,12 @@ class TopicWatcher:
         )
 
     def _sessions_due(
-        self, saved: list[StoredTurn], config: SessionConfig, watermark: float | None
+        self, saved: list[StoredTurn], config: SessionConfig | None, watermark: float | None
     ) -> list[Session]:
-        """The open sessions the watermark has closed, with their kept turns' text."""
+        """The open sessions the watermark has closed, with their kept turns' text (none
+        without conversations)."""
+        if config is None:
+            return []
         closed = due(saved, config.gap_seconds, watermark)
         texts = self.state.session_texts(
             self.settings.topic, (t for c in closed for t in c.turns if t.kept)
@@ -696,13 +708,7 @@ class TopicWatcher:
         if all(p in saved for p in bounds.ends):
             return {}
         if self._group_offsets is None:
-            self._group_offsets = committed_offsets(
-                s.bootstrap,
-                s.group_id,
-                s.topic,
-                timeout_s=s.kafka_timeout_seconds,
-                security=s.kafka_security,
-            )
+            self._group_offsets = self._group.committed()
             if self._group_offsets:
                 log.warning(
                     "fresh state after --state-reset: going on from consumer group %s's committed "
@@ -766,35 +772,19 @@ class TopicWatcher:
 
     def _ends_after_cycle(self, ends: Mapping[int, int]) -> dict[int, int]:
         """End offsets after a cycle, for the lag gauge; the ones from its start if that fails."""
-        s = self.settings
         try:
-            return {
-                **ends,
-                **{
-                    p: end
-                    for p, end in end_offsets(
-                        s.bootstrap,
-                        s.topic,
-                        timeout_s=s.kafka_timeout_seconds,
-                        security=s.kafka_security,
-                    ).items()
-                    if s.owns(p)
-                },
-            }
+            now = self._group.bounds().ends
         except Exception as exc:  # visibility only: the next cycle asks again
             log.warning("could not read end offsets for the lag gauge: %s", exc)
             return dict(ends)
+        return {**ends, **{p: end for p, end in now.items() if self.settings.owns(p)}}
 
     def _group_commits(self) -> dict[int, Commit] | None:
         """The consumer group's commits on every partition; None when they cannot be read."""
-        s = self.settings
         try:
-            found = group_commits(
-                s.bootstrap, s.group_id, s.topic,
-                timeout_s=s.kafka_timeout_seconds, security=s.kafka_security,
-            )
+            found = self._group.commits()
         except Exception as exc:  # visibility only: the next cycle asks again
-            log.warning("could not read consumer group %s's offsets: %s", s.group_id, exc)
+            log.warning("could not read consumer group %s's offsets: %s", self._group.group_id, exc)
             return None
         return {p: read_metadata(offset, meta) for p, (offset, meta) in found.items()}
 
@@ -829,14 +819,9 @@ class TopicWatcher:
                 if other is not None and other.id not in self._newer_owners_logged:
                     self._newer_owners_logged.add(other.id)
                     log.error("%s; that owner started later and stops", why)
-        # Only this instance's partitions: the others' owners commit theirs.
-        offsets = {p: o for p, o in self.state.offsets(s.topic).items() if s.owns(p)}
+        offsets = self._owned_offsets()
         try:
-            commit_offsets(
-                s.bootstrap, s.group_id, s.topic, offsets,
-                timeout_s=s.kafka_timeout_seconds, security=s.kafka_security,
-                metadata=self.owner.metadata(time.time()),
-            )
+            self._group.commit(offsets, metadata=self.owner.metadata(time.time()))
         except Exception as exc:  # visibility only: the state file already holds the offsets
             log.warning("could not commit offsets to consumer group %s: %s", s.group_id, exc)
             self._committed = None  # not known to have landed: nothing to compare with
@@ -844,6 +829,11 @@ class TopicWatcher:
         if offsets:
             self._committed = dict(offsets)
         return None if group is None else {**group, **{p: Commit(o) for p, o in offsets.items()}}
+
+    def _owned_offsets(self) -> dict[int, int]:
+        """The saved offsets of this instance's partitions: the others' owners commit theirs."""
+        s = self.settings
+        return {p: o for p, o in self.state.offsets(s.topic).items() if s.owns(p)}
 
     def _refuse(self, found: list[tuple[str, Owner | None]]) -> None:
         s = self.settings
@@ -880,11 +870,8 @@ class TopicWatcher:
         if self._committed is None or self._refused is not None:
             return
         try:
-            commit_offsets(
-                s.bootstrap, s.group_id, s.topic,
-                {p: o for p, o in self.state.offsets(s.topic).items() if s.owns(p)},
-                timeout_s=s.kafka_timeout_seconds, security=s.kafka_security,
-                metadata=self.owner.metadata(time.time(), released=True),
+            self._group.commit(
+                self._owned_offsets(), metadata=self.owner.metadata(time.time(), released=True)
             )
         except Exception as exc:
             log.warning("could not release consumer group %s's offsets: %s", s.group_id, exc)
@@ -1123,6 +1110,17 @@ def _earlier(a: float | None, b: float | None) -> float | None:
     if a is None or b is None:
         return a
     return min(a, b)
+
+
+def _hold(
+    turns: Sequence[StoredTurn], conversations: SessionConfig | None, window_size: float
+) -> float | None:
+    """The cut-off of final windows the open sessions among `turns` hold: no window is final
+    while an open session could still be dated in it (`conversations.hold`). None: no
+    conversations, or no open session."""
+    if conversations is None:
+        return None
+    return hold(turns, conversations.gap_seconds, window_size)
 
 
 def _log_completed(windows: Mapping[WindowKey, RatingCounts]) -> None:

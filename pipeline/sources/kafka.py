@@ -2,10 +2,10 @@
 
 A cycle asks the broker for every partition's end offset, plans per-partition [start, stop)
 ranges from the offsets saved in the state store (`plan_batch`, pure), reads exactly those
-ranges inside a bounded Beam pipeline (`ReadKafkaRanges`), and after the state store has saved the
-results, commits the new offsets to the consumer group (`commit_offsets`) so that Kafka tools show
-the lag. No consumer ever joins the group: partitions are assigned by hand, which is both faster
-(no rebalance) and what lets several short-lived consumers cover one cycle.
+ranges inside a bounded Beam pipeline (`ReadKafkaRanges`), and after the state store has saved
+the results, commits the new offsets to the consumer group (`KafkaGroup.commit`) so that Kafka
+tools show the lag. No consumer ever joins the group: partitions are assigned by hand, which is
+both faster (no rebalance) and what lets several short-lived consumers cover one cycle.
 
 Faults that would lose data quietly are made loud here. A saved offset the partition can no
 longer continue from (the topic was recreated, truncated or emptied, or retention deleted records
@@ -178,17 +178,6 @@ def log_bounds(
         )
     finally:
         consumer.close(autocommit=False)
-
-
-def end_offsets(
-    bootstrap: str,
-    topic: str,
-    *,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    security: KafkaSecurity = PLAINTEXT,
-) -> dict[int, int]:
-    """Offset after the last record of every partition of `topic` (its high watermark)."""
-    return log_bounds(bootstrap, topic, timeout_s=timeout_s, security=security).ends
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -547,66 +536,64 @@ class ReadKafkaRanges(beam.PTransform):
         )
 
 
-def commit_offsets(
-    bootstrap: str,
-    group_id: str,
-    topic: str,
-    offsets: Mapping[int, int],
-    *,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    security: KafkaSecurity = PLAINTEXT,
-    metadata: str = "",
-) -> None:
-    """Store `offsets` ({partition: next offset to read}) as `group_id`'s committed offsets,
-    each with the string `metadata` (serve signs its commits: `pipeline.service.owners`).
+@dataclasses.dataclass(frozen=True, slots=True)
+class KafkaGroup:
+    """Serve's consumer group on one topic, and how it is asked: the broker, the group, the
+    topic, how long a request may take (`timeout_s`) and the connection's security. Its
+    methods are serve's questions to the broker outside the graph: the topic's log bounds
+    (`bounds`) and the group's committed offsets (`commit`, `commits`, `committed`).
 
-    The consumer never joins the group (manual assignment, generation -1), which Kafka accepts
+    No consumer ever joins the group (manual assignment, generation -1), which Kafka accepts
     for groups with no active members; Kafka tools then show this group's lag. The state store
-    stays the source of truth: these commits are for visibility only.
+    stays the source of truth: the commits are for visibility (and serve's owner check,
+    `pipeline.service.owners`) only.
     """
-    if not offsets:
-        return
-    consumer = _consumer(bootstrap, timeout_s, security, group_id=group_id)
-    try:
-        tps = {
-            TopicPartition(topic, p): OffsetAndMetadata(o, metadata, -1) for p, o in offsets.items()
-        }
-        consumer.assign(list(tps))
-        consumer.commit(tps)
-    finally:
-        consumer.close(autocommit=False)
 
+    bootstrap: str
+    group_id: str
+    topic: str
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    security: KafkaSecurity = PLAINTEXT
 
-def committed_offsets(
-    bootstrap: str,
-    group_id: str,
-    topic: str,
-    *,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    security: KafkaSecurity = PLAINTEXT,
-) -> dict[int, int]:
-    """The group's committed offsets for `topic` (partitions without a commit are left out)."""
-    commits = group_commits(bootstrap, group_id, topic, timeout_s=timeout_s, security=security)
-    return {p: offset for p, (offset, _) in commits.items()}
+    def bounds(self) -> LogBounds:
+        """The log start and end offsets of every partition of the topic (`log_bounds`)."""
+        return log_bounds(
+            self.bootstrap, self.topic, timeout_s=self.timeout_s, security=self.security
+        )
 
+    def commit(self, offsets: Mapping[int, int], metadata: str = "") -> None:
+        """Store `offsets` ({partition: next offset to read}) as the group's committed offsets,
+        each with the string `metadata` (serve signs its commits)."""
+        if not offsets:
+            return
+        consumer = self._consumer()
+        try:
+            tps = {
+                TopicPartition(self.topic, p): OffsetAndMetadata(o, metadata, -1)
+                for p, o in offsets.items()
+            }
+            consumer.assign(list(tps))
+            consumer.commit(tps)
+        finally:
+            consumer.close(autocommit=False)
 
-def group_commits(
-    bootstrap: str,
-    group_id: str,
-    topic: str,
-    *,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    security: KafkaSecurity = PLAINTEXT,
-) -> dict[int, tuple[int, str | None]]:
-    """The group's committed offset and metadata string of every partition of `topic` that has
-    a commit (brokers that do not keep metadata give None)."""
-    consumer = _consumer(bootstrap, timeout_s, security, group_id=group_id)
-    try:
-        found: dict[int, tuple[int, str | None]] = {}
-        for partition in _partitions(consumer, topic, timeout_s):
-            commit = consumer.committed(TopicPartition(topic, partition), metadata=True)
-            if commit is not None:
-                found[partition] = (int(commit.offset), commit.metadata or None)
-        return found
-    finally:
-        consumer.close(autocommit=False)
+    def commits(self) -> dict[int, tuple[int, str | None]]:
+        """The committed offset and metadata string of every partition of the topic that has
+        a commit (brokers that do not keep metadata give None)."""
+        consumer = self._consumer()
+        try:
+            found: dict[int, tuple[int, str | None]] = {}
+            for partition in _partitions(consumer, self.topic, self.timeout_s):
+                commit = consumer.committed(TopicPartition(self.topic, partition), metadata=True)
+                if commit is not None:
+                    found[partition] = (int(commit.offset), commit.metadata or None)
+            return found
+        finally:
+            consumer.close(autocommit=False)
+
+    def committed(self) -> dict[int, int]:
+        """The committed offsets (partitions without a commit are left out)."""
+        return {p: offset for p, (offset, _) in self.commits().items()}
+
+    def _consumer(self) -> KafkaConsumer:
+        return _consumer(self.bootstrap, self.timeout_s, self.security, group_id=self.group_id)

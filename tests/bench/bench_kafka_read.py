@@ -3,7 +3,7 @@
 Starts an Apache Kafka broker, produces N records of SIZE bytes over P partitions, then reads them
 back REPEAT times as one bounded Beam pipeline per run, and reports the median events/s next to a
 plain kafka-python loop over the same ranges (the ceiling the Beam source can reach). Also times
-`end_offsets` and a join-free group commit (`commit_offsets`).
+`log_bounds` and a join-free group commit (`KafkaGroup.commit`).
 
     .venv/bin/python tests/bench/bench_kafka_read.py [--events 50000] [--size 1024]
 """
@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for kafka
 from kafka_broker import ApacheKafkaBroker
 
 from ragpulse.pipeline.sources.kafka import (
+    KafkaGroup,
     KafkaRangeSource,
     ReadKafkaRanges,
-    commit_offsets,
-    end_offsets,
+    log_bounds,
     plan_batch,
     read_range,
 )
@@ -85,10 +85,10 @@ def main() -> int:
         timings: dict[str, list[float]] = {"end_offsets": [], "commit_offsets": []}
         for _ in range(args.repeat):
             t = time.perf_counter()
-            ends = end_offsets(broker.bootstrap, "bench")
+            ends = log_bounds(broker.bootstrap, "bench").ends
             timings["end_offsets"].append(time.perf_counter() - t)
             t = time.perf_counter()
-            commit_offsets(broker.bootstrap, "bench-group", "bench", ends)
+            KafkaGroup(broker.bootstrap, "bench-group", "bench").commit(ends)
             timings["commit_offsets"].append(time.perf_counter() - t)
         ranges = plan_batch({}, ends, args.events)
         readers = (("beam (FnApiRunner)", beam_read), ("plain kafka-python", plain_read))

@@ -72,7 +72,7 @@ from kafka_broker import ApacheKafkaBroker
 from processes import free_port
 
 from ragpulse.pipeline.commands.simulate import simulate
-from ragpulse.pipeline.sources.kafka import end_offsets
+from ragpulse.pipeline.sources.kafka import log_bounds
 
 RAGPULSE = Path(sys.executable).with_name("ragpulse")
 PY_SPY = Path(sys.executable).with_name("py-spy")
@@ -275,7 +275,7 @@ def busy_elsewhere() -> str:
 
 def backlog(bootstrap: str, topic: str) -> int:
     """Records in the topic (sum of end offsets; the topics here start at offset 0)."""
-    return sum(end_offsets(bootstrap, topic, timeout_s=10).values())
+    return sum(log_bounds(bootstrap, topic, timeout_s=10).ends.values())
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
