@@ -22,7 +22,6 @@ from ragpulse.pipeline.sources.kafka import (
     KafkaGroup,
     KafkaRangeSource,
     KafkaReadError,
-    KafkaRecord,
     OffsetReset,
     ReadKafkaRanges,
     consumer_lag,
@@ -174,7 +173,7 @@ def test_records_carry_the_kafka_timestamp_in_seconds(
     consumer = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, enable_auto_commit=False)
     records = list(read_range(consumer, "events", 0, 0, 1))
     consumer.close()
-    assert records == [KafkaRecord(0, 0, 1_700_000_000.25, b"v", None)]
+    assert records == [SourceRecord(b"v", "events", 0, 0, 1_700_000_000.25)]
 
 
 def test_range_ending_inside_a_batch_stops_at_its_stop_offset(
@@ -183,7 +182,7 @@ def test_range_ending_inside_a_batch_stops_at_its_stop_offset(
     kafka_broker.create_topic("events")
     kafka_broker.produce("events", [b"%d" % i for i in range(100)])  # one batch
     consumer = KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, enable_auto_commit=False)
-    offsets = [r.offset for r in read_range(consumer, "events", 0, 40, 60)]
+    offsets = [r.position for r in read_range(consumer, "events", 0, 40, 60)]
     consumer.close()
     assert offsets == list(range(40, 60))
 
@@ -312,7 +311,7 @@ def test_offsets_a_range_cannot_read_are_logged_not_skipped_silently(
 ) -> None:
     consumer = _GappyConsumer([0, 1, 5, 6])
     with caplog.at_level(logging.WARNING, logger="ragpulse.pipeline.sources.kafka"):
-        got = [r.offset for r in read_range(consumer, "t", 0, 0, 7)]
+        got = [r.position for r in read_range(consumer, "t", 0, 0, 7)]
     assert got == [0, 1, 5, 6]
     assert "offsets 2..4 held no record" in caplog.text
     assert "3 offsets skipped" in caplog.text
@@ -340,7 +339,7 @@ def test_records_retention_deleted_during_a_read_are_counted_lost_and_the_read_g
     lost: list[int] = []
     with caplog.at_level(logging.ERROR, logger="ragpulse.pipeline.sources.kafka"):
         records = read_range(_RetentionConsumer(), "t", 0, 1, 7, on_lost=lost.append)
-        got = [r.offset for r in records]
+        got = [r.position for r in records]
     assert got == [4, 5, 6]
     assert lost == [3]  # offsets 1, 2 and 3 of the range
     assert "offsets 1..3 were deleted by retention" in caplog.text
@@ -384,7 +383,7 @@ def test_a_topic_recreated_shorter_while_a_range_is_read_fails_the_read_saying_s
     )
     try:
         records = read_range(consumer, "events", 0, 0, 20)
-        first = [next(records).offset for _ in range(5)]
+        first = [next(records).position for _ in range(5)]
         kafka_broker.delete_topic("events")
         kafka_broker.create_topic("events")
         kafka_broker.produce("events", [b"new"])

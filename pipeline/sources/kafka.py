@@ -11,7 +11,7 @@ Faults that would lose data quietly are made loud here. A saved offset the parti
 longer continue from (the topic was recreated, truncated or emptied, or retention deleted records
 before they were read) is an `OffsetReset` (`offset_resets`, pure); `reset_starts` applies the
 --on-offset-reset policy and says how many records that skips. A record over the size limit is
-read as its head only (`KafkaRecord.oversize_bytes`). Output records (dead letters, verdict rows)
+read as its head only (`SourceRecord.oversize_bytes`). Output records (dead letters, verdict rows)
 are delivered by `deliver`, which tells records the broker refused for good from records it did
 not acknowledge (yet), so that the caller can bound its retries.
 """
@@ -44,22 +44,6 @@ log = logging.getLogger(__name__)
 
 class KafkaReadError(RuntimeError):
     """A planned offset range could not be read (broker down, topic gone, records missing)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class KafkaRecord:
-    """One record read from the topic; `timestamp_s` is the record timestamp in epoch seconds.
-
-    `oversize_bytes` is set when the value was over the reader's size limit: `value` then holds
-    only its first HEAD_BYTES bytes, and `oversize_bytes` the size of the whole value.
-    """
-
-    partition: int
-    offset: int
-    timestamp_s: float
-    value: bytes
-    key: bytes | None = None
-    oversize_bytes: int | None = None
 
 
 def _consumer(
@@ -304,13 +288,14 @@ def read_range(
     poll_timeout_s: float = 0.5,
     max_value_bytes: int | None = None,
     on_lost: Callable[[int], None] | None = None,
-) -> Iterator[KafkaRecord]:
-    """Records with start <= offset < stop of one partition, in offset order.
+) -> Iterator[SourceRecord]:
+    """Records with start <= offset < stop of one partition, in offset order (`position` is
+    the offset, `record_time` the record's timestamp in epoch seconds).
 
     Stops as soon as the consumer's position reaches `stop`, so offsets that do not exist
     (compacted away, transaction markers, aborted records) end the range as well; those are
     logged as a warning. A value longer than `max_value_bytes` is cut to its head at once (see
-    `KafkaRecord.oversize_bytes`), so the whole value is not kept past this point.
+    `SourceRecord.oversize_bytes`), so the whole value is not kept past this point.
 
     The consumer must not reset offsets by itself (auto_offset_reset="none"): when retention
     deletes records of the range after it was planned, the read goes on from the new log start
@@ -366,7 +351,7 @@ def read_range(
                 continue
             _log_skipped(topic, partition, expected, record.offset)
             expected = record.offset + 1
-            found = _kafka_record(record, partition, max_value_bytes)
+            found = _source_record(record, topic, partition, max_value_bytes)
             del record  # an oversized value is dropped here, before the head goes downstream
             yield found
         try:
@@ -391,17 +376,19 @@ def _replaced(topic: str, partition: int, position: int) -> str:
     )
 
 
-def _kafka_record(record: Any, partition: int, max_value_bytes: int | None) -> KafkaRecord:
+def _source_record(
+    record: Any, topic: str, partition: int, max_value_bytes: int | None
+) -> SourceRecord:
     value = record.value if record.value is not None else b""
     oversize = None
     if max_value_bytes is not None and len(value) > max_value_bytes:
         oversize, value = len(value), value[:HEAD_BYTES]
-    return KafkaRecord(
+    return SourceRecord(
+        raw=value,
+        origin=topic,
         partition=partition,
-        offset=record.offset,
-        timestamp_s=record.timestamp / 1000.0,
-        value=value,
-        key=record.key,
+        position=record.offset,
+        record_time=record.timestamp / 1000.0,
         oversize_bytes=oversize,
     )
 
@@ -460,8 +447,8 @@ class KafkaRangeSource:
         stop: int,
         on_lost: Callable[[int], None] | None = None,
     ) -> Iterator[SourceRecord]:
-        """The records of one range (`read_range`), as SourceRecords."""
-        for r in read_range(
+        """The records of one range (`read_range`)."""
+        return read_range(
             consumer,
             self.topic,
             partition,
@@ -470,10 +457,7 @@ class KafkaRangeSource:
             stall_timeout_s=self.stall_timeout_s,
             max_value_bytes=self.max_value_bytes,
             on_lost=on_lost,
-        ):
-            yield SourceRecord(
-                r.value, self.topic, r.partition, r.offset, r.timestamp_s, r.oversize_bytes
-            )
+        )
 
     def read(
         self, ranges: Mapping[int, tuple[int, int]], on_lost: Callable[[int], None]
