@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import math
+import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -157,12 +158,19 @@ def test_a_crash_mid_cycle_pays_no_answered_call_twice_and_counts_every_paid_tok
         assert second.terminate() == 0
 
 
-def wait_out_the_hour_end(margin: float = 120.0) -> None:
-    """If the clock hour ends within `margin` seconds, wait for the next one: the test restarts
-    serve within one clock hour (the budget's unit of time), whatever the machine's speed."""
-    left = 3600 - time.time() % 3600
-    if left < margin:
-        time.sleep(left + 1)
+def clock_at(start: float) -> dict[str, str]:
+    """The environment of a process whose clock (CLOCK_REALTIME) reads `start` now and runs on
+    from there, through libfaketime (Debian package faketime, which `make test` installs); the
+    processes started with it later share its clock. (libfaketime shifts the monotonic clock
+    by the same offset: with FAKETIME_DONT_FAKE_MONOTONIC, its time.sleep fails with EINVAL.)"""
+    libraries = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    if not libraries:
+        pytest.fail("libfaketime.so.1 not found: install the Debian package faketime (make test)")
+    return {
+        **os.environ,
+        "LD_PRELOAD": str(libraries[0]),
+        "FAKETIME": f"{start - time.time():+.3f}",
+    }
 
 
 def test_the_hours_budget_spend_survives_a_crash_and_a_restart_within_the_hour(
@@ -170,8 +178,11 @@ def test_the_hours_budget_spend_survives_a_crash_and_a_restart_within_the_hour(
 ) -> None:
     topic, events = "budget-restart", 100
     state = tmp_path / "state.sqlite"
-    wait_out_the_hour_end()
-    hour = math.floor(time.time() / 3600)
+    # Every serve of this test starts a minute into the same clock hour (the budget's unit of
+    # time) and stays in it however long the test takes: built, not hoped for. The hour before
+    # the real one, so that the saved hour shows the serves ran on this clock.
+    hour = math.floor(time.time() / 3600) - 1
+    clock = clock_at(hour * 3600 + 60)
     broker = kafka_broker
     with FakeOpenAI() as endpoint:
         broker.create_topic(topic, 1)
@@ -179,10 +190,10 @@ def test_the_hours_budget_spend_survives_a_crash_and_a_restart_within_the_hour(
         args = serve_args(endpoint, "--judge-budget-per-hour", "1000000")
         # A crash in the first cycle, the budget's probe, after 10 answers.
         endpoint.hold_after(10)
-        first = serve_processes(broker.bootstrap, topic, state, args).start()
+        first = serve_processes(broker.bootstrap, topic, state, args, env=clock).start()
         crash_after_answers(first, endpoint, state, topic, 10)
 
-        second = serve_processes(broker.bootstrap, topic, state, args).start()
+        second = serve_processes(broker.bootstrap, topic, state, args, env=clock).start()
         scrape = second.wait_for(caught_up(events), 120, "every event read")
         served = tokens_served(endpoint)
         # The probe's calls answered before the crash are in the hour's spend, once.
@@ -197,7 +208,7 @@ def test_the_hours_budget_spend_survives_a_crash_and_a_restart_within_the_hour(
 
         # A restart within the hour goes on from the saved spend, before any cycle judges.
         asked = len(endpoint.requests)
-        third = serve_processes(broker.bootstrap, topic, state, args).start()
+        third = serve_processes(broker.bootstrap, topic, state, args, env=clock).start()
         scrape = third.wait_for(
             lambda m: m.total("ragpulse_cycles_total", outcome="ok") >= 1, 60, "a cycle"
         )
