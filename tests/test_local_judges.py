@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import pickle
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -11,6 +12,8 @@ from types import ModuleType
 import pytest
 
 from ragpulse.judges.base import Chunk, JudgeInput, Verdict
+from ragpulse.judges.local.document_recall import DocumentRecallJudge
+from ragpulse.judges.local.frustration import UserFrustrationJudge
 from ragpulse.judges.local.groundedness import GroundednessJudge, is_structured
 from ragpulse.judges.local.judge import build_local_judges
 from ragpulse.judges.local.relevance import RelevanceToQueryJudge
@@ -252,6 +255,23 @@ def test_unknown_local_judge_name_is_refused() -> None:
 def test_a_judge_without_a_local_implementation_is_refused_by_the_local_factory() -> None:
     with pytest.raises(ValueError, match=r"no local implementation of judge\(s\) guideline_adh"):
         build_local_judges(["safety", "guideline_adherence"])
+
+
+def test_a_local_judges_threshold_is_a_keyword_that_decides_and_survives_pickling() -> None:
+    # Half the expected documents retrieved: "no" at the default (every one), "yes" at 0.5; a
+    # judge is pickled to reach Beam's workers, and keeps its threshold there.
+    item = JudgeInput(
+        "q", "a", (Chunk("text", "doc-a"),),
+        expected_chunks=(Chunk("", "doc-a"), Chunk("", "doc-b")),
+    )
+    assert DocumentRecallJudge().grade(item).rating == "no"
+    lenient = pickle.loads(pickle.dumps(DocumentRecallJudge(min_recall=0.5)))
+    assert lenient.grade(item).rating == "yes"
+
+
+def test_the_local_session_judge_reads_its_requirements_from_the_session_judges() -> None:
+    verdict = UserFrustrationJudge().grade(JudgeInput("q", "a"))
+    assert verdict.rating == "skipped" and verdict.missing == ("transcript",)
 
 
 def test_numbers_are_normalised() -> None:

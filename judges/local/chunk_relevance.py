@@ -12,6 +12,7 @@ at hand to measure it (see tests/bench/eval_local_judges.py).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 from ragpulse.judges.base import Chunk, JudgeInput, Rating, Verdict
@@ -38,14 +39,13 @@ def chunk_verdict(
     return Verdict(name, "no", f"It holds {len(found)} of {len(asked)} key words ({words}).")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ChunkRelevanceJudge(LocalJudge):
     """Local `chunk_relevance` judge: "yes" when some chunk holds the question's key words."""
 
     name = "chunk_relevance"
 
-    def __init__(self, *, min_share: float = DEFAULT_MIN_SHARE) -> None:
-        super().__init__()
-        self.min_share = min_share
+    min_share: float = DEFAULT_MIN_SHARE
 
     def decide(self, item: JudgeInput) -> tuple[Rating, str, float]:
         asked = key_stems(item.question)

@@ -12,6 +12,8 @@ measured (see tests/bench/eval_local_judges.py).
 
 from __future__ import annotations
 
+import dataclasses
+
 from ragpulse.judges.base import JudgeInput, Rating
 from ragpulse.judges.local.judge import LocalJudge
 from ragpulse.judges.local.relevance import key_stems
@@ -23,21 +25,15 @@ DEFAULT_MIN_EXPECTED_SHARE = 0.7
 DEFAULT_MIN_QUESTION_SHARE = 0.6
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ContextSufficiencyJudge(LocalJudge):
     """Local `context_sufficiency` judge: "no" when the chunks lack part of the expected answer
     (or, without one, of the question's key words)."""
 
     name = "context_sufficiency"
 
-    def __init__(
-        self,
-        *,
-        min_expected_share: float = DEFAULT_MIN_EXPECTED_SHARE,
-        min_question_share: float = DEFAULT_MIN_QUESTION_SHARE,
-    ) -> None:
-        super().__init__()
-        self.min_expected_share = min_expected_share
-        self.min_question_share = min_question_share
+    min_expected_share: float = DEFAULT_MIN_EXPECTED_SHARE
+    min_question_share: float = DEFAULT_MIN_QUESTION_SHARE
 
     def decide(self, item: JudgeInput) -> tuple[Rating, str]:
         context = bag_of("\n".join(c.content for c in item.chunks))

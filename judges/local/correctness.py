@@ -10,6 +10,7 @@ when the answer holds every number of it and at least `min_share` of its content
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import string
@@ -31,15 +32,14 @@ def normalise_answer(text: str) -> str:
     return " ".join(_ARTICLES_RE.sub(" ", text.lower().translate(_PUNCTUATION)).split())
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class CorrectnessJudge(LocalJudge):
     """Local `correctness` judge: "yes" when the answer states every expected fact."""
 
     name = "correctness"
     empty_answer = "there is nothing to compare with the expected answer"
 
-    def __init__(self, *, min_share: float = DEFAULT_MIN_SHARE) -> None:
-        super().__init__()
-        self.min_share = min_share
+    min_share: float = DEFAULT_MIN_SHARE
 
     def decide(self, item: JudgeInput) -> tuple[Rating, str]:
         targets = item.facts or (item.expected_response or "",)

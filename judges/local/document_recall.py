@@ -12,20 +12,21 @@ precision is.
 
 from __future__ import annotations
 
+import dataclasses
+
 from ragpulse.judges.base import JudgeInput, Rating
 from ragpulse.judges.local.judge import CannotGrade, LocalJudge
 
 DEFAULT_MIN_RECALL = 1.0
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class DocumentRecallJudge(LocalJudge):
     """`document_recall`: "yes" when the retriever returned the expected documents."""
 
     name = "document_recall"
 
-    def __init__(self, *, min_recall: float = DEFAULT_MIN_RECALL) -> None:
-        super().__init__()
-        self.min_recall = min_recall
+    min_recall: float = DEFAULT_MIN_RECALL
 
     def decide(self, item: JudgeInput) -> tuple[Rating, str, float]:
         expected = list(dict.fromkeys(c.doc_uri.strip() for c in item.expected_chunks if c.doc_uri))

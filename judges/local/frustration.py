@@ -12,13 +12,13 @@ For operators who want a free, deterministic signal on whole conversations (judg
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 
 from ragpulse.judges.base import JudgeInput, Rating
 from ragpulse.judges.local.judge import LocalJudge
 from ragpulse.judges.local.text import content_stems, load_lexicon
-from ragpulse.judges.registry import SESSION_JUDGES
 
 DEFAULT_REPEAT_SIMILARITY = 0.7
 # Feedback labels that say the user disliked an answer (the event's `feedback`, lower-cased).
@@ -66,14 +66,13 @@ def frustration_signs(item: JudgeInput, repeat_similarity: float = DEFAULT_REPEA
     return signs
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class UserFrustrationJudge(LocalJudge):
     """Local `user_frustration` session judge: "no" when the transcript shows frustration."""
 
     name = "user_frustration"
 
-    def __init__(self, *, repeat_similarity: float = DEFAULT_REPEAT_SIMILARITY) -> None:
-        self._entry = SESSION_JUDGES[self.name]  # a session judge: not in the per-answer table
-        self.repeat_similarity = repeat_similarity
+    repeat_similarity: float = DEFAULT_REPEAT_SIMILARITY
 
     def decide(self, item: JudgeInput) -> tuple[Rating, str]:
         signs = frustration_signs(item, self.repeat_similarity)

@@ -173,21 +173,15 @@ def first_unsupported(
     return None
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class GroundednessJudge(LocalJudge):
     """Local `groundedness` judge: "no" when some claim of the answer is not in the chunks."""
 
     name = "groundedness"
     empty_answer = "there is no claim to check against the context"
 
-    def __init__(
-        self,
-        *,
-        min_words: int = DEFAULT_MIN_WORDS,
-        max_unsupported: float = DEFAULT_MAX_UNSUPPORTED,
-    ) -> None:
-        super().__init__()
-        self.min_words = min_words
-        self.max_unsupported = max_unsupported
+    min_words: int = DEFAULT_MIN_WORDS
+    max_unsupported: float = DEFAULT_MAX_UNSUPPORTED
 
     def decide(self, item: JudgeInput) -> tuple[Rating, str]:
         chunks = [c.content for c in item.chunks if c.content and not c.content.isspace()]

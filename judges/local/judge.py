@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from ragpulse.judges.base import Judge, JudgeInput, Rating, Verdict
-from ragpulse.judges.registry import JudgeEntry, judge_entry
+from ragpulse.judges.registry import SESSION_JUDGES, JudgeEntry, judge_entry
 
 __all__ = ["CannotGrade", "LocalJudge", "build_local_judges"]
 
@@ -30,15 +30,20 @@ class LocalJudge:
 
     Before deciding, an event lacking what the registry says the judge requires gets that
     verdict, and, when `empty_answer` says why the method cannot grade one, an empty answer is
-    an `error` with cause `input`.
+    an `error` with cause `input`. A judge with thresholds declares them as the fields of a
+    keyword-only frozen dataclass, with their defaults: the registry builds it without
+    arguments (`JudgeEntry.build_local`).
     """
 
     name: str
     # Why the method cannot grade an empty answer; None grades it like any other.
     empty_answer: ClassVar[str | None] = None
+    # The judge's registry entry (a session judge's is among the session judges').
+    _entry: ClassVar[JudgeEntry]
 
-    def __init__(self) -> None:
-        self._entry: JudgeEntry = judge_entry(self.name)
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._entry = SESSION_JUDGES.get(cls.name) or judge_entry(cls.name)
 
     def decide(self, item: JudgeInput) -> tuple[Rating, str] | tuple[Rating, str, float]:
         """The rating and its rationale for an event that holds what the judge needs (and a

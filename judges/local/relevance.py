@@ -8,6 +8,7 @@ stems), or when a quantity question ("how many", "what year") gets an answer wit
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 
@@ -90,15 +91,14 @@ def _key_stem(tok: str) -> str | None:
 _QUESTION_FRAME_STEMS = frozenset(stem(w) for w in _QUESTION_FRAME)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RelevanceToQueryJudge(LocalJudge):
     """Local `relevance_to_query` judge: "no" for refusals and off-topic answers."""
 
     name = "relevance_to_query"
     empty_answer = "there is nothing to compare with the question"
 
-    def __init__(self, *, min_overlap: float = DEFAULT_MIN_OVERLAP) -> None:
-        super().__init__()
-        self.min_overlap = min_overlap
+    min_overlap: float = DEFAULT_MIN_OVERLAP
 
     def decide(self, item: JudgeInput) -> tuple[Rating, str]:
         question, answer = item.question, item.answer
