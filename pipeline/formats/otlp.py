@@ -74,7 +74,7 @@ import dataclasses
 import functools
 from collections import defaultdict
 from collections.abc import Container, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import orjson
 
@@ -94,7 +94,7 @@ __all__ = [
 ]
 
 InputFormat = Literal["ragpulse", "otlp_json", "otlp_proto"]
-INPUT_FORMATS: tuple[InputFormat, ...] = ("ragpulse", "otlp_json", "otlp_proto")
+INPUT_FORMATS: tuple[InputFormat, ...] = get_args(InputFormat)
 
 _LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 _GENAI_KINDS = {"embeddings": "EMBEDDING", "execute_tool": "TOOL", "invoke_agent": "AGENT"}
