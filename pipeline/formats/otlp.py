@@ -425,21 +425,11 @@ def _part(
         service=service if isinstance(service, str) and service.strip() else None,
         question=_question(attrs),
         answer=_answer(attrs),
-        model=next(
-            (
-                attrs[k]
-                for k in ("llm.model_name", "gen_ai.request.model", "gen_ai.response.model")
-                if isinstance(attrs.get(k), str) and attrs[k].strip()
-            ),
-            None,
-        ),
+        model=_first_text(attrs, "llm.model_name", "gen_ai.request.model", "gen_ai.response.model"),
         documents=documents,
         tokens=_tokens(attrs),
         end_ns=end_ns,
-        session_id=next(
-            (attrs[k] for k in _SESSION_KEYS if isinstance(attrs.get(k), str) and attrs[k].strip()),
-            None,
-        ),
+        session_id=_first_text(attrs, *_SESSION_KEYS),
         tool=_tool(name, attrs, events, status) if kind == "TOOL" else None,
     )
 
