@@ -326,11 +326,12 @@ def parse_event(
     env = _validated(_ENVELOPE, data)
 
     question, history = _question_and_history(env.request)
-    trace: list[_Span] | None = None
+    # The trace is read only for what the event's own fields leave out.
+    from_trace = None in (env.response, env.retrieved_context, env.tool_calls)
+    trace = _trace_spans(env.trace) if env.trace is not None and from_trace else None
     if env.response is not None:
         answer = _answer_from(env.response, "response")
-    elif env.trace is not None:
-        trace = _trace_spans(env.trace)
+    elif trace is not None:
         answer = _answer_from_trace(trace)
     else:
         raise InvalidEvent("the event has neither 'response' nor 'trace'; one of them is required")
@@ -339,21 +340,13 @@ def parse_event(
 
     if env.retrieved_context is not None:
         chunks = tuple(Chunk(c["content"], c.get("doc_uri")) for c in env.retrieved_context)
-    elif env.trace is not None:
-        if trace is None:
-            trace = _trace_spans(env.trace)
-        chunks = _chunks_from_trace(trace)
     else:
-        chunks = ()
+        chunks = _chunks_from_trace(trace) if trace is not None else ()
 
     if env.tool_calls is not None:
         tool_calls = _tool_calls(env.tool_calls)
-    elif env.trace is not None:
-        if trace is None:
-            trace = _trace_spans(env.trace)
-        tool_calls = _tool_calls_from_trace(trace)
     else:
-        tool_calls = ()
+        tool_calls = _tool_calls_from_trace(trace) if trace is not None else ()
 
     return InferenceRecord(
         request_id=_request_id(env.request_id, raw),
