@@ -33,14 +33,14 @@ import re
 import re._parser as sre_parser
 import urllib.parse
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Literal, get_args
 
 from ragpulse.judges.base import Chunk, Guideline, JudgeInput, ToolCall, Turn
 
 RedactMode = Literal["auto", "on", "off"]
 StoreText = Literal["none", "redacted", "full"]
-REDACT_MODES: tuple[RedactMode, ...] = ("auto", "on", "off")
-STORE_TEXT_MODES: tuple[StoreText, ...] = ("none", "redacted", "full")
+REDACT_MODES: tuple[RedactMode, ...] = get_args(RedactMode)
+STORE_TEXT_MODES: tuple[StoreText, ...] = get_args(StoreText)
 
 # How one match is replaced: the replacement text, or None to leave the match as it is.
 _Validate = Callable[[re.Match[str]], str | None]

@@ -23,7 +23,7 @@ import re
 import ssl
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, SecretStr
 
@@ -34,8 +34,8 @@ T = TypeVar("T")
 
 Protocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 Mechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
-PROTOCOLS: tuple[Protocol, ...] = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-MECHANISMS: tuple[Mechanism, ...] = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
+PROTOCOLS: tuple[Protocol, ...] = get_args(Protocol)
+MECHANISMS: tuple[Mechanism, ...] = get_args(Mechanism)
 
 ENV_SASL_USERNAME = "RAGPULSE_KAFKA_SASL_USERNAME"
 ENV_SASL_PASSWORD = "RAGPULSE_KAFKA_SASL_PASSWORD"

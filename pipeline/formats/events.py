@@ -121,10 +121,10 @@ from __future__ import annotations
 import hashlib
 import math
 from datetime import UTC, datetime
-from typing import Any, Literal, NotRequired
+from typing import Any, Literal, NotRequired, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, with_config
 from typing_extensions import TypedDict
 
 from ragpulse.judges.base import (
@@ -165,6 +165,7 @@ _QUOTE_CHARS = 60
 MAX_TOOL_CALLS = 32
 MAX_TOOL_TEXT_CHARS = 4000
 MAX_TOOL_NAME_CHARS = 256
+_T = TypeVar("_T")
 
 
 class InvalidEvent(Exception):
@@ -175,25 +176,21 @@ class InvalidEvent(Exception):
         self.reason = reason
 
 
-# --- boundary shapes (pydantic, strict: a number is not silently a string) ------------------
-
-_STRICT = ConfigDict(strict=True)
+# --- boundary shapes (pydantic, validated strictly by `_validated`) --------------------------
 
 
 class _ContextChunk(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     content: str
     doc_uri: NotRequired[str | None]
 
 
 class _ExpectedChunk(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     content: NotRequired[str | None]
     doc_uri: str
 
 
 class _Envelope(BaseModel):
-    model_config = ConfigDict(strict=True, frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     request_id: str | int | None = None
     request: str | dict[str, Any]
@@ -215,9 +212,9 @@ class _Envelope(BaseModel):
     session_id: str | None = None
 
 
+# Unknown keys are refused: a misspelt "args" or "output" would otherwise vanish.
+@with_config(ConfigDict(extra="forbid"))
 class _ToolCallField(TypedDict):
-    # Unknown keys are refused: a misspelt "args" or "output" would otherwise vanish.
-    __pydantic_config__ = ConfigDict(strict=True, extra="forbid")  # type: ignore[misc]
     name: str
     arguments: NotRequired[str | dict[str, Any] | None]
     result: NotRequired[Any]  # text, or any JSON value (kept as JSON text)
@@ -228,7 +225,6 @@ class _ToolCallField(TypedDict):
 
 
 class _Usage(TypedDict, total=False):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     input_tokens: int | None
     output_tokens: int | None
     total_tokens: int | None
@@ -237,40 +233,33 @@ class _Usage(TypedDict, total=False):
 
 
 class _ContentPart(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     type: str
     text: NotRequired[str]
 
 
 class _Message(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     role: str
     content: NotRequired[str | list[_ContentPart] | None]
 
 
 class _ChatMessage(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     content: NotRequired[str | list[_ContentPart] | None]
 
 
 class _Choice(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     message: _ChatMessage
 
 
 class _ChatCompletion(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     choices: list[_Choice]
 
 
 class _SpanContext(TypedDict, total=False):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     span_id: str
     trace_id: str
 
 
 class _Span(TypedDict, total=False):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     name: str
     context: _SpanContext
     span_id: str
@@ -294,28 +283,25 @@ class _Span(TypedDict, total=False):
 
 
 class _TraceData(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     spans: list[_Span]
 
 
 class _Trace(TypedDict, total=False):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     info: dict[str, Any]
     data: _TraceData
     spans: list[_Span]
 
 
 class _DocMetadata(TypedDict, total=False):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     doc_uri: str | None
 
 
 class _Document(TypedDict):
-    __pydantic_config__ = _STRICT  # type: ignore[misc]
     page_content: str
     metadata: NotRequired[_DocMetadata | None]
 
 
+_ENVELOPE = TypeAdapter(_Envelope)
 _MESSAGES = TypeAdapter(list[_Message])
 _CHAT_COMPLETION = TypeAdapter(_ChatCompletion)
 _USAGE = TypeAdapter(_Usage | None)
@@ -337,17 +323,15 @@ def parse_event(
     if len(raw) > max_bytes:
         raise InvalidEvent(f"line is {len(raw)} bytes, over the {max_bytes}-byte limit")
     data = _load_json_object(raw)
-    try:
-        env = _Envelope.model_validate(data)
-    except ValidationError as exc:
-        raise InvalidEvent(_validation_reason(exc, data)) from None
+    env = _validated(_ENVELOPE, data)
 
     question, history = _question_and_history(env.request)
-    trace: list[_Span] | None = None
+    # The trace is read only for what the event's own fields leave out.
+    from_trace = None in (env.response, env.retrieved_context, env.tool_calls)
+    trace = _trace_spans(env.trace) if env.trace is not None and from_trace else None
     if env.response is not None:
         answer = _answer_from(env.response, "response")
-    elif env.trace is not None:
-        trace = _trace_spans(env.trace)
+    elif trace is not None:
         answer = _answer_from_trace(trace)
     else:
         raise InvalidEvent("the event has neither 'response' nor 'trace'; one of them is required")
@@ -356,21 +340,13 @@ def parse_event(
 
     if env.retrieved_context is not None:
         chunks = tuple(Chunk(c["content"], c.get("doc_uri")) for c in env.retrieved_context)
-    elif env.trace is not None:
-        if trace is None:
-            trace = _trace_spans(env.trace)
-        chunks = _chunks_from_trace(trace)
     else:
-        chunks = ()
+        chunks = _chunks_from_trace(trace) if trace is not None else ()
 
     if env.tool_calls is not None:
         tool_calls = _tool_calls(env.tool_calls)
-    elif env.trace is not None:
-        if trace is None:
-            trace = _trace_spans(env.trace)
-        tool_calls = _tool_calls_from_trace(trace)
     else:
-        tool_calls = ()
+        tool_calls = _tool_calls_from_trace(trace) if trace is not None else ()
 
     return InferenceRecord(
         request_id=_request_id(env.request_id, raw),
@@ -492,10 +468,7 @@ def _question_and_history(request: str | dict[str, Any]) -> tuple[str, tuple[Tur
 
 
 def _messages(value: Any, where: str) -> list[_Message]:
-    try:
-        return _MESSAGES.validate_python(value)
-    except ValidationError as exc:
-        raise InvalidEvent(_validation_reason(exc, value, where)) from None
+    return _validated(_MESSAGES, value, where)
 
 
 def _turns(messages: list[_Message]) -> tuple[Turn, ...]:
@@ -518,10 +491,7 @@ def _answer_from(value: Any, where: str) -> str:
         return value
     if isinstance(value, dict):
         if "choices" in value:
-            try:
-                completion = _CHAT_COMPLETION.validate_python(value)
-            except ValidationError as exc:
-                raise InvalidEvent(_validation_reason(exc, value, where)) from None
+            completion = _validated(_CHAT_COMPLETION, value, where)
             if not completion["choices"]:
                 raise InvalidEvent(f"'{where}.choices' is empty")
             return _text(completion["choices"][0]["message"].get("content"))
@@ -544,10 +514,7 @@ def _trace_spans(trace: str | dict[str, Any]) -> list[_Span]:
             raise InvalidEvent(f"field 'trace' is a string but not valid JSON ({exc})") from None
         if not isinstance(trace, dict):
             raise InvalidEvent(f"field 'trace' must hold a JSON object, not {_json_type(trace)}")
-    try:
-        parsed = _TRACE.validate_python(trace)
-    except ValidationError as exc:
-        raise InvalidEvent(_validation_reason(exc, trace, "trace")) from None
+    parsed = _validated(_TRACE, trace, "trace")
     if "data" in parsed:
         return parsed["data"]["spans"]
     if "spans" in parsed:
@@ -623,10 +590,7 @@ def _chunks_from_trace(spans: list[_Span]) -> tuple[Chunk, ...]:
     index, span = retrievers[pick]
     outputs = _span_outputs(span)
     where = f"trace retriever span {_span_name(span, index)} outputs"
-    try:
-        documents = _DOCUMENTS.validate_python(outputs)
-    except ValidationError as exc:
-        raise InvalidEvent(_validation_reason(exc, outputs, where)) from None
+    documents = _validated(_DOCUMENTS, outputs, where)
     if documents is None:  # the retriever failed before returning anything
         return ()
     return tuple(
@@ -838,11 +802,7 @@ def _usage(value: _Usage | None, response: Any) -> AgentUsage | None:
     """The event's `usage`, else its chat-completion response's; None when neither says."""
     where = "usage"
     if value is None and isinstance(response, dict) and "choices" in response:
-        try:
-            value = _USAGE.validate_python(response.get("usage"))
-        except ValidationError as exc:
-            reason = _validation_reason(exc, response.get("usage"), "response.usage")
-            raise InvalidEvent(reason) from None
+        value = _validated(_USAGE, response.get("usage"), "response.usage")
         where = "response.usage"
     if value is None:
         return None
@@ -913,6 +873,15 @@ _EXPECTED = {
     "model_type": "a JSON object",
     "none_required": "null",
 }
+
+
+def _validated(adapter: TypeAdapter[_T], data: Any, prefix: str = "") -> _T:
+    """`data` in `adapter`'s shape, validated strictly (a number is not silently a string);
+    InvalidEvent names the field at fault, under `prefix`."""
+    try:
+        return adapter.validate_python(data, strict=True)
+    except ValidationError as exc:
+        raise InvalidEvent(_validation_reason(exc, data, prefix)) from None
 
 
 def _validation_reason(exc: ValidationError, data: Any, prefix: str = "") -> str:

@@ -74,7 +74,7 @@ import dataclasses
 import functools
 from collections import defaultdict
 from collections.abc import Container, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import orjson
 
@@ -94,7 +94,7 @@ __all__ = [
 ]
 
 InputFormat = Literal["ragpulse", "otlp_json", "otlp_proto"]
-INPUT_FORMATS: tuple[InputFormat, ...] = ("ragpulse", "otlp_json", "otlp_proto")
+INPUT_FORMATS: tuple[InputFormat, ...] = get_args(InputFormat)
 
 _LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 _GENAI_KINDS = {"embeddings": "EMBEDDING", "execute_tool": "TOOL", "invoke_agent": "AGENT"}
@@ -425,21 +425,11 @@ def _part(
         service=service if isinstance(service, str) and service.strip() else None,
         question=_question(attrs),
         answer=_answer(attrs),
-        model=next(
-            (
-                attrs[k]
-                for k in ("llm.model_name", "gen_ai.request.model", "gen_ai.response.model")
-                if isinstance(attrs.get(k), str) and attrs[k].strip()
-            ),
-            None,
-        ),
+        model=_first_text(attrs, "llm.model_name", "gen_ai.request.model", "gen_ai.response.model"),
         documents=documents,
         tokens=_tokens(attrs),
         end_ns=end_ns,
-        session_id=next(
-            (attrs[k] for k in _SESSION_KEYS if isinstance(attrs.get(k), str) and attrs[k].strip()),
-            None,
-        ),
+        session_id=_first_text(attrs, *_SESSION_KEYS),
         tool=_tool(name, attrs, events, status) if kind == "TOOL" else None,
     )
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime
-from typing import Literal
+from typing import Literal, get_args
 
 import orjson
 
@@ -24,7 +24,7 @@ from ragpulse.pipeline.formats.events import MAX_LABEL_CHARS
 from ragpulse.pipeline.windows import RatingCounts, WindowKey, window_row
 
 PaneTiming = Literal["early", "on_time", "late"]
-PANE_TIMINGS: tuple[PaneTiming, ...] = ("early", "on_time", "late")
+PANE_TIMINGS: tuple[PaneTiming, ...] = get_args(PaneTiming)
 # The stream fires an early pane at most once a second while a window is open, and a late one
 # per late bundle within the allowed lateness: a million panes is over eleven days of early
 # panes. A larger index is a forged or corrupt row, which would otherwise outrank every real
