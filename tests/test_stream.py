@@ -28,6 +28,7 @@ from cli import one_line_error, ragpulse
 from graph_runs import stage_config
 from processes import free_port
 
+from ragpulse.pipeline.commands.stream import stream_sinks
 from ragpulse.pipeline.formats import rating_rows
 from ragpulse.pipeline.graphs.unbounded import PaneSchedule, StreamSinks, build_stream
 from ragpulse.pipeline.records import Rejected, SourceRecord
@@ -180,6 +181,53 @@ def test_a_window_without_events_after_its_early_pane_still_gets_an_on_time_pane
     run_stream(script)
 
     assert [pane(row) for _, row in _Published.rows] == [("early", 0, 1, 0), ("on_time", 1, 1, 0)]
+
+
+def test_the_stream_graph_keeps_its_step_labels_which_job_updates_match_state_by() -> None:
+    # A Flink savepoint or a Dataflow update finds each step's state by its full label: a step
+    # renamed, or applied without its label, would start its windows and sessions afresh.
+    settings = StreamSettings(
+        judges=JudgeSettings(backend="local"),
+        session_judges=("user_frustration",),
+        bootstrap="127.0.0.1:9092",
+        topic="t",
+        dead_letter_topic="t.dlq",
+        ratings_topic="t.ratings",
+        runner="FlinkRunner",
+    )
+    p = beam.Pipeline()
+    build_stream(p, TestStream(), settings.stage_config(), SCHEDULE, stream_sinks(settings))
+    labels: list[str] = []
+
+    class _Steps(beam.pipeline.PipelineVisitor):
+        def visit_transform(self, node: Any) -> None:
+            if not node.full_label.startswith("Read"):  # the source's own steps
+                labels.append(node.full_label)
+
+    p.visit(_Steps())
+    assert labels == [
+        "ParseEvents/ParseAndSample/ParDo(_ParseAndSample)",
+        "WriteDeadLetters/ToRecord",
+        "WriteDeadLetters/Publish",
+        "JudgeEvents/Judge",
+        "GroupSessions/KeyTurnsBySession",
+        "GroupSessions/SessionWindows",
+        "GroupSessions/GroupTurns",
+        "GroupSessions/MakeSessions",
+        "GroupSessions/BackToGlobal",
+        "JudgeSessions/Judge",
+        "ReplaceRejudged/KeyBySession",
+        "ReplaceRejudged/Replace",
+        "WithSessions",
+        "PaneRatings/WindowByEventTime/StampEventTime",
+        "PaneRatings/WindowByEventTime/FixedWindows",
+        "PaneRatings/RatingPerJudge",
+        "PaneRatings/CountRatings/GroupByKey",
+        "PaneRatings/CountRatings/Combine/ParDo(CombineValuesDoFn)",
+        "PaneRatings/ToPane",
+        "WriteRatings/ToRecord",
+        "WriteRatings/Publish",
+    ]
 
 
 def test_every_published_pane_reads_back_as_the_pane_it_was() -> None:

@@ -39,6 +39,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.utils.windowed_value import PaneInfoTiming
 
+from ragpulse.pipeline.composite import composite_transform
 from ragpulse.pipeline.formats.rating_rows import PaneTiming, RatingPane
 from ragpulse.pipeline.graphs.bounded import StageConfig, with_sessions
 from ragpulse.pipeline.records import SourceRecord
@@ -71,25 +72,18 @@ class _ToPane(beam.DoFn):
         yield RatingPane(window_key(key, win), counts, _TIMINGS[pane.timing], pane.index)
 
 
-class PaneRatings(beam.PTransform):
+@composite_transform
+def PaneRatings(judged: Any, *, window_size: float, schedule: PaneSchedule) -> Any:
     """Counts ratings per (event-time fixed window, judge, app, model) of an unbounded stream,
     in accumulating panes (`PaneSchedule`): `JudgedEvent`s (and `Retraction`s, which take
     verdicts back out) in, `RatingPane`s out."""
-
-    def __init__(self, *, window_size: float, schedule: PaneSchedule) -> None:
-        super().__init__()
-        self._size = window_size
-        self._schedule = schedule
-
-    def expand(self, judged: Any) -> Any:
-        return (
-            judged
-            | "WindowByEventTime"
-            >> WindowByEventTime(window_size=self._size, schedule=self._schedule)
-            | "RatingPerJudge" >> beam.FlatMap(weighted_ratings)
-            | "CountRatings" >> beam.CombinePerKey(CountRatings())
-            | "ToPane" >> beam.ParDo(_ToPane())
-        )
+    return (
+        judged
+        | "WindowByEventTime" >> WindowByEventTime(window_size=window_size, schedule=schedule)
+        | "RatingPerJudge" >> beam.FlatMap(weighted_ratings)
+        | "CountRatings" >> beam.CombinePerKey(CountRatings())
+        | "ToPane" >> beam.ParDo(_ToPane())
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +155,8 @@ class ReadKafkaStream(beam.PTransform):
     v2; Flink: the job server's environment).
     """
 
+    # A class, not a `composite_transform`: that would show `consumer_config`, which may hold a
+    # password (sasl.jaas.config), as display data in the runner's UI.
     def __init__(
         self,
         bootstrap: str,

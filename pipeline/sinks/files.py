@@ -20,6 +20,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from ragpulse.judges import TextPolicy
 from ragpulse.pipeline.calibration import JudgeCalibration, corrected_fields
+from ragpulse.pipeline.composite import composite_transform
 from ragpulse.pipeline.formats.events import dead_letter
 from ragpulse.pipeline.formats.verdict_rows import verdict_row
 from ragpulse.pipeline.records import Rejected
@@ -68,65 +69,50 @@ class _JoinLines(beam.DoFn):
             self._lines = []
 
 
-class WriteLines(beam.PTransform):
+@composite_transform
+def WriteLines(lines: Any, path: Path) -> Any:
     """Writes text lines to one file (`path`, no shard suffix)."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__()
-        self._path = path
-
-    def expand(self, lines: Any) -> Any:
-        return (
-            lines
-            | "JoinLines" >> beam.ParDo(_JoinLines())
-            | "Write" >> beam.io.WriteToText(str(self._path), shard_name_template="", num_shards=1)
-        )
+    return (
+        lines
+        | "JoinLines" >> beam.ParDo(_JoinLines())
+        | "Write" >> beam.io.WriteToText(str(path), shard_name_template="", num_shards=1)
+    )
 
 
-class WriteDeadLetters(beam.PTransform):
+@composite_transform
+def WriteDeadLetters(rejected: Any, out_dir: Path) -> Any:
     """Sink: `Rejected` records as dead_letter.jsonl rows."""
-
-    def __init__(self, out_dir: Path) -> None:
-        super().__init__()
-        self._path = out_dir / DEAD_LETTER_FILE
-
-    def expand(self, rejected: Any) -> Any:
-        return rejected | "Format" >> beam.Map(dead_letter_line) | WriteLines(self._path)
+    return (
+        rejected
+        | "Format" >> beam.Map(dead_letter_line)
+        | "WriteLines" >> WriteLines(out_dir / DEAD_LETTER_FILE)
+    )
 
 
-class WriteVerdicts(beam.PTransform):
+@composite_transform
+def WriteVerdicts(judged: Any, out_dir: Path, policy: TextPolicy) -> Any:
     """Sink: `JudgedEvent`s as verdicts.jsonl rows, text kept as `policy` says."""
-
-    def __init__(self, out_dir: Path, policy: TextPolicy) -> None:
-        super().__init__()
-        self._path = out_dir / VERDICTS_FILE
-        self._policy = policy
-
-    def expand(self, judged: Any) -> Any:
-        policy = self._policy
-        return (
-            judged
-            | "Format" >> beam.Map(lambda j: _json_line(verdict_row(j, policy)))
-            | WriteLines(self._path)
-        )
+    return (
+        judged
+        | "Format" >> beam.Map(lambda j: _json_line(verdict_row(j, policy)))
+        | "WriteLines" >> WriteLines(out_dir / VERDICTS_FILE)
+    )
 
 
-class WriteWindows(beam.PTransform):
+@composite_transform
+def WriteWindows(
+    windows: Any, out_dir: Path, calibrations: Mapping[str, JudgeCalibration] | None = None
+) -> Any:
     """Sink: (WindowKey, RatingCounts) rows as windows.jsonl; the rows of a judge in
     `calibrations` (--judge-calibration) also hold its corrected pass ratio."""
+    by_judge = dict(calibrations or {})
 
-    def __init__(
-        self, out_dir: Path, calibrations: Mapping[str, JudgeCalibration] | None = None
-    ) -> None:
-        super().__init__()
-        self._path = out_dir / WINDOWS_FILE
-        self._calibrations = dict(calibrations or {})
+    def row(key: WindowKey, counts: RatingCounts) -> str:
+        extra = corrected_fields(key.judge, counts.yes, counts.graded, by_judge)
+        return _json_line({**window_row(key, counts), **extra})
 
-    def expand(self, windows: Any) -> Any:
-        calibrations = self._calibrations
-
-        def row(key: WindowKey, counts: RatingCounts) -> str:
-            extra = corrected_fields(key.judge, counts.yes, counts.graded, calibrations)
-            return _json_line({**window_row(key, counts), **extra})
-
-        return windows | "Format" >> beam.MapTuple(row) | WriteLines(self._path)
+    return (
+        windows
+        | "Format" >> beam.MapTuple(row)
+        | "WriteLines" >> WriteLines(out_dir / WINDOWS_FILE)
+    )

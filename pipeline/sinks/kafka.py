@@ -21,7 +21,7 @@ import contextlib
 import dataclasses
 import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import apache_beam as beam
@@ -31,6 +31,7 @@ from kafka import KafkaProducer
 from kafka import errors as kafka_errors
 
 from ragpulse.judges import TextPolicy
+from ragpulse.pipeline.composite import composite_transform
 from ragpulse.pipeline.formats import rating_rows
 from ragpulse.pipeline.formats.verdict_rows import verdict_row
 from ragpulse.pipeline.kafka_security import KafkaSecurity, connect
@@ -336,23 +337,27 @@ def identify(record: OutputRecord) -> str:
     return (record.key or b"?").decode(errors="replace")
 
 
-class PublishDeadLetters(beam.PTransform):
+def _publish(
+    elements: Any,
+    to_record: Callable[[Any], OutputRecord],
+    target: KafkaTopic,
+    runner_retries: bool = False,
+) -> Any:
+    """The steps of every Kafka sink: each element as a record (`to_record`), published."""
+    return (
+        elements
+        | "ToRecord" >> beam.Map(to_record)
+        | "Publish" >> beam.ParDo(_Publish(target, runner_retries))
+    )
+
+
+@composite_transform
+def PublishDeadLetters(rejected: Any, target: KafkaTopic, *, runner_retries: bool = False) -> Any:
     """Sink: `Rejected` records to the dead-letter topic, with reason and source headers.
 
     `runner_retries`: unacknowledged records fail the bundle, for unbounded pipelines.
     """
-
-    def __init__(self, target: KafkaTopic, *, runner_retries: bool = False) -> None:
-        super().__init__()
-        self._target = target
-        self._runner_retries = runner_retries
-
-    def expand(self, rejected: Any) -> Any:
-        return (
-            rejected
-            | "ToRecord" >> beam.Map(dead_letter_record)
-            | "Publish" >> beam.ParDo(_Publish(self._target, self._runner_retries))
-        )
+    return _publish(rejected, dead_letter_record, target, runner_retries)
 
 
 def _rating_record(pane: rating_rows.RatingPane) -> OutputRecord:
@@ -360,23 +365,14 @@ def _rating_record(pane: rating_rows.RatingPane) -> OutputRecord:
     return OutputRecord(value, key)
 
 
-class PublishRatings(beam.PTransform):
+@composite_transform
+def PublishRatings(panes: Any, target: KafkaTopic) -> Any:
     """Sink of `ragpulse stream`: each window pane as a rating row, keyed by its window; the
     runner retries a bundle the broker did not acknowledge."""
-
-    def __init__(self, target: KafkaTopic) -> None:
-        super().__init__()
-        self._target = target
-
-    def expand(self, panes: Any) -> Any:
-        return (
-            panes
-            | "ToRecord" >> beam.Map(_rating_record)
-            | "Publish" >> beam.ParDo(_Publish(self._target, runner_retries=True))
-        )
+    return _publish(panes, _rating_record, target, runner_retries=True)
 
 
-def _verdict_record(policy: TextPolicy) -> Any:
+def _verdict_record(policy: TextPolicy) -> Callable[[Any], OutputRecord]:
     def to_record(judged: Any) -> OutputRecord:
         row = verdict_row(judged, policy)
         return OutputRecord(orjson.dumps(row), row["request_id"].encode())
@@ -384,17 +380,7 @@ def _verdict_record(policy: TextPolicy) -> Any:
     return to_record
 
 
-class PublishVerdicts(beam.PTransform):
+@composite_transform
+def PublishVerdicts(judged: Any, target: KafkaTopic, policy: TextPolicy) -> Any:
     """Sink: verdict rows (the verdicts.jsonl format of `ragpulse run`), keyed by request_id."""
-
-    def __init__(self, target: KafkaTopic, policy: TextPolicy) -> None:
-        super().__init__()
-        self._target = target
-        self._policy = policy
-
-    def expand(self, judged: Any) -> Any:
-        return (
-            judged
-            | "ToRecord" >> beam.Map(_verdict_record(self._policy))
-            | "Publish" >> beam.ParDo(_Publish(self._target))
-        )
+    return _publish(judged, _verdict_record(policy), target)

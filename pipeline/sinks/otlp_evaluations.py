@@ -167,6 +167,8 @@ class ExportEvaluations(beam.PTransform):
     """Sink: the verdicts of judged answers from traces as `gen_ai.evaluation.result` events,
     POSTed as OTLP/HTTP protobuf to `url` (see the module docstring)."""
 
+    # A class, not a `composite_transform`: that would show `url`, which may hold credentials
+    # (`describe_endpoint`), as display data in the runner's UI.
     def __init__(self, url: str, policy: TextPolicy, timeout_s: float = 10.0) -> None:
         super().__init__()
         self._url = url

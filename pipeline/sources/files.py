@@ -8,6 +8,7 @@ from typing import IO, Any
 
 import apache_beam as beam
 
+from ragpulse.pipeline.composite import composite_transform
 from ragpulse.pipeline.records import HEAD_BYTES, SourceRecord
 
 _READ_CHUNK = 1 << 16
@@ -46,17 +47,11 @@ class _ReadNumberedLines(beam.DoFn):
             yield from numbered_lines(f, path, self._max_bytes)
 
 
-class ReadLines(beam.PTransform):
+@composite_transform
+def ReadLines(pbegin: Any, path: Path, max_bytes: int) -> Any:
     """Bounded source: the lines of `path` as numbered `SourceRecord`s (see `numbered_lines`)."""
-
-    def __init__(self, path: Path, max_bytes: int) -> None:
-        super().__init__()
-        self._path = path
-        self._max_bytes = max_bytes
-
-    def expand(self, pbegin: Any) -> Any:
-        return (
-            pbegin
-            | "InputPath" >> beam.Create([str(self._path)])
-            | "ReadNumberedLines" >> beam.ParDo(_ReadNumberedLines(self._max_bytes))
-        )
+    return (
+        pbegin
+        | "InputPath" >> beam.Create([str(path)])
+        | "ReadNumberedLines" >> beam.ParDo(_ReadNumberedLines(max_bytes))
+    )

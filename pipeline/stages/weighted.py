@@ -16,6 +16,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from ragpulse.pipeline.composite import composite_transform
 from ragpulse.pipeline.costs.sampling import MICRO, WeightedCounts, to_micros
 from ragpulse.pipeline.records import JudgedEvent
 from ragpulse.pipeline.stages.windows import WindowByEventTime, ratings_by_judge, window_key
@@ -46,20 +47,15 @@ def decode_weighted_window(name: str, micros: int) -> tuple[WindowKey, WeightedC
     return key, WeightedCounts(**{rating: micros / MICRO})
 
 
-class ReportWeightedWindows(beam.PTransform):
+@composite_transform
+def ReportWeightedWindows(judged: Any, *, window_size: float) -> Any:
     """Sums the weights of each rating per (event-time window, judge, app, model) and hands
     the sums to the caller as Beam counters."""
-
-    def __init__(self, *, window_size: float) -> None:
-        super().__init__()
-        self._size = window_size
-
-    def expand(self, judged: Any) -> Any:
-        return (
-            judged
-            | "WindowByEventTime" >> WindowByEventTime(window_size=self._size)
-            | "WeightPerRating" >> beam.FlatMap(_weighted_ratings)
-            # Beam 2.62's stubs type CombinePerKey's argument as a CombineFn; a callable works.
-            | "SumWeights" >> beam.CombinePerKey(sum)  # type: ignore[arg-type]
-            | "Report" >> beam.ParDo(_ReportWeightedWindow())
-        )
+    return (
+        judged
+        | "WindowByEventTime" >> WindowByEventTime(window_size=window_size)
+        | "WeightPerRating" >> beam.FlatMap(_weighted_ratings)
+        # Beam 2.62's stubs type CombinePerKey's argument as a CombineFn; a callable works.
+        | "SumWeights" >> beam.CombinePerKey(sum)  # type: ignore[arg-type]
+        | "Report" >> beam.ParDo(_ReportWeightedWindow())
+    )

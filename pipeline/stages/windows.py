@@ -15,6 +15,7 @@ from apache_beam.transforms import trigger, userstate, window
 from apache_beam.utils.timestamp import Duration
 
 from ragpulse.judges.base import RATINGS
+from ragpulse.pipeline.composite import composite_transform
 from ragpulse.pipeline.metrics import catalogue, counting
 from ragpulse.pipeline.records import (
     JudgedEvent,
@@ -136,7 +137,8 @@ class _ReplaceRejudged(beam.DoFn):
         judged_state.clear()
 
 
-class ReplaceRejudged(beam.PTransform):
+@composite_transform
+def ReplaceRejudged(judged: Any, gap_seconds: float, lateness_seconds: float) -> Any:
     """The session judges' verdicts of `ragpulse stream`, where a late turn re-opens a judged
     session (accumulating session-window panes, `GroupSessions(lateness_seconds=...)`) and it
     is judged again: each verdict after the first of one session comes with a `Retraction` of
@@ -144,22 +146,15 @@ class ReplaceRejudged(beam.PTransform):
     count a session twice. Kept per (app, session id) in the runner's state until no turn can
     re-open the session (its end + gap + `lateness_seconds`); a pane overtaken by a later one
     of the same session is not counted."""
-
-    def __init__(self, gap_seconds: float, lateness_seconds: float) -> None:
-        super().__init__()
-        self._gap = gap_seconds
-        self._lateness = lateness_seconds
-
-    def expand(self, judged: Any) -> Any:
-        return (
-            judged
-            # Typed, so that the state's key coder is a deterministic one (strings).
-            | "KeyBySession"
-            >> beam.Map(_key_by_session).with_output_types(
-                beam.typehints.Tuple[beam.typehints.Tuple[str, str], beam.typehints.Any]
-            )
-            | "Replace" >> beam.ParDo(_ReplaceRejudged(self._gap, self._lateness))
+    return (
+        judged
+        # Typed, so that the state's key coder is a deterministic one (strings).
+        | "KeyBySession"
+        >> beam.Map(_key_by_session).with_output_types(
+            beam.typehints.Tuple[beam.typehints.Tuple[str, str], beam.typehints.Any]
         )
+        | "Replace" >> beam.ParDo(_ReplaceRejudged(gap_seconds, lateness_seconds))
+    )
 
 
 class CountRatings(beam.CombineFn):
@@ -221,36 +216,32 @@ class PaneSchedule:
     early_firing_seconds: float
 
 
-class WindowByEventTime(beam.PTransform):
+@composite_transform
+def WindowByEventTime(
+    judged: Any, *, window_size: float, schedule: PaneSchedule | None = None
+) -> Any:
     """Judged events (and `Retraction`s) into fixed windows of their event time: the one
     windowing of `run` and `serve` (`WindowRatings`, `ReportWeightedWindows`: a bounded batch,
     one pane per window) and of `stream` (`PaneRatings`: accumulating panes as `schedule`
     says)."""
-
-    def __init__(self, *, window_size: float, schedule: PaneSchedule | None = None) -> None:
-        super().__init__()
-        self._size = window_size
-        self._schedule = schedule
-
-    def expand(self, judged: Any) -> Any:
-        schedule = self._schedule
-        panes: dict[str, Any] = {} if schedule is None else {
-            "trigger": trigger.AfterWatermark(
-                # Beam takes whole seconds here (the runner API's delay is an integer).
-                early=trigger.AfterProcessingTime(max(1, round(schedule.early_firing_seconds))),
-                late=trigger.AfterCount(1),
-            ),
-            "allowed_lateness": Duration(seconds=schedule.allowed_lateness_seconds),
-            "accumulation_mode": trigger.AccumulationMode.ACCUMULATING,
-        }
-        return (
-            judged
-            | "StampEventTime" >> beam.Map(at_event_time)
-            | "FixedWindows" >> beam.WindowInto(window.FixedWindows(self._size), **panes)
-        )
+    panes: dict[str, Any] = {} if schedule is None else {
+        "trigger": trigger.AfterWatermark(
+            # Beam takes whole seconds here (the runner API's delay is an integer).
+            early=trigger.AfterProcessingTime(max(1, round(schedule.early_firing_seconds))),
+            late=trigger.AfterCount(1),
+        ),
+        "allowed_lateness": Duration(seconds=schedule.allowed_lateness_seconds),
+        "accumulation_mode": trigger.AccumulationMode.ACCUMULATING,
+    }
+    return (
+        judged
+        | "StampEventTime" >> beam.Map(at_event_time)
+        | "FixedWindows" >> beam.WindowInto(window.FixedWindows(window_size), **panes)
+    )
 
 
-class WindowRatings(beam.PTransform):
+@composite_transform
+def WindowRatings(judged: Any, *, window_size: float) -> Any:
     """Counts ratings per (event-time fixed window, judge, app, model) of a bounded batch.
 
     Every batch is bounded (a file, or one micro-batch of Kafka offset ranges), so each window
@@ -258,18 +249,12 @@ class WindowRatings(beam.PTransform):
     window across cycles (`RatingCounts.__add__`), and decides lateness itself, before judging
     (`ParseEvents(closed_before=...)`), which is why no late-pane trigger is needed here.
     """
-
-    def __init__(self, *, window_size: float) -> None:
-        super().__init__()
-        self._size = window_size
-
-    def expand(self, judged: Any) -> Any:
-        return (
-            judged
-            | "WindowByEventTime" >> WindowByEventTime(window_size=self._size)
-            | "RatingPerJudge" >> beam.FlatMap(weighted_ratings)
-            | "CountRatings" >> beam.CombinePerKey(CountRatings())
-            | "KeyByWindow" >> beam.ParDo(_KeyByWindow())
-            # Back to the global window, so sinks and the result see plain (key, counts) rows.
-            | "Unwindow" >> beam.WindowInto(window.GlobalWindows())
-        )
+    return (
+        judged
+        | "WindowByEventTime" >> WindowByEventTime(window_size=window_size)
+        | "RatingPerJudge" >> beam.FlatMap(weighted_ratings)
+        | "CountRatings" >> beam.CombinePerKey(CountRatings())
+        | "KeyByWindow" >> beam.ParDo(_KeyByWindow())
+        # Back to the global window, so sinks and the result see plain (key, counts) rows.
+        | "Unwindow" >> beam.WindowInto(window.GlobalWindows())
+    )
