@@ -27,10 +27,12 @@ from apache_beam.transforms.window import TimestampedValue
 from cli import one_line_error, ragpulse
 from graph_runs import stage_config
 from processes import free_port
+from pydantic import SecretStr
 
 from ragpulse.pipeline.commands.stream import stream_sinks
 from ragpulse.pipeline.formats import rating_rows
 from ragpulse.pipeline.graphs.unbounded import PaneSchedule, StreamSinks, build_stream
+from ragpulse.pipeline.kafka_security import KafkaSecurity
 from ragpulse.pipeline.records import Rejected, SourceRecord
 from ragpulse.pipeline.settings.models import JudgeSettings, StreamSettings
 from ragpulse.pipeline.windows import isoformat_utc
@@ -228,6 +230,34 @@ def test_the_stream_graph_keeps_its_step_labels_which_job_updates_match_state_by
         "WriteRatings/ToRecord",
         "WriteRatings/Publish",
     ]
+
+
+def test_no_step_of_the_stream_shows_a_kafka_password_in_its_display_data() -> None:
+    # Runners show each step's display data in their UI (Flink's, Dataflow's console); the
+    # sinks built as functions (pipeline/composite.py) show their arguments there.
+    password, key_password = "sasl-secret-8c1f", "key-secret-52a9"
+    settings = StreamSettings(
+        judges=JudgeSettings(backend="local"),
+        bootstrap="broker.example:9093",
+        topic="t",
+        dead_letter_topic="t.dlq",
+        ratings_topic="t.ratings",
+        runner="FlinkRunner",
+        kafka_security=KafkaSecurity(
+            protocol="SASL_SSL",
+            sasl_mechanism="PLAIN",
+            sasl_username="ragpulse",
+            sasl_password=SecretStr(password),
+            ssl_key_password=SecretStr(key_password),
+        ),
+    )
+    p = beam.Pipeline()
+    build_stream(p, TestStream(), settings.stage_config(), SCHEDULE, stream_sinks(settings))
+    shown = str([
+        t.display_data for t in p.to_runner_api().components.transforms.values()
+    ])
+    assert "broker.example:9093" in shown  # the sinks' targets are shown,
+    assert password not in shown and key_password not in shown  # their secrets are not
 
 
 def test_every_published_pane_reads_back_as_the_pane_it_was() -> None:
