@@ -32,6 +32,11 @@ PANE_TIMINGS: tuple[PaneTiming, ...] = get_args(PaneTiming)
 MAX_PANE_INDEX = 1_000_000
 
 
+# The fields of a row that are WindowKey's label values, and those that are RatingCounts'.
+_LABELS = ("judge", "app", "model", "version")
+_COUNTS = tuple(field.name for field in dataclasses.fields(RatingCounts))
+
+
 class InvalidRatingRow(ValueError):
     """A ratings-topic record that is not a rating row; the message says what is wrong."""
 
@@ -71,18 +76,9 @@ def decode(value: bytes) -> RatingPane:
         key = WindowKey(
             _epoch(row["window_start"]),
             _epoch(row["window_end"]),
-            _text(row["judge"]),
-            _text(row["app"]),
-            _text(row["model"]),
-            _text(row["version"]),
+            **{label: _text(row[label]) for label in _LABELS},
         )
-        counts = RatingCounts(
-            _count(row["yes"]),
-            _count(row["no"]),
-            _count(row["error"]),
-            _count(row["scored"]),
-            _count(row["score_milli"]),
-        )
+        counts = RatingCounts(**{name: _count(row[name]) for name in _COUNTS})
         timing, index = row["pane"], _count(row["pane_index"])
     except orjson.JSONDecodeError as exc:
         raise InvalidRatingRow(f"not JSON: {exc}") from None
@@ -94,7 +90,7 @@ def decode(value: bytes) -> RatingPane:
         raise InvalidRatingRow("window_end is not after window_start")
     if index > MAX_PANE_INDEX:
         raise InvalidRatingRow(f"pane_index {index} is over {MAX_PANE_INDEX:,}")
-    for label in ("judge", "version", "app", "model"):
+    for label in _LABELS:
         if len(getattr(key, label)) > MAX_LABEL_CHARS:
             raise InvalidRatingRow(
                 f"{label} is {len(getattr(key, label)):,} characters, over the "
