@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel
 
 from ragpulse.judges.llm.judge import LLMJudge
-from ragpulse.pipeline.commands.serve import configure_parser as configure_serve_parser
+from ragpulse.pipeline.cli import _subparser, build_parser
 from ragpulse.pipeline.settings.command_flags import add_judge_arguments, judge_settings
 from ragpulse.pipeline.settings.models import (
     JudgeSettings,
@@ -124,8 +124,7 @@ def test_an_unknown_reply_format_is_refused_listing_the_ones_servers_take(
 
 
 def _serve_flags() -> set[str]:
-    parser = argparse.ArgumentParser()
-    configure_serve_parser(parser)
+    parser = _subparser(build_parser(), "serve")
     return set(re.findall(r"--[a-z][a-z0-9-]*", parser.format_help()))
 
 

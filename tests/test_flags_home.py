@@ -55,7 +55,7 @@ def test_no_module_outside_settings_defines_a_flag() -> None:
 
 
 def test_the_top_level_flags_are_the_log_level_table() -> None:
-    parser = build_parser("windows")
+    parser = build_parser()
     accepted = {a.dest for a in parser._actions} - _NOT_SETTINGS - {"command"}
     assert accepted == {flag.key for flag, _ in command_flags.LOG_LEVEL.flags()}
 
@@ -70,7 +70,7 @@ def test_a_flag_added_outside_settings_is_found() -> None:
 def test_every_flag_a_command_accepts_sets_a_field_of_its_settings_model(command: str) -> None:
     table = TABLES[command]
     assert table.model is not None
-    parser = _subparser(build_parser(command), command)
+    parser = _subparser(build_parser(), command)
     accepted = {a.dest for a in parser._actions} - _NOT_SETTINGS
     assert accepted == {flag.key for flag, _ in table.flags()}
     for item in table.items:
@@ -91,7 +91,7 @@ def test_a_flag_for_a_field_the_model_lacks_is_refused() -> None:
 
 
 def test_a_set_of_flags_one_of_which_is_required_takes_exactly_one() -> None:
-    parser = _subparser(build_parser("simulate"), "simulate")
+    parser = _subparser(build_parser(), "simulate")
     for argv in ([], ["--output", "f", "--kafka-bootstrap", "h:1"]):
         with pytest.raises(SystemExit):
             parser.parse_args(argv)
@@ -104,11 +104,12 @@ def test_a_set_of_flags_one_of_which_is_required_takes_exactly_one() -> None:
         ("--start-time", "nonsense", "--start-time 'nonsense': not an ISO 8601 time"),
         ("--apps", "", "--apps: expected a comma-separated list of names, got ''"),
         ("--models", " , ", "--models: expected a comma-separated list of names"),
+        ("--rate", "0", "--rate and --duration must be positive"),
     ],
 )
 def test_a_value_the_parser_took_but_the_setting_cannot_is_one_line_and_exit_2(
     tmp_path: Path, flag: str, value: str, said: str
 ) -> None:
     done = ragpulse("simulate", "--output", str(tmp_path / "events.jsonl"), f"{flag}={value}")
-    assert said in one_line_error(done.returncode, done.stderr)
+    assert one_line_error(done.returncode, done.stderr).startswith(f"ragpulse simulate: {said}")
     assert not (tmp_path / "events.jsonl").exists()

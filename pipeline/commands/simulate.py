@@ -22,7 +22,6 @@ other field of every event as it was.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import random
@@ -32,11 +31,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from pydantic import ValidationError
-
 from ragpulse.pipeline.kafka_security import PLAINTEXT, KafkaSecurity, check_access, connect
-from ragpulse.pipeline.settings.command_flags import SIMULATE
-from ragpulse.pipeline.settings.flags import add_flags, fields_from_flags
 from ragpulse.pipeline.settings.models import (
     DEFAULT_APPS,
     DEFAULT_MODELS,
@@ -583,17 +578,6 @@ def _malformed(rng: random.Random, event_time: float) -> bytes:
 # --- command line ---
 
 
-def configure_parser(p: argparse.ArgumentParser) -> None:
-    """Options of `ragpulse simulate`; times T are offsets from the start, e.g. 90s or 5m."""
-    add_flags(p, SIMULATE)
-
-
-def settings_from_args(args: argparse.Namespace) -> SimulateSettings:
-    """The settings of the parsed flags; ValidationError (simulate's own message) if unusable,
-    SettingsError if the Kafka security flags are."""
-    return SimulateSettings(**fields_from_flags(SIMULATE, args))
-
-
 def incidents_of(settings: SimulateSettings) -> Incidents:
     return Incidents(
         groundedness_drop_at=settings.groundedness_drop_at,
@@ -618,14 +602,8 @@ def incidents_of(settings: SimulateSettings) -> Incidents:
     )
 
 
-def main(args: argparse.Namespace) -> int:
+def main(settings: SimulateSettings) -> int:
     """Generate the traffic; 0 when every record was written/acknowledged, 1 otherwise."""
-    try:
-        settings = settings_from_args(args)
-    except ValidationError as exc:
-        message = exc.errors()[0]["msg"].removeprefix("Value error, ")
-        print(f"simulate: {message}", file=sys.stderr)
-        return 2
     n = settings.events
     events = simulate(
         settings.seed, n, settings.start_epoch(time.time()), rate=settings.rate,

@@ -811,8 +811,8 @@ class SimulateSettings(BaseModel):
     """Validated settings of `ragpulse simulate`: where the synthetic traffic goes, how much,
     and which incidents it plays; times T are seconds after the start of the traffic.
 
-    A check that fails raises ValueError with simulate's own message (the command prints it as
-    `simulate: ...`, exit code 2)."""
+    A check that fails raises SettingsError with the command's own message (not "invalid
+    settings")."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -852,7 +852,7 @@ class SimulateSettings(BaseModel):
             try:
                 datetime.fromisoformat(text.replace("Z", "+00:00"))
             except ValueError:
-                raise ValueError(
+                raise SettingsError(
                     f"--start-time {text!r}: not an ISO 8601 time (e.g. 2025-01-15T09:00:00Z)"
                 ) from None
         return text
@@ -861,23 +861,23 @@ class SimulateSettings(BaseModel):
     @classmethod
     def _known_tool(cls, name: str) -> str:
         if name not in SIMULATED_TOOLS:
-            raise ValueError(f"--failing-tool {name!r}: one of {', '.join(SIMULATED_TOOLS)}")
+            raise SettingsError(f"--failing-tool {name!r}: one of {', '.join(SIMULATED_TOOLS)}")
         return name
 
     @model_validator(mode="after")
     def _plays(self) -> SimulateSettings:
         if self.rate <= 0 or self.duration_seconds <= 0:
-            raise ValueError("--rate and --duration must be positive")
+            raise SettingsError("--rate and --duration must be positive")
         if not all(
             0 <= x <= 1 for x in (self.drop_to, self.no_context_share, self.tool_call_share)
         ):
-            raise ValueError(
+            raise SettingsError(
                 "--drop-to, --no-context-share and --tool-call-share are shares between 0 and 1"
             )
         if self.conversation_turns < 0 or (
             self.forgetting_at is not None and self.conversation_turns < 2
         ):
-            raise ValueError("--conversation-turns must be >= 0, and >= 2 with --forgetting-at")
+            raise SettingsError("--conversation-turns must be >= 0, and >= 2 with --forgetting-at")
         return self
 
     @property
