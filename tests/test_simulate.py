@@ -82,7 +82,7 @@ def test_events_are_json_objects_covering_every_request_and_response_shape() -> 
 
 
 def test_every_well_formed_event_parses_with_its_answer_and_chunks() -> None:
-    incidents = Incidents(no_context_share=0.1, late_events=5, late_by=600)
+    incidents = Incidents(no_context_share=0.1, late_events=5, late_by_seconds=600)
     events = list(simulate(3, 300, T0, rate=2, incidents=incidents))
     for event in events:
         record = parse_event(event.payload)

@@ -36,6 +36,7 @@ from ragpulse.pipeline.settings.models import (
     DEFAULT_APPS,
     DEFAULT_MODELS,
     TOOL_CALL_SHARE,
+    Incidents,
     SimulateSettings,
 )
 from ragpulse.pipeline.settings.models import SIMULATED_TOOLS as TOOLS
@@ -201,29 +202,6 @@ class SimulatedToolCall:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Incidents:
-    """Faults to inject; times are seconds after the start of the simulated traffic."""
-
-    groundedness_drop_at: float | None = None
-    groundedness_recover_at: float | None = None
-    drop_to: float = 0.6  # share of grounded answers during the drop
-    unsafe_burst_at: float | None = None
-    unsafe_burst_count: int = 0
-    malformed_burst_at: float | None = None
-    malformed_burst_count: int = 0
-    late_events: int = 0
-    late_by: float = 900.0
-    no_context_share: float = 0.0
-    # From tool_failure_at until tool_recover_at, every call of `failing_tool` fails.
-    tool_failure_at: float | None = None
-    tool_recover_at: float | None = None
-    failing_tool: str = "get_document"
-    tool_call_share: float = TOOL_CALL_SHARE
-    # A model that forgets earlier turns of a conversation (--conversation-turns > 1).
-    forgetting_at: float | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class SimulatedEvent:
     """One generated record: its bytes, its (possibly late) event time and what it models."""
 
@@ -267,7 +245,7 @@ def simulate(
             yield SimulatedEvent(_malformed(rng, scheduled), scheduled, "malformed")
             continue
         late = i in late_at
-        event_time = scheduled - inc.late_by if late else scheduled
+        event_time = scheduled - inc.late_by_seconds if late else scheduled
         unsafe = (
             inc.unsafe_burst_at is not None and offset >= inc.unsafe_burst_at and unsafe_left > 0
         )
@@ -578,36 +556,12 @@ def _malformed(rng: random.Random, event_time: float) -> bytes:
 # --- command line ---
 
 
-def incidents_of(settings: SimulateSettings) -> Incidents:
-    return Incidents(
-        groundedness_drop_at=settings.groundedness_drop_at,
-        groundedness_recover_at=settings.groundedness_recover_at,
-        drop_to=settings.drop_to,
-        unsafe_burst_at=settings.unsafe_burst_at,
-        unsafe_burst_count=(
-            settings.unsafe_burst_count if settings.unsafe_burst_at is not None else 0
-        ),
-        malformed_burst_at=settings.malformed_burst_at,
-        malformed_burst_count=(
-            settings.malformed_burst_count if settings.malformed_burst_at is not None else 0
-        ),
-        late_events=settings.late_events,
-        late_by=settings.late_by_seconds,
-        no_context_share=settings.no_context_share,
-        tool_failure_at=settings.tool_failure_at,
-        tool_recover_at=settings.tool_recover_at,
-        failing_tool=settings.failing_tool,
-        tool_call_share=settings.tool_call_share,
-        forgetting_at=settings.forgetting_at,
-    )
-
-
 def main(settings: SimulateSettings) -> int:
     """Generate the traffic; 0 when every record was written/acknowledged, 1 otherwise."""
     n = settings.events
     events = simulate(
         settings.seed, n, settings.start_epoch(time.time()), rate=settings.rate,
-        apps=settings.apps, models=settings.models, incidents=incidents_of(settings),
+        apps=settings.apps, models=settings.models, incidents=settings,  # an Incidents
         conversation_turns=settings.conversation_turns,
     )
     if settings.output is not None:

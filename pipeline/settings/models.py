@@ -807,14 +807,45 @@ SIMULATED_TOOLS: dict[str, str] = {
 }
 
 
-class SimulateSettings(BaseModel):
+class Incidents(BaseModel):
+    """The faults `ragpulse simulate` plays in its traffic (pipeline.commands.simulate.simulate);
+    times are seconds after the start of the traffic, None: never. A burst happens only when its
+    time is given."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    groundedness_drop_at: float | None = None
+    groundedness_recover_at: float | None = None
+    drop_to: float = 0.6  # share of grounded answers during the drop
+    unsafe_burst_at: float | None = None
+    unsafe_burst_count: int = 10
+    malformed_burst_at: float | None = None
+    malformed_burst_count: int = 10
+    late_events: int = 0
+    late_by_seconds: float = 900.0
+    no_context_share: float = 0.0
+    tool_call_share: float = TOOL_CALL_SHARE
+    # From tool_failure_at until tool_recover_at, every call of `failing_tool` fails.
+    tool_failure_at: float | None = None
+    tool_recover_at: float | None = None
+    failing_tool: str = "get_document"
+    # A model that forgets earlier turns of a conversation (needs conversation turns).
+    forgetting_at: float | None = None
+
+    @field_validator("failing_tool")
+    @classmethod
+    def _known_tool(cls, name: str) -> str:
+        if name not in SIMULATED_TOOLS:
+            raise SettingsError(f"--failing-tool {name!r}: one of {', '.join(SIMULATED_TOOLS)}")
+        return name
+
+
+class SimulateSettings(Incidents):
     """Validated settings of `ragpulse simulate`: where the synthetic traffic goes, how much,
-    and which incidents it plays; times T are seconds after the start of the traffic.
+    and which incidents it plays (the fields of `Incidents`).
 
     A check that fails raises SettingsError with the command's own message (not "invalid
     settings")."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     # One of the two: produce to Kafka, or write JSON lines.
     kafka_bootstrap: str | None = None
@@ -828,22 +859,7 @@ class SimulateSettings(BaseModel):
     start_time: str | None = None  # ISO 8601; None: now
     apps: tuple[str, ...] = DEFAULT_APPS
     models: tuple[str, ...] = DEFAULT_MODELS
-    groundedness_drop_at: float | None = None
-    groundedness_recover_at: float | None = None
-    drop_to: float = 0.6  # share of grounded answers during the drop
-    unsafe_burst_at: float | None = None
-    unsafe_burst_count: int = 10
-    malformed_burst_at: float | None = None
-    malformed_burst_count: int = 10
-    late_events: int = 0
-    late_by_seconds: float = 900.0
-    no_context_share: float = 0.0
-    tool_call_share: float = TOOL_CALL_SHARE
-    tool_failure_at: float | None = None
-    tool_recover_at: float | None = None
-    failing_tool: str = "get_document"
     conversation_turns: int = 0  # 0: no conversations
-    forgetting_at: float | None = None
 
     @field_validator("start_time")
     @classmethod
@@ -856,13 +872,6 @@ class SimulateSettings(BaseModel):
                     f"--start-time {text!r}: not an ISO 8601 time (e.g. 2025-01-15T09:00:00Z)"
                 ) from None
         return text
-
-    @field_validator("failing_tool")
-    @classmethod
-    def _known_tool(cls, name: str) -> str:
-        if name not in SIMULATED_TOOLS:
-            raise SettingsError(f"--failing-tool {name!r}: one of {', '.join(SIMULATED_TOOLS)}")
-        return name
 
     @model_validator(mode="after")
     def _plays(self) -> SimulateSettings:
