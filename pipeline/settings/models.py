@@ -18,9 +18,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from importlib.util import find_spec
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -98,6 +99,18 @@ MAX_EVENT_BYTES = 64 * 1_048_576
 # call, and never fewer than the floor (`JudgeSettings.batch_events`).
 BATCH_EVENTS_PER_CALL = 16
 MIN_BATCH_EVENTS = 256
+
+
+def existing_file(what: str) -> AfterValidator:
+    """The check of a Path field naming an input file: "`what` not found: PATH" unless it is a
+    file."""
+
+    def check(path: Path) -> Path:
+        if not path.is_file():
+            raise ValueError(f"{what} not found: {path}")
+        return path
+
+    return AfterValidator(check)
 
 
 class JudgeSettings(BaseModel):
@@ -480,15 +493,8 @@ class SessionFields(BaseModel):
 class RunSettings(SessionFields, BatchSettings):
     """Validated settings of `ragpulse run`."""
 
-    input: Path = Field(title="INPUT")
+    input: Annotated[Path, existing_file("input file")] = Field(title="INPUT")
     output: Path = Path("out")
-
-    @field_validator("input")
-    @classmethod
-    def _input_is_a_file(cls, path: Path) -> Path:
-        if not path.is_file():
-            raise ValueError(f"input file not found: {path}")
-        return path
 
 
 # The runners `ragpulse stream` takes: they run unbounded pipelines with Beam's cross-language
@@ -659,17 +665,10 @@ class CalibrateSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     judges: JudgeSettings  # one judge
-    input: Path = Field(title="LABELLED")
+    input: Annotated[Path, existing_file("labelled file")] = Field(title="LABELLED")
     output: Path | None = None
     pass_threshold: int | None = Field(None, title="--pass-threshold")
     show: int = Field(20, ge=0, title="--show")
-
-    @field_validator("input")
-    @classmethod
-    def _input_is_a_file(cls, path: Path) -> Path:
-        if not path.is_file():
-            raise ValueError(f"labelled file not found: {path}")
-        return path
 
     @model_validator(mode="before")
     @classmethod
