@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel
 
 from ragpulse.judges.llm.judge import LLMJudge
+from ragpulse.pipeline import cli
 from ragpulse.pipeline.cli import _subparser, build_parser
 from ragpulse.pipeline.settings.command_flags import add_judge_arguments, judge_settings
 from ragpulse.pipeline.settings.models import (
@@ -150,3 +151,20 @@ def test_an_invalid_judge_setting_is_named_by_the_flag_that_sets_it() -> None:
     assert "--judges: unknown judge(s) tone; known judges: " in message
     assert "concurrency:" not in message.replace("--judge-concurrency:", "")
     assert "Value error" not in message
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["run", "/nonexistent/events.jsonl"],
+         "ragpulse run: invalid settings: INPUT: input file not found: /nonexistent/events.jsonl"),
+        (["calibrate", "/nonexistent/labels.jsonl", "--judge", "groundedness"],
+         "ragpulse calibrate: invalid settings: LABELLED: labelled file not found: "
+         "/nonexistent/labels.jsonl"),
+    ],
+)
+def test_a_missing_input_file_is_refused_naming_the_argument_and_the_file(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main([*argv, "--judge-backend", "local"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == said
