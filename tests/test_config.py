@@ -14,7 +14,12 @@ from pydantic import BaseModel
 from ragpulse.judges.llm.judge import LLMJudge
 from ragpulse.pipeline import cli
 from ragpulse.pipeline.cli import _subparser, build_parser
-from ragpulse.pipeline.settings.command_flags import add_judge_arguments, judge_settings
+from ragpulse.pipeline.settings.command_flags import (
+    JUDGES,
+    SERVE,
+    add_judge_arguments,
+    judge_settings,
+)
 from ragpulse.pipeline.settings.models import (
     JudgeSettings,
     ServeSettings,
@@ -134,9 +139,10 @@ def test_every_setting_an_error_can_name_is_a_flag_of_serve_or_an_environment_va
     model: type[BaseModel],
 ) -> None:
     flags = _serve_flags()
+    names = SERVE.flag_names() if model is ServeSettings else JUDGES.flag_names()
     composite = {"judges", "kafka_security", "labels"}  # built from flags checked on their own
     for field in set(model.model_fields) - composite:
-        named = setting_flag(model, field)
+        named = setting_flag(model, field, names)
         flags_named = set(re.findall(r"--[a-z][a-z0-9-]*", named))
         assert flags_named <= flags, (field, named)
         assert flags_named or re.fullmatch(r"[A-Z_]+", named), (field, named)

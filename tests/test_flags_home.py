@@ -13,8 +13,11 @@ import pytest
 from cli import one_line_error, ragpulse
 
 from ragpulse.pipeline.cli import _subparser, build_parser
+from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.settings import command_flags
+from ragpulse.pipeline.settings.command_flags import settings_from
 from ragpulse.pipeline.settings.flags import Block, FlagTable, fields_from_flags
+from ragpulse.pipeline.settings.models import setting_flag
 
 PIPELINE = Path(__file__).resolve().parents[1] / "pipeline"
 _NOT_SETTINGS = {"help", "config", "print_config"}
@@ -78,6 +81,32 @@ def test_every_flag_a_command_accepts_sets_a_field_of_its_settings_model(command
         if isinstance(item, Block) and item.model is not None:
             for flag in item.flags:
                 assert flag.field in item.model.model_fields, f"{command}: {flag.name}"
+
+
+@pytest.mark.parametrize("command", sorted(TABLES))
+def test_an_error_names_each_setting_by_the_flag_of_the_command_that_sets_it(
+    command: str,
+) -> None:
+    table = TABLES[command]
+    for item in table.items:
+        if isinstance(item, Block):
+            if item.model is None:
+                continue  # a block's own build words its errors
+            model, names, flags = item.model, item.flag_names(), item.flags
+        else:
+            assert table.model is not None
+            model, names, flags = table.model, table.flag_names(), (item,)
+        for flag in flags:
+            named = setting_flag(model, flag.field, names)
+            assert named.split(" / ")[0] == flag.shown, f"{command}: {flag.field} is {named}"
+
+
+def test_calibrate_names_its_own_judge_flag_in_an_error() -> None:
+    # `--judges` (run's flag) used to be named here, a flag calibrate does not take.
+    parser = build_parser()
+    args = parser.parse_args(["calibrate", __file__, "--judge", "nonexistent"])
+    with pytest.raises(SettingsError, match=r"^invalid settings: --judge: unknown judge"):
+        settings_from(command_flags.CALIBRATE, args)
 
 
 def test_a_flag_for_a_field_the_model_lacks_is_refused() -> None:
