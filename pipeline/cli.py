@@ -5,49 +5,79 @@ explain (the failing answers of a window), calibrate (a judge against human labe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import logging
 import sys
+from typing import Any
 
 from ragpulse.judges.registry import JUDGE_NAMES
 from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.settings import sources as config_sources
-from ragpulse.pipeline.settings.command_flags import LOG_LEVEL
-from ragpulse.pipeline.settings.flags import add_flags
+from ragpulse.pipeline.settings.command_flags import (
+    CALIBRATE,
+    EXPLAIN,
+    EXPORTER,
+    LOG_LEVEL,
+    RUN,
+    SERVE,
+    SIMULATE,
+    STREAM,
+    WINDOWS,
+    settings_from,
+)
+from ragpulse.pipeline.settings.flags import FlagTable, add_flags
+from ragpulse.pipeline.settings.sources import add_config_arguments
 
 # Beam warns at import, before logging is configured (so on stderr, bare), that its Google Cloud
 # Storage filesystem cannot load when a `google.cloud` namespace exists without the storage
 # client. ragpulse reads local files and Kafka only; the line would break every one-line error.
 logging.getLogger("apache_beam.io.filesystems").setLevel(logging.ERROR)
 
-COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("run", "judge a file of inference-log events and write windowed ratings"),
-    "serve": ("serve", "watch a Kafka topic continuously and serve /metrics"),
-    "windows": ("windows", "print the window aggregates saved by serve, as JSON lines"),
-    "simulate": ("simulate", "produce synthetic chatbot traffic to Kafka or a file"),
-    "explain": (
-        "explain",
-        "show the failing answers of a time window with the judges' rationales",
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """A subcommand: what `ragpulse --help` says of it, its flags (the settings model they
+    build, which `main(settings)` of its module in pipeline/commands/ runs with) and whether a
+    --config file and RAGPULSE_ variables may give them too."""
+
+    help: str
+    flags: FlagTable[Any]
+    takes_config: bool = False
+
+
+COMMANDS: dict[str, Command] = {
+    "run": Command(
+        "judge a file of inference-log events and write windowed ratings", RUN, takes_config=True
     ),
-    "calibrate": (
-        "calibrate",
+    "serve": Command(
+        "watch a Kafka topic continuously and serve /metrics", SERVE, takes_config=True
+    ),
+    "windows": Command("print the window aggregates saved by serve, as JSON lines", WINDOWS),
+    "simulate": Command("produce synthetic chatbot traffic to Kafka or a file", SIMULATE),
+    "explain": Command(
+        "show the failing answers of a time window with the judges' rationales", EXPLAIN
+    ),
+    "calibrate": Command(
         "measure a judge against human labels (agreement, kappa, sensitivity, specificity)",
+        CALIBRATE,
     ),
-    "stream": (
-        "stream",
+    "stream": Command(
         "run one unbounded Beam job on a distributed runner (Dataflow, Flink), publishing "
         "window ratings to a Kafka topic",
+        STREAM,
+        takes_config=True,
     ),
-    "exporter": ("exporter", "serve the window ratings of `ragpulse stream` as /metrics"),
+    "exporter": Command(
+        "serve the window ratings of `ragpulse stream` as /metrics", EXPORTER, takes_config=True
+    ),
 }
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The argument parser; with `command`, only that subcommand's module is imported.
-
-    Importing a module that builds Beam pipelines takes seconds, which `ragpulse --help` and
-    `ragpulse windows` should not pay.
-    """
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every command, generated from their flag tables (no command's
+    module is imported: those that build Beam pipelines take seconds to import, which
+    `ragpulse --help` and a refused flag should not pay)."""
     parser = argparse.ArgumentParser(
         prog="ragpulse",
         description="Watch the quality of a live RAG chatbot: sample its inference logs, grade "
@@ -56,14 +86,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     add_flags(parser, LOG_LEVEL)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (module_name, help_text) in COMMANDS.items():
+    for name, command in COMMANDS.items():
         p = sub.add_parser(
-            name, help=help_text, description=help_text[0].upper() + help_text[1:] + "."
+            name, help=command.help, description=command.help[0].upper() + command.help[1:] + "."
         )
-        if command is None or name == command:
-            module = importlib.import_module(f"ragpulse.pipeline.commands.{module_name}")
-            module.configure_parser(p)
-            p.set_defaults(_main=module.main, _settings=getattr(module, "settings_from_args", None))
+        add_flags(p, command.flags)
+        if command.takes_config:
+            add_config_arguments(p)
     return parser
 
 
@@ -73,10 +102,8 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
     return sub
 
 
-def _variables_of_every_command() -> dict[str, str]:
-    """Each RAGPULSE_ variable a flag of some command reads, with that command (this imports
-    every command's module: only asked when a variable is not the running command's)."""
-    parser = build_parser()
+def _variables_of_every_command(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Each RAGPULSE_ variable a flag of some command reads, with that command."""
     found: dict[str, str] = {}
     for name in COMMANDS:
         for action in config_sources._options(_subparser(parser, name)):
@@ -92,10 +119,10 @@ def _not_beam_import_noise(record: logging.LogRecord) -> bool:
 def main(argv: list[str] | None = None) -> int:
     logging.getLogger().addFilter(_not_beam_import_noise)
     words = sys.argv[1:] if argv is None else argv
-    command = next((w for w in words if w in COMMANDS), None)
-    parser = build_parser(command)
-    sub = _subparser(parser, command) if command is not None else None
-    takes_config = sub is not None and any(a.dest == "config" for a in sub._actions)
+    name = next((w for w in words if w in COMMANDS), None)
+    parser = build_parser()
+    sub = _subparser(parser, name) if name is not None else None
+    takes_config = name is not None and COMMANDS[name].takes_config
     required = config_sources.relax_required(sub) if sub is not None and takes_config else []
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -117,16 +144,18 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
     try:
         if takes_config:
-            assert sub is not None and command is not None
+            assert sub is not None and name is not None
             config_sources.apply(
-                sub, words[words.index(command) + 1 :], args, required,
-                every_command=_variables_of_every_command,
+                sub, words[words.index(name) + 1 :], args, required,
+                every_command=lambda: _variables_of_every_command(parser),
             )
-            if args.print_config:
-                args._settings(args)  # checked like a start, then printed
-                print(config_sources.effective_config(sub, args), end="")
-                return 0
-        return int(args._main(args))
+        settings = settings_from(COMMANDS[args.command].flags, args)
+        if takes_config and args.print_config:  # checked like a start, then printed
+            assert sub is not None
+            print(config_sources.effective_config(sub, args), end="")
+            return 0
+        module = importlib.import_module(f"ragpulse.pipeline.commands.{args.command}")
+        return int(module.main(settings))
     except SettingsError as exc:
         print(f"ragpulse {args.command}: {exc}", file=sys.stderr)
         return 2

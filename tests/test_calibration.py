@@ -39,6 +39,7 @@ from ragpulse.pipeline.cli import main
 from ragpulse.pipeline.commands.calibrate import read_labelled
 from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.metrics.collector import MetricsSnapshot, registry_for
+from ragpulse.pipeline.settings.command_flags import RUN
 from ragpulse.pipeline.settings.models import JudgeSettings, RunSettings, build
 from ragpulse.pipeline.windows import RatingCounts, WindowKey
 
@@ -297,7 +298,10 @@ def batch_settings(tmp_path: Path, *calibrations: Path) -> RunSettings:
     events = tmp_path / "e.jsonl"
     events.write_text("")
     judges = JudgeSettings(backend="local", names=("groundedness",))
-    return build(RunSettings, input=events, judges=judges, judge_calibrations=calibrations)
+    return build(
+        RunSettings, RUN.flag_names(), input=events, judges=judges,
+        judge_calibrations=calibrations,
+    )
 
 
 def test_a_calibration_for_another_backend_twice_the_same_judge_or_not_json_is_refused(

@@ -12,8 +12,14 @@ import yaml
 from pydantic import BaseModel
 
 from ragpulse.judges.llm.judge import LLMJudge
-from ragpulse.pipeline.commands.serve import configure_parser as configure_serve_parser
-from ragpulse.pipeline.settings.command_flags import add_judge_arguments, judge_settings
+from ragpulse.pipeline import cli
+from ragpulse.pipeline.cli import _subparser, build_parser
+from ragpulse.pipeline.settings.command_flags import (
+    JUDGES,
+    SERVE,
+    add_judge_arguments,
+    judge_settings,
+)
 from ragpulse.pipeline.settings.models import (
     JudgeSettings,
     ServeSettings,
@@ -124,8 +130,7 @@ def test_an_unknown_reply_format_is_refused_listing_the_ones_servers_take(
 
 
 def _serve_flags() -> set[str]:
-    parser = argparse.ArgumentParser()
-    configure_serve_parser(parser)
+    parser = _subparser(build_parser(), "serve")
     return set(re.findall(r"--[a-z][a-z0-9-]*", parser.format_help()))
 
 
@@ -134,9 +139,10 @@ def test_every_setting_an_error_can_name_is_a_flag_of_serve_or_an_environment_va
     model: type[BaseModel],
 ) -> None:
     flags = _serve_flags()
+    names = SERVE.flag_names() if model is ServeSettings else JUDGES.flag_names()
     composite = {"judges", "kafka_security", "labels"}  # built from flags checked on their own
     for field in set(model.model_fields) - composite:
-        named = setting_flag(model, field)
+        named = setting_flag(model, field, names)
         flags_named = set(re.findall(r"--[a-z][a-z0-9-]*", named))
         assert flags_named <= flags, (field, named)
         assert flags_named or re.fullmatch(r"[A-Z_]+", named), (field, named)
@@ -151,3 +157,20 @@ def test_an_invalid_judge_setting_is_named_by_the_flag_that_sets_it() -> None:
     assert "--judges: unknown judge(s) tone; known judges: " in message
     assert "concurrency:" not in message.replace("--judge-concurrency:", "")
     assert "Value error" not in message
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["run", "/nonexistent/events.jsonl"],
+         "ragpulse run: invalid settings: INPUT: input file not found: /nonexistent/events.jsonl"),
+        (["calibrate", "/nonexistent/labels.jsonl", "--judge", "groundedness"],
+         "ragpulse calibrate: invalid settings: LABELLED: labelled file not found: "
+         "/nonexistent/labels.jsonl"),
+    ],
+)
+def test_a_missing_input_file_is_refused_naming_the_argument_and_the_file(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main([*argv, "--judge-backend", "local"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == said

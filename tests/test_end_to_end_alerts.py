@@ -316,8 +316,8 @@ def _play(
     # The simulator assigns these apps to the knowledge bases; every app suffers the drop.
     apps = ("support-bot", "hr-assistant")
     healthy_start = traffic.switch(
-        Incidents(malformed_burst_at=5.0, malformed_burst_count=5, late_events=3, late_by=120.0,
-                  no_context_share=NO_CONTEXT_SHARE),
+        Incidents(malformed_burst_at=5.0, malformed_burst_count=5, late_events=3,
+                  late_by_seconds=120.0, no_context_share=NO_CONTEXT_SHARE),
         duration_s=HEALTHY_S,
     )
     time.sleep(max(0.0, healthy_start + HEALTHY_S - time.time()))

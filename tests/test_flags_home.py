@@ -13,8 +13,11 @@ import pytest
 from cli import one_line_error, ragpulse
 
 from ragpulse.pipeline.cli import _subparser, build_parser
+from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.settings import command_flags
+from ragpulse.pipeline.settings.command_flags import settings_from
 from ragpulse.pipeline.settings.flags import Block, FlagTable, fields_from_flags
+from ragpulse.pipeline.settings.models import setting_flag
 
 PIPELINE = Path(__file__).resolve().parents[1] / "pipeline"
 _NOT_SETTINGS = {"help", "config", "print_config"}
@@ -55,7 +58,7 @@ def test_no_module_outside_settings_defines_a_flag() -> None:
 
 
 def test_the_top_level_flags_are_the_log_level_table() -> None:
-    parser = build_parser("windows")
+    parser = build_parser()
     accepted = {a.dest for a in parser._actions} - _NOT_SETTINGS - {"command"}
     assert accepted == {flag.key for flag, _ in command_flags.LOG_LEVEL.flags()}
 
@@ -70,7 +73,7 @@ def test_a_flag_added_outside_settings_is_found() -> None:
 def test_every_flag_a_command_accepts_sets_a_field_of_its_settings_model(command: str) -> None:
     table = TABLES[command]
     assert table.model is not None
-    parser = _subparser(build_parser(command), command)
+    parser = _subparser(build_parser(), command)
     accepted = {a.dest for a in parser._actions} - _NOT_SETTINGS
     assert accepted == {flag.key for flag, _ in table.flags()}
     for item in table.items:
@@ -78,6 +81,32 @@ def test_every_flag_a_command_accepts_sets_a_field_of_its_settings_model(command
         if isinstance(item, Block) and item.model is not None:
             for flag in item.flags:
                 assert flag.field in item.model.model_fields, f"{command}: {flag.name}"
+
+
+@pytest.mark.parametrize("command", sorted(TABLES))
+def test_an_error_names_each_setting_by_the_flag_of_the_command_that_sets_it(
+    command: str,
+) -> None:
+    table = TABLES[command]
+    for item in table.items:
+        if isinstance(item, Block):
+            if item.model is None:
+                continue  # a block's own build words its errors
+            model, names, flags = item.model, item.flag_names(), item.flags
+        else:
+            assert table.model is not None
+            model, names, flags = table.model, table.flag_names(), (item,)
+        for flag in flags:
+            named = setting_flag(model, flag.field, names)
+            assert named.split(" / ")[0] == flag.shown, f"{command}: {flag.field} is {named}"
+
+
+def test_calibrate_names_its_own_judge_flag_in_an_error() -> None:
+    # `--judges` (run's flag) used to be named here, a flag calibrate does not take.
+    parser = build_parser()
+    args = parser.parse_args(["calibrate", __file__, "--judge", "nonexistent"])
+    with pytest.raises(SettingsError, match=r"^invalid settings: --judge: unknown judge"):
+        settings_from(command_flags.CALIBRATE, args)
 
 
 def test_a_flag_for_a_field_the_model_lacks_is_refused() -> None:
@@ -91,7 +120,7 @@ def test_a_flag_for_a_field_the_model_lacks_is_refused() -> None:
 
 
 def test_a_set_of_flags_one_of_which_is_required_takes_exactly_one() -> None:
-    parser = _subparser(build_parser("simulate"), "simulate")
+    parser = _subparser(build_parser(), "simulate")
     for argv in ([], ["--output", "f", "--kafka-bootstrap", "h:1"]):
         with pytest.raises(SystemExit):
             parser.parse_args(argv)
@@ -104,11 +133,12 @@ def test_a_set_of_flags_one_of_which_is_required_takes_exactly_one() -> None:
         ("--start-time", "nonsense", "--start-time 'nonsense': not an ISO 8601 time"),
         ("--apps", "", "--apps: expected a comma-separated list of names, got ''"),
         ("--models", " , ", "--models: expected a comma-separated list of names"),
+        ("--rate", "0", "--rate and --duration must be positive"),
     ],
 )
 def test_a_value_the_parser_took_but_the_setting_cannot_is_one_line_and_exit_2(
     tmp_path: Path, flag: str, value: str, said: str
 ) -> None:
     done = ragpulse("simulate", "--output", str(tmp_path / "events.jsonl"), f"{flag}={value}")
-    assert said in one_line_error(done.returncode, done.stderr)
+    assert one_line_error(done.returncode, done.stderr).startswith(f"ragpulse simulate: {said}")
     assert not (tmp_path / "events.jsonl").exists()

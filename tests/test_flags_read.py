@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from cli import ragpulse
 
-from ragpulse.pipeline.cli import _subparser, build_parser
+from ragpulse.pipeline.cli import COMMANDS, _subparser, build_parser
+from ragpulse.pipeline.settings.command_flags import settings_from
 
 _NOT_SETTINGS = {"help", "config", "print_config"}
 
@@ -29,11 +30,11 @@ class _Recording(argparse.Namespace):
 
 
 def unread_flags(command: str, argv: list[str]) -> set[str]:
-    """The flags of `command` whose values its settings_from_args never looks at."""
-    parser = build_parser(command)
+    """The flags of `command` whose values its settings never look at."""
+    parser = build_parser()
     args = parser.parse_args([command, *argv], namespace=_Recording())
     object.__setattr__(args, "_read", set())
-    args._settings(args)
+    settings_from(COMMANDS[command].flags, args)
     sub = _subparser(parser, command)
     return {a.dest for a in sub._actions if a.option_strings} - _NOT_SETTINGS - args._read
 

@@ -26,7 +26,7 @@ from certs import make_ca, make_leaf
 from cli import one_line_error
 
 from ragpulse.pipeline import cli
-from ragpulse.pipeline.commands.serve import serve_http, settings_from_args
+from ragpulse.pipeline.commands.serve import serve_http
 from ragpulse.pipeline.metrics.http import (
     MetricsHTTPServer,
     WebConfig,
@@ -34,6 +34,7 @@ from ragpulse.pipeline.metrics.http import (
     load_web_config,
 )
 from ragpulse.pipeline.service.loop import TopicWatcher
+from ragpulse.pipeline.settings.command_flags import SERVE, settings_from
 
 PASSWORD = "correct horse battery staple"
 
@@ -54,8 +55,8 @@ def serve_args(tmp_path: Path, *extra: str) -> list[str]:
 
 @pytest.fixture
 def watcher(tmp_path: Path) -> Iterator[TopicWatcher]:
-    args = cli.build_parser("serve").parse_args(serve_args(tmp_path))
-    w = TopicWatcher(settings_from_args(args))
+    args = cli.build_parser().parse_args(serve_args(tmp_path))
+    w = TopicWatcher(settings_from(SERVE, args))
     try:
         yield w
     finally:
@@ -108,8 +109,8 @@ def get(
 def test_metrics_server_listens_on_loopback_only_unless_told_otherwise(
     tmp_path: Path, start: StartServer
 ) -> None:
-    args = cli.build_parser("serve").parse_args(serve_args(tmp_path))
-    settings = settings_from_args(args)
+    args = cli.build_parser().parse_args(serve_args(tmp_path))
+    settings = settings_from(SERVE, args)
     assert settings.metrics_host == "127.0.0.1"
     server = start(host=settings.metrics_host)
     assert server.server_address[0] == "127.0.0.1"

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from ragpulse.pipeline.cli import build_parser
-from ragpulse.pipeline.commands.serve import settings_from_args
+from ragpulse.pipeline.settings.command_flags import SERVE, settings_from
 from ragpulse.pipeline.settings.flags import default_of
 from ragpulse.pipeline.settings.models import BatchSettings
 
@@ -44,7 +44,7 @@ def serve_settings(topic: str, encoding: str) -> Any:
     args = build_parser().parse_args(
         ["serve", "--kafka-bootstrap", "kafka:9092", "--topic", topic, "--input-format", encoding]
     )
-    return settings_from_args(args)
+    return settings_from(SERVE, args)
 
 
 def test_the_traces_pipeline_publishes_to_kafka_in_an_encoding_ragpulse_reads() -> None:

@@ -521,7 +521,8 @@ def _wait_for_health(serve: ServeProcess, want: int, timeout: float) -> tuple[in
 def test_failing_verdicts_are_published_with_their_rationale_and_passing_ones_are_not(
     served_topic: TopicFactory,
 ) -> None:
-    events = list(simulate(10, 120, T0, rate=10, incidents=Incidents(0.0, None, drop_to=0.5)))
+    drop = Incidents(groundedness_drop_at=0.0, drop_to=0.5)
+    events = list(simulate(10, 120, T0, rate=10, incidents=drop))
     topic = served_topic("verdicts", records=events)
     serve = topic.serve()
     m = serve.wait_for(caught_up(120), 60, "all events judged")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import time
@@ -13,8 +12,10 @@ from typing import Any
 import pytest
 from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 
-from ragpulse.pipeline.commands.simulate import Incidents, configure_parser, main, simulate
+from ragpulse.pipeline.cli import build_parser
+from ragpulse.pipeline.commands.simulate import Incidents, main, simulate
 from ragpulse.pipeline.formats.events import InvalidEvent, parse_event
+from ragpulse.pipeline.settings.command_flags import SIMULATE, settings_from
 from ragpulse.pipeline.sources.kafka import log_bounds
 
 T0 = 1_736_931_600.0  # 2025-01-15T09:00:00Z
@@ -29,6 +30,11 @@ def words(text: str) -> set[str]:
 def payloads(seed: int, n: int, start: float, **options: Any) -> list[bytes]:
     """The raw records `simulate` makes (what `ragpulse simulate` writes)."""
     return [e.payload for e in simulate(seed, n, start, **options)]
+
+
+def ragpulse_simulate(*argv: str) -> int:
+    """`ragpulse simulate ARGV` in this process: its flags, its settings, its main."""
+    return main(settings_from(SIMULATE, build_parser().parse_args(["simulate", *argv])))
 
 def test_same_seed_gives_the_same_bytes_and_another_seed_does_not() -> None:
     assert list(payloads(7, 50, T0)) == list(payloads(7, 50, T0))
@@ -76,7 +82,7 @@ def test_events_are_json_objects_covering_every_request_and_response_shape() -> 
 
 
 def test_every_well_formed_event_parses_with_its_answer_and_chunks() -> None:
-    incidents = Incidents(no_context_share=0.1, late_events=5, late_by=600)
+    incidents = Incidents(no_context_share=0.1, late_events=5, late_by_seconds=600)
     events = list(simulate(3, 300, T0, rate=2, incidents=incidents))
     for event in events:
         record = parse_event(event.payload)
@@ -130,14 +136,11 @@ def test_bursts_replace_the_events_right_after_their_start() -> None:
 
 
 def test_output_file_holds_one_record_per_line(tmp_path: Path) -> None:
-    parser = argparse.ArgumentParser()
-    configure_parser(parser)
     out = tmp_path / "events.jsonl"
-    args = parser.parse_args(
-        ["--output", str(out), "--rate", "2", "--duration", "1m", "--seed", "9",
-         "--start-time", "2025-01-15T09:00:00Z", "--malformed-burst-at", "30s"]
-    )
-    assert main(args) == 0
+    assert ragpulse_simulate(
+        "--output", str(out), "--rate", "2", "--duration", "1m", "--seed", "9",
+        "--start-time", "2025-01-15T09:00:00Z", "--malformed-burst-at", "30s",
+    ) == 0
     lines = out.read_bytes().splitlines()
     assert len(lines) == 120
     assert lines == list(payloads(9, 120, T0, rate=2, incidents=Incidents(
@@ -147,14 +150,11 @@ def test_output_file_holds_one_record_per_line(tmp_path: Path) -> None:
 def test_production_delivers_every_event_at_about_the_requested_rate(
     kafka_broker: ApacheKafkaBroker,  # noqa: F811
 ) -> None:
-    parser = argparse.ArgumentParser()
-    configure_parser(parser)
-    args = parser.parse_args(
-        ["--kafka-bootstrap", kafka_broker.bootstrap, "--topic", "logs", "--partitions", "3",
-         "--rate", "100", "--duration", "3s", "--seed", "1"]
-    )
     started = time.monotonic()
-    assert main(args) == 0
+    assert ragpulse_simulate(
+        "--kafka-bootstrap", kafka_broker.bootstrap, "--topic", "logs", "--partitions", "3",
+        "--rate", "100", "--duration", "3s", "--seed", "1",
+    ) == 0
     elapsed = time.monotonic() - started
     assert sum(log_bounds(kafka_broker.bootstrap, "logs").ends.values()) == 300
     assert 2.5 < elapsed < 6, f"300 events at 100/s took {elapsed:.1f}s"

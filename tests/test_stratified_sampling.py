@@ -34,6 +34,7 @@ from ragpulse.pipeline.graphs.bounded import GraphResult, Sinks, run_graph
 from ragpulse.pipeline.metrics import counting
 from ragpulse.pipeline.metrics.collector import MetricsSnapshot, registry_for
 from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.settings.command_flags import RUN
 from ragpulse.pipeline.settings.models import BatchSettings, JudgeSettings, build
 from ragpulse.pipeline.sinks.files import WriteDeadLetters
 
@@ -236,7 +237,7 @@ def test_a_bad_rules_file_is_one_settings_error_naming_the_flag_file_and_rule(
     path = tmp_path / "rules.yml"
     path.write_text("rules:\n  - name: neg\n    when: {feedback: negative}\n    rate: -1\n")
     with pytest.raises(SettingsError) as caught:
-        build(BatchSettings, judges=JudgeSettings(backend="local"), sampling=path)
+        build(BatchSettings, RUN.flag_names(), judges=JudgeSettings(backend="local"), sampling=path)
     assert str(caught.value) == (
         f"invalid settings: --sampling-rules: sampling rules {path}: rule 1 (neg): 'rate' must "
         "be a number within [0, 1], got -1"

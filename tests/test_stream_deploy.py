@@ -27,7 +27,7 @@ from flink_runner import FlinkServices
 from test_stream_flink import stream_argv
 
 from ragpulse.pipeline import cli
-from ragpulse.pipeline.commands import exporter, stream
+from ragpulse.pipeline.settings.command_flags import STREAM, settings_from
 
 REPO = Path(__file__).resolve().parent.parent
 DATAFLOW = REPO / "deploy" / "dataflow"
@@ -112,7 +112,7 @@ def test_the_flex_template_metadata_is_a_streaming_template_of_the_stream_flags(
     assert {"--" + n.replace("_", "-") for n in names} <= flags
     required = {"--" + p["name"].replace("_", "-") for p in metadata["parameters"]
                 if not p.get("isOptional")}
-    parser = cli._subparser(cli.build_parser("stream"), "stream")
+    parser = cli._subparser(cli.build_parser(), "stream")
     assert required == {a.option_strings[0] for a in parser._actions if a.required} - {"--runner"}
     for p in metadata["parameters"]:
         for regex in p.get("regexes", []):
@@ -133,7 +133,7 @@ def test_the_flex_template_launcher_turns_parameters_into_valid_stream_settings(
         "--temp_location=gs://b/tmp",
         "--sdk_container_image=europe-west1-docker.pkg.dev/p/ragpulse/ragpulse-beam-sdk:0.1.0",
     ])
-    args = cli.build_parser("stream").parse_args(argv)
+    args = cli.build_parser().parse_args(argv)
     assert args.runner == "DataflowRunner"
     assert args.beam_arg == [
         "--project=p",
@@ -144,9 +144,9 @@ def test_the_flex_template_launcher_turns_parameters_into_valid_stream_settings(
     if importlib.util.find_spec("apitools") is None:
         # The launcher image installs apache-beam[gcp]; here only its absence can be refused.
         with pytest.raises(Exception, match="needs apache-beam\\[gcp\\]"):
-            stream.settings_from_args(args)
+            settings_from(STREAM, args)
         return
-    settings = stream.settings_from_args(args)
+    settings = settings_from(STREAM, args)
     assert (settings.window_seconds, settings.allowed_lateness_seconds) == (300, 600)
 
 
@@ -187,9 +187,8 @@ def test_every_ragpulse_command_in_the_flink_manifests_gives_valid_settings() ->
     ]
     assert sorted(args[0] for args in commands) == ["exporter", "stream"]
     for args in commands:
-        parsed = cli.build_parser(args[0]).parse_args(args)
-        module = stream if args[0] == "stream" else exporter
-        settings = module.settings_from_args(parsed)
+        parsed = cli.build_parser().parse_args(args)
+        settings = settings_from(cli.COMMANDS[args[0]].flags, parsed)
         if args[0] == "stream":
             # The Python stages run in the sidecar the FlinkDeployment starts on port 50000.
             assert "--environment_config=localhost:50000" in settings.beam_args

@@ -16,7 +16,7 @@ from ragpulse.pipeline import cli
 
 def stream_flags() -> set[str]:
     """The long flags `ragpulse stream` takes (e.g. --kafka-bootstrap)."""
-    parser = cli.build_parser("stream")
+    parser = cli.build_parser()
     sub = cli._subparser(parser, "stream")
     return {flag for action in sub._actions for flag in action.option_strings}
 

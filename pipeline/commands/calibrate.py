@@ -13,7 +13,6 @@ A null label (annotators could not agree) is counted as unlabelled and left out.
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -30,8 +29,6 @@ from ragpulse.pipeline.calibration import (
 )
 from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.formats.events import InvalidEvent, parse_event
-from ragpulse.pipeline.settings.command_flags import CALIBRATE, settings_from
-from ragpulse.pipeline.settings.flags import add_flags
 from ragpulse.pipeline.settings.models import CalibrateSettings
 
 log = logging.getLogger(__name__)
@@ -122,17 +119,7 @@ def _stored_text(policy: TextPolicy) -> Callable[[str | None], str | None]:
     return keep
 
 
-def configure_parser(p: argparse.ArgumentParser) -> None:
-    add_flags(p, CALIBRATE)
-
-
-def settings_from_args(args: argparse.Namespace) -> CalibrateSettings:
-    """`CalibrateSettings` from the command line; SettingsError says what is wrong."""
-    return settings_from(CALIBRATE, args)
-
-
-def main(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
+def main(settings: CalibrateSettings) -> int:
     report = calibrate(settings)
     assert settings.output is not None
     settings.output.write_bytes(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2) + b"\n")

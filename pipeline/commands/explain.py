@@ -13,7 +13,6 @@ judges, so it starts in well under a second.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import shutil
 import sys
@@ -32,8 +31,6 @@ from ragpulse.pipeline.formats.verdict_rows import (
     InvalidVerdictRow,
     failing_verdicts,
 )
-from ragpulse.pipeline.settings.command_flags import EXPLAIN, settings_from
-from ragpulse.pipeline.settings.flags import add_flags
 from ragpulse.pipeline.settings.models import ExplainSettings
 from ragpulse.pipeline.sinks import VERDICTS_FILE
 from ragpulse.pipeline.windows import isoformat_utc
@@ -244,15 +241,6 @@ def json_line(v: FailingVerdict) -> str:
 # --- command -----------------------------------------------------------------------------------
 
 
-def configure_parser(p: argparse.ArgumentParser) -> None:
-    add_flags(p, EXPLAIN)
-
-
-def settings_from_args(args: argparse.Namespace) -> ExplainSettings:
-    """The settings of the parsed flags; SettingsError if unusable."""
-    return settings_from(EXPLAIN, args)
-
-
 def _source(settings: ExplainSettings, since: float | None) -> Iterator[tuple[str, bytes]]:
     if settings.run_output is not None:
         return run_output_rows(settings.run_output)
@@ -262,8 +250,7 @@ def _source(settings: ExplainSettings, since: float | None) -> Iterator[tuple[st
     )
 
 
-def main(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
+def main(settings: ExplainSettings) -> int:
     start, end = settings.window(time.time())
     selection = Selection(
         start, end, settings.judge, settings.app, settings.model, settings.rating

@@ -13,7 +13,6 @@ same values); Prometheus scrapes it under the job name the rules select (`ragpul
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import signal
@@ -39,10 +38,7 @@ from ragpulse.pipeline.metrics.labels import (
     LabelBudget,
 )
 from ragpulse.pipeline.service.panes import PaneTable
-from ragpulse.pipeline.settings.command_flags import EXPORTER, settings_from
-from ragpulse.pipeline.settings.flags import add_flags
 from ragpulse.pipeline.settings.models import ExporterSettings
-from ragpulse.pipeline.settings.sources import add_config_arguments
 
 log = logging.getLogger(__name__)
 
@@ -154,18 +150,7 @@ class RatingsExporter:
             self._table.apply(pane)
 
 
-def configure_parser(p: argparse.ArgumentParser) -> None:
-    add_flags(p, EXPORTER)
-    add_config_arguments(p)
-
-
-def settings_from_args(args: argparse.Namespace) -> ExporterSettings:
-    """`ExporterSettings` from the command line; SettingsError says what is wrong."""
-    return settings_from(EXPORTER, args)
-
-
-def main(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
+def main(settings: ExporterSettings) -> int:
     web = load_web_config(settings.web_config_file) if settings.web_config_file else WebConfig()
     check_access(
         settings.bootstrap, settings.kafka_security, timeout_s=settings.kafka_timeout_seconds

@@ -6,7 +6,6 @@ ratings, dead letters and a Prometheus textfile into the output directory.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import time
 from pathlib import Path
@@ -16,10 +15,7 @@ from ragpulse.pipeline.calibration import by_judge
 from ragpulse.pipeline.metrics import catalogue, counting
 from ragpulse.pipeline.metrics.collector import MetricsSnapshot, write_textfile
 from ragpulse.pipeline.metrics.labels import LabelBudget
-from ragpulse.pipeline.settings.command_flags import RUN, settings_from
-from ragpulse.pipeline.settings.flags import add_flags
 from ragpulse.pipeline.settings.models import RunSettings
-from ragpulse.pipeline.settings.sources import add_config_arguments
 from ragpulse.pipeline.sinks import DEAD_LETTER_FILE, METRICS_FILE, VERDICTS_FILE, WINDOWS_FILE
 from ragpulse.pipeline.windows import isoformat_utc
 
@@ -86,18 +82,7 @@ def _source(settings: RunSettings) -> beam.PTransform:
     return beam.Create(traces.records)
 
 
-def configure_parser(p: argparse.ArgumentParser) -> None:
-    add_flags(p, RUN)
-    add_config_arguments(p)
-
-
-def settings_from_args(args: argparse.Namespace) -> RunSettings:
-    """`RunSettings` from the command line; SettingsError says what is wrong."""
-    return settings_from(RUN, args)
-
-
-def main(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
+def main(settings: RunSettings) -> int:
     log.info(
         "judging %s with %s (backend %s), sample rate %g, %gs windows",
         settings.input,

@@ -7,7 +7,6 @@ itself is `pipeline.service.loop.TopicWatcher`.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import time
@@ -28,17 +27,14 @@ from ragpulse.pipeline.metrics.http import (
 )
 from ragpulse.pipeline.service.owners import Owner
 from ragpulse.pipeline.service.state import StateError, StateLock
-from ragpulse.pipeline.settings.command_flags import SERVE, settings_from
-from ragpulse.pipeline.settings.flags import add_flags
 from ragpulse.pipeline.settings.models import ServeSettings
-from ragpulse.pipeline.settings.sources import add_config_arguments
 
 if TYPE_CHECKING:
     from ragpulse.pipeline.service.loop import TopicWatcher
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EXIT_OFFSET_RESET", "canary_feed", "main", "serve_http", "settings_from_args"]
+__all__ = ["EXIT_OFFSET_RESET", "canary_feed", "main", "serve_http"]
 
 
 def canary_feed(settings: ServeSettings) -> CanaryFeed | None:
@@ -69,22 +65,11 @@ def serve_http(
     return start_metrics_server(app, host, port, web.tls)
 
 
-def configure_parser(p: argparse.ArgumentParser) -> None:
-    add_flags(p, SERVE)
-    add_config_arguments(p)
-
-
-def settings_from_args(args: argparse.Namespace) -> ServeSettings:
-    """`ServeSettings` from the command line; SettingsError says what is wrong."""
-    return settings_from(SERVE, args)
-
-
-def main(args: argparse.Namespace) -> int:
-    # Settings and files first, all of them checked before anything is opened; then the state
-    # file, whose one-line error (when it cannot be used) says how to recover.
-    settings = settings_from_args(args)
-    # The loop (and with it Beam, seconds to import) once the settings are checked: a refused
-    # flag or setting answers at once.
+def main(settings: ServeSettings) -> int:
+    # The settings come checked; then the files they name, all before anything is opened; then
+    # the state file, whose one-line error (when it cannot be used) says how to recover.
+    # The loop (and with it Beam, seconds to import) is imported when serve starts, not with
+    # this module.
     from ragpulse.pipeline.service.loop import (
         OffsetResetRefused,
         StopRequest,

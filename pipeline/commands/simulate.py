@@ -22,7 +22,6 @@ other field of every event as it was.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import random
@@ -32,15 +31,12 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from pydantic import ValidationError
-
 from ragpulse.pipeline.kafka_security import PLAINTEXT, KafkaSecurity, check_access, connect
-from ragpulse.pipeline.settings.command_flags import SIMULATE
-from ragpulse.pipeline.settings.flags import add_flags, fields_from_flags
 from ragpulse.pipeline.settings.models import (
     DEFAULT_APPS,
     DEFAULT_MODELS,
     TOOL_CALL_SHARE,
+    Incidents,
     SimulateSettings,
 )
 from ragpulse.pipeline.settings.models import SIMULATED_TOOLS as TOOLS
@@ -206,29 +202,6 @@ class SimulatedToolCall:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Incidents:
-    """Faults to inject; times are seconds after the start of the simulated traffic."""
-
-    groundedness_drop_at: float | None = None
-    groundedness_recover_at: float | None = None
-    drop_to: float = 0.6  # share of grounded answers during the drop
-    unsafe_burst_at: float | None = None
-    unsafe_burst_count: int = 0
-    malformed_burst_at: float | None = None
-    malformed_burst_count: int = 0
-    late_events: int = 0
-    late_by: float = 900.0
-    no_context_share: float = 0.0
-    # From tool_failure_at until tool_recover_at, every call of `failing_tool` fails.
-    tool_failure_at: float | None = None
-    tool_recover_at: float | None = None
-    failing_tool: str = "get_document"
-    tool_call_share: float = TOOL_CALL_SHARE
-    # A model that forgets earlier turns of a conversation (--conversation-turns > 1).
-    forgetting_at: float | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class SimulatedEvent:
     """One generated record: its bytes, its (possibly late) event time and what it models."""
 
@@ -272,7 +245,7 @@ def simulate(
             yield SimulatedEvent(_malformed(rng, scheduled), scheduled, "malformed")
             continue
         late = i in late_at
-        event_time = scheduled - inc.late_by if late else scheduled
+        event_time = scheduled - inc.late_by_seconds if late else scheduled
         unsafe = (
             inc.unsafe_burst_at is not None and offset >= inc.unsafe_burst_at and unsafe_left > 0
         )
@@ -583,53 +556,12 @@ def _malformed(rng: random.Random, event_time: float) -> bytes:
 # --- command line ---
 
 
-def configure_parser(p: argparse.ArgumentParser) -> None:
-    """Options of `ragpulse simulate`; times T are offsets from the start, e.g. 90s or 5m."""
-    add_flags(p, SIMULATE)
-
-
-def settings_from_args(args: argparse.Namespace) -> SimulateSettings:
-    """The settings of the parsed flags; ValidationError (simulate's own message) if unusable,
-    SettingsError if the Kafka security flags are."""
-    return SimulateSettings(**fields_from_flags(SIMULATE, args))
-
-
-def incidents_of(settings: SimulateSettings) -> Incidents:
-    return Incidents(
-        groundedness_drop_at=settings.groundedness_drop_at,
-        groundedness_recover_at=settings.groundedness_recover_at,
-        drop_to=settings.drop_to,
-        unsafe_burst_at=settings.unsafe_burst_at,
-        unsafe_burst_count=(
-            settings.unsafe_burst_count if settings.unsafe_burst_at is not None else 0
-        ),
-        malformed_burst_at=settings.malformed_burst_at,
-        malformed_burst_count=(
-            settings.malformed_burst_count if settings.malformed_burst_at is not None else 0
-        ),
-        late_events=settings.late_events,
-        late_by=settings.late_by_seconds,
-        no_context_share=settings.no_context_share,
-        tool_failure_at=settings.tool_failure_at,
-        tool_recover_at=settings.tool_recover_at,
-        failing_tool=settings.failing_tool,
-        tool_call_share=settings.tool_call_share,
-        forgetting_at=settings.forgetting_at,
-    )
-
-
-def main(args: argparse.Namespace) -> int:
+def main(settings: SimulateSettings) -> int:
     """Generate the traffic; 0 when every record was written/acknowledged, 1 otherwise."""
-    try:
-        settings = settings_from_args(args)
-    except ValidationError as exc:
-        message = exc.errors()[0]["msg"].removeprefix("Value error, ")
-        print(f"simulate: {message}", file=sys.stderr)
-        return 2
     n = settings.events
     events = simulate(
         settings.seed, n, settings.start_epoch(time.time()), rate=settings.rate,
-        apps=settings.apps, models=settings.models, incidents=incidents_of(settings),
+        apps=settings.apps, models=settings.models, incidents=settings,  # an Incidents
         conversation_turns=settings.conversation_turns,
     )
     if settings.output is not None:

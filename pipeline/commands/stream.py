@@ -10,35 +10,17 @@ Deployment: deploy/dataflow/README.md, deploy/flink/README.md.
 
 from __future__ import annotations
 
-import argparse
 import logging
 from typing import TYPE_CHECKING
 
 from ragpulse.pipeline.errors import SettingsError
-from ragpulse.pipeline.settings.command_flags import (
-    BEAM_VERSION,
-    EXPANSION_JAR,
-    STREAM,
-    settings_from,
-)
-from ragpulse.pipeline.settings.flags import add_flags
+from ragpulse.pipeline.settings.command_flags import BEAM_VERSION, EXPANSION_JAR
 from ragpulse.pipeline.settings.models import StreamSettings
-from ragpulse.pipeline.settings.sources import add_config_arguments
 
 if TYPE_CHECKING:
     from ragpulse.pipeline.graphs.unbounded import StreamSinks
 
 log = logging.getLogger(__name__)
-
-
-def configure_parser(p: argparse.ArgumentParser) -> None:
-    add_flags(p, STREAM)
-    add_config_arguments(p)
-
-
-def settings_from_args(args: argparse.Namespace) -> StreamSettings:
-    """`StreamSettings` from the command line; SettingsError says what is wrong."""
-    return settings_from(STREAM, args)
 
 
 def stream_sinks(settings: StreamSettings) -> StreamSinks:
@@ -57,8 +39,7 @@ def stream_sinks(settings: StreamSettings) -> StreamSinks:
     )
 
 
-def main(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
+def main(settings: StreamSettings) -> int:
     # Beam is imported once the settings are checked (see BEAM_VERSION).
     import apache_beam as beam
     import grpc

@@ -6,29 +6,16 @@ file, so it neither needs nor loads Beam.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import orjson
 
 from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.service.state import StateError, StateStore
-from ragpulse.pipeline.settings.command_flags import WINDOWS, settings_from
-from ragpulse.pipeline.settings.flags import add_flags
 from ragpulse.pipeline.settings.models import WindowsSettings
 
 
-def configure_parser(p: argparse.ArgumentParser) -> None:
-    add_flags(p, WINDOWS)
-
-
-def settings_from_args(args: argparse.Namespace) -> WindowsSettings:
-    """The settings of the parsed flags; SettingsError if unusable."""
-    return settings_from(WINDOWS, args)
-
-
-def main(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
+def main(settings: WindowsSettings) -> int:
     try:
         state = StateStore(settings.state)
     except StateError as exc:

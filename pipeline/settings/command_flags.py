@@ -67,7 +67,7 @@ def settings_from(table: FlagTable[M], args: argparse.Namespace) -> M:
     """The table's settings model from the parsed flags; SettingsError says what is wrong."""
     if table.model is None:
         raise ValueError("this table sets no settings model")
-    return build(table.model, **fields_from_flags(table, args))
+    return build(table.model, table.flag_names(), **fields_from_flags(table, args))
 
 
 # --- the judges (run, serve, stream, calibrate) -----------------------------------------------
@@ -261,17 +261,19 @@ def _judge_flags(one_judge: bool) -> tuple[Flag, ...]:
 
 
 def _judges(values: dict[str, Any], fields: dict[str, Any]) -> JudgeSettings:
-    return judge_settings_from(values)
+    return judge_settings_from(values, flag_names=JUDGES.flag_names())
 
 
 def _one_judge(values: dict[str, Any], fields: dict[str, Any]) -> JudgeSettings:
-    judges = judge_settings_from(values)
+    judges = judge_settings_from(values, flag_names=ONE_JUDGE.flag_names())
     if len(judges.names) != 1:
         raise SettingsError(f"--judge: one judge, not {', '.join(judges.names)}")
     return judges
 
 
 JUDGES = Block("judges", _judge_flags(one_judge=False), _judges, JudgeSettings)
+# calibrate's: --judge NAME instead of --judges.
+ONE_JUDGE = Block("judges", _judge_flags(one_judge=True), _one_judge, JudgeSettings)
 
 
 def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
@@ -281,7 +283,9 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
 
 def judge_settings(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> JudgeSettings:
     """Judge settings from the judge flags and the environment (see `judge_settings_from`)."""
-    return judge_settings_from(values_of(JUDGES.flags, args), os.environ if env is None else env)
+    return judge_settings_from(
+        values_of(JUDGES.flags, args), os.environ if env is None else env, JUDGES.flag_names()
+    )
 
 
 # --- events, sampling, conversations, Beam (run, serve, stream) -------------------------------
@@ -684,7 +688,7 @@ CALIBRATE = FlagTable(CalibrateSettings, (
         "--show", "show", type=int, metavar="N",
         help="disagreements printed (all of them are in --output) (default: %(default)s)",
     ),
-    Block("judges", _judge_flags(one_judge=True), _one_judge, JudgeSettings),
+    ONE_JUDGE,
 ))
 
 

@@ -66,6 +66,14 @@ class Flag:
         """The flag's attribute on the parsed namespace."""
         return self.dest or self.name.lstrip("-").replace("-", "_")
 
+    @property
+    def shown(self) -> str:
+        """The flag as --help and errors show it: its name, or a positional's metavar (else its
+        name in upper case)."""
+        if self.name.startswith("-"):
+            return self.name
+        return self.metavar or self.name.upper()
+
     def in_group(self, group: str) -> Flag:
         return dataclasses.replace(self, group=group)
 
@@ -80,6 +88,10 @@ class Block:
     build: Callable[[dict[str, Any], dict[str, Any]], Any]
     model: type[BaseModel] | None = None
 
+    def flag_names(self) -> dict[str, str]:
+        """The flag that sets each field of `model`, as errors name it."""
+        return {flag.field: flag.shown for flag in self.flags}
+
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -91,6 +103,14 @@ class FlagTable(Generic[M]):
 
     model: type[M] | None
     items: tuple[Flag | Block, ...]
+
+    def flag_names(self) -> dict[str, str]:
+        """The flag that sets each field of the model, as errors name it (a block's field: by
+        its first flag)."""
+        return {
+            item.field: (item.flags[0] if isinstance(item, Block) else item).shown
+            for item in self.items
+        }
 
     def flags(self) -> list[tuple[Flag, type[BaseModel] | None]]:
         """Every flag with the model its default comes from."""

@@ -18,9 +18,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from importlib.util import find_spec
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -100,59 +101,69 @@ BATCH_EVENTS_PER_CALL = 16
 MIN_BATCH_EVENTS = 256
 
 
+def existing_file(what: str) -> AfterValidator:
+    """The check of a Path field naming an input file: "`what` not found: PATH" unless it is a
+    file."""
+
+    def check(path: Path) -> Path:
+        if not path.is_file():
+            raise ValueError(f"{what} not found: {path}")
+        return path
+
+    return AfterValidator(check)
+
+
 class JudgeSettings(BaseModel):
     """The judge panel: which judges, on which backend, against which endpoint.
 
-    Each field's title is the flag (or environment variable) that sets it: errors name that,
-    since the operator never sees the field names.
+    Errors name a field by the flag that sets it, from the command's flag table (the operator
+    never sees the field names); a field the environment sets has that in its title.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    backend: Literal["local", "openai"] = Field(title="--judge-backend")  # `names` reads it
+    backend: Literal["local", "openai"]  # `names` reads it
     # judges.llm.custom.CustomJudge values, loaded from the --custom-judge files at validation;
     # `names` reads them. Typed Any so that importing the settings imports no LLM client.
-    custom_judges: tuple[Any, ...] = Field((), title="--custom-judge")
-    names: tuple[str, ...] = Field(DEFAULT_JUDGES, title="--judges")
+    custom_judges: tuple[Any, ...] = ()
+    names: tuple[str, ...] = DEFAULT_JUDGES
     base_url: str | None = Field(None, title="--judge-base-url / OPENAI_BASE_URL")
-    model: str = Field("gpt-4o-mini", title="--judge-model")
+    model: str = "gpt-4o-mini"
     api_key: SecretStr | None = Field(None, title="OPENAI_API_KEY")
-    concurrency: int = Field(16, ge=1, le=1024, title="--judge-concurrency")
-    timeout_seconds: float = Field(30.0, gt=0, le=600, title="--judge-timeout")
-    max_retries: int = Field(4, ge=0, le=20, title="--judge-max-retries")
-    temperature: float = Field(0.1, ge=0, le=2, title="--judge-temperature")
-    prompts_dir: Path | None = Field(None, title="--judge-prompts")
-    reply_format: ReplyFormat = Field("json_schema", title="--judge-reply-format")
-    max_tokens: int = Field(256, ge=1, le=65536, title="--judge-max-tokens")
-    breaker_failures: int = Field(5, ge=0, le=10_000, title="--judge-breaker-failures")
-    breaker_cooldown_seconds: float = Field(30.0, gt=0, le=86400, title="--judge-breaker-cooldown")
-    batch_deadline_seconds: float = Field(120.0, gt=0, le=86400, title="--judge-batch-deadline")
-    rpm: int | None = Field(None, ge=1, title="--judge-rpm")
-    tpm: int | None = Field(None, ge=1, title="--judge-tpm")
-    redact_pii: RedactMode = Field("auto", title="--redact-pii")
+    concurrency: int = Field(16, ge=1, le=1024)
+    timeout_seconds: float = Field(30.0, gt=0, le=600)
+    max_retries: int = Field(4, ge=0, le=20)
+    temperature: float = Field(0.1, ge=0, le=2)
+    prompts_dir: Path | None = None
+    reply_format: ReplyFormat = "json_schema"
+    max_tokens: int = Field(256, ge=1, le=65536)
+    breaker_failures: int = Field(5, ge=0, le=10_000)
+    breaker_cooldown_seconds: float = Field(30.0, gt=0, le=86400)
+    batch_deadline_seconds: float = Field(120.0, gt=0, le=86400)
+    rpm: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1)
+    redact_pii: RedactMode = "auto"
     # The operator vouches that the endpoint keeps prompts in house: "auto" then sends raw text.
-    endpoint_trusted: bool = Field(False, title="--judge-endpoint-trusted")
-    redact_patterns: tuple[str, ...] = Field((), title="--redact-pattern")
-    store_text: StoreText = Field("redacted", title="--store-text")
+    endpoint_trusted: bool = False
+    redact_patterns: tuple[str, ...] = ()
+    store_text: StoreText = "redacted"
     # NAME=RULE guidelines every event must follow, added to its own (guideline_adherence).
-    guidelines: tuple[str, ...] = Field((), title="--guideline")
+    guidelines: tuple[str, ...] = ()
     # Identical inputs judged once per TTL by the LLM judges (judges.verdict_cache); 0: no cache.
-    cache_size: int = Field(10_000, ge=0, le=10_000_000, title="--judge-cache-size")
-    cache_ttl_seconds: float = Field(600.0, gt=0, le=7 * 86400, title="--judge-cache-ttl")
+    cache_size: int = Field(10_000, ge=0, le=10_000_000)
+    cache_ttl_seconds: float = Field(600.0, gt=0, le=7 * 86400)
     # The scored judges (faithfulness, answer_correctness): "yes" at this score or above.
-    score_threshold: float = Field(
-        DEFAULT_SCORE_THRESHOLD, ge=0, le=1, title="--judge-score-threshold"
-    )
-    embeddings_model: str | None = Field(None, min_length=1, title="--judge-embeddings-model")
+    score_threshold: float = Field(DEFAULT_SCORE_THRESHOLD, ge=0, le=1)
+    embeddings_model: str | None = Field(None, min_length=1)
     # NAME=JUDGE:WEIGHT,... weighted composites of the judges' grades (judges.composite).
-    composites: tuple[str, ...] = Field((), title="--composite")
+    composites: tuple[str, ...] = ()
     # JUDGE=MODEL,MODEL,MODEL or JUDGE=N: a judge graded by a majority vote (judges.llm.ensemble).
-    ensembles: tuple[str, ...] = Field((), title="--ensemble")
+    ensembles: tuple[str, ...] = ()
     # One call per event for the LLM judges that can share it (judges.llm.combined).
-    combine: bool = Field(False, title="--judge-combine")
+    combine: bool = False
     # Ask the endpoint for token logprobs: verdicts carry P(yes) as their score
     # (judges.llm.logprobs).
-    logprobs: bool = Field(False, title="--judge-logprobs")
+    logprobs: bool = False
 
     @field_validator("logprobs")
     @classmethod
@@ -305,19 +316,17 @@ class JudgeSettings(BaseModel):
 class EventSettings(BaseModel):
     """What `run`, `serve` and `stream` share: the judges, which events are admitted and judged
     (sample rate, size, future skew), the window size and the Beam options; and the stage
-    configuration built from them.
-
-    A field's title is its flag, when the field's name is not (errors name the flag)."""
+    configuration built from them."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     judges: JudgeSettings
     sample_rate: float = Field(1.0, ge=0, le=1)
-    window_seconds: float = Field(300.0, gt=0, title="--window")
+    window_seconds: float = Field(300.0, gt=0)
     max_event_bytes: int = Field(1_048_576, ge=1024, le=MAX_EVENT_BYTES)
     # Events dated further ahead of their record time or the clock are refused (stages.py).
-    max_future_skew_seconds: float = Field(300.0, gt=0, title="--max-future-skew")
-    beam_args: tuple[str, ...] = Field((), title="--beam-arg")
+    max_future_skew_seconds: float = Field(300.0, gt=0)
+    beam_args: tuple[str, ...] = ()
 
     @field_validator("beam_args")
     @classmethod
@@ -354,13 +363,13 @@ class BatchSettings(EventSettings):
     runner, judge calibrations and the input format."""
 
     # Strata from --sampling-rules FILE (a path is loaded and checked here, once); None: none.
-    sampling: InstanceOf[SamplingPlan] | None = Field(None, title="--sampling-rules")
-    cascade: InstanceOf[CascadeSettings] | None = Field(None, title="--cascade-llm-sample-rate")
+    sampling: InstanceOf[SamplingPlan] | None = None
+    cascade: InstanceOf[CascadeSettings] | None = None
     labels: LabelLimits = DEFAULT_LABEL_LIMITS
-    runner: str | None = Field(None, title="--runner")  # None: FnApiRunner in this process
+    runner: str | None = None  # None: FnApiRunner in this process
     # pipeline.calibration.JudgeCalibration values, loaded from the --judge-calibration files
     # at validation (typed Any, like custom_judges).
-    judge_calibrations: tuple[Any, ...] = Field((), title="--judge-calibration")
+    judge_calibrations: tuple[Any, ...] = ()
     @field_validator("judge_calibrations", mode="before")
     @classmethod
     def _calibrations_load(cls, files: object, info: ValidationInfo) -> object:
@@ -413,16 +422,10 @@ class SessionFields(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    session_judges: tuple[str, ...] = Field((), title="--session-judges")
-    session_gap_seconds: float = Field(
-        DEFAULT_SESSION_GAP_SECONDS, gt=0, le=7 * 86400, title="--session-gap"
-    )
-    session_max_turns: int = Field(
-        DEFAULT_SESSION_MAX_TURNS, ge=1, le=10_000, title="--session-max-turns"
-    )
-    session_max_bytes: int = Field(
-        DEFAULT_SESSION_MAX_BYTES, ge=1024, le=16 * 1_048_576, title="--session-max-bytes"
-    )
+    session_judges: tuple[str, ...] = ()
+    session_gap_seconds: float = Field(DEFAULT_SESSION_GAP_SECONDS, gt=0, le=7 * 86400)
+    session_max_turns: int = Field(DEFAULT_SESSION_MAX_TURNS, ge=1, le=10_000)
+    session_max_bytes: int = Field(DEFAULT_SESSION_MAX_BYTES, ge=1024, le=16 * 1_048_576)
 
     @model_validator(mode="after")
     def _known_session_judges(self) -> SessionFields:
@@ -480,15 +483,8 @@ class SessionFields(BaseModel):
 class RunSettings(SessionFields, BatchSettings):
     """Validated settings of `ragpulse run`."""
 
-    input: Path = Field(title="INPUT")
+    input: Annotated[Path, existing_file("input file")]
     output: Path = Path("out")
-
-    @field_validator("input")
-    @classmethod
-    def _input_is_a_file(cls, path: Path) -> Path:
-        if not path.is_file():
-            raise ValueError(f"input file not found: {path}")
-        return path
 
 
 # The runners `ragpulse stream` takes: they run unbounded pipelines with Beam's cross-language
@@ -503,18 +499,18 @@ class StreamSettings(SessionFields, EventSettings):
     lateness and panes, `pipeline.graphs.unbounded`) instead of serve's watermark.
     """
 
-    bootstrap: str = Field(min_length=3, title="--kafka-bootstrap")
+    bootstrap: str = Field(min_length=3)
     topic: str = Field(min_length=1)
     dead_letter_topic: str = Field(min_length=1)
     ratings_topic: str = Field(min_length=1)
-    kafka_timeout_seconds: float = Field(30.0, gt=0, title="--kafka-timeout")
+    kafka_timeout_seconds: float = Field(30.0, gt=0)
     kafka_security: KafkaSecurity = PLAINTEXT
     # Java Kafka consumer properties of ReadFromKafka (it does not use kafka-python).
-    consumer_config: tuple[tuple[str, str], ...] = Field((), title="--kafka-consumer-config")
-    expansion_service: str | None = Field(None, title="--expansion-service")
-    allowed_lateness_seconds: float = Field(600.0, ge=0, title="--allowed-lateness")
-    early_firing_seconds: float = Field(60.0, ge=1, title="--early-firing")
-    runner: str = Field(title="--runner")
+    consumer_config: tuple[tuple[str, str], ...] = ()
+    expansion_service: str | None = None
+    allowed_lateness_seconds: float = Field(600.0, ge=0)
+    early_firing_seconds: float = Field(60.0, ge=1)
+    runner: str
     wait: bool = False  # wait for the job to end instead of returning once it is submitted
 
     @field_validator("runner")
@@ -569,60 +565,60 @@ class ExporterSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    bootstrap: str = Field(min_length=3, title="--kafka-bootstrap")
+    bootstrap: str = Field(min_length=3)
     ratings_topic: str = Field(min_length=1)
-    kafka_timeout_seconds: float = Field(30.0, gt=0, title="--kafka-timeout")
+    kafka_timeout_seconds: float = Field(30.0, gt=0)
     kafka_security: KafkaSecurity = PLAINTEXT
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9464, ge=0, le=65535)
     web_config_file: Path | None = None
-    unhealthy_after_seconds: float = Field(300.0, gt=0, title="--unhealthy-after")
+    unhealthy_after_seconds: float = Field(300.0, gt=0)
     # Windows older than this behind the newest one are folded into the counters; keep it
     # above the stream's --allowed-lateness, after which no pane of a window comes.
-    retention_seconds: float = Field(86400.0, gt=0, title="--retention")
+    retention_seconds: float = Field(86400.0, gt=0)
     # Panes of windows starting further ahead of the clock are ignored (service/panes.py).
-    max_future_skew_seconds: float = Field(300.0, gt=0, title="--max-future-skew")
+    max_future_skew_seconds: float = Field(300.0, gt=0)
     labels: LabelLimits = DEFAULT_LABEL_LIMITS
 
 
 class ServeSettings(SessionFields, BatchSettings):
     """Validated settings of `ragpulse serve`."""
 
-    bootstrap: str = Field(min_length=3, title="--kafka-bootstrap")
+    bootstrap: str = Field(min_length=3)
     topic: str = Field(min_length=1)
     dead_letter_topic: str = Field(min_length=1)
     verdicts_topic: str = Field(min_length=1)
     publish_verdicts: Literal["failing", "all", "none"] = "failing"
     group_id: str = Field("ragpulse", min_length=1)
     state: Path = Path("ragpulse-state.sqlite")
-    allowed_lateness_seconds: float = Field(600.0, ge=0, title="--allowed-lateness")
-    out_of_orderness_seconds: float = Field(30.0, ge=0, title="--out-of-orderness")
+    allowed_lateness_seconds: float = Field(600.0, ge=0)
+    out_of_orderness_seconds: float = Field(30.0, ge=0)
     # A partition with no backlog for this long stops holding the watermark back
     # (pipeline/service/watermark.py); 0 makes it idle at its first quiet cycle.
-    partition_idle_after_seconds: float = Field(60.0, ge=0, title="--partition-idle-after")
-    trigger_interval_seconds: float = Field(15.0, gt=0, title="--trigger-interval")
+    partition_idle_after_seconds: float = Field(60.0, ge=0)
+    trigger_interval_seconds: float = Field(15.0, gt=0)
     # Bounded: a cycle holds its records in memory (1e20 was accepted, issue 19).
     max_batch_events: int = Field(50_000, ge=1, le=MAX_BATCH_EVENTS)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9464, ge=0, le=65535)
     web_config_file: Path | None = None
-    unhealthy_after_seconds: float = Field(300.0, gt=0, title="--unhealthy-after")
-    retention_seconds: float = Field(30 * 86400.0, gt=0, title="--retention")
-    kafka_timeout_seconds: float = Field(30.0, gt=0, title="--kafka-timeout")
+    unhealthy_after_seconds: float = Field(300.0, gt=0)
+    retention_seconds: float = Field(30 * 86400.0, gt=0)
+    kafka_timeout_seconds: float = Field(30.0, gt=0)
     kafka_security: KafkaSecurity = PLAINTEXT
     canary_file: Path | None = None
-    canary_rate_per_minute: float = Field(1.0, gt=0, le=10_000, title="--canary-rate")
+    canary_rate_per_minute: float = Field(1.0, gt=0, le=10_000)
     on_offset_reset: Literal["earliest", "latest", "fail"] = "earliest"
-    undeliverable_after_seconds: float = Field(600.0, gt=0, title="--undeliverable-after")
+    undeliverable_after_seconds: float = Field(600.0, gt=0)
     state_reset: bool = False
     # Partitions split across serve instances: this one reads partition p when
     # p % instances == instance (see the README, "Scaling out"). Declared in this order so
     # that the check of `instance` sees `instances`.
-    instances: int = Field(1, ge=1, le=100_000, title="--instances")
-    instance: int = Field(0, ge=0, title="--instance")
+    instances: int = Field(1, ge=1, le=100_000)
+    instance: int = Field(0, ge=0)
     # The judge budget governor (pipeline/costs/budget.py); None: no budget.
-    budget: InstanceOf[BudgetSettings] | None = Field(None, title="--judge-budget-per-hour")
-    trace_assembly_wait_seconds: float = Field(30.0, ge=0, title="--trace-assembly-wait")
+    budget: InstanceOf[BudgetSettings] | None = None
+    trace_assembly_wait_seconds: float = Field(30.0, ge=0)
     # OTLP/HTTP logs URL for gen_ai.evaluation.result events (pipeline/sinks/otlp_evaluations.py).
     evaluation_events_endpoint: str | None = None
 
@@ -659,17 +655,10 @@ class CalibrateSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     judges: JudgeSettings  # one judge
-    input: Path = Field(title="LABELLED")
+    input: Annotated[Path, existing_file("labelled file")]
     output: Path | None = None
-    pass_threshold: int | None = Field(None, title="--pass-threshold")
-    show: int = Field(20, ge=0, title="--show")
-
-    @field_validator("input")
-    @classmethod
-    def _input_is_a_file(cls, path: Path) -> Path:
-        if not path.is_file():
-            raise ValueError(f"labelled file not found: {path}")
-        return path
+    pass_threshold: int | None = None
+    show: int = Field(20, ge=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -807,14 +796,45 @@ SIMULATED_TOOLS: dict[str, str] = {
 }
 
 
-class SimulateSettings(BaseModel):
-    """Validated settings of `ragpulse simulate`: where the synthetic traffic goes, how much,
-    and which incidents it plays; times T are seconds after the start of the traffic.
-
-    A check that fails raises ValueError with simulate's own message (the command prints it as
-    `simulate: ...`, exit code 2)."""
+class Incidents(BaseModel):
+    """The faults `ragpulse simulate` plays in its traffic (pipeline.commands.simulate.simulate);
+    times are seconds after the start of the traffic, None: never. A burst happens only when its
+    time is given."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    groundedness_drop_at: float | None = None
+    groundedness_recover_at: float | None = None
+    drop_to: float = 0.6  # share of grounded answers during the drop
+    unsafe_burst_at: float | None = None
+    unsafe_burst_count: int = 10
+    malformed_burst_at: float | None = None
+    malformed_burst_count: int = 10
+    late_events: int = 0
+    late_by_seconds: float = 900.0
+    no_context_share: float = 0.0
+    tool_call_share: float = TOOL_CALL_SHARE
+    # From tool_failure_at until tool_recover_at, every call of `failing_tool` fails.
+    tool_failure_at: float | None = None
+    tool_recover_at: float | None = None
+    failing_tool: str = "get_document"
+    # A model that forgets earlier turns of a conversation (needs conversation turns).
+    forgetting_at: float | None = None
+
+    @field_validator("failing_tool")
+    @classmethod
+    def _known_tool(cls, name: str) -> str:
+        if name not in SIMULATED_TOOLS:
+            raise SettingsError(f"--failing-tool {name!r}: one of {', '.join(SIMULATED_TOOLS)}")
+        return name
+
+
+class SimulateSettings(Incidents):
+    """Validated settings of `ragpulse simulate`: where the synthetic traffic goes, how much,
+    and which incidents it plays (the fields of `Incidents`).
+
+    A check that fails raises SettingsError with the command's own message (not "invalid
+    settings")."""
 
     # One of the two: produce to Kafka, or write JSON lines.
     kafka_bootstrap: str | None = None
@@ -828,22 +848,7 @@ class SimulateSettings(BaseModel):
     start_time: str | None = None  # ISO 8601; None: now
     apps: tuple[str, ...] = DEFAULT_APPS
     models: tuple[str, ...] = DEFAULT_MODELS
-    groundedness_drop_at: float | None = None
-    groundedness_recover_at: float | None = None
-    drop_to: float = 0.6  # share of grounded answers during the drop
-    unsafe_burst_at: float | None = None
-    unsafe_burst_count: int = 10
-    malformed_burst_at: float | None = None
-    malformed_burst_count: int = 10
-    late_events: int = 0
-    late_by_seconds: float = 900.0
-    no_context_share: float = 0.0
-    tool_call_share: float = TOOL_CALL_SHARE
-    tool_failure_at: float | None = None
-    tool_recover_at: float | None = None
-    failing_tool: str = "get_document"
     conversation_turns: int = 0  # 0: no conversations
-    forgetting_at: float | None = None
 
     @field_validator("start_time")
     @classmethod
@@ -852,32 +857,25 @@ class SimulateSettings(BaseModel):
             try:
                 datetime.fromisoformat(text.replace("Z", "+00:00"))
             except ValueError:
-                raise ValueError(
+                raise SettingsError(
                     f"--start-time {text!r}: not an ISO 8601 time (e.g. 2025-01-15T09:00:00Z)"
                 ) from None
         return text
 
-    @field_validator("failing_tool")
-    @classmethod
-    def _known_tool(cls, name: str) -> str:
-        if name not in SIMULATED_TOOLS:
-            raise ValueError(f"--failing-tool {name!r}: one of {', '.join(SIMULATED_TOOLS)}")
-        return name
-
     @model_validator(mode="after")
     def _plays(self) -> SimulateSettings:
         if self.rate <= 0 or self.duration_seconds <= 0:
-            raise ValueError("--rate and --duration must be positive")
+            raise SettingsError("--rate and --duration must be positive")
         if not all(
             0 <= x <= 1 for x in (self.drop_to, self.no_context_share, self.tool_call_share)
         ):
-            raise ValueError(
+            raise SettingsError(
                 "--drop-to, --no-context-share and --tool-call-share are shares between 0 and 1"
             )
         if self.conversation_turns < 0 or (
             self.forgetting_at is not None and self.conversation_turns < 2
         ):
-            raise ValueError("--conversation-turns must be >= 0, and >= 2 with --forgetting-at")
+            raise SettingsError("--conversation-turns must be >= 0, and >= 2 with --forgetting-at")
         return self
 
     @property
@@ -922,19 +920,26 @@ def runner_name(name: str) -> str:
     raise ValueError(f"unknown Beam runner {name!r}; choose one of {', '.join(RUNNERS)}")
 
 
-def build(model: type[SettingsModel], /, **fields: Any) -> SettingsModel:
-    """`model(**fields)`, with a validation error turned into a SettingsError."""
+def build(
+    model: type[SettingsModel], flag_names: Mapping[str, str] | None = None, /, **fields: Any
+) -> SettingsModel:
+    """`model(**fields)`, with a validation error turned into a SettingsError that names each
+    setting by its flag: `flag_names` (field -> flag, from the command's flag table), see
+    `setting_flag`."""
     try:
         return model(**fields)
     except ValidationError as exc:
-        raise SettingsError(describe_validation_error(exc, model)) from None
+        raise SettingsError(describe_validation_error(exc, model, flag_names or {})) from None
 
 
 def judge_settings_from(
-    flags: Mapping[str, Any], env: Mapping[str, str] | None = None
+    flags: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+    flag_names: Mapping[str, str] | None = None,
 ) -> JudgeSettings:
     """Judge settings from the judge flags' values (by field) and the environment, which gives
-    the endpoint and the key; logs which backend was chosen and why."""
+    the endpoint and the key; logs which backend was chosen and why. `flag_names`: the flag of
+    each field, for errors (see `build`)."""
     env = os.environ if env is None else env
     base_url = flags["base_url"] or env.get("OPENAI_BASE_URL") or None
     api_key = env.get("OPENAI_API_KEY") or None
@@ -957,6 +962,7 @@ def judge_settings_from(
         )
     settings = build(
         JudgeSettings,
+        flag_names,
         **{
             **flags,
             "backend": backend,
@@ -998,18 +1004,29 @@ def _log_redaction(settings: JudgeSettings, base_url: str | None) -> None:
         log.info("PII redaction of judge prompts: on (%s) for %s", why, endpoint)
 
 
-def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> str:
+def describe_validation_error(
+    exc: ValidationError, model: type[BaseModel], flag_names: Mapping[str, str]
+) -> str:
     """One line per invalid setting of `model`, named by the flag that sets it (see
     `setting_flag`), without echoing values that may be secret."""
     parts = []
     for err in exc.errors():
-        where = setting_flag(model, str(err["loc"][0])) if err["loc"] else "settings"
+        field = str(err["loc"][0]) if err["loc"] else None
+        where = setting_flag(model, field, flag_names) if field is not None else "settings"
         # pydantic prefixes the message of a ValueError raised by a validator.
         parts.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")
     return "invalid settings: " + "; ".join(parts)
 
 
-def setting_flag(model: type[BaseModel], field: str) -> str:
-    """The flag that sets `field` of `model`: the field's title, else the field's name as a flag."""
+def setting_flag(
+    model: type[BaseModel], field: str, flag_names: Mapping[str, str] | None = None
+) -> str:
+    """What sets `field` of `model`, as its errors name it: the field's title (a setting the
+    environment gives, alone or besides its flag), else its flag in `flag_names` (the command's
+    flag table), else the field's name as a flag."""
     info = model.model_fields.get(field)
-    return info.title if info is not None and info.title else "--" + field.replace("_", "-")
+    if info is not None and info.title:
+        return info.title
+    if flag_names and field in flag_names:
+        return flag_names[field]
+    return "--" + field.replace("_", "-")
