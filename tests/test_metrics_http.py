@@ -130,6 +130,7 @@ def test_https_scrape_is_verified_with_the_ca_and_plain_http_gets_no_metrics(
                                                            "key_file": key.name}}))
     server = start(web)
     port = server.server_port
+    assert web.describe("127.0.0.1", port) == f"/metrics (https) and /healthz on 127.0.0.1:{port}"
 
     trusting = ssl.create_default_context(cafile=str(ca.cert))
     status, body = get(f"https://127.0.0.1:{port}/metrics", context=trusting)
@@ -178,6 +179,7 @@ def test_basic_auth_answers_401_to_a_wrong_password_200_to_the_right_one_and_lea
     web = load_web_config(web_config(tmp_path, {"basic_auth_users": {"prometheus": hashed}}))
     server = start(web)
     url = f"http://127.0.0.1:{server.server_port}"
+    assert web.describe("::", 80) == "/metrics (http, basic auth) and /healthz on :::80"
 
     for user, password in (("prometheus", "wrong"), ("nobody", PASSWORD), ("prometheus", "")):
         status, body = get(url + "/metrics", user=user, password=password)

@@ -163,11 +163,8 @@ def main(settings: ExporterSettings) -> int:
     )
     server = start_metrics_server(app, settings.metrics_host, settings.metrics_port, web.tls)
     log.info(
-        "serving /metrics (%s%s) and /healthz on %s:%d; reading %s on %s (%s)",
-        "https" if web.tls else "http",
-        ", basic auth" if web.users else "",
-        settings.metrics_host,
-        server.server_port,
+        "serving %s; reading %s on %s (%s)",
+        web.describe(settings.metrics_host, server.server_port),
         settings.ratings_topic,
         settings.bootstrap,
         settings.kafka_security.describe(),

@@ -108,13 +108,9 @@ def main(settings: ServeSettings) -> int:
         )
     server = serve_http(watcher, settings.metrics_host, settings.metrics_port, web)
     log.info(
-        "serving /metrics (%s%s) and /healthz on %s:%d; watching %s on %s (%s) with %s "
-        "(backend %s), "
+        "serving %s; watching %s on %s (%s) with %s (backend %s), "
         "sample rate %g, %gs windows, %gs allowed lateness; state %s",
-        "https" if web.tls else "http",
-        ", basic auth" if web.users else "",
-        settings.metrics_host,
-        server.server_port,
+        web.describe(settings.metrics_host, server.server_port),
         settings.topic,
         settings.bootstrap,
         settings.kafka_security.describe(),

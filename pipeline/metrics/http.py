@@ -84,6 +84,11 @@ class WebConfig:
     tls: ssl.SSLContext | None = None
     users: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
 
+    def describe(self, host: str, port: int) -> str:
+        """The endpoints served with this configuration, for the start-up log line."""
+        auth = ", basic auth" if self.users else ""
+        return f"/metrics ({'https' if self.tls else 'http'}{auth}) and /healthz on {host}:{port}"
+
 
 def load_web_config(path: Path) -> WebConfig:
     """Read and check `path`; SettingsError naming the key at fault when it cannot be used."""
