@@ -187,46 +187,47 @@ _SSL_FILES = (
 
 
 def kafka_security(group: str) -> Block:
-    """The `--kafka-*` security flags (secrets only as files), in the --help `group`."""
+    """The `--kafka-*` security flags (secrets only as files), in the --help `group`. The block
+    has no model: a flag not given is None, and `security_from` takes the value from the
+    properties file or KafkaSecurity's default."""
     flags = (
         Flag(
-            "--kafka-properties", "properties", type=Path, metavar="FILE", default=None,
+            "--kafka-properties", "properties", type=Path, metavar="FILE",
             help="Java-style Kafka client properties (security.protocol, sasl.mechanism, "
             "sasl.jaas.config, ssl.truststore.location with ssl.truststore.type=PEM, ...); "
             "flags override it",
         ),
         Flag(
-            "--kafka-security-protocol", "protocol", choices=PROTOCOLS, default=None,
+            "--kafka-security-protocol", "protocol", choices=PROTOCOLS,
             help="PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL",
         ),
         *(
             Flag(f"--kafka-ssl-{name}", "ssl_" + name.replace("-", "_"), type=Path,
-                 metavar="FILE", default=None, help=help)
+                 metavar="FILE", help=help)
             for name, help in _SSL_FILES
         ),
         Flag(
             "--kafka-ssl-no-check-hostname", "ssl_no_check_hostname", action="store_true",
-            default=None,
+            default=None,  # unset: the properties file, else KafkaSecurity, decides
             help="do not check that the broker certificate names the host connected to (on by "
             "default; switching it off allows man-in-the-middle attacks)",
         ),
         Flag(
-            "--kafka-sasl-mechanism", "sasl_mechanism", choices=MECHANISMS, default=None,
+            "--kafka-sasl-mechanism", "sasl_mechanism", choices=MECHANISMS,
             help="SASL mechanism with SASL_PLAINTEXT / SASL_SSL",
         ),
         Flag(
-            "--kafka-sasl-username", "sasl_username", default=None,
+            "--kafka-sasl-username", "sasl_username",
             help=f"SASL user for PLAIN and SCRAM (or env {ENV_SASL_USERNAME})",
         ),
         Flag(
             "--kafka-sasl-password-file", "sasl_password_file", type=Path, metavar="FILE",
-            default=None,
             help=f"file holding the SASL password (or env {ENV_SASL_PASSWORD}); never a flag, "
             "so it does not show in process lists",
         ),
         Flag(
             "--kafka-sasl-oauth-token-file", "sasl_oauth_token_file", type=Path,
-            metavar="FILE", default=None,
+            metavar="FILE",
             help="OAUTHBEARER: file holding the access token, re-read whenever it changes",
         ),
     )
