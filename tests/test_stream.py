@@ -185,18 +185,23 @@ def test_a_window_without_events_after_its_early_pane_still_gets_an_on_time_pane
     assert [pane(row) for _, row in _Published.rows] == [("early", 0, 1, 0), ("on_time", 1, 1, 0)]
 
 
+def stream_settings(**changes: Any) -> StreamSettings:
+    """Settings of a stream from topic t on Flink with the local judges, with `changes`."""
+    fields: dict[str, Any] = {
+        "judges": JudgeSettings(backend="local"),
+        "bootstrap": "127.0.0.1:9092",
+        "topic": "t",
+        "dead_letter_topic": "t.dlq",
+        "ratings_topic": "t.ratings",
+        "runner": "FlinkRunner",
+    }
+    return StreamSettings(**{**fields, **changes})
+
+
 def test_the_stream_graph_keeps_its_step_labels_which_job_updates_match_state_by() -> None:
     # A Flink savepoint or a Dataflow update finds each step's state by its full label: a step
     # renamed, or applied without its label, would start its windows and sessions afresh.
-    settings = StreamSettings(
-        judges=JudgeSettings(backend="local"),
-        session_judges=("user_frustration",),
-        bootstrap="127.0.0.1:9092",
-        topic="t",
-        dead_letter_topic="t.dlq",
-        ratings_topic="t.ratings",
-        runner="FlinkRunner",
-    )
+    settings = stream_settings(session_judges=("user_frustration",))
     p = beam.Pipeline()
     build_stream(p, TestStream(), settings.stage_config(), SCHEDULE, stream_sinks(settings))
     labels: list[str] = []
@@ -236,13 +241,8 @@ def test_no_step_of_the_stream_shows_a_kafka_password_in_its_display_data() -> N
     # Runners show each step's display data in their UI (Flink's, Dataflow's console); the
     # sinks built as functions (pipeline/composite.py) show their arguments there.
     password, key_password = "sasl-secret-8c1f", "key-secret-52a9"
-    settings = StreamSettings(
-        judges=JudgeSettings(backend="local"),
+    settings = stream_settings(
         bootstrap="broker.example:9093",
-        topic="t",
-        dead_letter_topic="t.dlq",
-        ratings_topic="t.ratings",
-        runner="FlinkRunner",
         kafka_security=KafkaSecurity(
             protocol="SASL_SSL",
             sasl_mechanism="PLAIN",
@@ -299,14 +299,7 @@ def test_a_record_that_is_not_a_rating_row_is_refused_with_the_reason(
 
 def test_stream_refuses_runners_that_do_not_run_unbounded_pipelines() -> None:
     with pytest.raises(ValueError, match="FnApiRunner does not run unbounded pipelines"):
-        StreamSettings(
-            judges=JudgeSettings(backend="local"),
-            bootstrap="127.0.0.1:9092",
-            topic="t",
-            dead_letter_topic="t.dlq",
-            ratings_topic="t.ratings",
-            runner="FnApiRunner",
-        )
+        stream_settings(runner="FnApiRunner")
 
 
 def test_a_consumer_group_on_flink_without_checkpoints_is_refused_before_submission() -> None:
