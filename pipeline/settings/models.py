@@ -845,22 +845,23 @@ class SimulateSettings(Incidents):
     duration_seconds: float = 60.0
     seed: int = 0
     kafka_security: KafkaSecurity = PLAINTEXT
-    start_time: str | None = None  # ISO 8601; None: now
+    start_time: datetime | None = None  # --start-time, ISO 8601 (no zone: UTC); None: now
     apps: tuple[str, ...] = DEFAULT_APPS
     models: tuple[str, ...] = DEFAULT_MODELS
     conversation_turns: int = 0  # 0: no conversations
 
-    @field_validator("start_time")
+    @field_validator("start_time", mode="before")
     @classmethod
-    def _iso_time(cls, text: str | None) -> str | None:
-        if text is not None:
-            try:
-                datetime.fromisoformat(text.replace("Z", "+00:00"))
-            except ValueError:
-                raise SettingsError(
-                    f"--start-time {text!r}: not an ISO 8601 time (e.g. 2025-01-15T09:00:00Z)"
-                ) from None
-        return text
+    def _iso_time(cls, text: Any) -> Any:
+        if not isinstance(text, str):
+            return text
+        try:
+            start = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise SettingsError(
+                f"--start-time {text!r}: not an ISO 8601 time (e.g. 2025-01-15T09:00:00Z)"
+            ) from None
+        return start if start.tzinfo else start.replace(tzinfo=UTC)
 
     @model_validator(mode="after")
     def _plays(self) -> SimulateSettings:
@@ -884,11 +885,8 @@ class SimulateSettings(Incidents):
         return max(1, round(self.rate * self.duration_seconds))
 
     def start_epoch(self, now: float) -> float:
-        """The first event's time: --start-time (no zone means UTC), else `now`."""
-        if self.start_time is None:
-            return now
-        start = datetime.fromisoformat(self.start_time.replace("Z", "+00:00"))
-        return (start if start.tzinfo else start.replace(tzinfo=UTC)).timestamp()
+        """The first event's time: --start-time, else `now`."""
+        return now if self.start_time is None else self.start_time.timestamp()
 
 
 def _derived_topics(data: Any, **suffixes: str) -> Any:
