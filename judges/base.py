@@ -214,6 +214,10 @@ class Verdict:
     # Of a judge that grades each named guideline on its own (guideline_adherence): one verdict
     # per name, judged "<judge>/<name>"; the pipeline counts and stores these in its place.
     parts: tuple[Verdict, ...] = ()
+    # Of the judge cascade's LLM verdict (pipeline.costs.cascade): the local tier's rating
+    # when the two tiers disagreed (both yes or no); None when they agreed or one did not run.
+    # The review queue queues such verdicts for a person to settle (docs/review.md).
+    other_tier_rating: Rating | None = None
 
     def __post_init__(self) -> None:
         if (self.rating == "error") != (self.error_message is not None):

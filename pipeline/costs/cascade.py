@@ -115,6 +115,14 @@ class CascadePanel:
                     agree = "true" if lv.rating == mv.rating else "false"
                     agreement[counting.key(AGREEMENT, judge=lv.judge, agree=agree,
                                            selected=chosen[i])] += 1
+            # The tiers' disagreements stay on the verdict, for the review queue.
+            verdicts[i] = tuple(
+                dataclasses.replace(mv, other_tier_rating=lv.rating)
+                if lv.rating in ("yes", "no") and mv.rating in ("yes", "no")
+                and lv.rating != mv.rating
+                else mv
+                for lv, mv in zip(local[i], llm_verdicts, strict=True)
+            )
         for k, n in agreement.items():
             counter = self._counters.get(k)
             if counter is None:

@@ -5,7 +5,8 @@ once per micro-batch over Kafka offset ranges (sinks: the dead-letter and verdic
 in Beam's `leader_board` example, reading and writing are steps of the graph:
 
     source ──> ParseEvents ──> JudgeEvents ──> WindowRatings ──> ReportWindows
-                   │                │   └──> verdict sink        (└──> windows file, run only)
+                   │                │   ├──> verdict sink        (└──> windows file, run only)
+                   │                │   └──> QueueForReview ──> review topic (serve, --review-rate)
                    │                └──> ReportLatestFailing (serve: exemplars)
                    ├──> dead-letter sink
                    └──> GroupSessions ──> JudgeEvents (session judges) ──> joins the answers
@@ -65,6 +66,7 @@ from ragpulse.pipeline.stages.report import (
     ReportWindows,
     decode_session_window,
 )
+from ragpulse.pipeline.stages.review import QueueForReview, ReviewQueueConfig
 from ragpulse.pipeline.stages.sessions import GroupSessions, SessionConfig, SessionKey
 from ragpulse.pipeline.stages.weighted import (
     WEIGHTED_WINDOW_NAMESPACE,
@@ -98,6 +100,8 @@ class StageConfig:
     sessions: SessionConfig | None = None
     # The clock of the future-skew check (serve: the cycle's start); None: read per record.
     now: float | None = None
+    # The review queue (--review-rate, stages/review.py); None: nothing queued for review.
+    review: ReviewQueueConfig | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,6 +250,10 @@ def build_graph(
         _ = to_write | "WriteVerdicts" >> sinks.verdicts
     if sinks.evaluations is not None:
         _ = answers | "ExportEvaluations" >> sinks.evaluations
+    if config.review is not None:
+        _ = answers | "QueueForReview" >> QueueForReview(
+            config.review, runner_retries=False, now=config.now
+        )
     if sinks.exemplars:
         _ = judged | "LatestFailing" >> ReportLatestFailing()
     windows = judged | "WindowRatings" >> WindowRatings(window_size=config.window_seconds)

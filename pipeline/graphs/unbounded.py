@@ -6,6 +6,7 @@
         -> PaneRatings: event-time fixed windows, early / on-time / late panes, accumulating
         -> PublishRatings: each pane as a rating row on the ratings topic
     ParseEvents' dead letters -> PublishDeadLetters -> the dead-letter topic
+    JudgeEvents' verdicts -> QueueForReview -> the review topic (--review-rate, stages/review.py)
 
 How the window ratings get to Prometheus: (a) a ratings topic read by `ragpulse exporter`,
 which serves /metrics, rather than (b) the Prometheus Pushgateway. Panes accumulate, so each
@@ -45,6 +46,7 @@ from ragpulse.pipeline.graphs.bounded import StageConfig, with_sessions
 from ragpulse.pipeline.records import SourceRecord
 from ragpulse.pipeline.stages.judge import JudgeEvents
 from ragpulse.pipeline.stages.parse import ParseEvents
+from ragpulse.pipeline.stages.review import QueueForReview
 from ragpulse.pipeline.stages.windows import (
     CountRatings,
     PaneSchedule,
@@ -114,6 +116,8 @@ def build_stream(
     judged = parsed.events | "JudgeEvents" >> JudgeEvents(
         config.judges, batch_size=config.judge_batch_size
     )
+    if config.review is not None:
+        _ = judged | "QueueForReview" >> QueueForReview(config.review, runner_retries=True)
     if config.sessions is not None:
         # As in `run` (pipeline.stages.sessions): a session is judged when the watermark passes its
         # last turn + the gap, and counted in the window of its last turn, in a late pane of

@@ -61,6 +61,10 @@ SPEND = "ragpulse_judge_spend_total"
 # The judge cascade (pipeline.costs.cascade).
 CASCADE_AGREEMENT = "ragpulse_cascade_agreement_total"
 CASCADE_UNSURE = "ragpulse_cascade_llm_unsure_total"
+# The review queue (pipeline.stages.review, docs/review.md).
+REVIEW_QUEUED = "ragpulse_review_queued_total"
+REVIEW_HELD_BACK = "ragpulse_review_held_back_total"
+REVIEW_REFUSED = "ragpulse_review_refused_total"
 
 # -- counter parts that the collector folds into a histogram or a summary -----------------------
 LATENCY_BUCKET = "ragpulse_judge_latency_seconds_bucket"  # non-cumulative count per `le`
@@ -174,6 +178,11 @@ COUNTER_HELP: dict[str, str] = {
     CASCADE_UNSURE: "LLM verdicts of the judge cascade whose P(yes) (--judge-logprobs) is "
     "within --cascade-uncertainty-band of 0.5: events neither tier is sure of, by judge and "
     "why the LLM ran.",
+    REVIEW_QUEUED: "Judged events published to the review topic, by why they were queued "
+    "(random: the uniform --review-rate slice; disagreement, unsure, failing: targeted).",
+    REVIEW_HELD_BACK: "Events chosen for review that --review-max-per-hour held back, by why "
+    "they were chosen.",
+    REVIEW_REFUSED: "Review items refused, by reason (too_large: over the review page's limit).",
 }
 
 GAUGE_HELP: dict[str, str] = {

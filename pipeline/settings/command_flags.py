@@ -47,6 +47,7 @@ from ragpulse.pipeline.settings.models import (
     ExplainSettings,
     ExporterSettings,
     JudgeSettings,
+    ReviewSettings,
     RunSettings,
     ServeSettings,
     SimulateSettings,
@@ -365,6 +366,39 @@ SESSIONS = (
     ),
 )
 
+_REVIEW = "review queue (docs/review.md; off unless --review-rate > 0)"
+REVIEW = (
+    Flag(
+        "--review-rate", "review_rate", group=_REVIEW, type=unit_interval,
+        help="share of judged events published to the review topic as a uniform random slice "
+        "(a hash of request_id), with the targeted items below, for `ragpulse review`; the "
+        "items hold the request, response and chunks (redacted as judge prompts are, "
+        "--redact-pii) and rationales (as --store-text allows): a copy of users' text on a new "
+        "topic (default: %(default)s, no review queue)",
+    ),
+    Flag(
+        "--review-targets", "review_targets", group=_REVIEW, metavar="REASONS",
+        text=joined, read=comma_list,
+        help="targeted items queued besides the random slice, kept out of error-rate "
+        "estimates: disagreement (the cascade's tiers disagreed), unsure (P(yes) near 0.5, "
+        "--judge-logprobs), failing (a judge said no); comma-separated (default: %(default)s)",
+    ),
+    Flag(
+        "--review-unsure-band", "review_unsure_band", group=_REVIEW, type=float, metavar="D",
+        help="an `unsure` verdict has P(yes) within D of 0.5 (default: %(default)s)",
+    ),
+    Flag(
+        "--review-max-per-hour", "review_max_per_hour", group=_REVIEW, type=int, metavar="N",
+        help="at most N items queued per hour of event time (per process), targeted ones at "
+        "most half; "
+        "the rest counted in ragpulse_review_held_back_total (default: %(default)s)",
+    ),
+    Flag(
+        "--review-topic", "review_topic", group=_REVIEW,
+        help="the review topic (default: TOPIC.review)",
+    ),
+)
+
 BEAM = (
     Flag(
         "--runner", "runner", group="beam", metavar="NAME",
@@ -562,6 +596,7 @@ SERVE = FlagTable(ServeSettings, (
     JUDGES,
     BUDGET,
     *SESSIONS,
+    *REVIEW,
     *BEAM,
 ))
 
@@ -626,6 +661,7 @@ STREAM = FlagTable(StreamSettings, (
         "(default: {default})",
     ),
     *SESSIONS,
+    *REVIEW,
     JUDGES,
     Flag(
         "--runner", "runner", group="beam", required=True, metavar="NAME",
@@ -666,6 +702,37 @@ EXPORTER = FlagTable(ExporterSettings, (
     ),
     FUTURE_SKEW.in_group("service"),
     LABELS,
+))
+
+REVIEW_PAGE = FlagTable(ReviewSettings, (
+    BOOTSTRAP,
+    Flag(
+        "--topic", "topic", group="kafka",
+        help="the chatbot's inference-log topic of serve or stream: the review topic is "
+        "TOPIC.review and the labels topic TOPIC.labels",
+    ),
+    Flag(
+        "--review-topic", "review_topic", group="kafka",
+        help="the review topic serve or stream publish items to (default: TOPIC.review)",
+    ),
+    Flag(
+        "--labels-topic", "labels_topic", group="kafka",
+        help="where labels are published, keyed by event id and judge (default: TOPIC.labels)",
+    ),
+    KAFKA_TIMEOUT,
+    kafka_security("kafka security"),
+    Flag(
+        "--host", "host", group="page",
+        help="address of the review page (default: %(default)s, this host only)",
+    ),
+    Flag("--port", "port", group="page", type=int, help="port (default: %(default)s)"),
+    Flag(
+        "--web-config-file", "web_config_file", group="page", type=Path, metavar="FILE",
+        required=True,
+        help="TLS and basic auth, in the Prometheus exporters' web config format (as "
+        "--web-config-file of serve): basic_auth_users are the reviewers, and a reviewer's "
+        "login is the name on their labels",
+    ),
 ))
 
 CALIBRATE = FlagTable(CalibrateSettings, (

@@ -61,6 +61,7 @@ from ragpulse.pipeline.costs.cascade import CascadeSettings
 from ragpulse.pipeline.costs.sampling import SamplingPlan, load_plan
 from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.formats.otlp import InputFormat
+from ragpulse.pipeline.formats.review import TARGETED_REASONS, TargetedReason
 from ragpulse.pipeline.kafka_security import PLAINTEXT, KafkaSecurity
 from ragpulse.pipeline.metrics.labels import LabelLimits
 from ragpulse.pipeline.settings.blocks import DEFAULT_LABEL_LIMITS
@@ -69,6 +70,7 @@ from ragpulse.pipeline.windows import parse_time
 
 if TYPE_CHECKING:
     from ragpulse.pipeline.graphs.bounded import StageConfig
+    from ragpulse.pipeline.stages.review import ReviewQueueConfig
     from ragpulse.pipeline.stages.sessions import SessionConfig
 
 log = logging.getLogger(__name__)
@@ -351,10 +353,15 @@ class EventSettings(BaseModel):
             closed_before=closed_before,
             max_future_skew_s=self.max_future_skew_seconds,
             sessions=self.session_config(),
+            review=self.review_config(),
         )
 
     def session_config(self) -> SessionConfig | None:
         """How conversations are judged; None: this command judges none (`SessionFields`)."""
+        return None
+
+    def review_config(self) -> ReviewQueueConfig | None:
+        """The review queue; None: this command queues nothing (`ReviewFields`)."""
         return None
 
 
@@ -480,6 +487,77 @@ class SessionFields(BaseModel):
         )
 
 
+class ReviewFields(BaseModel):
+    """The review queue of the commands that publish to Kafka (serve, stream): which judged
+    events go to the review topic for a person to check (pipeline.stages.review, docs/review.md).
+    Off by default: the queue copies the chatbot users' text to a new topic, which is the
+    operator's decision to make. Mixed into a settings model with `judges`, `bootstrap`,
+    `kafka_security` and `kafka_timeout_seconds`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Named after the input topic (TOPIC.review) by the model's topic validator.
+    review_topic: str | None = Field(None, min_length=1)
+    # The uniform random slice of the judged events; 0: no review queue at all.
+    review_rate: float = Field(0.0, ge=0, le=1)
+    review_targets: tuple[TargetedReason, ...] = TARGETED_REASONS
+    review_unsure_band: float = Field(0.1, gt=0, le=0.5)
+    review_max_per_hour: int = Field(200, ge=1, le=1_000_000)
+
+    @field_validator("review_targets", mode="before")
+    @classmethod
+    def _targets_once(cls, value: Any) -> Any:
+        if isinstance(value, (list, tuple)) and len(set(value)) != len(value):
+            raise ValueError("name each target once")
+        return value
+
+    def review_config(self) -> ReviewQueueConfig | None:
+        """The review queue's configuration, or None when --review-rate is 0."""
+        if self.review_rate == 0:
+            return None
+        from ragpulse.pipeline.sinks.kafka import KafkaTopic
+        from ragpulse.pipeline.stages.review import ReviewQueueConfig
+
+        judges: JudgeSettings = getattr(self, "judges")  # noqa: B009 (a field of the model)
+        scales = _judge_scales(judges)
+        return ReviewQueueConfig(
+            target=KafkaTopic(
+                getattr(self, "bootstrap"),  # noqa: B009
+                getattr(self, "kafka_security"),  # noqa: B009
+                self.review_topic or getattr(self, "topic") + ".review",  # noqa: B009
+                getattr(self, "kafka_timeout_seconds"),  # noqa: B009
+            ),
+            rate=self.review_rate,
+            targets=self.review_targets,
+            unsure_band=self.review_unsure_band,
+            max_per_hour=self.review_max_per_hour,
+            window_seconds=getattr(self, "window_seconds"),  # noqa: B009
+            policy=judges.text_policy(),
+            p_yes_judges=frozenset(
+                name for name, scale in scales.items() if scale is None and judges.logprobs
+            ),
+            scales={name: scale for name, scale in scales.items() if scale is not None},
+        )
+
+
+def _judge_scales(judges: JudgeSettings) -> dict[str, tuple[int, ...] | None]:
+    """Each LLM judge's graded scale (None: binary), from its prompt; the local judges have
+    none (an empty mapping on the local backend)."""
+    if judges.backend != "openai":
+        return {}
+    from ragpulse.judges.llm.judge import load_prompt
+
+    custom = {c.entry.name: c.prompt for c in judges.custom_judges}
+    scales: dict[str, tuple[int, ...] | None] = {}
+    for name in judges.names:
+        try:
+            prompt = custom[name] if name in custom else load_prompt(name, judges.prompts_dir)
+        except ValueError:  # a judge without a prompt (computed scores): no scale to offer
+            continue
+        scales[name] = prompt.scores
+    return scales
+
+
 class RunSettings(SessionFields, BatchSettings):
     """Validated settings of `ragpulse run`."""
 
@@ -492,7 +570,7 @@ class RunSettings(SessionFields, BatchSettings):
 STREAM_RUNNERS = ("PortableRunner", "FlinkRunner", "DataflowRunner")
 
 
-class StreamSettings(SessionFields, EventSettings):
+class StreamSettings(ReviewFields, SessionFields, EventSettings):
     """Validated settings of `ragpulse stream`: one unbounded pipeline on a distributed runner.
 
     Judges, sampling and windows mean what they mean for `serve`; lateness is Beam's (allowed
@@ -527,7 +605,9 @@ class StreamSettings(SessionFields, EventSettings):
     @model_validator(mode="before")
     @classmethod
     def _topics_named_after_the_input(cls, data: Any) -> Any:
-        return _derived_topics(data, dead_letter_topic=".dlq", ratings_topic=".ratings")
+        return _derived_topics(
+            data, dead_letter_topic=".dlq", ratings_topic=".ratings", review_topic=".review"
+        )
 
     @model_validator(mode="after")
     def _group_commits_need_checkpoints(self) -> StreamSettings:
@@ -581,7 +661,7 @@ class ExporterSettings(BaseModel):
     labels: LabelLimits = DEFAULT_LABEL_LIMITS
 
 
-class ServeSettings(SessionFields, BatchSettings):
+class ServeSettings(ReviewFields, SessionFields, BatchSettings):
     """Validated settings of `ragpulse serve`."""
 
     bootstrap: str = Field(min_length=3)
@@ -625,7 +705,9 @@ class ServeSettings(SessionFields, BatchSettings):
     @model_validator(mode="before")
     @classmethod
     def _topics_named_after_the_input(cls, data: Any) -> Any:
-        return _derived_topics(data, dead_letter_topic=".dlq", verdicts_topic=".verdicts")
+        return _derived_topics(
+            data, dead_letter_topic=".dlq", verdicts_topic=".verdicts", review_topic=".review"
+        )
 
     @field_validator("evaluation_events_endpoint")
     @classmethod
@@ -647,6 +729,35 @@ class ServeSettings(SessionFields, BatchSettings):
         """Whether this instance reads, counts and commits `partition` (partitions added to
         the topic later are owned by the same rule)."""
         return partition % self.instances == self.instance
+
+
+class ReviewSettings(BaseModel):
+    """Validated settings of `ragpulse review`: the review page over the review topic, labels to
+    the labels topic (pipeline/review/, docs/review.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bootstrap: str = Field(min_length=3)
+    topic: str | None = None  # the inference-log topic the other two are named after
+    review_topic: str = Field(min_length=1)
+    labels_topic: str = Field(min_length=1)
+    kafka_timeout_seconds: float = Field(10.0, gt=0)
+    kafka_security: KafkaSecurity = PLAINTEXT
+    host: str = "127.0.0.1"
+    port: int = Field(9470, ge=0, le=65535)
+    # Required: the reviewer's name is their basic-auth login (pipeline/metrics/http.py).
+    web_config_file: Path
+
+    @model_validator(mode="before")
+    @classmethod
+    def _topics_named_after_the_input(cls, data: Any) -> Any:
+        data = _derived_topics(data, review_topic=".review", labels_topic=".labels")
+        if isinstance(data, dict) and not (data.get("review_topic") and data.get("labels_topic")):
+            raise SettingsError(
+                "give --topic TOPIC (the review and labels topics are TOPIC.review and "
+                "TOPIC.labels), or both --review-topic and --labels-topic"
+            )
+        return data
 
 
 class CalibrateSettings(BaseModel):

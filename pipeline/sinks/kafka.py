@@ -12,7 +12,8 @@ which fails the cycle, or gives up on them after --undeliverable-after.
 In `ragpulse stream`'s unbounded pipeline no caller waits for the run to end, so there the
 sinks raise `Unacknowledged` instead: the runner retries the bundle (Dataflow and Flink retry
 a failed bundle of a streaming job until it succeeds), which sends the bundle's records again
-(at least once). `PublishRatings` publishes the stream's window panes (`rating_rows`).
+(at least once). `PublishRatings` publishes the stream's window panes (`rating_rows`), and
+`PublishReviewItems` the review queue's items (`formats.review`) of both.
 """
 
 from __future__ import annotations
@@ -384,3 +385,14 @@ def _verdict_record(policy: TextPolicy) -> Callable[[Any], OutputRecord]:
 def PublishVerdicts(judged: Any, target: KafkaTopic, policy: TextPolicy) -> Any:
     """Sink: verdict rows (the verdicts.jsonl format of `ragpulse run`), keyed by request_id."""
     return _publish(judged, _verdict_record(policy), target)
+
+
+def _review_record(item: tuple[bytes, bytes]) -> OutputRecord:
+    key, value = item
+    return OutputRecord(value, key)
+
+
+@composite_transform
+def PublishReviewItems(items: Any, target: KafkaTopic, *, runner_retries: bool = False) -> Any:
+    """Sink of the review queue (stages/review.py): encoded review items, keyed by event id."""
+    return _publish(items, _review_record, target, runner_retries)
