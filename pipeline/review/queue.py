@@ -1,0 +1,231 @@
+"""What `ragpulse review` knows of the topics: the review items queued, the labels given, and
+the publisher of new labels.
+
+`ReviewQueue` reads the review topic and the labels topic from their start on a thread of its
+own (every partition assigned, no consumer group: each page server sees everything) and keeps
+the items (the newest `MAX_ITEMS`) and the label ids, so the page knows which items a reviewer
+has not labelled yet and which label would be a second copy. `LabelPublisher` publishes labels
+and waits for the broker's acknowledgement: a label the page says is saved is on the topic.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+from collections.abc import Sequence
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from ragpulse.pipeline.formats.review import (
+    InvalidReviewRecord,
+    LabelRecord,
+    ReviewItem,
+    decode_item,
+    decode_label,
+    encode_label,
+)
+from ragpulse.pipeline.kafka_security import KafkaSecurity, connect
+from ragpulse.pipeline.sinks.kafka import KafkaTopic, OutputRecord, deliver, new_producer
+
+log = logging.getLogger(__name__)
+
+MAX_ITEMS = 50_000  # items kept in memory; the oldest are forgotten beyond that
+_POLL_S = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueStatus:
+    """How the topics' reading goes: items held, records refused, the last read error."""
+
+    items: int
+    labels: int
+    refused: int
+    error: str | None
+
+
+class ReviewQueue:
+    """The review items and label ids read so far, and who labelled what (thread-safe)."""
+
+    def __init__(self, bootstrap: str, security: KafkaSecurity, review_topic: str,
+                 labels_topic: str, timeout_s: float) -> None:
+        self._bootstrap = bootstrap
+        self._security = security
+        self._topics = (review_topic, labels_topic)
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._items: collections.OrderedDict[str, ReviewItem] = collections.OrderedDict()
+        self._label_ids: set[str] = set()
+        # (event id, reviewer) -> the judges that reviewer labelled on that item.
+        self._labelled: dict[tuple[str, str], set[str]] = {}
+        self._skipped: dict[str, set[str]] = {}
+        self._refused = 0
+        self._error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- reading the topics ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="review-queue", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        consumer: KafkaConsumer | None = None
+        assigned: set[TopicPartition] = set()
+        while not self._stop.is_set():
+            try:
+                if consumer is None:
+                    consumer = connect(
+                        KafkaConsumer, self._bootstrap, self._security,
+                        enable_auto_commit=False, group_id=None,
+                        request_timeout_ms=int(self._timeout_s * 1000) + 5000,
+                    )
+                assigned = self._assign(consumer, assigned)
+                batches = consumer.poll(timeout_ms=int(_POLL_S * 1000)) if assigned else {}
+                if not assigned:
+                    self._stop.wait(_POLL_S)
+                for tp, records in batches.items():
+                    for record in records:
+                        self._take(tp.topic, record.value or b"")
+                with self._lock:
+                    self._error = None
+            except Exception as exc:  # the broker away, a topic gone: said on the page, retried
+                with self._lock:
+                    self._error = f"{type(exc).__name__}: {exc}"
+                log.warning("reading the review topics: %s", exc)
+                if consumer is not None:
+                    try:
+                        consumer.close()
+                    except Exception as close_exc:
+                        log.debug("closing the consumer: %s", close_exc)
+                consumer, assigned = None, set()
+                self._stop.wait(2.0)
+        if consumer is not None:
+            consumer.close()
+
+    def _assign(
+        self, consumer: KafkaConsumer, assigned: set[TopicPartition]
+    ) -> set[TopicPartition]:
+        """Every partition of both topics (new ones too), read from their start."""
+        wanted = set(assigned)
+        for topic in self._topics:
+            for p in consumer.partitions_for_topic(topic) or ():
+                wanted.add(TopicPartition(topic, p))
+        if wanted != assigned:
+            new = wanted - assigned
+            consumer.assign(sorted(wanted))
+            consumer.seek_to_beginning(*new)
+        return wanted
+
+    def _take(self, topic: str, value: bytes) -> None:
+        try:
+            if topic == self._topics[0]:
+                self.add_item(decode_item(value))
+            else:
+                self.add_label(decode_label(value))
+        except InvalidReviewRecord as exc:
+            log.warning("a record of %s is not usable and is left out: %s", topic, exc)
+            with self._lock:
+                self._refused += 1
+
+    # -- what the page asks ---------------------------------------------------------------------
+
+    def add_item(self, item: ReviewItem) -> None:
+        with self._lock:
+            self._items.pop(item.event_id, None)  # a republished item keeps one place, the last
+            self._items[item.event_id] = item
+            while len(self._items) > MAX_ITEMS:
+                self._items.popitem(last=False)
+
+    def add_label(self, label: LabelRecord) -> None:
+        with self._lock:
+            self._label_ids.add(label.label_id)
+            self._labelled.setdefault((label.event_id, label.reviewer), set()).add(label.judge)
+
+    def item(self, event_id: str) -> ReviewItem | None:
+        with self._lock:
+            return self._items.get(event_id)
+
+    def has_label(self, label_id: str) -> bool:
+        with self._lock:
+            return label_id in self._label_ids
+
+    def skip(self, reviewer: str, event_id: str) -> None:
+        with self._lock:
+            self._skipped.setdefault(reviewer, set()).add(event_id)
+
+    def next_item(self, reviewer: str) -> ReviewItem | None:
+        """The first item `reviewer` has verdicts left to label on (random items first: they
+        feed the unbiased estimate), skipping those they skipped."""
+        with self._lock:
+            skipped = self._skipped.get(reviewer, set())
+            for want_random in (True, False):
+                for item in self._items.values():
+                    if item.random != want_random or item.event_id in skipped:
+                        continue
+                    if self._open_judges(item, reviewer):
+                        return item
+        return None
+
+    def open_judges(self, item: ReviewItem, reviewer: str) -> list[str]:
+        with self._lock:
+            return self._open_judges(item, reviewer)
+
+    def _open_judges(self, item: ReviewItem, reviewer: str) -> list[str]:
+        done = self._labelled.get((item.event_id, reviewer), set())
+        return [v.judge for v in item.verdicts if v.rating != "error" and v.judge not in done]
+
+    def status(self) -> QueueStatus:
+        with self._lock:
+            return QueueStatus(len(self._items), len(self._label_ids), self._refused, self._error)
+
+
+class LabelNotSaved(RuntimeError):
+    """The broker did not acknowledge a label; the message says why."""
+
+
+class LabelPublisher:
+    """Publishes labels to the labels topic, keyed by event id and judge, and waits for them."""
+
+    def __init__(self, target: KafkaTopic) -> None:
+        self._target = target
+        self._lock = threading.Lock()
+        self._producer: KafkaProducer | None = None
+
+    def publish(self, labels: Sequence[LabelRecord]) -> None:
+        """Every label acknowledged, or LabelNotSaved (then none may be taken as saved; sending
+        them again is safe: a label's id says it is the same label)."""
+        records = [OutputRecord(value, key) for key, value in map(encode_label, labels)]
+        with self._lock:
+            try:
+                if self._producer is None:
+                    self._producer = new_producer(self._target)
+                d = deliver(self._producer, self._target.topic, records,
+                            timeout_s=self._target.timeout_s)
+            except Exception as exc:  # no broker to connect to
+                self._close()
+                raise LabelNotSaved(f"{type(exc).__name__}: {exc}") from None
+            problems = d.refused + d.unacknowledged
+            if problems:
+                self._close()
+                raise LabelNotSaved(problems[0][1])
+
+    def _close(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                producer.close(timeout=0)
+            except Exception as exc:
+                log.debug("closing the producer: %s", exc)
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
