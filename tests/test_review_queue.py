@@ -31,6 +31,7 @@ from ragpulse.pipeline.sinks.kafka import KafkaTopic
 from ragpulse.pipeline.stages.review import (
     HourlyBound,
     ReviewQueueConfig,
+    _SelectForReview,
     in_random_slice,
     queue_reason,
     review_item,
@@ -255,4 +256,15 @@ def test_the_hourly_bound_keeps_half_for_the_random_slice_and_counts_by_event_ho
     assert HourlyBound.take("other", True, 5, hour)  # each topic its own bound
     assert HourlyBound.take("t", False, 5, hour + 3600)  # the next hour has its own
     assert not HourlyBound.take("t", True, 5, hour + 3599)  # a late event of a full hour
+    HourlyBound.reset()
+
+
+def test_an_event_that_makes_no_valid_item_is_refused_without_failing_the_bundle() -> None:
+    HourlyBound.reset()
+    select = _SelectForReview(config(rate=1.0), now=T0)
+    select.setup()
+    assert list(select.process(judged(no(), request_id="r" * 5000))) == []
+    assert list(select.process(judged(no(), question="q" * MAX_REVIEW_ITEM_BYTES))) == []
+    ((key, value),) = select.process(judged(no()))
+    assert key == b"req-1" and decode_item(value).reason == "random"
     HourlyBound.reset()

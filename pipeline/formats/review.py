@@ -58,6 +58,8 @@ def _aware(value: datetime) -> datetime:
 
 AwareTime = Annotated[datetime, AfterValidator(_aware)]
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
+# An event id is the chatbot's request id, whose length events do not bound: a generous bound.
+EventId = Annotated[str, Field(min_length=1, max_length=4096)]
 
 
 def _finite(value: float | None) -> float | None:
@@ -102,7 +104,7 @@ class ReviewItem(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    event_id: Name
+    event_id: EventId
     app: str
     model: str
     event_time: AwareTime
@@ -145,7 +147,7 @@ class LabelRecord(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     label_id: str = Field(pattern=r"^[0-9a-f]{32}$")
-    event_id: Name
+    event_id: EventId
     judge: Name
     prompt_version: str
     judge_rating: Literal["yes", "no", "error"]

@@ -182,7 +182,8 @@ COUNTER_HELP: dict[str, str] = {
     "(random: the uniform --review-rate slice; disagreement, unsure, failing: targeted).",
     REVIEW_HELD_BACK: "Events chosen for review that --review-max-per-hour held back, by why "
     "they were chosen.",
-    REVIEW_REFUSED: "Review items refused, by reason (too_large: over the review page's limit).",
+    REVIEW_REFUSED: "Review items refused, by reason (too_large: over the review page's limit; "
+    "invalid: not a valid review item, e.g. an event id over 4096 characters).",
 }
 
 GAUGE_HELP: dict[str, str] = {

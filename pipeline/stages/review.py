@@ -243,11 +243,16 @@ class _SelectForReview(beam.DoFn):
                                 judged.record.event_time):
             self._counters.inc(counting.key(HELD_BACK, reason=reason))
             return
-        item = review_item(judged, reason, judges, config, now)
+        try:
+            item = review_item(judged, reason, judges, config, now)
+        except ValueError as exc:  # pydantic's ValidationError: e.g. a judge name too long
+            log.warning("review item of event %.200s refused: %s", judged.record.request_id, exc)
+            self._counters.inc(counting.key(REFUSED, reason="invalid"))
+            return
         try:
             key, value = encode_item(item)
         except ValueError as exc:
-            log.warning("review item of event %s refused: %s", item.event_id, exc)
+            log.warning("review item of event %.200s refused: %s", item.event_id, exc)
             self._counters.inc(counting.key(REFUSED, reason="too_large"))
             return
         self._counters.inc(counting.key(QUEUED, reason=reason))
