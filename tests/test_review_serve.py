@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
-import orjson
 import pytest
 from kafka_broker import ApacheKafkaBroker, for_module
 from serve_process import T0, TopicFactory, caught_up
 
 from ragpulse.pipeline.commands.simulate import Incidents, simulate
+from ragpulse.pipeline.formats.events import parse_event
 from ragpulse.pipeline.formats.review import decode_item
 from ragpulse.pipeline.stages.review import in_random_slice
 
@@ -30,7 +30,7 @@ def broker(apache_kafka: ApacheKafkaBroker) -> Iterator[ApacheKafkaBroker]:
 def test_serve_publishes_the_random_slice_and_failing_verdicts_as_review_items(
     served_topic: TopicFactory,
 ) -> None:
-    records = simulate(5, EVENTS, T0, rate=2, incidents=DROP)
+    records = list(simulate(5, EVENTS, T0, rate=2, incidents=DROP))
     topic = served_topic("reviewed", records=records)
     serve = topic.serve("--review-rate", "0.25", "--review-max-per-hour", "1000")
     scrape = serve.wait_for(caught_up(EVENTS), 90, "all events judged")
@@ -42,8 +42,11 @@ def test_serve_publishes_the_random_slice_and_failing_verdicts_as_review_items(
     assert len(items) == total  # every item published once, none refused
     by_id = {i.event_id: i for i in items}
     assert len(by_id) == total
-    events = [orjson.loads(r.payload) for r in records if r.kind != "malformed"]
-    request_ids = [e["request_id"] for e in events]
+    events = {
+        e.request_id: e
+        for e in (parse_event(r.payload) for r in records if r.kind != "malformed")
+    }
+    request_ids = list(events)
     # The random slice is exactly the hash's choice among the judged events.
     random_ids = {i.event_id for i in items if i.reason == "random"}
     assert random_ids == {r for r in request_ids if in_random_slice(r, 0.25)}
@@ -58,9 +61,10 @@ def test_serve_publishes_the_random_slice_and_failing_verdicts_as_review_items(
     assert {dict(k)["reason"]: int(v) for k, v in queued.items()} == dict(counted)
     # What a reviewer needs is in the item.
     sample = items[0]
-    source = next(e for e in events if e["request_id"] == sample.event_id)
-    assert sample.request == source["request"] and sample.response == source["response"]
-    assert sample.chunks and sample.verdicts
+    source = events[sample.event_id].judge_input
+    assert (sample.request, sample.response) == (source.question, source.answer)
+    assert [c.content for c in sample.chunks] == [c.content for c in source.chunks]
+    assert sample.verdicts
     assert all(v.prompt_version == "local" for v in sample.verdicts)
     assert sample.window_end.timestamp() - sample.window_start.timestamp() == 10
     assert serve.terminate() == 0
