@@ -125,12 +125,13 @@ _PIECE_CACHE = 200_000
 
 
 @functools.lru_cache(maxsize=_PIECE_CACHE)
-def _piece_tokens(piece: str) -> tuple[str, ...]:
+def piece_tokens(piece: str) -> tuple[str, ...]:
+    """Word and number tokens of one whitespace-free piece of text (memoised)."""
     return tuple(_TOKEN_RE.findall(piece))
 
 
 def _tokens_of(text: str) -> itertools.chain[str]:
-    return itertools.chain.from_iterable(map(_piece_tokens, text.split()))
+    return itertools.chain.from_iterable(map(piece_tokens, text.split()))
 
 
 def tokens(text: str) -> list[str]:
@@ -143,7 +144,7 @@ def _piece_bag(piece: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """What one piece adds to a `Bag`: (stems, numbers); see `bag_of`."""
     stems: set[str] = set()
     numbers: set[str] = set()
-    for tok in set(_piece_tokens(piece)):  # a piece without spaces can repeat a token a lot
+    for tok in set(piece_tokens(piece)):  # a piece without spaces can repeat a token a lot
         if tok[0].isdigit():
             numbers.add(normalise_number(tok))
             continue
@@ -261,7 +262,7 @@ class _PieceClaim:
 
 @functools.lru_cache(maxsize=_PIECE_CACHE)
 def _piece_claim(piece: str) -> _PieceClaim:
-    infos = tuple(map(_claim_token, _piece_tokens(piece)))
+    infos = tuple(map(_claim_token, piece_tokens(piece)))
     if not infos:
         return _PieceClaim((), (), (), True, False, False, False)
     # "2nd", "1990s": a suffix right after a number is part of it.
@@ -280,25 +281,22 @@ def _piece_claim(piece: str) -> _PieceClaim:
 
 def claim_of(sentence: str) -> Claim:
     """Content words, numbers and names claimed by one answer sentence."""
-    parts = [p for p in map(_piece_claim, sentence.split()) if not p.empty]
-    if not parts:
-        return Claim(sentence, (), (), ())
-    words = [p.words for p in parts]
-    # A suffix piece after a number piece ("5 th") belongs to the number, as within a piece.
-    for k in range(1, len(parts)):
-        if parts[k].leads_with_suffix_word and parts[k - 1].ends_with_number:
-            words[k] = words[k][1:]
-    names = [p.names for p in parts]
-    # Capitalised words other than the sentence's first token are names.
-    if parts[0].first_is_name:
-        names[0] = names[0][1:]
-    chain = itertools.chain.from_iterable
-    return Claim(
-        sentence,
-        tuple(chain(words)),
-        tuple(chain(p.numbers for p in parts)),
-        tuple(chain(names)),
-    )
+    words: list[tuple[str, str]] = []
+    numbers: list[tuple[str, str]] = []
+    names: list[tuple[str, str]] = []
+    first = True
+    after_number = False
+    for part in map(_piece_claim, sentence.split()):
+        if part.empty:
+            continue
+        # A suffix piece after a number piece ("5 th") belongs to the number, as in a piece.
+        words += part.words[1:] if part.leads_with_suffix_word and after_number else part.words
+        numbers += part.numbers
+        # Capitalised words other than the sentence's first token are names.
+        names += part.names[1:] if first and part.first_is_name else part.names
+        first = False
+        after_number = part.ends_with_number
+    return Claim(sentence, tuple(words), tuple(numbers), tuple(names))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
