@@ -122,18 +122,15 @@ def _supports(answer: str, chunks: Sequence[str], question: str) -> Iterator[Cla
     # A generator, so that the judge stops at the first unsupported claim.
     ctx = _chunks_bag(tuple(chunks))
     q = bag_of(question)
-    stems, numbers = ctx.stems, ctx.numbers
-    if q.stems:
-        stems = stems | q.stems
-    if q.numbers:
-        numbers = numbers | q.numbers
+    # Two look-ups per word rather than a union: the chunks' set is large, the question's small.
+    stems, numbers, q_stems, q_numbers = ctx.stems, ctx.numbers, q.stems, q.numbers
     for sentence in split_sentences(answer):
         claim = claim_of(sentence)
         yield ClaimSupport(
             claim,
-            tuple(w for w, s in claim.words if s not in stems),
-            tuple(r for r, n in claim.numbers if n not in numbers),
-            tuple(n for n, s in claim.names if s not in stems),
+            tuple(w for w, s in claim.words if s not in stems and s not in q_stems),
+            tuple(r for r, n in claim.numbers if n not in numbers and n not in q_numbers),
+            tuple(n for n, s in claim.names if s not in stems and s not in q_stems),
         )
 
 
