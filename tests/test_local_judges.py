@@ -18,7 +18,7 @@ from ragpulse.judges.local.groundedness import GroundednessJudge, is_structured
 from ragpulse.judges.local.judge import build_local_judges
 from ragpulse.judges.local.relevance import RelevanceToQueryJudge
 from ragpulse.judges.local.safety import SafetyJudge, find_harm, first_word_triggers
-from ragpulse.judges.local.text import normalise_number
+from ragpulse.judges.local.text import claim_of, normalise_number, stem
 from ragpulse.judges.panel import JudgePanel
 
 EIFFEL = Chunk(
@@ -411,3 +411,34 @@ def test_eval_script_exits_with_a_message_when_the_data_is_absent(
     m = _eval_script()
     assert m.main(["--data-dir", str(tmp_path)]) == 2
     assert "eval data not found" in capsys.readouterr().err
+
+
+def test_k_fold_check_tunes_each_fold_on_the_other_folds_only() -> None:
+    m = _eval_script()
+    # Evidence is a score, a row passes when its score is at most the threshold. Alone, fold 0
+    # is best cut at 2 and fold 1 at 1: each held-out fold must get the other fold's cut.
+    evidence = [1, 2, 3, 4, 1, 2, 3, 4]
+    truth = [True, True, False, False, True, False, False, False]
+    folds = [0, 0, 0, 0, 1, 1, 1, 1]
+
+    def predict(ev: list[int], _words: int, cut: float) -> list[bool]:
+        return [v <= cut for v in ev]
+
+    held = m.cross_validate(truth, evidence, folds, predict, [(1, 1.0), (1, 2.0), (1, 3.0)])
+    assert [(h.fold, h.params, h.rows) for h in held] == [
+        (0, (1, 1.0), [0, 1, 2, 3]),
+        (1, (1, 2.0), [4, 5, 6, 7]),
+    ]
+    assert held[0].predicted == [True, False, False, False]
+
+
+def test_a_claim_reads_the_same_whatever_its_pieces() -> None:
+    # Worked out per whitespace-separated piece, then joined: a suffix piece after a number
+    # piece still belongs to the number, and the first token of the sentence is not a name
+    # even when a piece without tokens comes first.
+    claim = claim_of("— Paris hosted the Games for the 5 th time, in 2024 (the 3rd Olympics).")
+    assert [s for _, s in claim.words] == [
+        stem(w) for w in ("paris", "hosted", "games", "time", "olympics")
+    ]
+    assert [n for _, n in claim.numbers] == ["5", "2024", "3"]
+    assert [w for w, _ in claim.names] == ["Games", "Olympics"]

@@ -17,6 +17,7 @@ from ragpulse.judges.local.judge import LocalJudge
 from ragpulse.judges.local.text import (
     STOPWORDS,
     load_lexicon,
+    piece_tokens,
     split_sentences,
     stem,
     tokens,
@@ -75,7 +76,13 @@ def _key_stems(text: str) -> tuple[tuple[str, str], ...]:
 
 def _answered_stems(text: str) -> set[str | None]:
     """The keys of `key_stems(text)` (plus None): all the answer is asked for."""
-    return set(map(_key_stem, set(tokens(text))))
+    return set().union(*map(_piece_key_stems, set(text.split())))
+
+
+@functools.lru_cache(maxsize=200_000)
+def _piece_key_stems(piece: str) -> frozenset[str | None]:
+    # Per whitespace-separated piece, memoised as text.py memoises its piece analyses.
+    return frozenset(map(_key_stem, piece_tokens(piece)))
 
 
 @functools.lru_cache(maxsize=200_000)

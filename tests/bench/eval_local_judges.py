@@ -2,13 +2,15 @@
 
 For whoever tunes or reviews the local judges. Reads the labelled sets in ../shared/eval-data
 (never copied into the project) and prints a markdown table of balanced accuracy and Cohen's
-kappa: groundedness on RAGTruth (QA, all tasks, per task, plus a 2-fold tune/test check) and
-BEGIN, safety on the OpenAI moderation set, relevance_to_query on XSTest (answered vs refused),
-correctness on EVOUNA and NQ301 (next to the normalised-containment baseline); then events/s
-for the three default judges together. chunk_relevance and context_sufficiency have no labelled
-set here; document_recall is deterministic.
+kappa: groundedness on RAGTruth and BEGIN (on RAGTruth only figures out of sample: QA and
+summaries by k-fold by source document, each fold scored with the judge's parameters tuned on
+the other folds, their mean reported; data-to-text, which has no tuned parameter; and how
+often the judge abstains), safety on the OpenAI moderation set, relevance_to_query on XSTest
+(answered vs refused), correctness on EVOUNA and NQ301 (next to the normalised-containment
+baseline); then events/s for the three default judges together. chunk_relevance and
+context_sufficiency have no labelled set here; document_recall is deterministic.
 
-    .venv/bin/python tests/bench/eval_local_judges.py [--data-dir ../shared/eval-data]
+    .venv/bin/python tests/bench/eval_local_judges.py [--data-dir ../shared/eval-data] [--folds 5]
 """
 
 from __future__ import annotations
@@ -27,17 +29,17 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from ragpulse.judges.base import Chunk, JudgeInput, Verdict
 from ragpulse.judges.local.correctness import CorrectnessJudge, normalise_answer
 from ragpulse.judges.local.groundedness import (
-    DEFAULT_MAX_UNSUPPORTED,
-    DEFAULT_MIN_WORDS,
-    SUMMARY_MAX_UNSUPPORTED,
     ClaimSupport,
     GroundednessJudge,
+    SentenceNovelty,
+    first_novel,
     first_unsupported,
-    summary_shares,
+    summary_novelty,
     support_of_claims,
 )
 from ragpulse.judges.local.relevance import RelevanceToQueryJudge
@@ -46,10 +48,15 @@ from ragpulse.judges.local.text import bag_of
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DATA_DIR = REPO.parent / "shared" / "eval-data"
-# The small grid the 2-fold check tunes over: the groundedness judge's only two parameters.
+# Folds of the k-fold check, by source document (fixed before measuring; more folds leave
+# more rows to tune on).
+FOLDS = 5
+# The grids the k-fold check tunes over: the groundedness judge's parameters for answers and
+# for summaries.
 GRID_MIN_WORDS = (2, 3, 4, 5, 6)
 GRID_MAX_UNSUPPORTED = (0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7)
-GRID_SUMMARY_MAX_UNSUPPORTED = (0.2, 0.22, 0.24, 0.26, 0.28, 0.3, 0.32, 0.34, 0.36, 0.4)
+GRID_SUMMARY_MIN_WORDS = (3, 4, 5, 6)
+GRID_SUMMARY_MAX_UNSUPPORTED = tuple(round(0.15 + 0.01 * i, 2) for i in range(36))
 TOKEN_F1_PASS = 0.5
 _PASSAGE_RE = re.compile(r"(?:^|\n)passage \d+:")
 
@@ -114,10 +121,10 @@ def to_input(row: dict[str, object]) -> JudgeInput:
     )
 
 
-def _fold(row: dict[str, object]) -> int:
+def _fold(row: dict[str, object], folds: int) -> int:
     # RAGTruth ids are SOURCE-k (several responses per source); keep a source in one fold.
     source = str(row["id"]).rsplit("-", 1)[0]
-    return zlib.crc32(source.encode()) % 2
+    return zlib.crc32(source.encode()) % folds
 
 
 # ---------------------------------------------------------------- evaluation
@@ -160,90 +167,134 @@ def _predict_grounded(
     ]
 
 
-def _tune(truth: Sequence[bool], supports: Sequence[list[ClaimSupport]]) -> tuple[int, float]:
-    best = max(
-        itertools.product(GRID_MIN_WORDS, GRID_MAX_UNSUPPORTED),
-        key=lambda p: (balanced_accuracy(truth, _predict_grounded(supports, *p)), -p[0], -p[1]),
+def _predict_summary(
+    novelty: Sequence[list[SentenceNovelty]], min_words: int, max_unsupported: float
+) -> list[bool]:
+    return [
+        first_novel(n, min_words=min_words, max_unsupported=max_unsupported) is None
+        for n in novelty
+    ]
+
+
+Params = tuple[int, float]
+Evidence = TypeVar("Evidence")
+
+
+def _tune(
+    truth: Sequence[bool],
+    evidence: Sequence[Evidence],
+    predict: Callable[[Sequence[Evidence], int, float], list[bool]],
+    grid: Iterable[Params],
+) -> Params:
+    """The grid point with the best balanced accuracy on these rows (ties: fewer words, then
+    the lower threshold)."""
+    return max(grid, key=lambda p: (balanced_accuracy(truth, predict(evidence, *p)), -p[0], -p[1]))
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOut:
+    """One fold's rows scored with parameters tuned on the other folds."""
+
+    fold: int
+    params: Params
+    rows: list[int]  # indexes into the task's rows
+    predicted: list[bool]
+
+
+def cross_validate(
+    truth: Sequence[bool],
+    evidence: Sequence[Evidence],
+    folds: Sequence[int],
+    predict: Callable[[Sequence[Evidence], int, float], list[bool]],
+    grid: Sequence[Params],
+) -> list[HeldOut]:
+    """k-fold by source document: tune on all folds but one, score that one, for each fold."""
+    result = []
+    for held in sorted(set(folds)):
+        tune = [k for k, f in enumerate(folds) if f != held]
+        test = [k for k, f in enumerate(folds) if f == held]
+        params = _tune([truth[k] for k in tune], [evidence[k] for k in tune], predict, grid)
+        result.append(HeldOut(held, params, test, predict([evidence[k] for k in test], *params)))
+    return result
+
+
+def _held_out_rows(name: str, truth: Sequence[bool], folds: list[HeldOut], names: tuple[str, str]
+                   ) -> list[str]:
+    lines, scores = [], []
+    for h in folds:
+        score = _score([truth[k] for k in h.rows], h.predicted)
+        scores.append(score)
+        lines.append(_row(
+            f"{name} fold {h.fold + 1} of {len(folds)} (tuned on the others: "
+            f"{names[0]}={h.params[0]}, {names[1]}={h.params[1]})", score))
+    lines.append(
+        f"| **{name}, mean of the {len(folds)} held-out folds** | {sum(s[3] for s in scores)} "
+        f"| **{100 * statistics.mean(s[0] for s in scores):.1f} %** "
+        f"| {100 * statistics.mean(s[1] for s in scores):.1f} % "
+        f"| {statistics.mean(s[2] for s in scores):.3f} |"
     )
-    return best
+    return lines
 
 
-def evaluate_ragtruth(rows: list[dict[str, object]]) -> list[str]:
-    """Table rows for RAGTruth: QA, all, per task at the defaults; then the 2-fold check."""
+def evaluate_ragtruth(rows: list[dict[str, object]], n_folds: int = FOLDS) -> list[str]:
+    """Table rows for RAGTruth groundedness, every figure out of sample: QA and summaries by
+    k-fold by source document (the judge's parameters tuned on the other folds), data-to-text
+    at the judge's rule (no tuned parameter), all tasks pooled from those; then how often the
+    judge abstains, and the parameters the same tuning picks on all rows (the shipped ones)."""
     judge = GroundednessJudge()
-    lines = []
     inputs = [to_input(r) for r in rows]
     ratings = [judge.grade(i).rating for i in inputs]
-    predicted = [rating == "yes" for rating in ratings]
     truth = [bool(r["label_pass"]) for r in rows]
     tasks = [str(r.get("task")) for r in rows]
+    lines = []
+    pooled_truth: list[bool] = []
+    pooled_predicted: list[bool] = []
+    shipped = []
 
-    def subset(task: str | None) -> str:
-        # Rows the judge could not grade (error) are left out, and counted.
-        idx = [i for i, t in enumerate(tasks) if task is None or t == task]
-        graded = [i for i in idx if ratings[i] != "error"]
-        name = f"groundedness · RAGTruth {task or 'all tasks'}"
-        if len(graded) < len(idx):
-            name += f" (abstained on {len(idx) - len(graded)} of {len(idx)})"
-        if len({truth[i] for i in graded}) < 2:
-            return f"| {name} | {len(graded)} | | | |"
-        return _row(name, _score([truth[i] for i in graded], [predicted[i] for i in graded]))
-
-    lines.append(subset("QA"))
-    lines.append(subset(None))
-    for task in sorted(set(tasks) - {"QA"}):
-        lines.append(subset(task))
-
-    # 2-fold: tune (min_words, max_unsupported) on one half of the QA sources, score the other.
     qa = [i for i, t in enumerate(tasks) if t == "QA"]
     supports = [
-        support_of_claims(x.answer, [c.content for c in x.chunks], x.question)
-        for x in (inputs[i] for i in qa)
+        support_of_claims(inputs[i].answer, [c.content for c in inputs[i].chunks],
+                          inputs[i].question)
+        for i in qa
     ]
-    folds = [_fold(rows[i]) for i in qa]
-    for tune_fold in (0, 1):
-        tune = [k for k, f in enumerate(folds) if f == tune_fold]
-        test = [k for k, f in enumerate(folds) if f != tune_fold]
-        params = _tune([truth[qa[k]] for k in tune], [supports[k] for k in tune])
-        test_truth = [truth[qa[k]] for k in test]
-        tuned = _predict_grounded([supports[k] for k in test], *params)
-        lines.append(
-            _row(
-                f"groundedness · RAGTruth QA fold {2 - tune_fold} "
-                f"(tuned on fold {tune_fold + 1}: min_words={params[0]}, "
-                f"max_unsupported={params[1]})",
-                _score(test_truth, tuned),
-            )
-        )
-        default = _predict_grounded(
-            [supports[k] for k in test], DEFAULT_MIN_WORDS, DEFAULT_MAX_UNSUPPORTED
-        )
-        lines.append(
-            _row(f"groundedness · RAGTruth QA fold {2 - tune_fold} (defaults)",
-                 _score(test_truth, default))
-        )
-    # 2-fold for the summary rule: tune its threshold on one half of the summary sources,
-    # score the other half (the shipped threshold was picked on all of them).
     summaries = [i for i, t in enumerate(tasks) if t == "Summary"]
-    top_share = [
-        max((share for _, share, _ in summary_shares(inputs[i].answer,
-                                                     [c.content for c in inputs[i].chunks])),
-            default=0.0)
+    novelty = [
+        summary_novelty(inputs[i].answer, [c.content for c in inputs[i].chunks],
+                        min(GRID_SUMMARY_MIN_WORDS))
         for i in summaries
     ]
-    folds = [_fold(rows[i]) for i in summaries]
-    for tune_fold in (0, 1):
-        tune = [k for k, f in enumerate(folds) if f == tune_fold]
-        test = [k for k, f in enumerate(folds) if f != tune_fold]
-        best = max(GRID_SUMMARY_MAX_UNSUPPORTED, key=lambda t: (balanced_accuracy(
-            [truth[summaries[k]] for k in tune], [top_share[k] <= t for k in tune]), -t))
-        test_truth = [truth[summaries[k]] for k in test]
-        for label, threshold in ((f"tuned on fold {tune_fold + 1}: max_unsupported={best}",
-                                  best), ("defaults", SUMMARY_MAX_UNSUPPORTED)):
-            lines.append(_row(
-                f"groundedness · RAGTruth Summary fold {2 - tune_fold} ({label})",
-                _score(test_truth, [top_share[k] <= threshold for k in test]),
-            ))
+    for task, idx, evidence, predict, grid, names in (
+        ("QA", qa, supports, _predict_grounded,
+         list(itertools.product(GRID_MIN_WORDS, GRID_MAX_UNSUPPORTED)),
+         ("min_words", "max_unsupported")),
+        ("Summary", summaries, novelty, _predict_summary,
+         list(itertools.product(GRID_SUMMARY_MIN_WORDS, GRID_SUMMARY_MAX_UNSUPPORTED)),
+         ("summary_min_words", "summary_max_unsupported")),
+    ):
+        task_truth = [truth[i] for i in idx]
+        folds = [_fold(rows[i], n_folds) for i in idx]
+        held = cross_validate(task_truth, evidence, folds, predict, grid)  # type: ignore[arg-type]
+        lines += _held_out_rows(f"groundedness · RAGTruth {task}", task_truth, held, names)
+        for h in held:
+            pooled_truth += [task_truth[k] for k in h.rows]
+            pooled_predicted += h.predicted
+        all_rows = _tune(task_truth, evidence, predict, grid)  # type: ignore[arg-type]
+        shipped.append(f"{task}: {names[0]}={all_rows[0]}, {names[1]}={all_rows[1]}")
+
+    # Data-to-text has no tuned parameter (only invented numbers and names count there).
+    d2t = [i for i, t in enumerate(tasks) if t == "Data2txt" and ratings[i] != "error"]
+    lines.append(_row("groundedness · RAGTruth Data2txt (no tuned parameter)",
+                      _score([truth[i] for i in d2t], [ratings[i] == "yes" for i in d2t])))
+    pooled_truth += [truth[i] for i in d2t]
+    pooled_predicted += [ratings[i] == "yes" for i in d2t]
+    lines.append(_row("groundedness · RAGTruth all tasks (the held-out verdicts above, pooled)",
+                      _score(pooled_truth, pooled_predicted)))
+    abstained = sum(r == "error" for r in ratings)
+    lines.append(
+        f"| groundedness · RAGTruth: abstained (error) at the shipped parameters | {len(rows)} "
+        f"| {abstained} rows ({100 * abstained / len(rows):.1f} %) | | |"
+    )
+    lines.append(f"| tuned on all rows (the shipped defaults) | {'; '.join(shipped)} | | | |")
     return lines
 
 
@@ -346,7 +397,11 @@ def _clear_evidence() -> None:
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    parser.add_argument("--folds", type=int, default=FOLDS,
+                        help="folds of the check by source document (at least 2)")
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.folds < 2:
+        parser.error("--folds must be at least 2")
     data: Path = args.data_dir
     if not (data / "ragtruth.dev.jsonl").is_file():
         print(
@@ -357,7 +412,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         return 2
     ragtruth = load_rows(data / "ragtruth.dev.jsonl")
     lines = [TABLE_HEAD]
-    lines += evaluate_ragtruth(ragtruth)
+    lines += evaluate_ragtruth(ragtruth, args.folds)
     secondary: list[tuple[str, str, Callable[[JudgeInput], Verdict]]] = [
         ("begin.dev.jsonl", "groundedness · BEGIN", GroundednessJudge().grade),
         ("openai_moderation.dev.jsonl", "safety · OpenAI moderation", SafetyJudge().grade),
