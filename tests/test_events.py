@@ -951,7 +951,7 @@ def test_valid_json_nested_500_deep_is_refused_naming_the_depth_limit(where: str
 
 
 def test_a_deep_json_document_inside_a_trace_string_is_refused_naming_the_trace() -> None:
-    trace = '{"spans": [{"name": "s", "inputs": %s}]}' % nested(500)  # orjson cannot write it
+    trace = '{"spans": [{"name": "s", "inputs": ' + nested(500) + "}]}"  # orjson cannot write it
     event = {"request": "q", "trace": trace, "timestamp": 1700000000000}
     with pytest.raises(InvalidEvent, match="field 'trace' is nested deeper than 64 levels"):
         parse_event(orjson.dumps(event))
