@@ -214,6 +214,9 @@ class Verdict:
     # Of a judge that grades each named guideline on its own (guideline_adherence): one verdict
     # per name, judged "<judge>/<name>"; the pipeline counts and stores these in its place.
     parts: tuple[Verdict, ...] = ()
+    # Characters of the event's inputs left out of the judge's prompt (judges.llm.judge caps
+    # each input at MAX_INPUT_CHARS); the rationale says so too.
+    prompt_chars_cut: int = 0
 
     def __post_init__(self) -> None:
         if (self.rating == "error") != (self.error_message is not None):
