@@ -72,7 +72,7 @@ _STATUS_BEFORE = pytest.StashKey[set[str] | None]()
 
 
 def _checkout_status() -> set[str] | None:
-    """The checkout's changed, untracked and ignored paths, caches left out (None: no git)."""
+    """The checkout's untracked and ignored paths, caches left out (None: no git)."""
     try:
         done = subprocess.run(
             ["git", "-C", str(_CHECKOUT), "status", "--porcelain", "--ignored",
@@ -86,7 +86,7 @@ def _checkout_status() -> set[str] | None:
     entries = done.stdout.decode("utf-8", "replace").split("\0")
     return {
         entry for entry in entries
-        if entry
+        if entry[:3] in ("?? ", "!! ")  # new files; edits to tracked ones may be the developer's
         and not _CACHES & set(Path(entry[3:]).parts)
         and not any(part.endswith(".egg-info") for part in Path(entry[3:]).parts)
     }
