@@ -219,6 +219,10 @@ class Verdict:
     # The review queue queues such verdicts for a person to settle (docs/review.md).
     other_tier_rating: Rating | None = None
 
+    # Characters of the event's inputs left out of the judge's prompt (judges.llm.judge caps
+    # each input at MAX_INPUT_CHARS); the rationale says so too.
+    prompt_chars_cut: int = 0
+
     def __post_init__(self) -> None:
         if (self.rating == "error") != (self.error_message is not None):
             raise ValueError("a verdict has an error_message exactly when its rating is 'error'")

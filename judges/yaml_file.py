@@ -7,13 +7,17 @@ in `judges` (the lower layer) because the prompt and custom judge files are read
 A file is refused, with a `YamlFileError` whose message is one line without the path (the
 caller names the file and its flag), when it is larger than `MAX_BYTES`, not UTF-8, nested
 deeper than `MAX_DEPTH`, uses aliases (`*name`, whose expansion is unbounded: "billion laughs")
-or is not YAML. Depth and aliases are checked on PyYAML's event stream, which is read without
-recursion, before a document is built: building a 5,000-deep document raised RecursionError
-(a traceback) in every loader.
+is not YAML, or holds a key twice in one mapping (PyYAML keeps the last silently: a setting
+written twice would be half-applied). A message never quotes the file's text beyond a key that
+looks like a name: pointed at a file that is not ragpulse's (`--config /etc/shadow`), the error
+must not print its lines. Depth and aliases are checked on PyYAML's event stream, which is read
+without recursion, before a document is built: building a 5,000-deep document raised
+RecursionError (a traceback) in every loader.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +31,48 @@ MAX_DEPTH = 64
 _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+# A key an error may name: it looks like a setting's name, not like a line of someone's file.
+_NAME_LIKE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+
+
+def shown_key(key: object) -> str:
+    """`key` quoted when it looks like a name, else "(text not shown)": an error never prints
+    a line of someone's file."""
+    if isinstance(key, str) and _NAME_LIKE.fullmatch(key):
+        return repr(key)
+    return "(text not shown)"
+
+
 class YamlFileError(ValueError):
     """A YAML file that cannot be used; one line, without the path. `line`: 1-based, if known."""
 
     def __init__(self, message: str, line: int | None = None) -> None:
         super().__init__(message)
         self.line = line
+
+
+class _NoDuplicateKeysLoader(_LOADER):
+    """The safe loader, refusing a key written twice in one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = first_lines.get(key)
+            except TypeError:
+                continue  # an unhashable key: the base constructor words that error
+            if first is not None:
+                raise YamlFileError(
+                    f"the key {shown_key(key)} is written twice (lines {first} and {line}): "
+                    "write each key once",
+                    line,
+                )
+            first_lines[key] = line
+        return super().construct_mapping(node, deep)
 
 
 def load_yaml(path: Path, *, max_bytes: int = MAX_BYTES) -> Any:
@@ -63,7 +103,7 @@ def loads(text: str) -> Any:
     """The YAML document `text`, with the checks of `load_yaml` but the size."""
     try:
         _check_shape(text)
-        return yaml.load(text, Loader=_LOADER)
+        return yaml.load(text, Loader=_NoDuplicateKeysLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None

@@ -34,6 +34,7 @@ from ragpulse.pipeline.settings.sources import add_config_arguments
 # Storage filesystem cannot load when a `google.cloud` namespace exists without the storage
 # client. ragpulse reads local files and Kafka only; the line would break every one-line error.
 logging.getLogger("apache_beam.io.filesystems").setLevel(logging.ERROR)
+_CARRY_USER_TEXT_AT_DEBUG = ("kafka", "openai", "httpx", "httpx2", "httpcore", "urllib3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx2").setLevel(max(logging.WARNING, root_level))
     if root_level > logging.DEBUG:
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    # At DEBUG these libraries log what they carry: kafka-python every request and response
+    # (the events' records, the verdicts published), the OpenAI client each request's body (the
+    # prompt, unredacted when --redact-pii is off for a trusted endpoint), httpx and httpcore the
+    # calls. Users' text may only be logged as --store-text allows, so they stay at INFO or above
+    # whatever --log-level says: DEBUG is for ragpulse's own lines, which carry no user text.
+    for library in _CARRY_USER_TEXT_AT_DEBUG:
+        logger = logging.getLogger(library)
+        logger.setLevel(max(logging.INFO, logger.level or root_level))
     try:
         if takes_config:
             assert sub is not None and name is not None

@@ -1,6 +1,7 @@
 """Shared pytest settings."""
 
 import logging
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,64 @@ def _fresh_verdict_caches() -> None:
     from ragpulse.judges.verdict_cache import forget_shared_verdict_caches
 
     forget_shared_verdict_caches()
+
+
+# Tests write only under tmp_path: a file a test leaves in the checkout (a state file written to
+# the working directory, as ragpulse-state.sqlite once was and got committed) fails the run. The
+# checkout's `git status` is compared before and after the session, by the one process that sees
+# the whole session (pytest-xdist's controller, or pytest itself without workers). Caches that
+# tools keep beside the code are left out.
+_CACHES = frozenset({
+    ".venv", ".cache", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis",
+})
+_STATUS_BEFORE = pytest.StashKey[set[str] | None]()
+
+
+def _checkout_status() -> set[str] | None:
+    """The checkout's untracked and ignored paths, caches left out (None: no git)."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(_CHECKOUT), "status", "--porcelain", "--ignored",
+             "--untracked-files=all", "-z"],
+            capture_output=True, check=False, timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None  # not a git checkout (an unpacked sdist): nothing to compare
+    entries = done.stdout.decode("utf-8", "replace").split("\0")
+    return {
+        entry for entry in entries
+        if entry[:3] in ("?? ", "!! ")  # new files; edits to tracked ones may be the developer's
+        and not _CACHES & set(Path(entry[3:]).parts)
+        and not any(part.endswith(".egg-info") for part in Path(entry[3:]).parts)
+    }
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not _is_xdist_worker(session.config):
+        session.config.stash[_STATUS_BEFORE] = _checkout_status()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _is_xdist_worker(session.config):
+        return
+    before = session.config.stash.get(_STATUS_BEFORE, None)
+    after = _checkout_status()
+    if before is None or after is None:
+        return
+    left = sorted(after - before)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = (
+            f"the tests left {len(left)} file(s) in the checkout {_CHECKOUT} (tests write only "
+            "under tmp_path): " + ", ".join(entry[3:] for entry in left)
+        )
+        if reporter is not None:
+            reporter.write_line(f"ERROR: {message}", red=True, bold=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+

@@ -3,8 +3,9 @@
 For the prompt-injection tests. It reads a judge prompt the way a naive model would, and is
 plugged into `FakeOpenAI` as its `decide` function:
 
-* it sees through disguises: HTML entities, numeric and hex character references and
-  percent-encoding are decoded (repeatedly, as a model reading `&amp;lt;` may), the prompt is
+* it sees through disguises: HTML entities, numeric and hex character references,
+  percent-encoding and backslash escapes (`\\u003c`, `\\x3c`, CSS `\\3c`) are decoded (again and
+  again, as a model reading `&amp;lt;` may), the prompt is
   NFKC-normalised, invisible format characters (zero-width joiners, Unicode tag characters ...) are
   removed, and every character it knows to look like `<`, `>` or `/` is read as that character. This
   list is kept here, apart from `judges.llm.fencing`, so that a look-alike the fencer forgets makes
@@ -23,7 +24,10 @@ flip caused by an injection that got through.
 from __future__ import annotations
 
 import html
+import importlib.resources
+import json
 import re
+import sys
 import unicodedata
 import urllib.parse
 
@@ -34,12 +38,49 @@ OBEYED: FakeRating = "yes"
 FRAME_TEXT = "Grade the answer above."
 
 # What this model reads as an angle bracket or a slash (a superset of what a careful fencer
-# must neutralise; NFKC already maps the fullwidth and small forms).
-_READS_AS: dict[int, str] = {
-    **{ord(c): "<" for c in "‹«〈〈《⟨⟪⧼❬❮❰˂ᐸᚲ⋖≺⪡"},
-    **{ord(c): ">" for c in "›»〉〉》⟩⟫⧽❭❯❱˃ᐳ⋗≻⪢"},
-    **{ord(c): "/" for c in "∕⁄⧸／╱⟋"},
+# must neutralise; NFKC already maps the fullwidth and small forms): a hand list, every character
+# Unicode's confusables (TR39, as shipped by confusable-homoglyphs) maps to "<", ">" or "/", and
+# every character whose Unicode name says it is a left- or right-pointing angle, arrowhead or
+# triangle, or a plain less-than / greater-than sign made bigger, nested or circled.
+_HAND_READS_AS: dict[str, str] = {
+    **dict.fromkeys("‹«〈〈《⟨⟪⧼❬❮❰˂ᐸᚲ⋖≺⪡", "<"),
+    **dict.fromkeys("›»〉〉》⟩⟫⧽❭❯❱˃ᐳ⋗≻⪢", ">"),
+    **dict.fromkeys("∕⁄⧸／╱⟋", "/"),
 }
+_LOOKS_LEFT = re.compile(
+    r"LEFT-POINTING (?:SMALL |MEDIUM |DOUBLE |CURVED )?(?:ANGLE|TRIANGLE)|LEFT-POINTING TRIANGLE"
+    r"|LEFT ARROWHEAD$|LEFT ANGLE BRACKET|^(?:MUCH |VERY MUCH |DOUBLE NESTED |TRIPLE NESTED "
+    r"|CIRCLED )?LESS-THAN(?: SIGN)?$|^NORMAL SUBGROUP OF$|PRECEDES(?: UNDER RELATION)?$"
+)
+_LOOKS_RIGHT = re.compile(
+    r"RIGHT-POINTING (?:SMALL |MEDIUM |DOUBLE |CURVED )?(?:ANGLE|TRIANGLE)|RIGHT-POINTING TRIANGLE"
+    r"|RIGHT ARROWHEAD$|RIGHT ANGLE BRACKET|^(?:MUCH |VERY MUCH |DOUBLE NESTED |TRIPLE NESTED "
+    r"|CIRCLED )?GREATER-THAN(?: SIGN)?$|^CONTAINS AS NORMAL SUBGROUP$"
+    r"|SUCCEEDS(?: UNDER RELATION)?$"
+)
+
+
+def _unicode_reads_as() -> dict[int, str]:
+    confusables = json.loads(
+        importlib.resources.files("confusable_homoglyphs").joinpath("confusables.json").read_text()
+    )
+    reads: dict[int, str] = {}
+    for target in "</>":
+        for glyph in confusables.get(target, []):
+            if len(glyph["c"]) == 1 and glyph["c"] != target:
+                reads[ord(glyph["c"])] = target
+    for code_point in range(sys.maxunicode + 1):
+        name = unicodedata.name(chr(code_point), "")
+        if unicodedata.category(chr(code_point)).startswith("M") or "TAG " in name:
+            continue  # combining marks sit on a letter; tag characters are read as ASCII below
+        if _LOOKS_LEFT.search(name):
+            reads[code_point] = "<"
+        elif _LOOKS_RIGHT.search(name):
+            reads[code_point] = ">"
+    return reads | {ord(c): target for c, target in _HAND_READS_AS.items()}
+
+
+READS_AS: dict[int, str] = _unicode_reads_as()
 _FIRST_TAG = re.compile(r"<([a-z_]+)-([0-9a-f]{16})>")
 # A tag as a naive model sees one: "<" then optional slash and a name or a special token.
 _TAG_LOOK = re.compile(r"<\s*/?\s*[A-Za-z|!?]")
@@ -49,14 +90,26 @@ _TAG_LOOK = re.compile(r"<\s*/?\s*[A-Za-z|!?]")
 _TAG_CHARACTERS = {cp: chr(cp - 0xE0000) for cp in range(0xE0020, 0xE007F)}
 
 
+# Backslash escapes: JSON / JavaScript, Python / C, CSS (1-6 hex digits, an optional space).
+_BACKSLASH = re.compile(
+    r"\\(?:u\{([0-9A-Fa-f]{1,6})\}|u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8})|x([0-9A-Fa-f]{2})"
+    r"|([0-9A-Fa-f]{1,6}) ?)"
+)
+
+
+def _unescaped(match: re.Match[str]) -> str:
+    code_point = int(next(g for g in match.groups() if g), 16)
+    return chr(code_point) if code_point <= 0x10FFFF and not 0xD800 <= code_point <= 0xDFFF else ""
+
+
 def decoded(text: str) -> str:
-    """`text` with HTML character references and percent-escapes decoded until none is left."""
-    for _ in range(8):
-        plain = urllib.parse.unquote(html.unescape(text))
+    """`text` with HTML character references, percent-escapes and backslash escapes decoded until
+    none is left, however deep they nest."""
+    while True:
+        plain = _BACKSLASH.sub(_unescaped, urllib.parse.unquote(html.unescape(text)))
         if plain == text:
-            break
+            return text
         text = plain
-    return text
 
 
 def reads_as(text: str) -> str:
@@ -65,7 +118,7 @@ def reads_as(text: str) -> str:
     removed."""
     text = unicodedata.normalize("NFKC", decoded(text).translate(_TAG_CHARACTERS))
     text = text.replace("\u226e", "<").replace("\u226f", ">")  # ≮ ≯ are < > with a stroke
-    text = text.translate(_READS_AS)
+    text = text.translate(READS_AS)
     return "".join(c for c in text if unicodedata.category(c) != "Cf")
 
 

@@ -914,3 +914,50 @@ def test_malformed_usage_or_latency_is_rejected_naming_the_field(
     fields: dict[str, Any], reason: str
 ) -> None:
     assert reason_for(line(**fields)) == reason
+
+
+@pytest.mark.parametrize(
+    "digits", ["18446744073709551616", "-18446744073709551616", "1" + "0" * 30]
+)
+def test_a_timestamp_of_2_to_the_64_or_more_is_refused_without_quoting_a_float(
+    digits: str,
+) -> None:
+    raw = b'{"request": "q", "response": "a", "timestamp": ' + digits.encode() + b"}"
+    with pytest.raises(InvalidEvent, match=r"20 or more digits \(at least 2\^64\)") as caught:
+        parse_event(raw)
+    assert "e+" not in str(caught.value)
+
+
+def nested(depth: int) -> str:
+    return '{"a": ' * depth + "1" + "}" * depth
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        '"tool_calls": [{"name": "f", "arguments": %s}]',
+        '"trace": {"spans": [{"name": "s", "attributes": {"k": %s}}]}',
+        '"metadata": %s',
+    ],
+    ids=["tool-arguments", "trace", "metadata"],
+)
+def test_valid_json_nested_500_deep_is_refused_naming_the_depth_limit(where: str) -> None:
+    raw = ('{"request": "q", "response": "a", "timestamp": 1700000000000, ' + where + "}") % (
+        nested(500),
+    )
+    with pytest.raises(InvalidEvent) as caught:
+        parse_event(raw.encode())
+    assert str(caught.value) == "line is nested deeper than 64 levels of JSON arrays and objects"
+
+
+def test_a_deep_json_document_inside_a_trace_string_is_refused_naming_the_trace() -> None:
+    trace = '{"spans": [{"name": "s", "inputs": ' + nested(500) + "}]}"  # orjson cannot write it
+    event = {"request": "q", "trace": trace, "timestamp": 1700000000000}
+    with pytest.raises(InvalidEvent, match="field 'trace' is nested deeper than 64 levels"):
+        parse_event(orjson.dumps(event))
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
+    text = "[" * 200 + '\\"{' * 100
+    raw = b'{"request": "q", "response": "' + text.encode() + b'", "timestamp": 1700000000000}'
+    assert parse_event(raw).judge_input.answer.startswith("[[[")

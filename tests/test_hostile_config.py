@@ -140,3 +140,43 @@ def test_the_rule_names_are_checked_in_linear_time() -> None:
     assert len(plan.rules) == n
     # A check against each earlier rule makes n * (n + 1) / 2 (8 million) comparisons.
     assert _CountedName.compared <= 2 * n
+
+
+def test_a_key_written_twice_is_refused_naming_the_key_and_both_lines(tmp_path: Path) -> None:
+    config = _file(tmp_path, "c.yaml", "judges: safety\nwindow: 5m\njudges: groundedness\n")
+    line = _refused("--config", config)
+    assert line.endswith(
+        f"config {config}: the key 'judges' is written twice (lines 1 and 3): write each key once"
+    )
+    with pytest.raises(YamlFileError, match=r"'k' is written twice \(lines 2 and 2\)"):
+        loads("rules:\n  - {k: 1, k: 2}\n")
+
+
+SHADOW = (
+    "root:$6$Zq0secret0salt$AbCdEfGhIjKlMnOpQrStUvWxYz0123456789:19000:0:99999:7:::\n"
+    "daemon:*:19000:0:99999:7:::\n"
+    "alice:$y$j9T$sEcReT.hash.of.alice$MoreSecretBits:19001:0:99999:7:::\n"
+)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        SHADOW,
+        SHADOW + SHADOW,  # the same lines twice
+        "API_TOKEN=sk-live-0123456789abcdef\nDB_PASSWORD=hunter2-secret\n",
+        "[client]\npassword = hunter2-secret\nuser = alice-secret\n",
+        "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC-secret\n"
+        "-----END PRIVATE KEY-----\n",
+    ],
+    ids=["shadow", "shadow-twice", "dotenv", "ini", "pem"],
+)
+def test_a_file_that_is_not_a_config_is_refused_without_printing_its_lines(
+    tmp_path: Path, content: str
+) -> None:
+    path = _file(tmp_path, "not-a-config", content)
+    line = _refused(env={**os.environ, "RAGPULSE_CONFIG": path})
+    assert line.startswith(f"ragpulse serve: config {path}: ")
+    told = line.removeprefix(f"ragpulse serve: config {path}: ")
+    secret_words = {w for w in content.replace("=", " ").replace(":", " ").split() if len(w) > 5}
+    assert [w for w in secret_words if w in told] == []

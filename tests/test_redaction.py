@@ -4,7 +4,9 @@ endpoint or a stored verdict row unless the operator says so."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import logging
 from pathlib import Path
 
 import orjson
@@ -366,3 +368,35 @@ def test_ragpulse_run_writes_verdict_text_as_store_text_says(tmp_path: Path, mod
         assert "[EMAIL]" in rationale and "globex" not in rationale
     else:
         assert rationale is None
+
+
+
+LIBRARIES = ("kafka", "openai", "httpx", "httpx2", "httpcore", "urllib3")
+
+
+def test_at_debug_the_libraries_that_log_what_they_carry_stay_at_info(tmp_path: Path) -> None:
+    """kafka-python logs every request and response at DEBUG (kafka/net/connection.py: the
+    fetched events' records, the verdicts produced): serve at --log-level DEBUG printed planted
+    PII 380 times in one run. ragpulse's own DEBUG lines carry no user text and stay on."""
+    root = logging.getLogger()
+    saved = root.level, root.handlers[:], {n: logging.getLogger(n).level for n in LIBRARIES}
+    stream = io.StringIO()
+    try:
+        # Any command sets the logging up; this one stops at its missing state file.
+        assert main(["--log-level", "DEBUG", "windows", "--state", str(tmp_path / "none")]) == 2
+        root.addHandler(logging.StreamHandler(stream))
+        items = " ; ".join(planted_values())
+        # The lines these libraries write at DEBUG, with what they carry.
+        logging.getLogger("kafka.net.connection").debug(
+            "%s: Response %d (%s ms): %s", "<BrokerConnection>", 7, 1.5, {"records": items}
+        )
+        logging.getLogger("openai._base_client").debug("Request options: %s", {"json": items})
+        logging.getLogger("ragpulse.pipeline.service").debug("a line of ragpulse's own")
+    finally:
+        root.setLevel(saved[0])
+        root.handlers[:] = saved[1]
+        for name, level in saved[2].items():
+            logging.getLogger(name).setLevel(level)
+    logged = stream.getvalue()
+    assert "a line of ragpulse's own" in logged  # DEBUG is on
+    assert [item for item in planted_values() if item in logged] == []

@@ -175,3 +175,16 @@ def test_session_flags_are_refused_where_they_cannot_run(tmp_path: Path) -> None
     assert "unknown session judge 'safety'" in one_line_error(
         done.returncode, done.stderr, allow_info=True
     )
+
+
+def test_two_apps_sharing_a_session_id_get_two_rows_with_their_own_keys(tmp_path: Path) -> None:
+    lines = [orjson.loads(line) for line in conversations()[:3]]
+    for data in [dict(d, app="shop-bot", request_id="shop-" + d["request_id"]) for d in lines]:
+        lines.append(data)
+    out = judged(events_file(tmp_path, [orjson.dumps(d) for d in lines]), tmp_path / "out",
+                 *FLAGS)
+    keys = sorted((r["app"], r["request_id"]) for r in session_rows(out))
+    assert keys == [
+        ("help-bot", 'session:["help-bot","calm"]'),
+        ("shop-bot", 'session:["shop-bot","calm"]'),
+    ]

@@ -268,3 +268,34 @@ def test_an_otlp_status_that_is_not_an_object_is_refused() -> None:
     bad["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["status"] = "ERROR"
     with pytest.raises(InvalidEvent, match="a span's status is not an object"):
         decode_spans(orjson.dumps(bad), "otlp_json")
+
+
+def test_32_tool_calls_of_15_kb_build_a_capped_prompt_and_say_what_was_cut() -> None:
+    from fake_openai import FakeOpenAI
+
+    from ragpulse.judges.llm.build import build_llm_judges
+    from ragpulse.judges.llm.judge import MAX_INPUT_CHARS, OpenAIJudgeEndpoint
+    from ragpulse.judges.panel import JudgePanel
+
+    calls = [
+        {"name": f"search_{i}", "arguments": {"q": "x" * 15_000}, "result": "y" * 15_000}
+        for i in range(32)
+    ]
+    raw = orjson.dumps({"request": "Find my invoice", "response": "Here it is.",
+                        "timestamp": 1_700_000_000_000, "tool_calls": calls})
+    item = parse_event(raw).judge_input
+    with FakeOpenAI() as server:
+        endpoint = OpenAIJudgeEndpoint(base_url=server.base_url, timeout_seconds=5.0)
+        panel = JudgePanel(build_llm_judges(["tool_selection"], endpoint))
+        try:
+            [[verdict]] = panel.judge_batch([item])
+        finally:
+            panel.close()
+        [request] = server.requests
+    assert request.body is not None
+    prompt = "".join(m["content"] for m in request.body["messages"])
+    # Was 262 KB: now each of the judge's three inputs is at most MAX_INPUT_CHARS.
+    assert len(prompt) < 3 * MAX_INPUT_CHARS + 10_000
+    assert verdict.prompt_chars_cut > 200_000
+    assert f"[ragpulse cut {verdict.prompt_chars_cut} characters" in (verdict.rationale or "")
+    assert "left out]" in prompt

@@ -32,6 +32,7 @@ import hashlib
 import importlib
 import importlib.resources
 import json
+import logging
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -65,6 +66,8 @@ from ragpulse.judges.llm.fencing import fence, new_nonce, single_line
 from ragpulse.judges.llm.logprobs import TokenLogprob, expected_score, probability_of_yes
 from ragpulse.judges.registry import JUDGES, SESSION_JUDGES, JudgeEntry, judge_entry
 from ragpulse.judges.yaml_file import YamlFileError, load_yaml
+
+log = logging.getLogger(__name__)
 
 BinaryRating = Literal["yes", "no"]
 
@@ -443,9 +446,29 @@ def fence_rules(inputs: Sequence[InputName]) -> str:
     )
 
 
+# The most characters of one input a prompt shows (about 4,000 tokens): 32 tool calls of 15 KB
+# built a 262 KB prompt (issue 31). The rest is cut, the cut said at the end of the input, and
+# counted (`chars_cut`, ragpulse_judge_prompt_chars_cut_total).
+MAX_INPUT_CHARS = 16_000
+
+
+def _capped(text: str) -> str:
+    if len(text) <= MAX_INPUT_CHARS:
+        return text
+    return text[:MAX_INPUT_CHARS] + (
+        f"\n[cut by ragpulse: {len(text) - MAX_INPUT_CHARS} of {len(text)} characters left out]"
+    )
+
+
+def chars_cut(inputs: Sequence[InputName], item: JudgeInput) -> int:
+    """How many characters of `item`'s inputs named in `inputs` a prompt leaves out."""
+    return sum(max(0, len(_input_text(n, item)) - MAX_INPUT_CHARS) for n in inputs)
+
+
 def fenced_inputs(inputs: Sequence[InputName], item: JudgeInput, nonce: str) -> str:
-    """Every input of `item` named in `inputs`, each in its own fence."""
-    return "\n".join(fence(n, _input_text(n, item), nonce) for n in inputs)
+    """Every input of `item` named in `inputs`, each in its own fence, each at most
+    MAX_INPUT_CHARS characters."""
+    return "\n".join(fence(n, _capped(_input_text(n, item)), nonce) for n in inputs)
 
 
 def _reply_instructions(prompt: JudgePrompt) -> tuple[str, str]:
@@ -734,6 +757,18 @@ class LLMJudge:
             model=model,
         )
         verdict = reply_verdict(self.name, outcome, self.endpoint.max_tokens, self._read_verdict)
+        cut = chars_cut(self.prompt.inputs, item)
+        if cut:
+            log.info(
+                "judge %s: %d characters of the event's inputs left out of the prompt (each input"
+                " is cut at %d characters)", self.name, cut, MAX_INPUT_CHARS,
+            )
+            note = f"[ragpulse cut {cut} characters of the inputs to fit the prompt]"
+            verdict = dataclasses.replace(
+                verdict,
+                prompt_chars_cut=cut,
+                rationale=f"{verdict.rationale} {note}" if verdict.rationale else note,
+            )
         if isinstance(outcome, EndpointReply) and outcome.logprobs and verdict.rating in (
             "yes", "no"
         ):

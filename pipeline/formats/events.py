@@ -120,6 +120,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from datetime import UTC, datetime
 from typing import Any, Literal, NotRequired, TypeVar
 
@@ -156,8 +157,14 @@ ANSWER_KEYS = ("content", "response", "output")
 TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
 
 # Plausible event times, epoch seconds: [2000-01-01, 2100-01-01).
-_MIN_TIME = 946_684_800.0
-_MAX_TIME = 4_102_444_800.0
+MIN_EVENT_TIME = 946_684_800.0
+MAX_EVENT_TIME = 4_102_444_800.0
+# JSON nested deeper than this is refused with that reason: real events nest a few levels, and
+# past 254 levels encoding a tool call's arguments again failed as "TypeError: Recursion limit
+# reached" (the dead letter's reason), past 1024 the reader's own limit.
+MAX_JSON_DEPTH = 64
+_JSON_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_JSON_BRACKETS = re.compile(rb"[\[\]{}]")
 # Values quoted back in reasons are cut so a reason stays one readable line.
 _QUOTE_CHARS = 60
 # Bounds on an event's tool calls (see `tool_calls` in the module docstring): an agent stuck
@@ -403,7 +410,7 @@ def dead_letter(
 
 def _load_json_object(raw: bytes) -> dict[str, Any]:
     try:
-        data = orjson.loads(raw)
+        data = _bounded_json(raw, "line")
     except orjson.JSONDecodeError as exc:
         try:
             raw.decode("utf-8")
@@ -509,7 +516,7 @@ def _answer_from(value: Any, where: str) -> str:
 def _trace_spans(trace: str | dict[str, Any]) -> list[_Span]:
     if isinstance(trace, str):
         try:
-            trace = orjson.loads(trace)
+            trace = _bounded_json(trace, "field 'trace'")
         except orjson.JSONDecodeError as exc:
             raise InvalidEvent(f"field 'trace' is a string but not valid JSON ({exc})") from None
         if not isinstance(trace, dict):
@@ -540,7 +547,7 @@ def _attribute(span: _Span, key: str) -> Any:
     value = span.get("attributes", {}).get(key)
     if isinstance(value, str):
         try:
-            return orjson.loads(value)
+            return _bounded_json(value, f"span attribute '{key}'")
         except orjson.JSONDecodeError:
             return value  # written unencoded by a hand-rolled logger: take it as it is
     return value
@@ -753,7 +760,7 @@ def _event_time(timestamp: str | int | float | None, record_time: float | None) 
             raise InvalidEvent(
                 "no event time: the event has no 'timestamp' and its source gives no record time"
             )
-        if not _MIN_TIME <= record_time < _MAX_TIME:
+        if not MIN_EVENT_TIME <= record_time < MAX_EVENT_TIME:
             raise InvalidEvent(
                 "no event time: the event has no 'timestamp' and its source record time"
                 f" {record_time!r} is not between 2000 and 2100"
@@ -769,12 +776,19 @@ def _event_time(timestamp: str | int | float | None, record_time: float | None) 
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=UTC)
         seconds = moment.timestamp()
-        if not _MIN_TIME <= seconds < _MAX_TIME:
+        if not MIN_EVENT_TIME <= seconds < MAX_EVENT_TIME:
             raise InvalidEvent(f"'timestamp' {_quote(timestamp)} is not between 2000 and 2100")
         return seconds
+    if isinstance(timestamp, float) and abs(timestamp) >= 2.0**64:
+        # The JSON reader gives an integer beyond 64 bits as a float: quoting that float
+        # (1.8446744073709552e+19) would misquote the event, so say what it is instead.
+        raise InvalidEvent(
+            "'timestamp' is a number of 20 or more digits (at least 2^64), far beyond any epoch"
+            " milliseconds: a numeric timestamp must be epoch milliseconds"
+        )
     seconds = timestamp / 1000.0
-    if not _MIN_TIME <= seconds < _MAX_TIME:
-        year = "before 2000" if seconds < _MIN_TIME else "after 2100"
+    if not MIN_EVENT_TIME <= seconds < MAX_EVENT_TIME:
+        year = "before 2000" if seconds < MIN_EVENT_TIME else "after 2100"
         raise InvalidEvent(
             f"'timestamp' {timestamp!r} read as epoch milliseconds is {year}: a numeric"
             " timestamp must be epoch milliseconds (not seconds or microseconds)"
@@ -926,6 +940,24 @@ def _format_path(prefix: str, path: tuple[int | str, ...]) -> str:
     for step in path:
         out += f"[{step}]" if isinstance(step, int) else (f".{step}" if out else step)
     return out or "event"
+
+
+def _bounded_json(text: bytes | str, where: str) -> Any:
+    """`text` read as JSON (orjson.JSONDecodeError when it is not), refused with InvalidEvent
+    when nested deeper than MAX_JSON_DEPTH: two regular-expression passes over the valid JSON,
+    then one step per bracket."""
+    data = orjson.loads(text)
+    raw = text.encode() if isinstance(text, str) else text
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH:
+        depth = 0
+        for bracket in _JSON_BRACKETS.findall(_JSON_STRINGS.sub(b"", raw)):
+            depth += 1 if bracket in b"[{" else -1
+            if depth > MAX_JSON_DEPTH:
+                raise InvalidEvent(
+                    f"{where} is nested deeper than {MAX_JSON_DEPTH} levels of JSON arrays and"
+                    " objects"
+                )
+    return data
 
 
 def _json_type(value: Any) -> str:

@@ -29,6 +29,7 @@ ENSEMBLE_VOTES = "ragpulse_judge_ensemble_votes_total"
 # Judges not run on an event that lacks their required field (`missing`: the input names).
 SKIPPED = "ragpulse_judge_skipped_total"
 TOKENS = "ragpulse_judge_tokens_total"
+PROMPT_CHARS_CUT = "ragpulse_judge_prompt_chars_cut_total"
 RETRIEVED_CHUNKS = "ragpulse_retrieved_chunks_total"
 WITHOUT_CONTEXT = "ragpulse_events_without_context_total"
 # Groundedness verdicts by the context_sufficiency verdict of the same answer.
@@ -175,6 +176,8 @@ COUNTER_HELP: dict[str, str] = {
     "cascade, by judge, whether they agreed, and why the LLM ran (sample: the "
     "--cascade-llm-sample-rate share, an estimate for all traffic; uncertain: the local rating "
     "was near its threshold).",
+    PROMPT_CHARS_CUT: "Characters of events' inputs left out of LLM judge prompts (each input "
+    "is cut at 16,000 characters), by judge.",
     CASCADE_UNSURE: "LLM verdicts of the judge cascade whose P(yes) (--judge-logprobs) is "
     "within --cascade-uncertainty-band of 0.5: events neither tier is sure of, by judge and "
     "why the LLM ran.",

@@ -60,6 +60,7 @@ from ragpulse.pipeline.costs.budget import BudgetSettings
 from ragpulse.pipeline.costs.cascade import CascadeSettings
 from ragpulse.pipeline.costs.sampling import SamplingPlan, load_plan
 from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.formats.events import MAX_EVENT_TIME, MIN_EVENT_TIME
 from ragpulse.pipeline.formats.otlp import InputFormat
 from ragpulse.pipeline.formats.review import TARGETED_REASONS, TargetedReason
 from ragpulse.pipeline.kafka_security import PLAINTEXT, KafkaSecurity
@@ -972,7 +973,14 @@ class SimulateSettings(Incidents):
             raise SettingsError(
                 f"--start-time {text!r}: not an ISO 8601 time (e.g. 2025-01-15T09:00:00Z)"
             ) from None
-        return start if start.tzinfo else start.replace(tzinfo=UTC)
+        start = start if start.tzinfo else start.replace(tzinfo=UTC)
+        if not MIN_EVENT_TIME <= start.timestamp() < MAX_EVENT_TIME:
+            # Events outside these years are dead-lettered; 9999-12-31 overflowed (a traceback).
+            raise SettingsError(
+                f"--start-time {text!r}: must be between 2000-01-01 and 2100-01-01, the event"
+                " times ragpulse accepts"
+            )
+        return start
 
     @model_validator(mode="after")
     def _plays(self) -> SimulateSettings:

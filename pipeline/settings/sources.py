@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from ragpulse.judges.yaml_file import shown_key
 from ragpulse.pipeline.errors import SettingsError, load_settings_file
 from ragpulse.pipeline.kafka_security import (
     ENV_SASL_PASSWORD,
@@ -132,7 +133,8 @@ def apply(
     unknown = sorted(set(from_file) - set(actions))
     if unknown:
         raise SettingsError(
-            f"config {args.config}: unknown key(s) {', '.join(unknown)}; the keys are the "
+            f"config {args.config}: {len(unknown)} unknown key(s) "
+            f"{', '.join(sorted({shown_key(k) for k in unknown}))}; the keys are the "
             "command's flags without the dashes (see --help)"
         )
     given = given_on_command_line(parser, argv)

@@ -184,6 +184,8 @@ def _tally(
             tally["cached_prompt_tokens", judge] += v.cached_prompt_tokens
         if v.completion_tokens:
             tally["completion_tokens", judge] += v.completion_tokens
+        if v.prompt_chars_cut:
+            tally["prompt_chars_cut", judge] += v.prompt_chars_cut
         tally["latency_bucket", judge, counting.latency_bucket(v.latency_seconds)] += 1
         tally["latency_count", judge] += 1
         tally["latency_sum_us", judge] += round(v.latency_seconds * 1e6)
@@ -254,6 +256,8 @@ def _counter_key(k: tuple[Any, ...], backend: str) -> counting.CounterKey:
             return counting.key(catalogue.TOKENS, judge=judge, kind="completion")
         case ("cached_prompt_tokens", judge):
             return counting.key(catalogue.TOKENS, judge=judge, kind="cached_prompt")
+        case ("prompt_chars_cut", judge):
+            return counting.key(catalogue.PROMPT_CHARS_CUT, judge=judge)
         case ("cache_hit", judge):
             return counting.key(catalogue.CACHE_HITS, judge=judge)
         case ("latency_bucket", judge, le):

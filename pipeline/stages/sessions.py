@@ -7,12 +7,12 @@ id), puts each turn at its event time into `Sessions(gap)` windows (a conversati
 turn came for `gap`, --session-gap) and, when the window closes (the watermark passes the
 session's last turn + gap; at the end of the input in `ragpulse run`), makes one `Session`
 (ordered, capped: judges.sessions.make_session) and one judge record of it: an
-`InferenceRecord` whose `request_id` is "session:<id>", event time the session's last turn
-(the windowed pass ratios count a session by its end), judge input the transcript, and
-`session` the Session itself (verdict rows name its turns). The session judges' panel
-(`JudgeSpec.for_sessions`) then judges those records with the same `JudgeEvents` stage as the
-answers, so their verdicts are counted under the same metric names and labels
-(ragpulse_judge_verdicts_total{judge="user_frustration",...}) and windowed alike.
+`InferenceRecord` whose `request_id` is `session:["<app>","<id>"]` (session_request_id), event
+time the session's last turn (the windowed pass ratios count a session by its end), judge
+input the transcript, and `session` the Session itself (verdict rows name its turns). The
+session judges' panel (`JudgeSpec.for_sessions`) then judges those records with the same
+`JudgeEvents` stage as the answers, so their verdicts are counted under the same metric names
+and labels (ragpulse_judge_verdicts_total{judge="user_frustration",...}) and windowed alike.
 
 Sampling is by conversation (pipeline.costs.sampling.sampling_key): every turn of a sampled
 conversation is judged per answer and the session is judged whole.
@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
+import orjson
 from apache_beam.metrics import Metrics
 from apache_beam.transforms import trigger, window
 from apache_beam.utils.timestamp import Duration
@@ -53,6 +54,7 @@ __all__ = [
     "SessionKey",
     "session_key",
     "session_record",
+    "session_request_id",
     "turn_of",
 ]
 
@@ -97,10 +99,17 @@ def turn_of(event: InferenceRecord) -> SessionTurn:
     )
 
 
+def session_request_id(app: str, session_id: str) -> str:
+    """The request id (and verdict row key) of a session's judge record: `session:` and the JSON
+    array [app, session id], so two apps' conversations with the same id stay two rows, whatever
+    characters either holds."""
+    return "session:" + orjson.dumps([app, session_id]).decode()
+
+
 def session_record(session: Session) -> InferenceRecord:
     """The record the session judges grade: the session's transcript, dated by its end."""
     return InferenceRecord(
-        request_id=f"session:{session.session_id}",
+        request_id=session_request_id(session.app, session.session_id),
         event_time=session.end,
         app=session.app,
         model=session.model,
