@@ -2,8 +2,7 @@
 
 This module is the command: its flags, its settings, and start-up (settings and files checked,
 the state file opened, Kafka access checked, the metrics and health listeners started, signals
-handled). The loop
-itself is `pipeline.service.loop.TopicWatcher`.
+handled). The loop itself is `pipeline.service.loop.TopicWatcher`.
 """
 
 from __future__ import annotations
