@@ -41,7 +41,7 @@ def health_port_args(code: Path | None = None) -> list[str]:
     this one) that has the flag, else nothing: a bench that runs older code beside today's
     must not give it a flag it refuses, and today's must not take the default port twice."""
     flags = (code or Path(__file__).resolve().parents[1]) / "pipeline/settings/command_flags.py"
-    known = "--health-port" in flags.read_text(encoding="utf-8")
+    known = flags.is_file() and "--health-port" in flags.read_text(encoding="utf-8")
     return ["--health-port", str(free_port())] if known else []
 
 
