@@ -36,6 +36,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def health_port_args(code: Path | None = None) -> list[str]:
+    """`--health-port` and a free port, for a serve or exporter of `code` (a checkout; None:
+    this one) that has the flag, else nothing: a bench that runs older code beside today's
+    must not give it a flag it refuses, and today's must not take the default port twice."""
+    flags = (code or Path(__file__).resolve().parents[1]) / "pipeline/settings/command_flags.py"
+    known = flags.is_file() and "--health-port" in flags.read_text(encoding="utf-8")
+    return ["--health-port", str(free_port())] if known else []
+
+
 def stop_process(process: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
     """SIGTERM, then SIGKILL if it has not exited within `grace_s`; always reaps it."""
     if process.poll() is not None:

@@ -125,6 +125,7 @@ class ServeProcess:
         self.state = Path(state)
         self.extra_args = list(extra_args)
         self.port = metrics_port or free_port()
+        self.health_port = free_port()
         self.env = dict(env) if env is not None else None
         self.temp_dir: Path | None = None
         if self.own_temp_dir:
@@ -154,6 +155,7 @@ class ServeProcess:
             "--state", str(self.state),
             "--metrics-host", "127.0.0.1",
             "--metrics-port", str(self.port),
+            "--health-port", str(self.health_port),
             "--judge-backend", "local",
             "--trigger-interval", "0.5s",
             "--kafka-timeout", "5s",
@@ -195,8 +197,12 @@ class ServeProcess:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def _get(self, path: str, timeout: float, accept: str | None = None) -> tuple[int, str]:
-        request = urllib.request.Request(self.url + path, headers={"Accept": accept or "*/*"})
+    def _get(
+        self, path: str, timeout: float, accept: str | None = None, base: str | None = None
+    ) -> tuple[int, str]:
+        request = urllib.request.Request(
+            (base or self.url) + path, headers={"Accept": accept or "*/*"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 return int(response.status), response.read().decode()
@@ -224,8 +230,9 @@ class ServeProcess:
         }
 
     def healthz(self, timeout: float = 5.0) -> tuple[int, str]:
-        """Status code and body of /healthz."""
-        return self._get("/healthz", timeout)
+        """Status code and body of /healthz, on the health listener (--health-port), where
+        the kubelet's probes ask."""
+        return self._get("/healthz", timeout, base=f"http://127.0.0.1:{self.health_port}")
 
     def wait_for(
         self,

@@ -209,6 +209,43 @@ def test_kubernetes_service_and_monitor_select_the_deployment_pods() -> None:
     assert docs["Service"]["metadata"]["name"] == thresholds["job"]
 
 
+def _health_port(args: list[str]) -> int:
+    """The --health-port the real CLI reads from a command line of the deploy files."""
+    from ragpulse.pipeline.cli import build_parser
+
+    parsed = build_parser().parse_args(args)
+    assert parsed.health_port != parsed.metrics_port
+    return int(parsed.health_port)
+
+
+def test_kubernetes_probes_ask_the_health_listener_not_the_metrics_port() -> None:
+    container = k8s_documents()["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["health"] == _health_port(container["args"])
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}, probe
+
+
+def test_flink_exporter_probes_ask_its_health_listener() -> None:
+    documents = yaml.safe_load_all((DEPLOY / "flink" / "exporter.yaml").read_text("utf-8"))
+    (deployment,) = [d for d in documents if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["args"][0] == "exporter"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["health"] == _health_port(container["args"])
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}, probe
+
+
+def test_compose_health_check_asks_the_health_listener() -> None:
+    service = compose()["services"]["ragpulse"]
+    # The command holds ${VARIABLE:-default}s, which only compose expands: read the flags.
+    flags = dict(arg.partition("=")[::2] for arg in service["command"][1:])
+    port = int(flags["--health-port"])
+    assert port != int(flags["--metrics-port"])
+    assert f"'http://127.0.0.1:{port}/healthz'" in " ".join(service["healthcheck"]["test"])
+
+
 def test_prometheusrule_wraps_exactly_the_committed_rule_groups() -> None:
     groups = [g for path in RULE_FILES
               for g in yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]]

@@ -248,17 +248,21 @@ def produce(broker: ApacheKafkaBroker, topic: str, panes: list[RatingPane]) -> N
 @contextmanager
 def running_exporter(
     broker: ApacheKafkaBroker, topic: str, port: int, log: Path, *extra: str
-) -> Iterator[None]:
+) -> Iterator[int]:
+    """The exporter, /metrics on `port`; yields the port of its health listener, whose
+    /healthz says when it is up."""
+    health_port = free_port()
     argv = [
         *ragpulse_command(), "exporter",
         "--kafka-bootstrap", broker.bootstrap,
         "--ratings-topic", topic,
         "--metrics-port", str(port),
+        "--health-port", str(health_port),
         "--kafka-timeout", "5s",
         *extra,
     ]
-    with ready_server("exporter", argv, log, f"http://127.0.0.1:{port}/healthz", 60):
-        yield
+    with ready_server("exporter", argv, log, f"http://127.0.0.1:{health_port}/healthz", 60):
+        yield health_port
 
 
 def scrape(port: int) -> Scrape:
@@ -349,17 +353,18 @@ def test_the_exporter_turns_unhealthy_while_the_broker_is_away_and_keeps_its_val
     kafka_broker.create_topic(topic)
     port = free_port()
     with running_exporter(kafka_broker, topic, port, tmp_path / "exporter.log",
-                          "--unhealthy-after", "3s", "--kafka-timeout", "1s"):
+                          "--unhealthy-after", "3s", "--kafka-timeout", "1s") as health_port:
         produce(kafka_broker, topic, [pane(T0, "on_time", 1, yes=2, no=1)])
         deadline = time.monotonic() + 30
         while scrape(port).value("ragpulse_judge_verdicts_total", **SERIES, rating="yes") != 2:
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        assert healthz(port) == 200
+        assert healthz(health_port) == healthz(port) == 200
         kafka_broker.stop()
         deadline = time.monotonic() + 30
-        while healthz(port) != 503:
+        while healthz(health_port) != 503:
             assert time.monotonic() < deadline, "still healthy with the broker away"
             time.sleep(0.5)
+        assert healthz(port) == 503  # the metrics port's /healthz says the same
         # What it read stays exported while it waits for the broker.
         assert scrape(port).value("ragpulse_judge_verdicts_total", **SERIES, rating="yes") == 2

@@ -67,7 +67,7 @@ TUNED: dict[str, Any] = {
                 "outOfOrderness": "1m", "triggerInterval": "30s", "maxEventBytes": "2097152"},
     "judges": {"names": "groundedness,safety", "model": "gpt-4.1-mini", "concurrency": 4,
                "timeout": "60s", "maxRetries": 2, "temperature": 0.0},
-    "service": {"metricsPort": 9500, "unhealthyAfter": "10m", "retention": "7d",
+    "service": {"metricsPort": 9500, "healthPort": 9501, "unhealthyAfter": "10m", "retention": "7d",
                 "logLevel": "DEBUG"},
     "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "3Gi"}},
     "nodeSelector": {"kubernetes.io/arch": "amd64"},
@@ -173,6 +173,23 @@ def test_helm_template_renders_objects_valid_against_the_kubernetes_schemas(name
             pytest.fail(f"{obj['kind']} {obj['metadata']['name']}: {exc.message}")
 
 
+@pytest.mark.parametrize("name", ["defaults", "tuned"])
+def test_helm_probes_ask_the_health_listener_that_serve_is_told_to_open(name: str) -> None:
+    from ragpulse.pipeline.cli import build_parser
+    from ragpulse.pipeline.commands.serve import ServeSettings
+
+    container = container_of(manifests(OPTION_SETS[name]))
+    args = build_parser().parse_args(container["args"])
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["health"] == args.health_port != args.metrics_port == ports["metrics"]
+    # Reachable from the kubelet: on the pod address, not serve's default of loopback.
+    assert args.metrics_host == "0.0.0.0"
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}, probe
+    if name == "defaults":  # the chart's default is serve's
+        assert args.health_port == ServeSettings.model_fields["health_port"].default
+
+
 def test_every_documented_value_is_set_by_an_option_set_and_changes_the_output() -> None:
     unexercised = []
     for path, default in DEFAULTS.items():
@@ -226,6 +243,7 @@ def test_helm_deployment_command_is_accepted_by_the_real_cli(name: str) -> None:
     if name == "tuned":
         assert (args.max_batch_events, args.max_event_bytes) == (1_000_000, 2_097_152)
         assert args.metrics_port == 9500 and args.kafka_security_protocol == "SSL"
+        assert args.health_port == 9501
     if name == "secured":
         assert args.kafka_security_protocol == "SASL_SSL"
         assert args.kafka_sasl_password_file == Path("/etc/ragpulse/kafka/sasl/secret")

@@ -382,7 +382,8 @@ def _command(command: str, kafka: SecureKafka, tmp_path: Path) -> list[str]:
     if command == "serve":
         return ["serve", "--kafka-bootstrap", kafka.bootstrap, "--topic", "chat",
                 "--state", str(tmp_path / "state.sqlite"), "--metrics-host", "127.0.0.1",
-                "--metrics-port", "0", "--judge-backend", "local", "--kafka-timeout", "5s"]
+                "--metrics-port", "0", "--health-port", "0", "--judge-backend", "local",
+                "--kafka-timeout", "5s"]
     return ["simulate", "--kafka-bootstrap", kafka.bootstrap, "--topic", "chat",
             "--rate", "10", "--duration", "1s"]
 

@@ -8,9 +8,15 @@ broker is needed until a cycle runs), so what is tested is what `ragpulse serve`
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import http.client
+import logging
+import select
 import socket
 import ssl
+import struct
+import termios
 import threading
 import time
 import urllib.error
@@ -27,14 +33,16 @@ from cli import one_line_error
 
 from ragpulse.pipeline import cli
 from ragpulse.pipeline.commands.serve import serve_http
+from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.metrics.http import (
     MetricsHTTPServer,
     WebConfig,
     exporter_app,
     load_web_config,
+    start_health_server,
 )
 from ragpulse.pipeline.service.loop import TopicWatcher
-from ragpulse.pipeline.settings.command_flags import SERVE, settings_from
+from ragpulse.pipeline.settings.command_flags import EXPORTER, SERVE, settings_from
 
 PASSWORD = "correct horse battery staple"
 
@@ -431,3 +439,201 @@ def _closed_by_server(conn: socket.socket, wait: float) -> bool:
         return False
     except ConnectionError:
         return True
+
+
+# --- no fault ends a listener --------------------------------------------------------------------
+
+
+def _held_in_log_call(message: str) -> tuple[threading.Event, threading.Event, logging.Handler]:
+    """A handler that stops the thread logging `message` (at any level) until `release` is
+    set: (entered, release, handler), for lining up what the server's next select sees."""
+    entered, release = threading.Event(), threading.Event()
+
+    class Hold(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if message in record.getMessage() and not entered.is_set():
+                entered.set()
+                release.wait(60)
+
+    return entered, release, Hold(logging.DEBUG)
+
+
+def _acknowledged(conn: socket.socket) -> bool:
+    """Whether the peer's TCP has acknowledged every byte sent on `conn`: they are in its
+    receive queue, and its socket is readable (SIOCOUTQ, the bytes not yet acknowledged)."""
+    queued = fcntl.ioctl(conn.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+    return bool(struct.unpack("i", queued)[0] == 0)
+
+
+def test_the_oldest_waiting_connection_closed_while_it_sends_leaves_the_server_answering(
+    bounded: Callable[..., MetricsHTTPServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The case that ended the server thread with a KeyError (640 slow clients, 40 addresses):
+    # one select returns the listening socket and then a waiting connection with a byte to
+    # read; accepting the new clients closes that connection, the oldest waiting, and its read
+    # comes next in the same batch. Built here step by step, with the server thread held.
+    server = bounded(max_waiting=3, request_deadline_s=3600, timeout_s=3600)
+    port = server.server_port
+    url = f"http://127.0.0.1:{port}"
+    oldest, resets = connect(port), connect(port)
+    assert get(url + "/healthz") == (200, "ok\n")  # both accepted before this probe: held
+    logger = logging.getLogger("ragpulse.pipeline.metrics.http")
+    entered, release, hold = _held_in_log_call("dropped")
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(hold)
+    newcomers: list[socket.socket] = []
+    try:
+        # A reset: the server's read of it fails and is logged, where the thread now waits.
+        resets.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        resets.close()
+        assert entered.wait(30), "the server never read the reset connection"
+        # Ready in this order (epoll reports in the order readiness came): the listening
+        # socket, with three clients, then the oldest, with a byte.
+        newcomers = [connect(port) for _ in range(3)]
+        assert select.select([server.socket], [], [], 30)[0], "no connection to accept"
+        oldest.sendall(b"G")
+        deadline = time.monotonic() + 30
+        while not _acknowledged(oldest):
+            assert time.monotonic() < deadline, "the server's side never got the byte"
+            time.sleep(0.01)
+    finally:
+        release.set()
+        logger.removeHandler(hold)
+        logger.setLevel(level)
+    try:
+        # The three clients came while three connections were waiting: the oldest is closed,
+        # and the server goes on reading, accepting and answering.
+        assert _closed_by_server(oldest, wait=10.0)
+        assert [get(url + "/healthz", timeout=10) for _ in range(5)] == [(200, "ok\n")] * 5
+        assert get(url + "/metrics", timeout=10) == (200, "up\n")
+        # An expected case, not a fault caught by the last line of defence.
+        assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    finally:
+        for conn in [oldest, *newcomers]:
+            conn.close()
+
+
+def test_an_app_that_raises_is_logged_and_answered_500_and_the_next_requests_answered(
+    bounded: Callable[..., MetricsHTTPServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(environ: dict[str, object], respond: Callable[..., object]) -> list[bytes]:
+        raise RuntimeError("the snapshot could not be built")
+
+    server = bounded(broken)
+    url = f"http://127.0.0.1:{server.server_port}"
+    with caplog.at_level(logging.ERROR, logger="ragpulse.pipeline.metrics.http"):
+        assert get(url + "/metrics") == (500, "Internal Server Error\n")
+    (record,) = [r for r in caplog.records if r.exc_info]
+    assert "the snapshot could not be built" in str(record.exc_info[1] if record.exc_info else "")
+    assert "'/metrics'" in record.getMessage()
+    assert [get(url + "/healthz") for _ in range(5)] == [(200, "ok\n")] * 5
+
+
+def test_a_thread_that_cannot_be_started_costs_one_request_and_no_share_of_its_address(
+    bounded: Callable[..., MetricsHTTPServer],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One connection per address: had the failed request kept its share, the next one from
+    # the same address would be refused for good.
+    server = bounded(max_per_address=1)
+    url = f"http://127.0.0.1:{server.server_port}"
+    start = threading.Thread.start
+    failed: list[threading.Thread] = []
+
+    def start_or_fail_once(thread: threading.Thread) -> None:
+        if thread.name == "metrics-conn" and not failed:  # what the kernel's thread limit does
+            failed.append(thread)
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start_or_fail_once)
+    with caplog.at_level(logging.ERROR, logger="ragpulse.pipeline.metrics.http"):
+        with pytest.raises((http.client.HTTPException, ConnectionError, urllib.error.URLError)):
+            get(url + "/metrics")
+        assert get(url + "/metrics") == (200, "up\n")
+    assert failed
+    assert any("can't start new thread" in r.getMessage() or (
+        r.exc_info and "can't start new thread" in str(r.exc_info[1])) for r in caplog.records)
+    assert [get(url + "/healthz") for _ in range(5)] == [(200, "ok\n")] * 5
+
+
+# --- the health listener -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def health(watcher: TopicWatcher) -> Iterator[MetricsHTTPServer]:
+    """serve's health listener (`start_health_server`, as `ragpulse serve` starts it)."""
+    server = start_health_server(watcher.healthy, "127.0.0.1", 0)
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_crowd_on_the_metrics_port_even_from_the_probes_address_leaves_every_probe_answered(
+    bounded: Callable[..., MetricsHTTPServer], health: MetricsHTTPServer
+) -> None:
+    # The crowd: 160 slow clients from 10 addresses, more than the metrics listener keeps
+    # waiting (it closes the oldest), then 16 from the probes' own address (a node's NAT
+    # address), the newest, which fill that address's share.
+    metrics = bounded(max_waiting=64, request_deadline_s=3600, timeout_s=3600)
+    port = metrics.server_port
+    crowd = [connect(port, f"127.0.6.{n % 10 + 1}") for n in range(160)]
+    crowd += [connect(port, "127.0.0.1") for _ in range(16)]
+    try:
+        for byte in b"GET /m":
+            for conn in crowd:
+                with contextlib.suppress(OSError):  # closed as the oldest waiting
+                    conn.sendall(bytes([byte]))
+        # On the metrics port, the probes' address has no share left ...
+        with pytest.raises((http.client.HTTPException, ConnectionError, urllib.error.URLError)):
+            get(f"http://127.0.0.1:{port}/healthz")
+        # ... and the health listener answers every probe.
+        probe = f"http://127.0.0.1:{health.server_port}/healthz"
+        assert [get(probe, timeout=10) for _ in range(40)] == [(200, "ok\n")] * 40
+    finally:
+        for conn in crowd:
+            conn.close()
+
+
+def test_the_health_listener_serves_healthz_alone_over_plain_http_without_auth(
+    health: MetricsHTTPServer,
+) -> None:
+    url = f"http://127.0.0.1:{health.server_port}"
+    assert get(url + "/healthz") == (200, "ok\n")
+    # Never /metrics: the health port takes no password, so it must not show what
+    # --web-config-file protects.
+    status, body = get(url + "/metrics")
+    assert status == 404 and "ragpulse_" not in body
+
+
+@pytest.mark.parametrize("table", [SERVE, EXPORTER], ids=["serve", "exporter"])
+def test_a_health_port_equal_to_the_metrics_port_is_refused_naming_both(
+    tmp_path: Path, table: object
+) -> None:
+    argv = (
+        serve_args(tmp_path) if table is SERVE
+        else ["exporter", "--kafka-bootstrap", "127.0.0.1:1", "--ratings-topic", "r"]
+    )
+    args = cli.build_parser().parse_args([*argv, "--metrics-port", "9600", "--health-port", "9600"])
+    with pytest.raises(SettingsError) as refused:
+        settings_from(table, args)  # type: ignore[arg-type]
+    assert "--health-port: must differ from --metrics-port (9600)" in str(refused.value)
+    # Port 0 is any free port: two of them are two ports.
+    zeros = cli.build_parser().parse_args([*argv, "--metrics-port", "0", "--health-port", "0"])
+    assert settings_from(table, zeros).health_port == 0  # type: ignore[arg-type]
+
+
+def test_a_health_port_in_use_stops_start_up_with_one_line_naming_the_flag(
+    watcher: TopicWatcher,
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SettingsError) as refused:
+            start_health_server(watcher.healthy, "127.0.0.1", port)
+    assert str(refused.value).startswith(
+        f"--health-port {port}: cannot listen on 127.0.0.1:{port} (Address already in use"
+    )

@@ -8,7 +8,8 @@ the shipped recording rules, alerts and dashboards work unchanged. Run one expor
 topic (it holds no state of its own: a restarted exporter reads the topic again and exports the
 same values); Prometheus scrapes it under the job name the rules select (`ragpulse`).
 
-/healthz answers 503 once the broker has not answered for --unhealthy-after.
+/healthz (on --health-port, and on the metrics port too) answers 503 once the broker has not
+answered for --unhealthy-after.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ragpulse.pipeline.metrics.http import (
     WebConfig,
     exporter_app,
     load_web_config,
+    start_health_server,
     start_metrics_server,
 )
 from ragpulse.pipeline.metrics.labels import (
@@ -161,10 +163,18 @@ def main(settings: ExporterSettings) -> int:
         exporter.healthy,
         web.users,
     )
-    server = start_metrics_server(app, settings.metrics_host, settings.metrics_port, web.tls)
+    health = start_health_server(exporter.healthy, settings.metrics_host, settings.health_port)
+    try:
+        server = start_metrics_server(
+            app, settings.metrics_host, settings.metrics_port, web.tls
+        )
+    except BaseException:
+        health.shutdown()
+        raise
     log.info(
-        "serving %s; reading %s on %s (%s)",
+        "serving %s, /healthz alone on port %d; reading %s on %s (%s)",
         web.describe(settings.metrics_host, server.server_port),
+        health.server_port,
         settings.ratings_topic,
         settings.bootstrap,
         settings.kafka_security.describe(),
@@ -180,5 +190,6 @@ def main(settings: ExporterSettings) -> int:
         exporter.run(stop)
     finally:
         server.shutdown()
+        health.shutdown()
     log.info("stopped")
     return 0

@@ -1,8 +1,8 @@
 """`ragpulse serve`: watch a live Kafka topic in micro-batches, exactly once, with /metrics.
 
 This module is the command: its flags, its settings, and start-up (settings and files checked,
-the state file opened, Kafka access checked, /metrics started, signals handled). The loop
-itself is `pipeline.service.loop.TopicWatcher`.
+the state file opened, Kafka access checked, the metrics and health listeners started, signals
+handled). The loop itself is `pipeline.service.loop.TopicWatcher`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from ragpulse.pipeline.metrics.http import (
     WebConfig,
     exporter_app,
     load_web_config,
+    start_health_server,
     start_metrics_server,
 )
 from ragpulse.pipeline.service.owners import Owner
@@ -106,11 +107,17 @@ def main(settings: ServeSettings) -> int:
             "the same --instances and its own --instance (if that serve has stopped, its "
             f"lease ends --unhealthy-after its last commit)"
         )
-    server = serve_http(watcher, settings.metrics_host, settings.metrics_port, web)
+    health = start_health_server(watcher.healthy, settings.metrics_host, settings.health_port)
+    try:
+        server = serve_http(watcher, settings.metrics_host, settings.metrics_port, web)
+    except BaseException:
+        health.shutdown()
+        raise
     log.info(
-        "serving %s; watching %s on %s (%s) with %s (backend %s), "
+        "serving %s, /healthz alone on port %d; watching %s on %s (%s) with %s (backend %s), "
         "sample rate %g, %gs windows, %gs allowed lateness; state %s",
         web.describe(settings.metrics_host, server.server_port),
+        health.server_port,
         settings.topic,
         settings.bootstrap,
         settings.kafka_security.describe(),
@@ -137,5 +144,6 @@ def main(settings: ServeSettings) -> int:
     finally:
         watcher.close()
         server.shutdown()
+        health.shutdown()
     log.info("stopped; state saved in %s", settings.state)
     return 0

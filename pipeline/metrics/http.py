@@ -1,6 +1,13 @@
-"""The /metrics and /healthz HTTP server of `ragpulse serve`: TLS, basic auth, bounded threads.
+"""The HTTP listeners of `ragpulse serve` and `ragpulse exporter`: TLS, basic auth, bounded
+threads, and a thread that never dies.
 
-For operators securing the endpoint, and for `pipeline.commands.serve`, which starts it.
+For operators securing the endpoints, and for `pipeline.commands.serve` and `.exporter`, which
+start two listeners:
+- the metrics listener (--metrics-port): /metrics, with the TLS and basic auth of
+  --web-config-file, and /healthz (open) for probes written before --health-port;
+- the health listener (--health-port): /healthz alone, plain HTTP, no auth, for the kubelet's
+  and Docker's probes. A crowd of slow clients on the metrics port, even from the prober's own
+  (NAT) address, holds nothing of it (see `start_health_server`).
 
 `--web-config-file` takes the web configuration file of the Prometheus exporters
 (exporter-toolkit's format), so one file serves node_exporter and ragpulse alike:
@@ -28,6 +35,10 @@ keeps a scrape or a probe from being answered:
 - a complete request gets a thread, at most `MAX_CONNECTIONS` at once for /metrics and
   `HEALTH_CONNECTIONS` more kept for /healthz (beyond that it is closed at once); the answer's
   socket writes time out after `CONNECTION_TIMEOUT_S`.
+
+No fault ends a listener: an exception while reading one connection closes that connection, any
+other exception in the selector thread is logged and the thread goes on, and an exception in an
+app is logged and answered 500 (`MetricsHTTPServer`).
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ import logging
 import selectors
 import socket
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -262,14 +274,11 @@ def exporter_app(
     complete ("ok" or "cycles failing for 42s"), never a count, a label or a setting.
     """
     auth = BasicAuth(users) if users else None
+    health = health_app(healthy)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if environ.get("PATH_INFO") == "/healthz":
-            ok, why = healthy()
-            start_response(
-                "200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")]
-            )
-            return [why.encode() + b"\n"]
+            return health(environ, start_response)
         if auth is not None and not auth.allows(environ.get("HTTP_AUTHORIZATION")):
             start_response(
                 "401 Unauthorized",
@@ -279,6 +288,48 @@ def exporter_app(
         return metrics_app(environ, start_response)
 
     return app
+
+
+def health_app(healthy: Callable[[], tuple[bool, str]]) -> WsgiApp:
+    """/healthz ("ok" 200, or 503 and why), and 404 for any other path: the health listener's
+    app, and the /healthz of `exporter_app`."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != "/healthz":
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"Not Found: this port serves /healthz alone\n"]
+        ok, why = healthy()
+        start_response(
+            "200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")]
+        )
+        return [why.encode() + b"\n"]
+
+    return app
+
+
+def _logging_errors(app: WsgiApp) -> WsgiApp:
+    """`app`, with an exception it raises logged (through `log`, not wsgiref's stderr) and
+    answered 500: a broken snapshot or health check costs one answer, not the listener."""
+
+    def answer(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        try:
+            result = app(environ, start_response)
+            try:
+                return list(result)  # the body is built here, so its errors are caught here
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+        except Exception:
+            log.exception("HTTP listener: answering %r failed", environ.get("PATH_INFO", ""))
+            # exc_info: replaces headers already given; re-raises if they were sent (wsgiref
+            # then closes the connection).
+            start_response(
+                "500 Internal Server Error", [("Content-Type", "text/plain")], sys.exc_info()
+            )
+            return [b"Internal Server Error\n"]
+
+    return answer
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -307,11 +358,13 @@ class _Pending:
 
 
 class MetricsHTTPServer(WSGIServer):
-    """A WSGI server with bounded connections (see the module docstring); TLS when given.
+    """A WSGI server with bounded connections (see the module docstring); TLS when given. It
+    runs both listeners, metrics and health.
 
     One thread (`serve_forever`) accepts connections and reads each request, head and body, in a
     selector, without a thread; a complete request is answered in a thread of its own, up to
-    `max_connections` at once, plus `health_connections` kept for /healthz alone.
+    `max_connections` at once, plus `health_connections` kept for /healthz alone. Nothing ends
+    `serve_forever` but `shutdown`: a fault is logged and serving goes on.
     """
 
     # The kernel drops new connections while this many wait to be accepted, and the client
@@ -333,8 +386,10 @@ class MetricsHTTPServer(WSGIServer):
     ) -> None:
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
+        # Before the bind: a port in use makes socketserver call `server_close` at once.
+        self._wake_r, self._wake_w = socket.socketpair()
         super().__init__(address, _QuietHandler)
-        self.set_app(app)
+        self.set_app(_logging_errors(app))
         self._tls = tls
         self._slots = threading.BoundedSemaphore(max_connections)
         self._health_slots = threading.BoundedSemaphore(health_connections)
@@ -347,8 +402,7 @@ class MetricsHTTPServer(WSGIServer):
         # Open connections (being read or answered) by client host, for the per-address cap.
         self._per_address: collections.Counter[str] = collections.Counter()
         self._per_address_lock = threading.Lock()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._stop = False
+        self._stop = threading.Event()
         self._serving = False
         self._stopped = threading.Event()
 
@@ -359,21 +413,43 @@ class MetricsHTTPServer(WSGIServer):
             selector.register(self.socket, selectors.EVENT_READ)
             selector.register(self._wake_r, selectors.EVENT_READ)
             try:
-                while not self._stop:
-                    for key, _ in selector.select(self._wait_time(poll_interval)):
-                        if key.fileobj is self.socket:
-                            self._accept(selector)
-                        elif key.fileobj is self._wake_r:
-                            self._wake_r.recv(64)
-                        else:
-                            conn = key.fileobj
-                            assert isinstance(conn, socket.socket)
-                            self._read(selector, conn)
-                    self._expire(selector)
+                while not self._stop.is_set():
+                    try:
+                        self._serve_once(selector, poll_interval)
+                    except Exception:
+                        # A listener that ends leaves serve running without /healthz, and the
+                        # kubelet restarts it: log the fault and go on, after a pause, so that
+                        # a fault that comes back each time does not spin a core.
+                        log.exception("HTTP listener on port %d: unexpected error; serving on",
+                                      self.server_port)
+                        self._stop.wait(poll_interval)
             finally:
                 for conn in list(self._waiting):
-                    self._drop(selector, conn)
+                    with contextlib.suppress(Exception):
+                        self._drop(selector, conn)
                 self._stopped.set()
+
+    def _serve_once(self, selector: selectors.BaseSelector, poll_interval: float) -> None:
+        """One select: accept, read what arrived, close what is past its deadline."""
+        for key, _ in selector.select(self._wait_time(poll_interval)):
+            if key.fileobj is self.socket:
+                self._accept(selector)
+            elif key.fileobj is self._wake_r:
+                self._wake_r.recv(64)
+            else:
+                conn = key.fileobj
+                assert isinstance(conn, socket.socket)
+                try:
+                    self._read(selector, conn)
+                except Exception:  # a bug, not the client's doing: this connection pays for it
+                    pending = self._waiting.get(conn)
+                    log.exception(
+                        "HTTP listener on port %d: reading a request from %s failed; "
+                        "connection closed",
+                        self.server_port, pending.address[0] if pending else "a client",
+                    )
+                    self._drop(selector, conn)
+        self._expire(selector)
 
     def _wait_time(self, poll_interval: float) -> float:
         if not self._waiting:
@@ -388,27 +464,40 @@ class MetricsHTTPServer(WSGIServer):
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # e.g. out of file descriptors: the next select retries
-                log.warning("metrics server cannot accept a connection: %s", exc)
+                log.warning("HTTP listener cannot accept a connection: %s", exc)
                 return
             if not self._admit(address):
                 conn.close()  # this address holds its share already: it cannot crowd others out
                 continue
+            try:
+                self._hold(selector, conn, address)
+            except Exception:  # `_hold` has closed it and released its address
+                log.exception("HTTP listener: a connection from %s could not be held; closed",
+                              address[0])
+
+    def _hold(self, selector: selectors.BaseSelector, conn: socket.socket, address: Any) -> None:
+        """Wait for `conn`'s request in the selector, closing the oldest waiting connection
+        when `max_waiting` are waiting already. Whatever fails, `conn` is closed and its
+        address released."""
+        try:
             if len(self._waiting) >= self._max_waiting:
+                # It may be in this select's batch still: `_read` then finds it gone.
                 self._drop(selector, next(iter(self._waiting)))
             conn.setblocking(False)
             if self._tls is not None:
-                try:
-                    conn = self._tls.wrap_socket(
-                        conn, server_side=True, do_handshake_on_connect=False
-                    )
-                except (OSError, ValueError) as exc:
-                    log.debug("metrics connection from %s dropped: %s", address, exc)
-                    conn.close()
-                    self._release(address)
-                    continue
+                conn = self._tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
             deadline = time.monotonic() + self._request_deadline_s
             self._waiting[conn] = _Pending(address, deadline, handshaken=self._tls is None)
             selector.register(conn, selectors.EVENT_READ)
+        except Exception as exc:
+            if conn in self._waiting:
+                self._drop(selector, conn)
+            else:
+                conn.close()
+                self._release(address)
+            if not isinstance(exc, (OSError, ValueError)):
+                raise
+            log.debug("metrics connection from %s dropped: %s", address, exc)
 
     def _admit(self, address: Any) -> bool:
         with self._per_address_lock:
@@ -424,13 +513,19 @@ class MetricsHTTPServer(WSGIServer):
                 del self._per_address[address[0]]
 
     def _drop(self, selector: selectors.BaseSelector, conn: socket.socket) -> None:
-        selector.unregister(conn)
-        self._release(self._waiting.pop(conn).address)
+        """Close `conn`; if it was waiting, forget it (once, however often it is dropped)."""
+        pending = self._waiting.pop(conn, None)
+        if pending is not None:
+            with contextlib.suppress(KeyError, ValueError):  # never registered, or closed
+                selector.unregister(conn)
+            self._release(pending.address)
         conn.close()
 
     def _read(self, selector: selectors.BaseSelector, conn: socket.socket) -> None:
         """Read what `conn` has sent; answer its request in a thread once it is complete."""
-        pending = self._waiting[conn]
+        pending = self._waiting.get(conn)
+        if pending is None:  # closed earlier in this select's batch, as the oldest waiting
+            return
         try:
             if not pending.handshaken:
                 assert isinstance(conn, ssl.SSLSocket)
@@ -472,12 +567,18 @@ class MetricsHTTPServer(WSGIServer):
             conn.close()  # every slot is busy: refusing now beats queueing behind slow clients
             self._release(pending.address)
             return
-        threading.Thread(
-            target=self._answer,
-            args=(conn, pending, slots),
-            name="metrics-conn",
-            daemon=True,
-        ).start()
+        try:
+            threading.Thread(
+                target=self._answer,
+                args=(conn, pending, slots),
+                name="metrics-conn",
+                daemon=True,
+            ).start()
+        except BaseException:  # e.g. RuntimeError: can't start new thread
+            conn.close()
+            slots.release()
+            self._release(pending.address)
+            raise
 
     def _answer(
         self, conn: socket.socket, pending: _Pending, slots: threading.BoundedSemaphore
@@ -487,6 +588,8 @@ class MetricsHTTPServer(WSGIServer):
             _QuietHandler(bytes(pending.data), conn, pending.address, self)
         except (OSError, ValueError) as exc:  # timeouts, resets: the client's loss
             log.debug("metrics connection from %s dropped: %s", pending.address, exc)
+        except Exception:
+            log.exception("HTTP listener: answering %s failed", pending.address[0])
         finally:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_WR)
@@ -496,7 +599,7 @@ class MetricsHTTPServer(WSGIServer):
 
     def shutdown(self) -> None:
         """Stop `serve_forever` and wait until it has returned."""
-        self._stop = True
+        self._stop.set()
         with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
         if self._serving:
@@ -530,9 +633,35 @@ def _is_health_check(data: bytearray) -> bool:
 
 
 def start_metrics_server(
-    app: WsgiApp, host: str, port: int, tls: ssl.SSLContext | None = None
+    app: WsgiApp,
+    host: str,
+    port: int,
+    tls: ssl.SSLContext | None = None,
+    *,
+    flag: str = "--metrics-port",
+    thread_name: str = "metrics-http",
 ) -> MetricsHTTPServer:
-    """Bind `host:port` and serve `app` from a daemon thread; returns the server (for its port)."""
-    server = MetricsHTTPServer((host, port), app, tls)
-    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    """Bind `host:port` and serve `app` from a daemon thread; returns the server (for its port).
+    SettingsError, naming `flag`, when the port cannot be had."""
+    try:
+        server = MetricsHTTPServer((host, port), app, tls)
+    except OSError as exc:
+        raise SettingsError(
+            f"{flag} {port}: cannot listen on {host}:{port} ({exc.strerror or exc})"
+        ) from None
+    threading.Thread(target=server.serve_forever, name=thread_name, daemon=True).start()
     return server
+
+
+def start_health_server(
+    healthy: Callable[[], tuple[bool, str]], host: str, port: int
+) -> MetricsHTTPServer:
+    """The health listener (--health-port): /healthz alone, in a thread, selector and limits of
+    its own, so that no crowd on the metrics port can keep a probe from being answered.
+
+    Plain HTTP without auth, whatever --web-config-file says: the kubelet's httpGet probes and
+    Docker's health checks send neither a client certificate nor a password, and /healthz tells
+    only whether cycles complete."""
+    return start_metrics_server(
+        health_app(healthy), host, port, flag="--health-port", thread_name="health-http"
+    )

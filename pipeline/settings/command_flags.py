@@ -431,17 +431,26 @@ KAFKA_TIMEOUT = duration_flag(
 METRICS_SERVER = (
     Flag(
         "--metrics-host", "metrics_host", group="service",
-        help="address of the /metrics and /healthz server (default: %(default)s, this host "
-        "only; in a container pass 0.0.0.0 or the pod address so Prometheus can reach it)",
+        help="address of the metrics and health listeners (default: %(default)s, this host "
+        "only; in a container pass 0.0.0.0 or the pod address so Prometheus and the kubelet "
+        "can reach them)",
     ),
     Flag(
         "--metrics-port", "metrics_port", group="service", type=int,
-        help="port of the /metrics and /healthz server (default: %(default)s)",
+        help="port of /metrics (and of /healthz, for probes written before --health-port) "
+        "(default: %(default)s)",
+    ),
+    Flag(
+        "--health-port", "health_port", group="service", type=int,
+        help="port of the health listener: /healthz alone, plain HTTP without auth, for "
+        "liveness and readiness probes; no crowd of clients on --metrics-port can keep its "
+        "probes from being answered (default: %(default)s; must differ from --metrics-port)",
     ),
     Flag(
         "--web-config-file", "web_config_file", group="service", type=Path, metavar="FILE",
         help="TLS and basic auth for /metrics, in the Prometheus exporters' web config format "
-        "(tls_server_config, basic_auth_users with bcrypt hashes); /healthz stays open",
+        "(tls_server_config, basic_auth_users with bcrypt hashes); /healthz stays open, and "
+        "the --health-port listener is always plain HTTP without auth",
     ),
 )
 

@@ -652,6 +652,8 @@ class ExporterSettings(BaseModel):
     kafka_security: KafkaSecurity = PLAINTEXT
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9464, ge=0, le=65535)
+    # The health listener: /healthz alone, plain HTTP (pipeline/metrics/http.py).
+    health_port: int = Field(9465, ge=0, le=65535)
     web_config_file: Path | None = None
     unhealthy_after_seconds: float = Field(300.0, gt=0)
     # Windows older than this behind the newest one are folded into the counters; keep it
@@ -660,6 +662,11 @@ class ExporterSettings(BaseModel):
     # Panes of windows starting further ahead of the clock are ignored (service/panes.py).
     max_future_skew_seconds: float = Field(300.0, gt=0)
     labels: LabelLimits = DEFAULT_LABEL_LIMITS
+
+    @field_validator("health_port")
+    @classmethod
+    def _health_port_apart(cls, port: int, info: ValidationInfo) -> int:
+        return health_port_apart(port, info)
 
 
 class ServeSettings(ReviewFields, SessionFields, BatchSettings):
@@ -682,6 +689,8 @@ class ServeSettings(ReviewFields, SessionFields, BatchSettings):
     max_batch_events: int = Field(50_000, ge=1, le=MAX_BATCH_EVENTS)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9464, ge=0, le=65535)
+    # The health listener: /healthz alone, plain HTTP (pipeline/metrics/http.py).
+    health_port: int = Field(9465, ge=0, le=65535)
     web_config_file: Path | None = None
     unhealthy_after_seconds: float = Field(300.0, gt=0)
     retention_seconds: float = Field(30 * 86400.0, gt=0)
@@ -709,6 +718,11 @@ class ServeSettings(ReviewFields, SessionFields, BatchSettings):
         return _derived_topics(
             data, dead_letter_topic=".dlq", verdicts_topic=".verdicts", review_topic=".review"
         )
+
+    @field_validator("health_port")
+    @classmethod
+    def _health_port_apart(cls, port: int, info: ValidationInfo) -> int:
+        return health_port_apart(port, info)
 
     @field_validator("evaluation_events_endpoint")
     @classmethod
@@ -1014,6 +1028,19 @@ def _derived_topics(data: Any, **suffixes: str) -> Any:
         return data
     derived = {name: data["topic"] + suffix for name, suffix in suffixes.items()}
     return {**data, **{name: t for name, t in derived.items() if not data.get(name)}}
+def health_port_apart(health_port: int, info: ValidationInfo) -> int:
+    """--health-port, refused when it is --metrics-port (0 is any free port, so two of them are
+    two ports): the probes would wait behind the metrics listener's clients again."""
+    metrics_port = info.data.get("metrics_port")
+    if health_port and health_port == metrics_port:
+        raise ValueError(
+            f"must differ from --metrics-port ({metrics_port}): /healthz has a listener of its "
+            "own so that no crowd of clients on the metrics port keeps a probe from being "
+            "answered"
+        )
+    return health_port
+
+
 def http_url(url: str | None) -> str | None:
     """`url` when it is an http(s) URL (or None); ValueError otherwise."""
     if url is not None and not url.startswith(("http://", "https://")):

@@ -69,7 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for the h
 
 from fake_openai import FakeOpenAI
 from kafka_broker import ApacheKafkaBroker
-from processes import free_port
+from processes import free_port, health_port_args
 
 from ragpulse.pipeline.commands.simulate import simulate
 from ragpulse.pipeline.sources.kafka import log_bounds
@@ -192,6 +192,7 @@ class Serve:
             "--topic", self.topic,
             "--state", str(self.workdir / f"state-{self.port}.sqlite"),
             "--metrics-host", "127.0.0.1", "--metrics-port", str(self.port),
+            *health_port_args(self.code),
             "--group-id", f"bench-{self.port}", *self.extra,
         ]
         env = None if self.code is None else {**os.environ, "PYTHONPATH": str(self.code)}

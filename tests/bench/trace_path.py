@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the brok
 
 from kafka_broker import ApacheKafkaBroker, produce
 from otlp_spans import openinference_trace, otlp_json
-from processes import free_port
+from processes import free_port, health_port_args
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -110,7 +110,8 @@ def run_traced(code: Path, input_format: str, workdir: Path) -> list[tuple[int, 
         argv = [
             "serve", "--kafka-bootstrap", broker.bootstrap, "--topic", "events",
             "--state", str(workdir / "state.sqlite"), "--metrics-host", "127.0.0.1",
-            "--metrics-port", str(port), "--judge-backend", "local", "--sample-rate", "1",
+            "--metrics-port", str(port), *health_port_args(code),
+            "--judge-backend", "local", "--sample-rate", "1",
             "--trigger-interval", "1s", "--input-format", input_format,
         ]
         log = (workdir / "serve.log").open("wb")
