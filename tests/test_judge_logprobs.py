@@ -16,7 +16,7 @@ from test_llm_judges import endpoint_for
 from ragpulse.judges.base import JudgeInput, Verdict
 from ragpulse.judges.llm.build import build_llm_judges
 from ragpulse.judges.llm.custom import load_custom_judge
-from ragpulse.judges.llm.logprobs import (
+from ragpulse.judges.endpoint.logprobs import (
     TokenLogprob,
     expected_score,
     probability_of_yes,
