@@ -155,10 +155,17 @@ class Partitions:
         s = self.settings
         found = self.check_owners()
         if not found:
-            offsets = self._claimed_offsets()
-            if offsets:
-                self.group.commit(offsets, metadata=self.owner.metadata(time.time()))
-                self._committed = dict(offsets)
+            try:
+                offsets = self._claimed_offsets()
+                if offsets:
+                    self.group.commit(offsets, metadata=self.owner.metadata(time.time()))
+                    self._committed = dict(offsets)
+            except Exception as exc:  # the topic not there yet, the broker away: as before
+                log.warning(
+                    "could not claim the partitions in consumer group %s before the first "
+                    "cycle (its commits will): %s", s.group_id, exc,
+                )
+            else:
                 found = self.check_owners()
         if found:
             raise SettingsError(
