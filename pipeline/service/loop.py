@@ -307,7 +307,7 @@ class TopicWatcher:
     def close(self) -> None:
         if self.health.first_failure is None:
             self.partitions.release()
-        for control in self.controls:
+        for control in reversed(self.controls):  # the lookahead before the journal it feeds
             control.close()
         self.state.close()
 
