@@ -87,7 +87,7 @@ class JudgeSpec:
     composites: tuple[Composite, ...] = ()
     # --ensemble: judges graded by the majority of several models (judges.llm.ensemble).
     ensembles: tuple[Ensemble, ...] = ()
-    # --judge-logprobs: ask for token logprobs; verdicts carry P(yes) (judges.llm.logprobs).
+    # --judge-logprobs: ask for token logprobs; verdicts carry P(yes) (judges.endpoint.logprobs).
     logprobs: bool = False
     # The session judges' panel (--session-judges, judges.sessions): `names` are session
     # judges, each graded once per conversation on its transcript.

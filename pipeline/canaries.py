@@ -21,7 +21,6 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal, get_args
 
 import orjson
 
@@ -32,8 +31,8 @@ from ragpulse.pipeline.metrics import catalogue
 from ragpulse.pipeline.records import InferenceRecord
 
 CANARY_VERDICTS = catalogue.CANARY_VERDICTS
-CanaryOutcome = Literal["agree", "disagree", "error"]
-CANARY_OUTCOMES: tuple[CanaryOutcome, ...] = get_args(CanaryOutcome)
+CanaryOutcome = catalogue.CanaryOutcome
+CANARY_OUTCOMES = catalogue.CANARY_OUTCOMES
 # Golden events need no timestamp: they never enter a window. This one is only there so that
 # the event parser, which requires an event time, accepts them.
 _ANY_TIME = 1_000_000_000.0

@@ -20,8 +20,11 @@ from ragpulse.pipeline.sinks.files import WriteDeadLetters, WriteVerdicts, Write
 
 
 def stage_config(**overrides: Any) -> StageConfig:
-    """The stage configuration of the default settings (local judges), with `overrides`."""
+    """The stage configuration of the default settings (local judges), with `overrides` (a
+    field of `StageConfig`, or `window_seconds`: its admission rules' window size)."""
     config = BatchSettings(judges=JudgeSettings(backend="local")).stage_config()
+    if "window_seconds" in overrides:
+        config = config.admitting(window_size=overrides.pop("window_seconds"))
     return dataclasses.replace(config, **overrides)
 
 

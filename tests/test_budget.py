@@ -5,7 +5,6 @@ weighted pass ratio stays on the truth."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +22,7 @@ from ragpulse.pipeline.costs.budget import (
     PROBE_EVENTS,
     BudgetGovernor,
     BudgetSettings,
+    HourSpend,
     Prices,
     load_prices,
     spend_of,
@@ -32,6 +32,7 @@ from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.graphs.bounded import Sinks, run_graph
 from ragpulse.pipeline.metrics import counting
 from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.service.state import CycleOutcome, StateStore
 from ragpulse.pipeline.settings.blocks import BUDGET
 from ragpulse.pipeline.settings.flags import FlagTable, add_flags, values_of
 from ragpulse.pipeline.settings.models import JudgeSettings
@@ -144,6 +145,45 @@ def test_a_restart_within_the_hour_goes_on_from_the_saved_spend_and_does_not_pro
         assert other.factor == pytest.approx(0.0742, abs=1e-3)
 
 
+def test_a_restarted_process_paces_its_first_cycle_from_the_saved_arrival_rate(
+    tmp_path: Path,
+) -> None:
+    """Restarting every 12 s spent 0.72x the hour's budget in 2 minutes: each process's first
+    cycle was budgeted as if nothing came after it. The pace is saved with the spend (through
+    the state file, as serve saves it) and the restarted process's first cycle is paced by it."""
+    settings = BudgetSettings(per_hour=100_000, min_sample_rate=0.0)
+    plan = plan_from_data({"rules": [{"name": "vip", "when": {"app": "vip"}, "rate": 1.0}]}, 1.0)
+    clock = Clock(HOUR + 60)
+    learned = cycle_counts({"default": 1000}, 100, 10_000)  # 100 tokens per judged event
+    first = BudgetGovernor(settings, clock)
+    first.restore(int(HOUR // 3600), "tokens", 0.0, learned)
+    for cycle in range(3):  # 100 records arrive every 12 s: 8.3 records/s
+        clock.now = HOUR + 60 + 12 * cycle
+        first.plan_for(plan, records=100)
+        charge = first.charge(cycle_counts({"default": 100}, 10, 1000))
+        first.committed()
+    with StateStore(tmp_path / "state.sqlite") as state:
+        state.apply_cycle("t", CycleOutcome(**charge.saves))  # type: ignore[arg-type]
+    with StateStore(tmp_path / "state.sqlite") as state:
+        saved = state.hour_spend()
+    assert saved is not None and saved.arrivals == pytest.approx(100 / 12)
+
+    def first_factor(pace: HourSpend | None) -> float:
+        clock.now = HOUR + 100
+        restarted = BudgetGovernor(settings, clock)
+        assert saved is not None
+        restarted.restore(saved.hour, saved.unit, saved.spent, learned, pace)
+        restarted.plan_for(plan, records=100)
+        return restarted.factor
+
+    # Without the pace, the first cycle may spend all that is left of the hour on its own.
+    assert first_factor(None) == 1.0
+    # With it, the rest of the hour's records (about 7 a second for 3,500 s, 100 tokens per
+    # judged event at rate 1) are budgeted for too: 97,000 tokens left over some 25,000
+    # records and more, a factor under 0.05.
+    assert 0 < first_factor(saved) < 0.05
+
+
 def parse_budget_flags(*argv: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     add_flags(p, FlagTable(None, (BUDGET,)))
@@ -226,7 +266,7 @@ def test_governed_cycles_spend_within_the_hours_budget_and_the_weighted_ratio_st
         clock.now = HOUR + 1 + cycle * 3500 / cycles  # the cycles span the hour
         records, ok = cycle_records(cycle, per_cycle)
         passes += ok
-        config = dataclasses.replace(base, sampling=governor.plan_for(plan, len(records)))
+        config = base.admitting(sampling=governor.plan_for(plan, len(records)))
         factors += governor.factor
         result = run_graph(beam.Create(records), config, Sinks(WriteDeadLetters(tmp_path)))
         totals.update(governor.record(result.counts))

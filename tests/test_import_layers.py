@@ -66,6 +66,53 @@ def test_no_module_of_pipeline_or_judges_imports_itself_through_a_circle() -> No
     assert _circles(_graph()) == []
 
 
+def _folder(module: str) -> str:
+    """The folder a module is in, as a package name: `ragpulse.pipeline.metrics` for
+    `ragpulse.pipeline.metrics.collector`; a module directly in pipeline/ or judges/ (canaries,
+    records...) is a folder of its own, as it is a concern of its own."""
+    parts = module.split(".")
+    return ".".join(parts[:3]) if len(parts) > 3 else module
+
+
+def _folder_graph(graph: grimp.ImportGraph) -> grimp.ImportGraph:
+    """The import graph between folders: one folder imports another when any of its modules
+    imports any of the other's (imports inside one folder left out)."""
+    folders = grimp.ImportGraph()
+    for importer in graph.modules:
+        folders.add_module(_folder(importer))
+        for imported in graph.find_modules_directly_imported_by(importer):
+            if _folder(imported) != _folder(importer):
+                folders.add_module(_folder(imported))
+                folders.add_import(importer=_folder(importer), imported=_folder(imported))
+    return folders
+
+
+def test_no_two_folders_import_each_other() -> None:
+    """Modules may avoid a circle while their folders form one (metrics/collector imported
+    canaries.py, which imports metrics/catalogue): each pair of folders is one-way."""
+    assert _circles(_folder_graph(_graph())) == []
+
+
+def test_a_circle_between_folders_is_found_when_there_is_one() -> None:
+    collector, catalogue, canaries = (
+        "ragpulse.pipeline.metrics.collector",
+        "ragpulse.pipeline.metrics.catalogue",
+        "ragpulse.pipeline.canaries",
+    )
+    graph = grimp.ImportGraph()
+    for module in (collector, catalogue, canaries):
+        graph.add_module(module)
+    graph.add_import(importer=canaries, imported=catalogue)
+    graph.add_import(importer=collector, imported=catalogue)
+    assert _circles(graph) == []
+    assert _circles(_folder_graph(graph)) == []
+    graph.add_import(importer=collector, imported=canaries)
+    assert _circles(graph) == []  # no module circle...
+    assert _circles(_folder_graph(graph)) == [  # ...but a folder circle
+        ["ragpulse.pipeline.canaries", "ragpulse.pipeline.metrics"]
+    ]
+
+
 def test_a_circle_is_found_when_there_is_one() -> None:
     graph = grimp.ImportGraph()
     for module in ("a", "b", "c", "d"):

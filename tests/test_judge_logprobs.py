@@ -14,14 +14,14 @@ from fake_openai import MARKER, FakeOpenAI, read_fences
 from test_llm_judges import endpoint_for
 
 from ragpulse.judges.base import JudgeInput, Verdict
-from ragpulse.judges.llm.build import build_llm_judges
-from ragpulse.judges.llm.custom import load_custom_judge
-from ragpulse.judges.llm.logprobs import (
+from ragpulse.judges.endpoint.logprobs import (
     TokenLogprob,
     expected_score,
     probability_of_yes,
     read_logprobs,
 )
+from ragpulse.judges.llm.build import build_llm_judges
+from ragpulse.judges.llm.custom import load_custom_judge
 from ragpulse.judges.panel import JudgePanel
 from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.settings.command_flags import add_judge_arguments, judge_settings

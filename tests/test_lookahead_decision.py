@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from ragpulse.pipeline.records import SourceRecord
 from ragpulse.pipeline.service.lookahead import judge_input_ahead
 from ragpulse.pipeline.settings.models import JudgeSettings, ServeSettings
-from ragpulse.pipeline.stages.parse import ParseEvents
+from ragpulse.pipeline.stages.parse import AdmissionRules, ParseEvents
 
 NOW = time.time()
 CUTOFF = NOW - 3_600.0  # windows ending an hour ago are final
@@ -80,6 +80,12 @@ def serve_settings(tmp_path: Path) -> ServeSettings:
     )
 
 
+def rules(s: ServeSettings) -> AdmissionRules:
+    """A cycle's admission rules as serve builds them (its cut-off, its clock): what its graph
+    and, with the clock read per record, its lookahead (`Lookahead.cycle_started`) use."""
+    return s.stage_config(closed_before=CUTOFF).admitting(now=NOW).admission
+
+
 @pytest.mark.slow  # five Beam pipelines
 @settings(
     max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -93,22 +99,14 @@ def test_the_lookahead_calls_for_exactly_the_events_parse_events_judges(
     ahead = sorted(
         orjson.loads(p)["request_id"]
         for p in payloads
-        if judge_input_ahead(p, NOW, s, CUTOFF, NOW) is not None
+        if judge_input_ahead(p, NOW, rules(s), s.topic) is not None
     )
     sources = [
         SourceRecord(p, "t", 0, i, NOW, len(p) if len(p) > MAX_BYTES else None)
         for i, p in enumerate(payloads)
     ]
     with TestPipeline() as p:
-        parsed = p | beam.Create(sources) | ParseEvents(
-            sample_rate=s.sample_rate,
-            window_size=s.window_seconds,
-            closed_before=CUTOFF,
-            max_bytes=MAX_BYTES,
-            sampling=s.sampling,
-            max_future_skew_s=s.max_future_skew_seconds,
-            now=NOW,
-        )
+        parsed = p | beam.Create(sources) | ParseEvents(rules(s))
         assert_that(parsed.events | beam.Map(lambda e: e.request_id), equal_to(ahead))
     # Every kind of decision was exercised across the examples (checked in the test below).
 
@@ -120,10 +118,10 @@ def test_the_records_cover_every_decision(tmp_path: Path) -> None:
     for refused in ({**kept, "shape": "not json"}, {**kept, "shape": "huge"},
                     {**kept, "shape": "no response"}, {**kept, "offset": -7_200.0},
                     {**kept, "offset": 86_400.0 * 365}):
-        assert judge_input_ahead(raw(refused), NOW, s, CUTOFF, NOW) is None, refused
-    assert judge_input_ahead(raw(kept), NOW, s, CUTOFF, NOW) is not None
+        assert judge_input_ahead(raw(refused), NOW, rules(s), s.topic) is None, refused
+    assert judge_input_ahead(raw(kept), NOW, rules(s), s.topic) is not None
     unsampled = [i for i in range(40)
                  if judge_input_ahead(raw({**base, "request_id": f"r{i}", "offset": 0.0,
                                            "shape": "event", "model": "m2"}),
-                                      NOW, s, CUTOFF, NOW) is None]
+                                      NOW, rules(s), s.topic) is None]
     assert 0 < len(unsampled) < 40  # the 0.3 stratum keeps some and leaves some out

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from cycle_holds import CycleHolds
 from kafka_broker import ApacheKafkaBroker
 from serve_process import Scrape, serve_processes_fixture  # noqa: F401
 from test_serve import JUDGES, T0, ServeFactory, caught_up, produce_round_robin
@@ -146,6 +147,45 @@ def test_a_second_serve_over_a_live_owners_partitions_is_refused_at_start_with_o
     assert "give every instance the same --instances and its own --instance" in errors[0]
     assert not _refused(first.healthz())  # the first goes on counting, alone
     assert first.metrics().total("ragpulse_events_total") == 1_500
+    assert first.terminate() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    "assignment",
+    [[], ["--instances", "2", "--instance", "0"]],
+    ids=["the-same-instance", "another-number-of-instances"],
+)
+def test_a_serve_started_while_the_first_is_in_its_first_cycle_is_refused_before_it_counts(
+    kafka_broker: ApacheKafkaBroker,
+    serve_processes: ServeFactory,
+    tmp_path: Path,
+    assignment: list[str],
+) -> None:
+    """The first serve holds in its first cycle, planned and before counting anything, so it
+    has committed nothing yet: its signed claim at start is what the second finds. Before the
+    claim, the second passed the start check (no commit to read) and counted every event a
+    second time (measured: 600 of them with the same --instance, 300 beside --instances 3);
+    now it exits with code 2 and the first counts each event once."""
+    broker = kafka_broker
+    topic = f"claimed-{len(assignment)}"
+    broker.create_topic(topic, PARTITIONS)
+    produce_round_robin(broker, topic, _events(1_200), PARTITIONS)
+    holds = CycleHolds(tmp_path / "hooks")
+    holds.hold("planned")
+    first = serve_processes(
+        broker.bootstrap, topic, tmp_path / "a.sqlite", ARGS, env=holds.env
+    ).start()
+    holds.wait_at("planned", first)
+    second = serve_processes(broker.bootstrap, topic, tmp_path / "b.sqlite", [*ARGS, *assignment])
+    with pytest.raises(RuntimeError, match="exited with code 2") as refused:
+        second.start()
+    assert "another serve reads partitions of" in str(refused.value)
+    holds.release("planned")
+    first.wait_for(caught_up(1_200), 120, "the first serve caught up")
+    assert first.metrics().total("ragpulse_events_total") == 1_200
+    assert not _refused(first.healthz())
     assert first.terminate() == 0
 
 

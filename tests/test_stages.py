@@ -36,7 +36,7 @@ from ragpulse.pipeline.records import InferenceRecord, JudgedEvent, Rejected, So
 from ragpulse.pipeline.settings.models import JudgeSettings
 from ragpulse.pipeline.sinks.files import WriteDeadLetters
 from ragpulse.pipeline.stages.judge import JudgeEvents
-from ragpulse.pipeline.stages.parse import ParseEvents
+from ragpulse.pipeline.stages.parse import AdmissionRules, ParseEvents
 from ragpulse.pipeline.stages.report import ReportWindows
 from ragpulse.pipeline.stages.windows import WindowRatings
 from ragpulse.pipeline.windows import RatingCounts, WindowKey, isoformat_utc
@@ -97,7 +97,7 @@ def parse(
             assert (partition, position) == want[:2] and reason.startswith(want[2]), found
 
     with beam.Pipeline(runner=FnApiRunner()) as p:
-        parsed = p | beam.Create(records) | ParseEvents(**config)
+        parsed = p | beam.Create(records) | ParseEvents(AdmissionRules(**config))
         assert_that(
             parsed.events | "Ids" >> beam.Map(lambda e: e.request_id),
             equal_to(want_events),

@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from ragpulse.judges.base import ErrorCause, ThrottledLog
 from ragpulse.judges.endpoint.breaker import CircuitBreaker, Refusal
+from ragpulse.judges.endpoint.logprobs import TOP_LOGPROBS, TokenLogprob, read_logprobs
 from ragpulse.judges.endpoint.quota import RateQuota, estimate_tokens
 from ragpulse.judges.endpoint.retry import (
     CallFailure,
@@ -49,7 +50,6 @@ from ragpulse.judges.endpoint.retry import (
     over_budget_note,
     parse_retry_after,
 )
-from ragpulse.judges.llm.logprobs import TOP_LOGPROBS, TokenLogprob, read_logprobs
 from ragpulse.judges.panel import batch_deadline
 
 # The client library is imported where a call is made or fails, not with the judges: every
@@ -115,7 +115,8 @@ class _ReplyChoice(BaseModel):
 
     message: _ReplyMessage
     finish_reason: StrictStr | None = None
-    logprobs: object = None  # read leniently (judges.llm.logprobs): a bad one only loses P(yes)
+    # Read leniently (judges.endpoint.logprobs): a bad one only loses P(yes).
+    logprobs: object = None
 
 
 class ChatCompletionBody(BaseModel):
@@ -249,7 +250,7 @@ class EndpointReply:
     refusal: str | None = None
     finish_reason: str | None = None
     # With --judge-logprobs, the reply's tokens and their alternatives, when the endpoint
-    # returned well-formed ones (judges.llm.logprobs).
+    # returned well-formed ones (judges.endpoint.logprobs).
     logprobs: tuple[TokenLogprob, ...] | None = None
 
 

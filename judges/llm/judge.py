@@ -62,8 +62,8 @@ from ragpulse.judges.base import (
 )
 from ragpulse.judges.chunk_verdicts import event_verdict
 from ragpulse.judges.endpoint.client import EndpointFailure, EndpointReply, OpenAIJudgeEndpoint
+from ragpulse.judges.endpoint.logprobs import TokenLogprob, expected_score, probability_of_yes
 from ragpulse.judges.llm.fencing import fence, new_nonce, single_line
-from ragpulse.judges.llm.logprobs import TokenLogprob, expected_score, probability_of_yes
 from ragpulse.judges.registry import JUDGES, SESSION_JUDGES, JudgeEntry, judge_entry
 from ragpulse.judges.yaml_file import YamlFileError, load_yaml
 

@@ -61,25 +61,14 @@ def run_file(settings: RunSettings) -> GraphResult:
 
 
 def _source(settings: RunSettings) -> beam.PTransform:
-    """The lines of the input file; with --input-format otlp_*, one event per trace of the
-    file, assembled here (every trace is complete once the whole file is read)."""
-    import apache_beam as beam
+    """The records of the input file, as its --input-format reads them (pipeline/sources/
+    inputs.py): lines, or one event per trace of the file, assembled here."""
+    from ragpulse.pipeline.sources.inputs import input_for
 
-    from ragpulse.pipeline.sources.files import ReadLines
-    from ragpulse.pipeline.sources.otlp import collect_traces, read_file
-
-    if settings.input_format == "ragpulse":
-        return ReadLines(settings.input, settings.max_event_bytes)
-    traces = collect_traces(
-        read_file(settings.input, settings.input_format, settings.max_event_bytes),
-        (),
-        encoding=settings.input_format,
-        now=time.time(),
-        wait=0.0,
-        origin=str(settings.input),
-        final=True,
+    source: beam.PTransform = input_for(settings.input_format).file_source(
+        settings.input, settings.max_event_bytes
     )
-    return beam.Create(traces.records)
+    return source
 
 
 def main(settings: RunSettings) -> int:
@@ -94,7 +83,9 @@ def main(settings: RunSettings) -> int:
     started = time.perf_counter()
     result = run_file(settings)
     elapsed = time.perf_counter() - started
-    read = "lines" if settings.input_format == "ragpulse" else "traces and unreadable records"
+    from ragpulse.pipeline.sources.inputs import input_for
+
+    read = input_for(settings.input_format).counted_as
     print(summary(result, settings.output, elapsed, read=read))
     return 0
 

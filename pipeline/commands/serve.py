@@ -31,11 +31,13 @@ from ragpulse.pipeline.service.state import StateError, StateLock
 from ragpulse.pipeline.settings.models import ServeSettings
 
 if TYPE_CHECKING:
+    from ragpulse.pipeline.costs.controls import CostControl
     from ragpulse.pipeline.service.loop import TopicWatcher
+    from ragpulse.pipeline.service.state import StateStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EXIT_OFFSET_RESET", "canary_feed", "main", "serve_http"]
+__all__ = ["EXIT_OFFSET_RESET", "canary_feed", "cost_controls", "main", "serve_http"]
 
 
 def canary_feed(settings: ServeSettings) -> CanaryFeed | None:
@@ -54,6 +56,46 @@ def canary_feed(settings: ServeSettings) -> CanaryFeed | None:
         settings.canary_rate_per_minute,
     )
     return CanaryFeed(golden, settings.canary_rate_per_minute, time.time())
+
+
+def cost_controls(settings: ServeSettings, state: StateStore) -> list[CostControl]:
+    """serve's cost controls (`pipeline.costs.controls`), in the order a cycle's spend goes
+    through them; the loop names none of them.
+
+    - the journal of answered calls (pipeline/service/journal.py), where calls are paid for (an
+      LLM backend) and the judge stage runs in this process, attached to its judge panel; the
+      cascade's panels are its bundles' own and are not journaled;
+    - the judge budget's governor (pipeline/costs/budget.py), going on from the spend and the
+      counters saved in `state`;
+    - the lookahead (pipeline/service/lookahead.py), which starts the calls of the next
+      cycle's events by the settings' own sampling: only where no other control changes which
+      calls a cycle makes, and each record is an event.
+    """
+    from ragpulse.judges import shared_panel
+    from ragpulse.pipeline.costs.budget import BudgetGovernor
+    from ragpulse.pipeline.service.journal import AnsweredCalls
+    from ragpulse.pipeline.service.lookahead import Lookahead, runs_here
+    from ragpulse.pipeline.sources.inputs import input_for
+
+    controls: list[CostControl] = []
+    config = settings.stage_config()
+    paid_here = settings.judges.backend != "local" and runs_here(settings)
+    if paid_here and settings.cascade is None:
+        journal = AnsweredCalls(state.path, settings.judges.text_policy())
+        shared_panel(config.judges).journal = journal
+        controls.append(journal)
+    if settings.budget is not None:
+        governor = BudgetGovernor(settings.budget)
+        saved = state.hour_spend()
+        if saved is not None:
+            governor.restore(saved.hour, saved.unit, saved.spent, state.counters(), saved)
+        controls.append(governor)
+    changing = [c.changes_judge_calls for c in controls]
+    if settings.cascade is not None:
+        changing.append(settings.cascade.changes_judge_calls)
+    if paid_here and input_for(settings.input_format).records_are_events and not any(changing):
+        controls.append(Lookahead(settings, shared_panel(config.judges), config.judge_batch_size))
+    return controls
 
 
 def serve_http(
@@ -97,16 +139,14 @@ def main(settings: ServeSettings) -> int:
     watcher = TopicWatcher(
         settings, state, was_reset=was_reset, canaries=canaries,
         owner=owner, previous_owner=lock.previous_owner,
+        controls=cost_controls(settings, state),
     )
-    found = watcher.check_owners()
-    if found:
+    try:
+        # Before the first cycle counts anything: a second owner is refused here.
+        watcher.partitions.claim()
+    except BaseException:
         watcher.close()
-        raise SettingsError(
-            f"another serve reads partitions of {settings.topic!r} in consumer group "
-            f"{settings.group_id!r} ({'; '.join(w for w, _ in found)}): give every instance "
-            "the same --instances and its own --instance (if that serve has stopped, its "
-            f"lease ends --unhealthy-after its last commit)"
-        )
+        raise
     health = start_health_server(watcher.healthy, settings.metrics_host, settings.health_port)
     try:
         server = serve_http(watcher, settings.metrics_host, settings.metrics_port, web)

@@ -27,10 +27,12 @@ spending less makes the estimate noisier, not wrong.
 The spend of the current hour is saved in serve's state file with each cycle's counters, and a
 restart within the same clock hour goes on from it (a deployment restarted every 12 s in the
 last 6 minutes of an hour once spent 2.94 times the hour's budget, each process starting from
-zero); the spend per judged event and the strata's shares are read back from the saved
-counters, so a restarted process does not probe again. The spend of calls answered by a cycle
-that did not commit (a crash, a failed cycle) is counted by the next cycle that does
-(`pipeline.service.journal`), probes included.
+zero); so is its pace, the arrival rate the rest of the hour is budgeted for (restarted every
+12 s without it, each process's first cycle was budgeted as if no record would come after it,
+and 2 minutes spent 0.72 times the hour's budget); the spend per judged event and the strata's
+shares are read back from the saved counters, so a restarted process does not probe again. The
+spend of calls answered by a cycle that did not commit (a crash, a failed cycle) is counted by
+the next cycle that does (`pipeline.service.journal`), probes included.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ragpulse.pipeline.costs.controls import Charge, CostControl
 from ragpulse.pipeline.costs.sampling import SAMPLED, SEEN, SPEND, SamplingPlan, to_micros
 from ragpulse.pipeline.errors import SettingsError, load_settings_file
 from ragpulse.pipeline.metrics import catalogue, counting
@@ -53,6 +56,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "BudgetGovernor",
     "BudgetSettings",
+    "HourSpend",
     "Prices",
     "load_prices",
     "spend_of",
@@ -102,11 +106,31 @@ def spend_of(counts: Mapping[counting.CounterKey, float], prices: Prices | None)
     ) / 1e6
 
 
-class BudgetGovernor:
+@dataclasses.dataclass(frozen=True, slots=True)
+class HourSpend:
+    """The judge budget's spend in clock hour `hour` (epoch seconds // 3600), in `unit`: what
+    serve's state file saves with each cycle."""
+
+    hour: int
+    unit: str
+    spent: float
+    # The pace: the arrival rate (records per second) the rest of the hour is budgeted for,
+    # and when (epoch seconds) and over how many records the last cycle was planned. None:
+    # not known (a file from before, or no cycle planned twice yet).
+    arrivals: float | None = None
+    planned_at: float | None = None
+    planned_records: int | None = None
+
+
+class BudgetGovernor(CostControl):
     """Chooses each cycle's sampling factor from the hour's spend, and counts the spend.
 
-    `clock` gives epoch seconds (a parameter for tests).
+    `clock` gives epoch seconds (a parameter for tests). As a serve cost control
+    (`pipeline.costs.controls`) it sets each cycle's sampling rates (so it changes which judge
+    calls a cycle makes) and saves the hour's spend with the cycle.
     """
+
+    changes_judge_calls = True
 
     def __init__(self, settings: BudgetSettings, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
@@ -122,6 +146,7 @@ class BudgetGovernor:
         # smoothed arrival rate of records per second they give.
         self._last_plan: tuple[float, int] | None = None
         self._arrivals: float | None = None
+        self._charged: counting.Counts = Counter()  # the cycle in flight's, once charged
 
     def plan_for(self, plan: SamplingPlan, records: int) -> SamplingPlan:
         """`plan` governed for a cycle over `records` records; sets `factor`."""
@@ -160,11 +185,23 @@ class BudgetGovernor:
         return plan.governed(self.factor, floor)
 
     def restore(
-        self, hour: int, unit: str, spent: float, counts: Mapping[counting.CounterKey, float]
+        self,
+        hour: int,
+        unit: str,
+        spent: float,
+        counts: Mapping[counting.CounterKey, float],
+        pace: HourSpend | None = None,
     ) -> None:
         """Go on from a saved state: the spend of clock hour `hour` (kept if it is this hour
-        and in this budget's unit), and the saved cumulative counters (events seen per stratum,
-        judged, their tokens), which stand in for a probe."""
+        and in this budget's unit), the saved cumulative counters (events seen per stratum,
+        judged, their tokens), which stand in for a probe, and the saved `pace` (the arrival
+        rate and the last plan), so that a restarted process paces its first cycle over the
+        rest of the hour instead of budgeting that cycle alone for all that is left."""
+        if pace is not None:
+            if pace.arrivals is not None:
+                self._arrivals = pace.arrivals
+            if pace.planned_at is not None and pace.planned_records is not None:
+                self._last_plan = (pace.planned_at, pace.planned_records)
         if hour == self._hour and unit == self.settings.unit:
             self.spent_this_hour = spent
             log.info(
@@ -199,6 +236,30 @@ class BudgetGovernor:
         self.spent_this_hour += spend
         self._learn(counts, spend)
         return self.spend_counter(spend)
+
+    # ----- a serve cost control (pipeline.costs.controls) ----------------------------------
+    def sampling(
+        self, plan: SamplingPlan | None, sample_rate: float, records: int
+    ) -> SamplingPlan:
+        return self.plan_for(plan or SamplingPlan((), sample_rate), records)
+
+    def charge(self, paid: counting.Counts) -> Charge:
+        spend = self.spend(paid)
+        hour, spent = self.this_hour_with(spend)
+        self._charged = paid
+        planned_at, planned_records = self._last_plan or (None, None)
+        saved = HourSpend(
+            hour, self.settings.unit, spent,
+            arrivals=self._arrivals, planned_at=planned_at, planned_records=planned_records,
+        )
+        return Charge(paid, self.spend_counter(spend), {"hour_spend": saved})
+
+    def committed(self) -> None:
+        self.record(self._charged)
+        self._charged = Counter()
+
+    def zero_counters(self) -> list[counting.CounterKey]:
+        return [counting.key(SPEND, unit=self.settings.unit)]
 
     def _learn(self, counts: Mapping[counting.CounterKey, float], spend: float) -> None:
         self._spend += spend

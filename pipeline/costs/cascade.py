@@ -32,7 +32,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Collection, Sequence
 from concurrent.futures import Future
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from ragpulse.judges import JudgeSpec
 from ragpulse.judges.base import JudgeInput, Verdict
@@ -47,10 +47,16 @@ UNSURE = catalogue.CASCADE_UNSURE
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CascadeSettings:
-    """The cascade's share of events sent to the LLM, and its uncertainty band."""
+    """The cascade's share of events sent to the LLM, and its uncertainty band.
+
+    It judges with other judges than the settings name (the local ones on every event, the
+    LLM on a share), in panels of each Beam bundle's own: as a serve cost control it changes
+    which judge calls a cycle makes (`pipeline.costs.controls`), and it has no hooks."""
 
     llm_sample_rate: float
     uncertainty_band: float
+
+    changes_judge_calls: ClassVar[bool] = True
 
 
 @runtime_checkable

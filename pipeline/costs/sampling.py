@@ -25,7 +25,7 @@ events, which fail more often, are judged 20 times as often as the rest. The unw
 
 Weights are not integers and Beam counters and the state store hold integers, so weighted
 counts travel and are saved in millionths (`to_micros`) and exported divided back
-(`MICRO_COUNTERS`): the rounding is at most half a millionth per event.
+(`pipeline.metrics.counting.MICRO_COUNTERS`): the rounding is at most half a millionth per event.
 
 Where the weighted counts go: `ragpulse_judge_verdicts_weighted_total` (both commands; the
 recording rule `judge_app_model:ragpulse_judge_weighted_pass_ratio:ratio_rate<w>` sums it over
@@ -82,7 +82,6 @@ def is_sampled(request_id: str, rate: float) -> bool:
 __all__ = [
     "DEFAULT_STRATUM",
     "MATCH_FIELDS",
-    "MICRO_COUNTERS",
     "SamplingPlan",
     "SamplingRule",
     "is_sampled",
@@ -104,9 +103,8 @@ SEEN = catalogue.SEEN
 SAMPLED = catalogue.SAMPLED
 WEIGHTS = catalogue.WEIGHTS
 SPEND = catalogue.SPEND  # the budget governor's (pipeline.costs.budget)
-# Counters saved in millionths of a unit and exported divided by MICRO.
-MICRO = 1_000_000
-MICRO_COUNTERS = frozenset({WEIGHTED_VERDICTS, WEIGHTS, SPEND})
+# Counters saved in millionths of a unit (their unit is the metrics' concern: counting.py).
+MICRO = counting.MICRO
 
 
 
@@ -281,11 +279,6 @@ def counter_key(k: tuple[Any, ...]) -> counting.CounterKey | None:
                 app=app, model=model,
             )
     return None
-
-
-def exported(metric: str, value: float) -> float:
-    """A saved counter's value as Prometheus shows it (millionths back to units)."""
-    return value / MICRO if metric in MICRO_COUNTERS else value
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

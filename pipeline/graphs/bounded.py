@@ -45,7 +45,7 @@ from apache_beam.runners.worker import sdk_worker
 from ragpulse.judges import JudgeSpec
 from ragpulse.pipeline.canaries import CanaryEvent
 from ragpulse.pipeline.costs.cascade import CascadeSettings
-from ragpulse.pipeline.costs.sampling import SamplingPlan, WeightedCounts
+from ragpulse.pipeline.costs.sampling import WeightedCounts
 from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.metrics import catalogue, counting
 from ragpulse.pipeline.metrics.counting import COUNTER_NAMESPACE
@@ -53,8 +53,8 @@ from ragpulse.pipeline.records import InferenceRecord, JudgedEvent
 from ragpulse.pipeline.sinks.kafka import UNACKNOWLEDGED_NAMESPACE, decode_unacknowledged
 from ragpulse.pipeline.stages.judge import JudgeEvents
 from ragpulse.pipeline.stages.parse import (
-    DEFAULT_MAX_FUTURE_SKEW_S,
     LATEST_EVENT_TIME_PREFIX,
+    AdmissionRules,
     ParseEvents,
 )
 from ragpulse.pipeline.stages.report import (
@@ -84,24 +84,26 @@ class StageConfig:
     """How one run parses, samples, judges and windows (from the settings; picklable)."""
 
     judges: JudgeSpec
-    sample_rate: float
-    window_seconds: float
-    max_event_bytes: int
+    # What is judged: parse, future skew, lateness (serve's cut-off of final windows), the
+    # sample rate and plan, and the clock, as one value (stages/parse.py).
+    admission: AdmissionRules
     judge_batch_size: int
-    closed_before: float | None = None  # windows ending at or before this are final (serve)
-    # Events dated further ahead of their record time or the clock are refused.
-    max_future_skew_s: float = DEFAULT_MAX_FUTURE_SKEW_S
-    # Strata and rates (--sampling-rules, a judge budget); None samples at sample_rate alone.
-    sampling: SamplingPlan | None = None
     # The judge cascade (--cascade-llm-sample-rate); None: the backend's judges alone.
     cascade: CascadeSettings | None = None
     # Conversations judged whole (--session-judges, pipeline.stages.sessions); None: no session
     # judges.
     sessions: SessionConfig | None = None
-    # The clock of the future-skew check (serve: the cycle's start); None: read per record.
-    now: float | None = None
     # The review queue (--review-rate, stages/review.py); None: nothing queued for review.
     review: ReviewQueueConfig | None = None
+
+    @property
+    def window_seconds(self) -> float:
+        return self.admission.window_size
+
+    def admitting(self, **changes: Any) -> StageConfig:
+        """This configuration with `changes` to its admission rules (a cycle's clock and
+        cut-off, a governed sampling plan)."""
+        return dataclasses.replace(self, admission=dataclasses.replace(self.admission, **changes))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,15 +206,7 @@ def build_graph(
     (see `pipeline.canaries`). `sessions_due` (serve): the session records to judge, instead of
     grouping the events' turns into session windows here.
     """
-    parsed = p | "Read" >> source | "ParseEvents" >> ParseEvents(
-        sample_rate=config.sample_rate,
-        window_size=config.window_seconds,
-        closed_before=config.closed_before,
-        max_bytes=config.max_event_bytes,
-        sampling=config.sampling,
-        max_future_skew_s=config.max_future_skew_s,
-        now=config.now,
-    )
+    parsed = p | "Read" >> source | "ParseEvents" >> ParseEvents(config.admission)
     _ = parsed[ParseEvents.DEAD_LETTER] | "WriteDeadLetters" >> sinks.dead_letters
     to_judge = parsed.events
     if canaries:
@@ -252,13 +246,13 @@ def build_graph(
         _ = answers | "ExportEvaluations" >> sinks.evaluations
     if config.review is not None:
         _ = answers | "QueueForReview" >> QueueForReview(
-            config.review, runner_retries=False, now=config.now
+            config.review, runner_retries=False, now=config.admission.now
         )
     if sinks.exemplars:
         _ = judged | "LatestFailing" >> ReportLatestFailing()
     windows = judged | "WindowRatings" >> WindowRatings(window_size=config.window_seconds)
     _ = windows | "ReportWindows" >> ReportWindows()
-    if config.sampling is not None:
+    if config.admission.sampling is not None:
         _ = answers | "WeightedWindows" >> ReportWeightedWindows(window_size=config.window_seconds)
     if sinks.windows is not None:
         _ = windows | "WriteWindows" >> sinks.windows

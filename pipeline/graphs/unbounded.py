@@ -106,12 +106,7 @@ def build_stream(
 ) -> None:
     """Adds the whole stream to `p`: `source` yields `SourceRecord`s stamped with their event
     time (Kafka record time), `sinks` take the dead letters and the window panes."""
-    parsed = p | "Read" >> source | "ParseEvents" >> ParseEvents(
-        sample_rate=config.sample_rate,
-        window_size=config.window_seconds,
-        max_bytes=config.max_event_bytes,
-        max_future_skew_s=config.max_future_skew_s,
-    )
+    parsed = p | "Read" >> source | "ParseEvents" >> ParseEvents(config.admission)
     _ = parsed[ParseEvents.DEAD_LETTER] | "WriteDeadLetters" >> sinks.dead_letters
     judged = parsed.events | "JudgeEvents" >> JudgeEvents(
         config.judges, batch_size=config.judge_batch_size

@@ -6,10 +6,12 @@ The stages, the serve loop and the cost controls count under these names
 dashboards are checked against `ALL_NAMES` (tests/test_metrics_catalogue.py). A separate module
 rather than part of `pipeline.metrics.counting`: this is data that the collector, the rule checks
 and the counting code all read, while `counting` is the codec of counter keys that Beam workers use;
-neither needs the other's imports. Pure data: no imports, so any layer may read it.
+neither needs the other's imports. Pure data: no imports of ragpulse, so any layer may read it.
 """
 
 from __future__ import annotations
+
+from typing import Literal, get_args
 
 PREFIX = "ragpulse_"
 
@@ -35,6 +37,9 @@ WITHOUT_CONTEXT = "ragpulse_events_without_context_total"
 # Groundedness verdicts by the context_sufficiency verdict of the same answer.
 GROUNDED_BY_CONTEXT = "ragpulse_groundedness_by_context_total"
 CANARY_VERDICTS = "ragpulse_canary_verdicts_total"
+# Its `outcome` label: a canary's verdict against the human label.
+CanaryOutcome = Literal["agree", "disagree", "error"]
+CANARY_OUTCOMES: tuple[CanaryOutcome, ...] = get_args(CanaryOutcome)
 OFFSET_RESETS = "ragpulse_offset_resets_total"
 RECORDS_LOST = "ragpulse_records_lost_total"
 UNDELIVERABLE = "ragpulse_dead_letters_undeliverable_total"

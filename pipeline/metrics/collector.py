@@ -32,8 +32,6 @@ from prometheus_client.samples import Sample
 
 from ragpulse.judges.base import RATINGS
 from ragpulse.pipeline.calibration import JudgeCalibration, corrected_ratio
-from ragpulse.pipeline.canaries import CANARY_OUTCOMES
-from ragpulse.pipeline.costs import sampling
 from ragpulse.pipeline.metrics import catalogue, counting
 from ragpulse.pipeline.windows import RatingCounts, WindowKey, wilson_interval
 
@@ -285,13 +283,13 @@ def _zero_series(
                 zeros.add(counting.key(metric, **{**lab, "rating": rating}))
             for per_app in _PER_APP_MODEL if event_counters else ():
                 zeros.add(counting.key(per_app, app=lab["app"], model=lab["model"]))
-        elif metric == sampling.WEIGHTED_VERDICTS:
+        elif metric == catalogue.WEIGHTED_VERDICTS:
             lab = dict(labels)
             for rating in RATINGS:
                 zeros.add(counting.key(metric, **{**lab, "rating": rating}))
         elif metric == catalogue.CANARY_VERDICTS:
             judge = dict(labels)["judge"]
-            for outcome in CANARY_OUTCOMES:
+            for outcome in catalogue.CANARY_OUTCOMES:
                 zeros.add(counting.key(metric, judge=judge, outcome=outcome))
         elif metric == counting.GROUNDED_BY_CONTEXT:
             lab = dict(labels)
@@ -331,7 +329,7 @@ def _counter_families(
             named = dict(labels)
             family.add_metric(
                 [named.get(n, "") for n in label_names],
-                sampling.exported(metric, value),
+                counting.exported(metric, value),
                 exemplar=exemplar,
             )
         yield family

@@ -53,6 +53,16 @@ SCORE_SUM_MILLI = catalogue.SCORE_SUM_MILLI
 def milli(score: float) -> int:
     """A score in thousandths (how score sums are counted)."""
     return round(score * 1000)
+# Counters saved in millionths of a unit (weights, spend) and exported divided by MICRO.
+MICRO = 1_000_000
+MICRO_COUNTERS = frozenset({catalogue.WEIGHTED_VERDICTS, catalogue.WEIGHTS, catalogue.SPEND})
+
+
+def exported(metric: str, value: float) -> float:
+    """A saved counter's value as Prometheus shows it (millionths back to units)."""
+    return value / MICRO if metric in MICRO_COUNTERS else value
+
+
 # Groundedness verdicts by the context_sufficiency verdict of the same answer.
 GROUNDED_BY_CONTEXT = catalogue.GROUNDED_BY_CONTEXT
 # OpenMetrics caps an exemplar's label names and values at 128 characters together; Prometheus

@@ -43,10 +43,9 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from ragpulse.judges.sessions import Session, SessionTurn, make_session
-from ragpulse.pipeline.costs.sampling import SamplingPlan
 from ragpulse.pipeline.metrics import catalogue, counting
 from ragpulse.pipeline.records import InferenceRecord, SourceRecord
-from ragpulse.pipeline.stages.parse import admit, sample_event
+from ragpulse.pipeline.stages.parse import AdmissionRules
 from ragpulse.pipeline.stages.sessions import SessionConfig, SessionKey, turn_of
 from ragpulse.pipeline.windows import RatingCounts, WindowKey, window_start
 
@@ -175,34 +174,14 @@ def judged_session(
 
 
 def new_turns(
-    records: Iterable[SourceRecord],
-    *,
-    now: float,
-    max_bytes: int,
-    max_future_skew_s: float,
-    window_size: float,
-    closed_before: float | None,
-    sample_rate: float,
-    sampling: SamplingPlan | None,
+    records: Iterable[SourceRecord], rules: AdmissionRules
 ) -> Iterator[tuple[str, InferenceRecord]]:
-    """The turns among a cycle's records: each event the cycle's graph judges (admitted, not
-    late, sampled: `pipeline.stages.parse.admit` and `sample_event`, the graph's own rules, with the
-    same clock) that names a session, with its model."""
+    """The turns among a cycle's records: each event the cycle's graph judges (by the cycle's
+    own `AdmissionRules`, so with the same clock) that names a session, with its model."""
     for record in records:
-        admitted = admit(
-            record,
-            now=now,
-            max_bytes=max_bytes,
-            max_future_skew_s=max_future_skew_s,
-            window_size=window_size,
-            closed_before=closed_before,
-        )
-        event = admitted.event
-        if event is None or admitted.refused is not None or event.session_id is None:
-            continue
-        kept, _ = sample_event(event, sample_rate, sampling)
-        if kept is not None:
-            yield event.model, kept
+        event = rules.judged(record)
+        if event is not None and event.session_id is not None:
+            yield event.model, event
 
 
 @dataclasses.dataclass

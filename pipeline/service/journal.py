@@ -44,6 +44,7 @@ from ragpulse.judges.base import Verdict
 from ragpulse.judges.redaction import TextPolicy
 from ragpulse.judges.verdict_cache import CacheKey, as_cached
 from ragpulse.pipeline.costs.budget import TOKENS
+from ragpulse.pipeline.costs.controls import Charge, CostControl, CycleStart
 from ragpulse.pipeline.metrics import counting
 from ragpulse.pipeline.service.state import CallsSettled, write_transaction
 
@@ -85,9 +86,13 @@ class _Call:
         return self.key is not None and self.verdict.rating in ("yes", "no")
 
 
-class AnsweredCalls:
+class AnsweredCalls(CostControl):
     """The journal of one state file; `answered` and `take` are called by the judge panel
-    (any thread), `begin_attempt`, `settle` and `settled` by the serve loop."""
+    (any thread), `begin_attempt`, `settle` and `settled` by the serve loop, through its
+    hooks as a cost control (`pipeline.costs.controls`): it counts the tokens of paid calls
+    itself, once per call, and settles them in the cycle's transaction."""
+
+    counts_tokens = True
 
     def __init__(self, state_path: str | Path, policy: TextPolicy | None = None) -> None:
         """`policy`: how rationales and error messages are kept (None: in full)."""
@@ -106,6 +111,7 @@ class AnsweredCalls:
         self._written: set[int] = set()
         self._attempt = 0
         self._next_id = 1
+        self._settlement: Settlement | None = None  # the cycle in flight's, once charged
         self._load()
         self._queue: queue.Queue[tuple[int, _Call] | None] = queue.Queue()
         self._writer = threading.Thread(
@@ -199,6 +205,23 @@ class AnsweredCalls:
                     ids.remove(call_id)
                     if not ids:
                         del self._by_key[call.key]
+
+    # ----- a serve cost control (pipeline.costs.controls) ----------------------------------
+    def cycle_started(self, cycle: CycleStart) -> None:
+        self.begin_attempt()
+
+    def charge(self, paid: counting.Counts) -> Charge:
+        self._settlement = settlement = self.settle()
+        return Charge(
+            counting.merge(paid, settlement.tokens),
+            Counter(settlement.tokens),
+            {"calls_settled": settlement.calls},
+        )
+
+    def committed(self) -> None:
+        if self._settlement is not None:
+            self.settled(self._settlement)
+            self._settlement = None
 
     def close(self) -> None:
         self._queue.put(None)

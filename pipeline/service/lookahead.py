@@ -11,7 +11,7 @@ Left alone, the judge endpoint sits idle all that time (about 2 s a cycle here: 
 endpoint's concurrency of calls are in flight or queued, the graph's calls are running out,
 and it reads the records after the ones the running cycle covers from Kafka (a consumer of its
 own, which commits nothing), parses, filters and samples them with `ParseEvents`' own functions
-(`judge_input_ahead`: `pipeline.stages.parse.admit` and `sample_event`), and starts
+(`judge_input_ahead`: the cycle's `pipeline.stages.parse.AdmissionRules`), and starts
 the judge calls for them (`JudgePanel.start_ahead`): at most one judge batch of events per
 cycle. The next cycle's judge stage takes those calls over, running or finished, by judge and
 input digest (`JudgePanel.submit`), and counts them as its own.
@@ -33,17 +33,16 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import time
-from collections.abc import Collection, Mapping
 
 from kafka import KafkaConsumer, TopicPartition
 
 from ragpulse.judges.base import JudgeInput, ThrottledLog
 from ragpulse.judges.panel import JudgePanel
+from ragpulse.pipeline.costs.controls import CostControl, CycleStart
 from ragpulse.pipeline.records import SourceRecord
 from ragpulse.pipeline.settings.models import ServeSettings
 from ragpulse.pipeline.sources.kafka import _consumer
-from ragpulse.pipeline.stages.parse import admit, sample_event
+from ragpulse.pipeline.stages.parse import AdmissionRules
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +60,10 @@ def runs_here(settings: ServeSettings) -> bool:
     )
 
 
-class Lookahead:
-    """Starts judge calls on the events after the running cycle's ranges (module docstring)."""
+class Lookahead(CostControl):
+    """Starts judge calls on the events after the running cycle's ranges (module docstring);
+    a serve cost control (`pipeline.costs.controls`) that makes no call the cycles would not
+    make."""
 
     def __init__(self, settings: ServeSettings, panel: JudgePanel, batch_events: int) -> None:
         """`panel`: the process's shared panel; `batch_events`: the most events started ahead
@@ -76,7 +77,7 @@ class Lookahead:
         self._high = 4 * settings.judges.concurrency
         self._lock = threading.Lock()
         self._next: dict[int, int] = {}  # per partition, the next offset to read ahead
-        self._cutoff: float | None = None
+        self._rules = settings.stage_config().admission
         self._started = 0  # events started ahead since the cycle began
         self._cycles = 0  # cycles started: a read that saw another cycle begin is dropped
         self._reading_for = 0  # the cycle whose positions the last read started from
@@ -90,18 +91,15 @@ class Lookahead:
         self._thread = threading.Thread(target=self._run, name="ragpulse-lookahead", daemon=True)
         self._thread.start()
 
-    def cycle_started(
-        self,
-        starts: Mapping[int, int],
-        stops: Mapping[int, int],
-        closed_before: float | None,
-        reset: Collection[int] = (),
-    ) -> None:
+    def cycle_started(self, cycle: CycleStart) -> None:
         """The cycle now running reads [starts[p], stops[p]) (stops only where it reads
         anything) and drops events of windows ending at or before `closed_before`: look ahead
         from its stops, or from further on where this thread has already read. The partitions
         in `reset` start where an offset reset put them (a topic recreated or truncated): what
         this thread read there was another log, so it looks ahead from the stop."""
+        starts, stops, reset = cycle.starts, cycle.stops, cycle.reset
+        # The cycle's rules, but the clock read per record: the next cycle starts later.
+        rules = self._settings.stage_config(closed_before=cycle.closed_before).admission
         with self._lock:
             for p, start in starts.items():
                 stop = stops.get(p, start)
@@ -110,7 +108,7 @@ class Lookahead:
                 self._next[p] = max(seen, stop) if kept else stop
             for p in [p for p in self._next if p not in starts]:
                 del self._next[p]
-            self._cutoff = closed_before
+            self._rules = rules
             self._started = 0
             self._cycles += 1
             self._seek_again.update(reset)
@@ -178,7 +176,7 @@ class Lookahead:
         s = self._settings
         with self._lock:
             positions = dict(self._next)
-            cutoff = self._cutoff
+            rules = self._rules
             cycles = self._reading_for = self._cycles
             seek_again = self._seek_again & positions.keys()
             self._seek_again -= seek_again
@@ -217,7 +215,9 @@ class Lookahead:
         for tp, batch in polled.items():
             for record in batch:
                 moved[tp.partition] = record.offset + 1
-                item = self._judge_input(record.value or b"", record.timestamp / 1000.0, cutoff)
+                item = judge_input_ahead(
+                    record.value or b"", record.timestamp / 1000.0, rules, s.topic
+                )
                 if item is not None:
                     items.append(item)
         self._polled_to = {**positions, **moved}
@@ -237,28 +237,12 @@ class Lookahead:
                 self._panel.start_ahead(items)
         return items
 
-    def _judge_input(
-        self, raw: bytes, record_time: float, cutoff: float | None
-    ) -> JudgeInput | None:
-        return judge_input_ahead(raw, record_time, self._settings, cutoff, time.time())
-
 
 def judge_input_ahead(
-    raw: bytes, record_time: float, settings: ServeSettings, cutoff: float | None, now: float
+    raw: bytes, record_time: float, rules: AdmissionRules, topic: str
 ) -> JudgeInput | None:
-    """The judge input `ParseEvents` makes of this record, or None where it judges none: the
-    same `admit` and `sample_event` (pipeline.stages.parse), so the two cannot disagree."""
-    s = settings
-    oversize = len(raw) if len(raw) > s.max_event_bytes else None
-    admitted = admit(
-        SourceRecord(raw, s.topic, None, 0, record_time, oversize),
-        now=now,
-        max_bytes=s.max_event_bytes,
-        max_future_skew_s=s.max_future_skew_seconds,
-        window_size=s.window_seconds,
-        closed_before=cutoff,
-    )
-    if admitted.event is None or admitted.refused is not None:
-        return None
-    kept, _ = sample_event(admitted.event, s.sample_rate, s.sampling)
-    return None if kept is None else kept.judge_input
+    """The judge input `ParseEvents` makes of this record under the cycle's `rules`, or None
+    where it judges none: the same `AdmissionRules.judged`, so the two cannot disagree."""
+    oversize = len(raw) if len(raw) > rules.max_bytes else None
+    event = rules.judged(SourceRecord(raw, topic, None, 0, record_time, oversize))
+    return None if event is None else event.judge_input

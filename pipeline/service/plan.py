@@ -14,6 +14,7 @@ the partition goes on and how many records that skips; `fail` refuses the plan.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections import Counter
 from collections.abc import Mapping
 
@@ -28,7 +29,13 @@ from ragpulse.pipeline.sources.kafka import (
     reset_starts,
 )
 
-__all__ = ["CyclePlan", "plan_cycle"]
+__all__ = ["CyclePlan", "OffsetResetRefused", "check_resets", "plan_cycle"]
+
+log = logging.getLogger(__name__)
+
+
+class OffsetResetRefused(RuntimeError):
+    """A saved offset is outside its partition and --on-offset-reset is `fail`."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,3 +107,38 @@ def plan_cycle(
     starts.update(reset_to)
     ranges = plan_batch(starts, bounds.ends, max_records, bounds.beginnings)
     return CyclePlan(bounds.ends, starts, ranges, resets, reset_to, lost)
+
+
+def check_resets(
+    plan: CyclePlan, topic: str, state: str, on_offset_reset: OffsetResetPolicy
+) -> None:
+    """Log each reset of `plan` as an error and where it goes on from; raise
+    OffsetResetRefused when --on-offset-reset is fail (`state`: the state file, named)."""
+    if not plan.resets:
+        return
+    for r in plan.resets:
+        log.error(
+            "%s/%d: saved offset %d is %s the partition (log start %d, end %d): %s",
+            topic,
+            r.partition,
+            r.saved,
+            "beyond the end of" if r.kind == "beyond_end" else "below the log start of",
+            r.log_start,
+            r.log_end,
+            "the topic was recreated, truncated or emptied"
+            if r.kind == "beyond_end"
+            else "retention deleted records before ragpulse read them",
+        )
+    if plan.refused:
+        raise OffsetResetRefused(
+            f"offsets saved in {state} are outside topic {topic!r} (partitions "
+            f"{', '.join(str(r.partition) for r in plan.resets)}) and --on-offset-reset is "
+            "fail: check the topic, then restart with --on-offset-reset earliest (read what "
+            "the partition holds) or latest (skip to its end)"
+        )
+    log.error(
+        "going on from offsets %s (--on-offset-reset %s); records skipped: %s",
+        dict(plan.reset_to),
+        on_offset_reset,
+        dict(plan.lost) or "none",
+    )

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ragpulse.judges.sessions import SessionTurn
+from ragpulse.pipeline.costs.budget import HourSpend
 from ragpulse.pipeline.formats.otlp import Arrival, SpanPart
 from ragpulse.pipeline.metrics import counting
 from ragpulse.pipeline.service.conversations import SessionChanges, StoredTurn
@@ -128,7 +129,9 @@ CREATE INDEX IF NOT EXISTS finished_traces_age ON finished_traces (finished_at)
 
 # Money across crashes (added like the exemplars table, no schema bump: an older ragpulse
 # ignores both tables, and only loses what they add). `judge_spend` holds the judge budget's
-# spend of the current clock hour (pipeline/costs/budget.py), saved with each cycle's counters;
+# spend of the current clock hour (pipeline/costs/budget.py), saved with each cycle's counters,
+# and its pace (the arrival rate it budgets the rest of the hour for, and when and over how many
+# records the last cycle was planned: columns added to files from before, `_add_pace_columns`);
 # `answered_calls` is the journal of judge calls answered and not yet settled by a committed
 # cycle (pipeline/service/journal.py), written as the answers arrive: a restart takes their
 # verdicts instead of paying again, and every call's tokens are counted once.
@@ -136,7 +139,10 @@ _MONEY_TABLES = """
 CREATE TABLE IF NOT EXISTS judge_spend (
     hour INTEGER PRIMARY KEY,
     unit TEXT NOT NULL,
-    spent REAL NOT NULL
+    spent REAL NOT NULL,
+    arrivals REAL,
+    planned_at REAL,
+    planned_records INTEGER
 );
 CREATE TABLE IF NOT EXISTS answered_calls (
     id INTEGER PRIMARY KEY,
@@ -176,15 +182,6 @@ CREATE TABLE IF NOT EXISTS judged_sessions (
     PRIMARY KEY (topic, app, session_id, last)
 )
 """
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class HourSpend:
-    """The judge budget's spend in clock hour `hour` (epoch seconds // 3600), in `unit`."""
-
-    hour: int
-    unit: str
-    spent: float
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -257,6 +254,7 @@ class StateStore:
             self._db.execute(statement)
         for statement in _MONEY_TABLES.split(";"):
             self._db.execute(statement)
+        _add_pace_columns(self._db)
         for statement in _SESSION_TABLES.split(";"):
             self._db.execute(statement)
 
@@ -399,9 +397,11 @@ class StateStore:
             )
             if o.hour_spend is not None:
                 db.execute("DELETE FROM judge_spend WHERE hour <> ?", (o.hour_spend.hour,))
+                h = o.hour_spend
                 db.execute(
-                    "INSERT OR REPLACE INTO judge_spend (hour, unit, spent) VALUES (?, ?, ?)",
-                    (o.hour_spend.hour, o.hour_spend.unit, o.hour_spend.spent),
+                    "INSERT OR REPLACE INTO judge_spend (hour, unit, spent, arrivals, "
+                    "planned_at, planned_records) VALUES (?, ?, ?, ?, ?, ?)",
+                    (h.hour, h.unit, h.spent, h.arrivals, h.planned_at, h.planned_records),
                 )
             if o.calls_settled is not None:
                 db.executemany(
@@ -617,8 +617,15 @@ class StateStore:
 
     def hour_spend(self) -> HourSpend | None:
         """The judge budget's saved spend (of the clock hour of the last cycle that had one)."""
-        row = self._db.execute("SELECT hour, unit, spent FROM judge_spend").fetchone()
-        return None if row is None else HourSpend(int(row[0]), row[1], float(row[2]))
+        row = self._db.execute(
+            "SELECT hour, unit, spent, arrivals, planned_at, planned_records FROM judge_spend"
+        ).fetchone()
+        if row is None:
+            return None
+        return HourSpend(
+            int(row[0]), row[1], float(row[2]),
+            arrivals=row[3], planned_at=row[4], planned_records=row[5],
+        )
 
     def latest_event_times(self, topic: str) -> dict[int, float]:
         """Latest event time read per partition (the watermark's inputs)."""
@@ -792,6 +799,18 @@ def _save_sessions(db: sqlite3.Connection, topic: str, changes: SessionChanges) 
             for k, counts in changes.judged_added.items()
         ],
     )
+
+
+def _add_pace_columns(db: sqlite3.Connection) -> None:
+    """Files from before the budget's pace was saved get its columns (empty: no pace known,
+    as before); an older ragpulse reads and writes the other columns as it did."""
+    columns = {r[1] for r in db.execute("PRAGMA table_info(judge_spend)")}
+    with write_transaction(db):
+        for name, kind in (
+            ("arrivals", "REAL"), ("planned_at", "REAL"), ("planned_records", "INTEGER")
+        ):
+            if name not in columns:
+                db.execute(f"ALTER TABLE judge_spend ADD COLUMN {name} {kind}")
 
 
 def _migrate_to_2(db: sqlite3.Connection) -> None:

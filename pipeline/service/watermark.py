@@ -90,3 +90,24 @@ def compute_watermark(
 def closed_before(watermark: float | None, allowed_lateness_s: float) -> float | None:
     """Windows ending at or before this time are complete (None: nothing is complete yet)."""
     return None if watermark is None else watermark - allowed_lateness_s
+
+
+def final_before(
+    watermark: float | None, allowed_lateness_s: float, held: float | None
+) -> float | None:
+    """The cut-off of final windows: `closed_before(watermark, ...)`, held back to `held`
+    where open conversations hold it (`pipeline.service.conversations.hold`; None: nothing
+    held)."""
+    cutoff = closed_before(watermark, allowed_lateness_s)
+    if cutoff is None or held is None:
+        return cutoff
+    return min(cutoff, held)
+
+
+def starting_watermark(
+    saved: float | None, now: float, out_of_orderness_s: float
+) -> float | None:
+    """The saved watermark a cycle starts from. One saved from a future-dated event (before
+    --max-future-skew) would close every window for this cycle too: it is pulled back to the
+    ceiling at once."""
+    return None if saved is None else min(saved, ceiling(now, out_of_orderness_s))

@@ -165,7 +165,7 @@ class JudgeSettings(BaseModel):
     # One call per event for the LLM judges that can share it (judges.llm.combined).
     combine: bool = False
     # Ask the endpoint for token logprobs: verdicts carry P(yes) as their score
-    # (judges.llm.logprobs).
+    # (judges.endpoint.logprobs).
     logprobs: bool = False
 
     @field_validator("logprobs")
@@ -344,15 +344,18 @@ class EventSettings(BaseModel):
         has closed (the stream has none: Beam decides lateness with panes)."""
         # Imported here: building settings (e.g. for --help) must not pay Beam's import.
         from ragpulse.pipeline.graphs.bounded import StageConfig
+        from ragpulse.pipeline.stages.parse import AdmissionRules
 
         return StageConfig(
             judges=self.judges.spec(),
-            sample_rate=self.sample_rate,
-            window_seconds=self.window_seconds,
-            max_event_bytes=self.max_event_bytes,
+            admission=AdmissionRules(
+                sample_rate=self.sample_rate,
+                window_size=self.window_seconds,
+                max_bytes=self.max_event_bytes,
+                max_future_skew_s=self.max_future_skew_seconds,
+                closed_before=closed_before,
+            ),
             judge_batch_size=self.judges.batch_events,
-            closed_before=closed_before,
-            max_future_skew_s=self.max_future_skew_seconds,
             sessions=self.session_config(),
             review=self.review_config(),
         )
@@ -417,9 +420,8 @@ class BatchSettings(EventSettings):
 
     def stage_config(self, closed_before: float | None = None) -> StageConfig:
         """The stages' configuration, with the sampling strata and the judge cascade."""
-        return dataclasses.replace(
-            super().stage_config(closed_before), sampling=self.sampling, cascade=self.cascade
-        )
+        config = super().stage_config(closed_before).admitting(sampling=self.sampling)
+        return dataclasses.replace(config, cascade=self.cascade)
 
 
 class SessionFields(BaseModel):

@@ -12,6 +12,7 @@ cycles and assembles what is due; what it returns goes to the Beam graph as a li
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 
@@ -20,7 +21,9 @@ from ragpulse.pipeline.formats.otlp import Arrival, InputFormat, assemble, decod
 from ragpulse.pipeline.records import HEAD_BYTES, SourceRecord
 from ragpulse.pipeline.sources.files import numbered_lines
 
-__all__ = ["TraceBatch", "collect_traces", "read_file"]
+__all__ = ["TraceBatch", "collect_traces", "log_batch", "read_file"]
+
+log = logging.getLogger(__name__)
 
 _LENGTH_BYTES = 4
 
@@ -92,6 +95,15 @@ def collect_traces(
         traces_finished=assembly.finished,
         pending_traces=len({a.part.trace_id for a in assembly.pending}),
         records_read=read,
+    )
+
+
+def log_batch(batch: TraceBatch) -> None:
+    log.info(
+        "%d OTLP records read; %d traces assembled or refused, %d still pending",
+        batch.records_read,
+        len(batch.traces_finished),
+        batch.pending_traces,
     )
 
 

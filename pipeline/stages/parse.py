@@ -1,6 +1,7 @@
 """ParseEvents: the one admission decision. A raw record becomes an InferenceRecord (parsed,
-not from the future, not late, sampled) or a Rejected record with its reason; the serve lookahead
-asks the same `admit` and `sample_event` (pipeline/service/lookahead.py)."""
+not from the future, not late, sampled) or a Rejected record with its reason, by one value of
+`AdmissionRules`; serve's lookahead and conversations ask the same rules
+(pipeline/service/lookahead.py, conversations.py)."""
 
 from __future__ import annotations
 
@@ -117,80 +118,82 @@ class Admission:
     late: bool = False
 
 
-def admit(
-    record: SourceRecord,
-    *,
-    now: float,
-    max_bytes: int,
-    max_future_skew_s: float,
-    window_size: float,
-    closed_before: float | None,
-) -> Admission:
-    """Parse and check one record (pure): `ParseEvents` and serve's conversations
-    (pipeline/service/conversations.py) decide alike. Any exception while reading it refuses
-    the record, with the exception as reason."""
-    if record.oversize_bytes is not None:
-        return Admission(
-            None, f"record is {record.oversize_bytes} bytes, over the {max_bytes}-byte limit"
+@dataclasses.dataclass(frozen=True, slots=True)
+class AdmissionRules:
+    """The seven inputs of the one admission decision, as one value: the clock of the
+    future-skew check (`now`; None reads the clock per record), the size limit, the future
+    skew, the window size and the cut-off of final windows (`closed_before`; None: no window
+    is final), the sample rate and the sampling plan (None: `sample_rate` alone).
+
+    Built once per serve cycle (`StageConfig.admission`) and handed whole to `ParseEvents`,
+    serve's conversations and its lookahead, so that all three decide alike."""
+
+    sample_rate: float
+    window_size: float
+    max_bytes: int = 1_048_576
+    max_future_skew_s: float = DEFAULT_MAX_FUTURE_SKEW_S
+    closed_before: float | None = None
+    sampling: SamplingPlan | None = None
+    now: float | None = None
+
+    def admit(self, record: SourceRecord) -> Admission:
+        """Parse and check one record (pure but for the clock when `now` is None). Any
+        exception while reading it refuses the record, with the exception as reason."""
+        max_bytes = self.max_bytes
+        if record.oversize_bytes is not None:
+            return Admission(
+                None, f"record is {record.oversize_bytes} bytes, over the {max_bytes}-byte limit"
+            )
+        if record.refused is not None:
+            return Admission(None, record.refused)
+        try:
+            event = parse_event(record.raw, record_time=record.record_time, max_bytes=max_bytes)
+        except InvalidEvent as exc:
+            return Admission(None, exc.reason)
+        except Exception as exc:  # one record never fails the bundle
+            why = f"could not read the event ({type(exc).__name__}: {exc}"[:300] + ")"
+            return Admission(None, why)
+        refused = admission(
+            event,
+            record.record_time,
+            now=time.time() if self.now is None else self.now,
+            max_future_skew_s=self.max_future_skew_s,
+            window_size=self.window_size,
+            closed_before=self.closed_before,
         )
-    if record.refused is not None:
-        return Admission(None, record.refused)
-    try:
-        event = parse_event(record.raw, record_time=record.record_time, max_bytes=max_bytes)
-    except InvalidEvent as exc:
-        return Admission(None, exc.reason)
-    except Exception as exc:  # one record never fails the bundle
-        return Admission(None, f"could not read the event ({type(exc).__name__}: {exc}"[:300] + ")")
-    refused = admission(
-        event,
-        record.record_time,
-        now=now,
-        max_future_skew_s=max_future_skew_s,
-        window_size=window_size,
-        closed_before=closed_before,
-    )
-    if refused is None:
-        return Admission(event)
-    reason, late = refused
-    # A future-dated event is refused before its time is noted (the watermark's input).
-    return Admission(event if late else None, reason, late)
+        if refused is None:
+            return Admission(event)
+        reason, late = refused
+        # A future-dated event is refused before its time is noted (the watermark's input).
+        return Admission(event if late else None, reason, late)
 
+    def sample(self, event: InferenceRecord) -> tuple[InferenceRecord | None, str | None]:
+        """(the event as judged, or None when sampling leaves it out; its stratum under a
+        plan).
 
-def sample_event(
-    event: InferenceRecord, sample_rate: float, plan: SamplingPlan | None
-) -> tuple[InferenceRecord | None, str | None]:
-    """(the event as judged, or None when sampling leaves it out; its stratum under a plan).
+        Sampling is by `sample_rate`, or by the rate of the event's stratum of `sampling`, a
+        kept event then carrying its weight 1 / rate; an event naming a conversation is sampled
+        by its session id (`sampling_key`), so a conversation is kept or left out whole."""
+        key = sampling_key(event.request_id, event.session_id)
+        if self.sampling is None:
+            return (event if is_sampled(key, self.sample_rate) else None), None
+        stratum, rate = self.sampling.stratum_of(event)
+        if not is_sampled(key, rate):
+            return None, stratum
+        return dataclasses.replace(event, stratum=stratum, weight=1.0 / rate), stratum
 
-    Sampling is by `sample_rate`, or by the rate of the event's stratum of `plan`, a kept event
-    then carrying its weight 1 / rate; an event naming a conversation is sampled by its
-    session id (`sampling_key`), so a conversation is kept or left out whole."""
-    key = sampling_key(event.request_id, event.session_id)
-    if plan is None:
-        return (event if is_sampled(key, sample_rate) else None), None
-    stratum, rate = plan.stratum_of(event)
-    if not is_sampled(key, rate):
-        return None, stratum
-    return dataclasses.replace(event, stratum=stratum, weight=1.0 / rate), stratum
+    def judged(self, record: SourceRecord) -> InferenceRecord | None:
+        """The event `ParseEvents` judges of `record` (admitted, not late, sampled), or None
+        where it judges none: what serve's lookahead and conversations ask."""
+        admitted = self.admit(record)
+        if admitted.event is None or admitted.refused is not None:
+            return None
+        return self.sample(admitted.event)[0]
 
 
 class _ParseAndSample(beam.DoFn):
-    def __init__(
-        self,
-        sample_rate: float,
-        window_size: float,
-        closed_before: float | None,
-        max_bytes: int,
-        plan: SamplingPlan | None,
-        max_future_skew_s: float,
-        now: float | None,
-    ) -> None:
-        self._sample_rate = sample_rate
-        self._plan = plan
-        self._window_size = window_size
-        self._closed_before = closed_before
-        self._max_bytes = max_bytes
-        self._max_future_skew_s = max_future_skew_s
-        self._now = now
+    def __init__(self, rules: AdmissionRules) -> None:
+        self._rules = rules
 
     def setup(self) -> None:
         self._counters = Counters()
@@ -213,14 +216,7 @@ class _ParseAndSample(beam.DoFn):
         return beam.pvalue.TaggedOutput(ParseEvents.DEAD_LETTER, Rejected(record, reason))
 
     def process(self, record: SourceRecord) -> Iterator[Any]:
-        admitted = admit(
-            record,
-            now=time.time() if self._now is None else self._now,
-            max_bytes=self._max_bytes,
-            max_future_skew_s=self._max_future_skew_s,
-            window_size=self._window_size,
-            closed_before=self._closed_before,
-        )
+        admitted = self._rules.admit(record)
         event = admitted.event
         if event is None:
             yield self._reject(record, admitted.refused or "refused")
@@ -232,7 +228,7 @@ class _ParseAndSample(beam.DoFn):
             return
         for counter_key, n in agent_counts(event):
             self._counters.inc(counter_key, n)
-        kept, stratum = sample_event(event, self._sample_rate, self._plan)
+        kept, stratum = self._rules.sample(event)
         if stratum is not None:
             self._counters.inc(counting.key(sampling.SEEN, stratum=stratum))
         if kept is None:
@@ -249,34 +245,23 @@ class _ParseAndSample(beam.DoFn):
 class ParseEvents(beam.PTransform):
     """Parses, validates and samples records.
 
-    Sampling is by `sample_rate`, or, with a `sampling` plan (`--sampling-rules`, a judge
-    budget), by the rate of each event's stratum, kept events carrying their weight
-    (`pipeline.costs.sampling`). The main output holds sampled `InferenceRecord`s; the `dead_letter`
-    output holds a `Rejected` for every record that was invalid, dated more than
-    `max_future_skew_s` ahead of its record time or the clock (`future_reason`), or late for a
-    window already closed (`closed_before`, set by `serve`; a file run has no closed windows).
-    Any exception while reading one record refuses that record, with the exception as reason
-    (`admit`, `sample_event`). `now` is the clock the future-skew check reads (serve: the
-    cycle's start, so that its conversations decide alike); None reads the clock per record.
+    By `rules` (`AdmissionRules`): sampling is by their `sample_rate`, or, with a `sampling`
+    plan (`--sampling-rules`, a judge budget), by the rate of each event's stratum, kept events
+    carrying their weight (`pipeline.costs.sampling`). The main output holds sampled
+    `InferenceRecord`s; the `dead_letter` output holds a `Rejected` for every record that was
+    invalid, dated more than `max_future_skew_s` ahead of its record time or the clock
+    (`future_reason`), or late for a window already closed (`closed_before`, set by `serve`; a
+    file run has no closed windows). Any exception while reading one record refuses that
+    record, with the exception as reason (`AdmissionRules.admit`, `.sample`). `now` is the
+    clock the future-skew check reads (serve: the cycle's start, so that its conversations
+    decide alike); None reads the clock per record.
     """
 
     DEAD_LETTER = "dead_letter"
 
-    def __init__(
-        self,
-        *,
-        sample_rate: float,
-        window_size: float,
-        closed_before: float | None = None,
-        max_bytes: int = 1_048_576,
-        sampling: SamplingPlan | None = None,
-        max_future_skew_s: float = DEFAULT_MAX_FUTURE_SKEW_S,
-        now: float | None = None,
-    ) -> None:
+    def __init__(self, rules: AdmissionRules) -> None:
         super().__init__()
-        self._fn = _ParseAndSample(
-            sample_rate, window_size, closed_before, max_bytes, sampling, max_future_skew_s, now
-        )
+        self._fn = _ParseAndSample(rules)
 
     def expand(self, records: Any) -> Any:
         return records | "ParseAndSample" >> beam.ParDo(self._fn).with_outputs(

@@ -130,7 +130,7 @@ def spend(cycles: int, per_cycle: int, shares: list[float], min_rate: float) -> 
                 clock.now = HOUR + 1 + cycle * 3500 / cycles  # the cycles span the hour
                 records, ok = cycle_records(cycle + int(share * 1000) * cycles, per_cycle)
                 passes += ok
-                config = dataclasses.replace(base, sampling=governor.plan_for(plan, per_cycle))
+                config = base.admitting(sampling=governor.plan_for(plan, per_cycle))
                 factors += governor.factor
                 result = run_graph(beam.Create(records), config, sinks)
                 governor.record(result.counts)

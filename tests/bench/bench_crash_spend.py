@@ -18,7 +18,7 @@ given (e.g. the main checkout and this one), side by side in one run:
             the largest ragpulse_judge_budget_spent_this_hour seen / B.
 
     .venv/bin/python tests/bench/bench_crash_spend.py --code /work/main --code . [--kills K]
-        [--events N] [--restarts R] [--budget B]
+        [--events N] [--restarts R] [--budget B] [--scenarios kills,budget]
 """
 
 from __future__ import annotations
@@ -181,14 +181,19 @@ def main() -> None:
     p.add_argument("--restarts", type=int, default=10)
     p.add_argument("--budget", type=int, default=20_000)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--scenarios", default="kills,budget",
+                   help="which scenarios to run, comma-separated (default: both)")
     a = p.parse_args()
+    scenarios = [x for x in ("kills", "budget") if x in a.scenarios.split(",")]
     results: dict[str, dict[str, dict[str, float]]] = collections.defaultdict(dict)
     for code in a.code:
-        results[str(code)]["kills"] = kills(code, a.events, a.kills, a.seed)
-        results[str(code)]["budget"] = budget(code, a.restarts, a.budget)
+        if "kills" in scenarios:
+            results[str(code)]["kills"] = kills(code, a.events, a.kills, a.seed)
+        if "budget" in scenarios:
+            results[str(code)]["budget"] = budget(code, a.restarts, a.budget)
     print(f"{a.kills} kills over {a.events} events x 2 judges; {a.restarts} restarts under a "
           f"budget of {a.budget} tokens/hour")
-    for scenario in ("kills", "budget"):
+    for scenario in scenarios:
         keys = list(next(iter(results.values()))[scenario])
         print(f"\n{scenario:<28}" + "".join(f"{c!s:>22}" for c in results))
         for k in keys:
