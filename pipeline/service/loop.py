@@ -78,19 +78,14 @@ from ragpulse.pipeline.graphs.bounded import (
 )
 from ragpulse.pipeline.metrics import catalogue, counting
 from ragpulse.pipeline.metrics.collector import CycleStats, MetricsSnapshot
-from ragpulse.pipeline.metrics.counting import SESSIONS_JUDGED, SESSIONS_TRUNCATED
 from ragpulse.pipeline.metrics.labels import LabelBudget
 from ragpulse.pipeline.records import SourceRecord
 from ragpulse.pipeline.service.conversations import (
-    SESSIONS_REJUDGED,
+    DueSessions,
+    SavedConversations,
     SessionChanges,
-    StoredTurn,
-    due,
-    hold,
-    judged_session,
     new_turns,
 )
-from ragpulse.pipeline.service.conversations import plan as plan_sessions
 from ragpulse.pipeline.service.cycle_hooks import CycleHooks
 from ragpulse.pipeline.service.journal import AnsweredCalls, Settlement
 from ragpulse.pipeline.service.lookahead import Lookahead, runs_here
@@ -121,7 +116,7 @@ from ragpulse.pipeline.sources.kafka import (
     consumer_lag,
 )
 from ragpulse.pipeline.sources.otlp import TraceBatch, collect_traces
-from ragpulse.pipeline.stages.sessions import SessionConfig, session_key, session_record
+from ragpulse.pipeline.stages.sessions import session_record
 from ragpulse.pipeline.windows import RatingCounts, WindowKey, isoformat_utc
 
 log = logging.getLogger(__name__)
@@ -231,6 +226,7 @@ class TopicWatcher:
         if state is None:
             state, was_reset = open_state(settings)
         self.state = state
+        self._sessions = _saved_conversations(settings, state)
         # After a reset, the consumer group's committed offsets say where the lost file had got;
         # for a sharded instance they say where the previous owner of a partition had got.
         self._group_offsets: dict[int, int] | None = (
@@ -307,13 +303,13 @@ class TopicWatcher:
         back with their labels bounded, undeliverable outputs decided on."""
         s = self.settings
         previous_wm = self._previous_watermark()
-        conversations = s.session_config()
-        saved_turns = self.state.session_turns(s.topic) if conversations is not None else []
+        conversations = self._sessions
         cutoff = _earlier(
             closed_before(previous_wm, s.allowed_lateness_seconds),
-            _hold(saved_turns, conversations, s.window_seconds),
+            conversations.hold() if conversations is not None else None,
         )
-        sessions_due = self._sessions_due(saved_turns, conversations, previous_wm)
+        due = conversations.due(previous_wm) if conversations is not None else None
+        sessions_due = due.sessions if due is not None else []
         if self._lookahead is not None:
             self._lookahead.cycle_started(plan.starts, plan.stops, cutoff, reset=plan.reset_to)
         started, now = time.perf_counter(), time.time()
@@ -329,20 +325,16 @@ class TopicWatcher:
             result, judged = self._graph(plan.ranges, records, config, sessions_due)
             counts.update(judged)
             latest = merge_latest(latest, result.latest_event_time)
-            if conversations is not None:
-                changes = self._conversations(
-                    saved_turns, sessions_due, result, records or [], config, conversations
-                )
+            if due is not None:
+                changes = self._conversations(due, result, records or [], config)
                 counts.update(changes.counts)
             took = time.perf_counter() - started
-        elif conversations is not None and saved_turns:
+        elif conversations is not None and due is not None:
             # A cycle that judged nothing still forgets the judged sessions no turn can join.
-            changes = plan_sessions(saved_turns, {}, {}, [], conversations,
-                                    window_size=s.window_seconds, final_before=cutoff)
-        after = changes.after if changes is not None else saved_turns
+            changes = conversations.changes(due, {}, [], cutoff)
         return _CycleRun(
             now, previous_wm, latest, counts, result, here.traces if here else None, changes,
-            sessions_hold=_hold(after, conversations, s.window_seconds), took=took,
+            sessions_hold=changes.hold if changes is not None else None, took=took,
         )
 
     def _previous_watermark(self) -> float | None:
@@ -597,67 +589,24 @@ class TopicWatcher:
             ),
         )
 
-    def _sessions_due(
-        self, saved: list[StoredTurn], config: SessionConfig | None, watermark: float | None
-    ) -> list[Session]:
-        """The open sessions the watermark has closed, with their kept turns' text (none
-        without conversations)."""
-        if config is None:
-            return []
-        closed = due(saved, config.gap_seconds, watermark)
-        texts = self.state.session_texts(
-            self.settings.topic, (t for c in closed for t in c.turns if t.kept)
-        )
-        return [judged_session(c, texts, config) for c in closed]
-
     def _conversations(
-        self,
-        saved: list[StoredTurn],
-        judged: Sequence[Session],
-        result: GraphResult,
-        records: list[SourceRecord],
+        self, due: DueSessions, result: GraphResult, records: list[SourceRecord],
         config: StageConfig,
-        conversations: SessionConfig,
     ) -> SessionChanges:
         """The cycle's changes to the saved conversations: the sessions it judged, its new
         turns (the events its graph judged that name a session), the sessions they re-open."""
-        s = self.settings
-        assert config.now is not None
-        fresh = list(
-            new_turns(
-                records,
-                now=config.now,
-                max_bytes=config.max_event_bytes,
-                max_future_skew_s=config.max_future_skew_s,
-                window_size=config.window_seconds,
-                closed_before=config.closed_before,
-                sample_rate=config.sample_rate,
-                sampling=config.sampling,
-            )
+        assert self._sessions is not None and config.now is not None
+        fresh = new_turns(
+            records,
+            now=config.now,
+            max_bytes=config.max_event_bytes,
+            max_future_skew_s=config.max_future_skew_s,
+            window_size=config.window_seconds,
+            closed_before=config.closed_before,
+            sample_rate=config.sample_rate,
+            sampling=config.sampling,
         )
-        changes = plan_sessions(
-            saved,
-            {session_key(x): result.session_windows.get(session_key(x), {}) for x in judged},
-            self.state.judged_sessions(
-                s.topic, ((e.app, e.session_id or "") for _, e in fresh)
-            ),
-            fresh,
-            conversations,
-            window_size=s.window_seconds,
-            final_before=config.closed_before,
-        )
-        for x in judged:
-            changes.counts[counting.key(SESSIONS_JUDGED, app=x.app, model=x.model)] += 1
-            if x.truncated:
-                changes.counts[counting.key(SESSIONS_TRUNCATED, app=x.app, model=x.model)] += 1
-        rejudged = sum(n for k, n in changes.counts.items() if k[0] == SESSIONS_REJUDGED)
-        if judged or rejudged:
-            log.info(
-                "%d sessions judged, %d re-opened by a late turn, %d open",
-                len(judged), rejudged,
-                len({(t.app, t.session_id) for t in changes.after if t.judged is None}),
-            )
-        return changes
+        return self._sessions.changes(due, result.session_windows, fresh, config.closed_before)
 
     def _undeliverable(self, result: GraphResult) -> counting.Counts:
         """Decide on records an output topic did not acknowledge (refused ones are counted by
@@ -888,6 +837,8 @@ class TopicWatcher:
             gauges[catalogue.WATERMARK] = wm
         if self._governor is not None:
             gauges.update(self._governor.gauges())
+        if self._sessions is not None:
+            gauges[catalogue.SESSIONS_OPEN] = self.state.open_session_count(self.settings.topic)
         if self.settings.input_format != "ragpulse":
             gauges[catalogue.TRACES_PENDING] = self.state.pending_trace_count(self.settings.topic)
         if complete:
@@ -956,7 +907,8 @@ class TopicWatcher:
 
     # ----- the loop --------------------------------------------------------------------------
     def serve_forever(self, stop: StopRequest) -> None:
-        """Cycle until a stop is requested; the cycle in flight always finishes and is saved."""
+        """Cycle until a stop is requested; the cycle in flight finishes and is saved (or, if
+        it takes longer than serve's STOP_GRACE_SECONDS, is abandoned unsaved by the command)."""
         backoff = 1.0
         while not stop.requested:
             if self._refused is not None:  # /metrics and /healthz go on; counting does not
@@ -1023,6 +975,17 @@ class StopRequest:
             if left <= 0:
                 return
             time.sleep(min(left, self.POLL_SECONDS))
+
+
+def _saved_conversations(settings: ServeSettings, state: StateStore) -> SavedConversations | None:
+    """The conversations kept between cycles, with --session-judges (None without)."""
+    config = settings.session_config()
+    if config is None:
+        return None
+    return SavedConversations(
+        state, settings.topic, config, window_size=settings.window_seconds,
+        max_open=settings.session_max_open, max_due=settings.max_batch_events,
+    )
 
 
 def _lookahead(settings: ServeSettings) -> Lookahead | None:
@@ -1110,17 +1073,6 @@ def _earlier(a: float | None, b: float | None) -> float | None:
     if a is None or b is None:
         return a
     return min(a, b)
-
-
-def _hold(
-    turns: Sequence[StoredTurn], conversations: SessionConfig | None, window_size: float
-) -> float | None:
-    """The cut-off of final windows the open sessions among `turns` hold: no window is final
-    while an open session could still be dated in it (`conversations.hold`). None: no
-    conversations, or no open session."""
-    if conversations is None:
-        return None
-    return hold(turns, conversations.gap_seconds, window_size)
 
 
 def _log_completed(windows: Mapping[WindowKey, RatingCounts]) -> None:
