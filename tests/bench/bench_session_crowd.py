@@ -2,7 +2,8 @@
 
 For whoever sizes serve with --session-judges, or checks that a change to
 pipeline/service/conversations.py keeps a cycle's work in proportion to what arrives. For each
---code DIR (a checkout, run as `python -m ragpulse.pipeline.cli` with PYTHONPATH=DIR), taken in
+--code DIR (a checkout, run as `python -m ragpulse.pipeline.cli` in DIR, which puts it first on
+the module path), taken in
 turn, on one Apache Kafka broker (tests/kafka_broker.py), all on 127.0.0.1:
 
 1. a state file holding --open open conversations of --turns turns each: rows written straight
@@ -75,7 +76,7 @@ def crowd_state(
         [sys.executable, "-c",
          "import sys; from ragpulse.pipeline.service.state import StateStore; "
          "StateStore(sys.argv[1]).close()", str(path)],
-        env={**os.environ, "PYTHONPATH": str(code)}, check=True, capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(code)}, cwd=code, check=True, capture_output=True,
     )
     rows = []
     for s in range(sessions):
@@ -150,7 +151,8 @@ def run(code: Path, broker: ApacheKafkaBroker, args: argparse.Namespace, folder:
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()
     serve = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                             env={**os.environ, "PYTHONPATH": str(code)}, start_new_session=True)
+                             env={**os.environ, "PYTHONPATH": str(code)}, cwd=code,
+                             start_new_session=True)
     while True:
         try:
             scrape(url)
