@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 # Abandoning is safe: nothing of a cycle is saved before its one transaction commits, so it
 # replays after the restart, as after a SIGKILL (its paid judge calls come back from the call
 # journal; its dead letters and verdict rows may be published twice, as after any crash).
-STOP_GRACE_SECONDS = 20.0
+STOP_GRACE_SECONDS = 25.0
 
 __all__ = ["EXIT_OFFSET_RESET", "canary_feed", "main", "serve_http"]
 

@@ -850,12 +850,11 @@ def _save_sessions(db: sqlite3.Connection, topic: str, changes: SessionChanges) 
             for t, text in changes.added
         ],
     )
-    for t in changes.updated:
-        db.execute(
-            "UPDATE session_turns SET judged = ?, turn = CASE WHEN ? THEN turn END "
-            "WHERE topic = ? AND app = ? AND session_id = ? AND request_id = ?",
-            (t.judged, t.kept, topic, t.app, t.session_id, t.request_id),
-        )
+    db.executemany(
+        "UPDATE session_turns SET judged = ?, turn = CASE WHEN ? THEN turn END "
+        "WHERE topic = ? AND app = ? AND session_id = ? AND request_id = ?",
+        [(t.judged, t.kept, topic, t.app, t.session_id, t.request_id) for t in changes.updated],
+    )
     db.executemany(
         "DELETE FROM session_turns WHERE topic = ? AND app = ? AND session_id = ? "
         "AND request_id = ?",
