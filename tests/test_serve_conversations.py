@@ -256,5 +256,7 @@ def test_the_index_is_built_again_when_the_gap_changes(tmp_path: Path) -> None:
         assert state.open_session_count("t") == 1  # one session under a 300 s gap
     with StateStore(path) as state:
         shorter = SessionConfig(CONFIG.judges, 100.0, CONFIG.max_turns, CONFIG.max_bytes)
-        SavedConversations(state, "t", shorter, window_size=WINDOW, max_open=10, max_due=10)
+        book = SavedConversations(state, "t", shorter, window_size=WINDOW, max_open=10,
+                                  max_due=10)
+        assert book.hold() == 0.0
         assert state.open_session_count("t") == 2  # two under a 100 s gap

@@ -471,11 +471,21 @@ class SavedConversations:
         self._window_size = window_size
         self._max_open = max_open
         self._max_due = max_due
-        if rows.index_sessions(config.gap_seconds):
-            log.info("session index of %s built for --session-gap %gs", topic, config.gap_seconds)
+        self._indexed = False
+
+    def _index(self) -> None:
+        """Check the state file's index of session windows (built again from every saved turn
+        if --session-gap changed, or on a file written before it) at the first cycle, not at
+        start-up: /healthz answers meanwhile, and a build that hangs counts as a cycle."""
+        if not self._indexed:
+            if self._rows.index_sessions(self.config.gap_seconds):
+                log.info("session index of %s built for --session-gap %gs", self._topic,
+                         self.config.gap_seconds)
+            self._indexed = True
 
     def hold(self) -> float | None:
         """The cut-off of final windows the open sessions hold now (`hold`)."""
+        self._index()
         first = next(iter(self._rows.open_sessions_by_last(self._topic)), None)
         return None if first is None else window_start(first[2], self._window_size)
 
@@ -483,6 +493,7 @@ class SavedConversations:
         """The open sessions the watermark has closed, then, while more than --session-max-open
         are open, the ones with the oldest last turn (judged early); at most `max_due`, oldest
         first (the rest are judged in the next cycles)."""
+        self._index()
         gap = self.config.gap_seconds
         open_before = self._rows.open_session_count(self._topic)
         over = open_before - self._max_open

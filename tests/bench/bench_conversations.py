@@ -59,6 +59,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder, StateStore(Path(folder) / "s.sqlite") as state:
         book = SavedConversations(state, "t", config, window_size=WINDOW,
                                   max_open=args.open * 2, max_due=50_000)
+        book.hold()  # the index checked, as at serve's first cycle
         # Open sessions spread over GAP seconds of event time, a turn every few seconds.
         fresh = [turn(s, i, s * GAP / args.open + i * 5.0)
                  for s in range(args.open) for i in range(args.turns)]
