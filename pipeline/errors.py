@@ -1,5 +1,5 @@
 """The error every command turns into one line on stderr and exit code 2, serve's other exit
-code (its --on-offset-reset help names it), and the one reader of an operator's settings file
+codes (its --on-offset-reset help names one), and the one reader of an operator's settings file
 that words its failures as such an error."""
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ from ragpulse.judges.yaml_file import YamlFileError, load_yaml
 
 # `ragpulse serve --on-offset-reset fail` stops with this code when a saved offset is gone.
 EXIT_OFFSET_RESET = 3
+# `ragpulse serve` stops with this code when the cycle in flight had not finished
+# STOP_GRACE_SECONDS after SIGTERM: it was abandoned unsaved and replays after a restart.
+EXIT_CYCLE_ABANDONED = 4
 
 
 class SettingsError(Exception):

@@ -11,6 +11,9 @@ import pytest
 from ragpulse.judges.base import JudgeInput
 from ragpulse.pipeline.records import InferenceRecord
 from ragpulse.pipeline.service.conversations import (
+    DueSessions,
+    SavedConversations,
+    SessionChanges,
     StoredTurn,
     due,
     hold,
@@ -20,7 +23,7 @@ from ragpulse.pipeline.service.conversations import (
 )
 from ragpulse.pipeline.service.state import CycleOutcome, StateError, StateStore
 from ragpulse.pipeline.settings.models import JudgeSettings
-from ragpulse.pipeline.stages.sessions import SessionConfig
+from ragpulse.pipeline.stages.sessions import SessionConfig, session_key
 from ragpulse.pipeline.windows import RatingCounts, WindowKey
 
 GAP = 300.0
@@ -170,3 +173,90 @@ def test_the_state_file_saves_the_changes_and_refuses_to_take_counts_out_of_a_fi
                 ),
             )
         assert state.offsets("t") == {0: 5}
+
+
+def saved_book(state: StateStore, max_open: int = 100, max_due: int = 100) -> SavedConversations:
+    return SavedConversations(state, "t", CONFIG, window_size=WINDOW, max_open=max_open,
+                              max_due=max_due)
+
+
+def cycle(state: StateStore, book: SavedConversations, offset: int, watermark: float | None,
+          fresh: list[tuple[str, InferenceRecord]], final_before: float | None = None,
+          ) -> tuple[DueSessions, SessionChanges]:
+    """One cycle's conversation work as serve does it: due, changes, saved."""
+    found = book.due(watermark)
+    changes = book.changes(found, {}, fresh, final_before)
+    state.apply_cycle("t", CycleOutcome(offsets={0: offset}, counts=changes.counts,
+                                        closed_before=final_before, sessions=changes))
+    return found, changes
+
+
+def test_the_saved_index_gives_the_due_sessions_and_the_hold_a_full_read_of_the_turns_gives(
+    tmp_path: Path,
+) -> None:
+    with StateStore(tmp_path / "state.sqlite") as state:
+        book = saved_book(state)
+        cycle(state, book, 1, None, [event("a", 1, 0), event("a", 2, 299), event("a", 3, 599),
+                                     event("b", 1, 100), event("c", 1, 1000)])
+        for watermark in (None, 398, 399, 598, 599, 899, 1300):
+            everything = state.session_turns("t")
+            expected = sorted(c.key for c in due(everything, GAP, watermark))
+            assert sorted(session_key(x) for x in book.due(watermark).sessions) == expected
+            assert book.hold() == hold(everything, GAP, WINDOW)
+        # b is judged; a turn of c arrives: only b's and c's turns change, and the index follows.
+        found, changes = cycle(state, book, 2, 400, [event("c", 2, 1010)])
+        assert [session_key(x) for x in found.sessions] == [("app", "b", 100.0)]
+        assert {t.session_id for t in changes.after} == {"b", "c"}
+        assert changes.open_after == 3  # a's two windows (its turns 300 s apart) and c
+        assert state.open_session_count("t") == 3
+        everything = state.session_turns("t")
+        assert book.hold() == hold(everything, GAP, WINDOW) == 240.0  # a's first: 299 s
+        assert sorted(session_key(x) for x in book.due(10_000).sessions) == sorted(
+            c.key for c in due(everything, GAP, 10_000))
+
+
+def test_beyond_max_open_the_oldest_sessions_are_judged_early_and_counted(
+    tmp_path: Path,
+) -> None:
+    with StateStore(tmp_path / "state.sqlite") as state:
+        book = saved_book(state, max_open=3)
+        cycle(state, book, 1, None, [event(s, 1, t) for s, t in
+                                     (("a", 50), ("b", 10), ("c", 30), ("d", 40), ("e", 20))])
+        found, changes = cycle(state, book, 2, 100, [])  # none is due at 100
+        assert sorted(session_key(x) for x in found.sessions) == [("app", "b", 10.0),
+                                                                  ("app", "e", 20.0)]
+        assert found.early == {("app", "b", 10.0), ("app", "e", 20.0)}
+        assert changes.counts[("ragpulse_sessions_closed_early_total", (("app", "app"),))] == 2
+        assert changes.counts[("ragpulse_sessions_judged_total",
+                               (("app", "app"), ("model", "m")))] == 2
+        assert state.open_session_count("t") == 3
+        # A later turn of an early-judged session re-opens it, as any late turn does.
+        _, late = cycle(state, book, 3, 100, [event("b", 2, 60)], final_before=0.0)
+        assert late.counts[("ragpulse_session_rejudged_total", (("app", "app"),))] == 1
+
+
+def test_at_most_max_due_sessions_are_judged_a_cycle_the_oldest_first(tmp_path: Path) -> None:
+    with StateStore(tmp_path / "state.sqlite") as state:
+        book = saved_book(state, max_due=2)
+        cycle(state, book, 1, None, [event(s, 1, t) for s, t in
+                                     (("a", 30), ("b", 10), ("c", 20))])
+        first, _ = cycle(state, book, 2, 10_000, [])
+        second, _ = cycle(state, book, 3, 10_000, [])
+        assert [session_key(x) for x in first.sessions] == [("app", "b", 10.0),
+                                                            ("app", "c", 20.0)]
+        assert [session_key(x) for x in second.sessions] == [("app", "a", 30.0)]
+        assert first.early == second.early == frozenset()
+
+
+def test_the_index_is_built_again_when_the_gap_changes(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite"
+    with StateStore(path) as state:
+        book = saved_book(state)
+        cycle(state, book, 1, None, [event("a", 1, 0), event("a", 2, 200)])
+        assert state.open_session_count("t") == 1  # one session under a 300 s gap
+    with StateStore(path) as state:
+        shorter = SessionConfig(CONFIG.judges, 100.0, CONFIG.max_turns, CONFIG.max_bytes)
+        book = SavedConversations(state, "t", shorter, window_size=WINDOW, max_open=10,
+                                  max_due=10)
+        assert book.hold() == 0.0
+        assert state.open_session_count("t") == 2  # two under a 100 s gap

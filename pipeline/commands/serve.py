@@ -8,14 +8,16 @@ handled). The loop itself is `pipeline.service.loop.TopicWatcher`.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import make_wsgi_app
 
 from ragpulse.pipeline.canaries import CanaryFeed, GoldenSetError, load_golden_set
-from ragpulse.pipeline.errors import EXIT_OFFSET_RESET, SettingsError
+from ragpulse.pipeline.errors import EXIT_CYCLE_ABANDONED, EXIT_OFFSET_RESET, SettingsError
 from ragpulse.pipeline.kafka_security import check_access
 from ragpulse.pipeline.metrics.collector import registry_for
 from ragpulse.pipeline.metrics.http import (
@@ -32,10 +34,17 @@ from ragpulse.pipeline.settings.models import ServeSettings
 
 if TYPE_CHECKING:
     from ragpulse.pipeline.costs.controls import CostControl
-    from ragpulse.pipeline.service.loop import TopicWatcher
+    from ragpulse.pipeline.service.loop import StopRequest, TopicWatcher
     from ragpulse.pipeline.service.state import StateStore
 
 log = logging.getLogger(__name__)
+
+# How long serve lets the cycle in flight finish after SIGTERM before it abandons it: within
+# Kubernetes' default terminationGracePeriodSeconds (30 s) with room for the process to exit.
+# Abandoning is safe: nothing of a cycle is saved before its one transaction commits, so it
+# replays after the restart, as after a SIGKILL (its paid judge calls come back from the call
+# journal; its dead letters and verdict rows may be published twice, as after any crash).
+STOP_GRACE_SECONDS = 25.0
 
 __all__ = ["EXIT_OFFSET_RESET", "canary_feed", "cost_controls", "main", "serve_http"]
 
@@ -176,6 +185,9 @@ def main(settings: ServeSettings) -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    threading.Thread(
+        target=_stop_within, args=(stop, STOP_GRACE_SECONDS), name="stop-deadline", daemon=True
+    ).start()
     try:
         watcher.serve_forever(stop)
     except OffsetResetRefused as exc:
@@ -187,3 +199,20 @@ def main(settings: ServeSettings) -> int:
         health.shutdown()
     log.info("stopped; state saved in %s", settings.state)
     return 0
+
+
+def _stop_within(stop: StopRequest, grace: float) -> None:
+    """Once a stop is requested, give serve `grace` seconds to finish its cycle and close;
+    then end the process, the cycle in flight unsaved (see STOP_GRACE_SECONDS). A thread, not
+    the signal handler: the handler may take no lock, and the main thread may be anywhere
+    (inside the Beam graph, waiting on a judge or a broker)."""
+    while not stop.requested:
+        time.sleep(stop.POLL_SECONDS)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        time.sleep(stop.POLL_SECONDS)
+    log.error(
+        "stop requested (%s) %.0fs ago and serve has not stopped: the cycle in flight is "
+        "abandoned, nothing of it saved; it replays after a restart", stop.why, grace,
+    )
+    os._exit(EXIT_CYCLE_ABANDONED)

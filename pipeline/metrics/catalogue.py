@@ -58,6 +58,8 @@ SESSIONS_TRUNCATED = "ragpulse_sessions_truncated_total"
 # of the windows), and turns too late for their session (pipeline.service.conversations).
 SESSIONS_REJUDGED = "ragpulse_session_rejudged_total"
 SESSION_TURNS_LATE = "ragpulse_session_turns_late_total"
+# serve: sessions judged before their gap ended, the oldest open ones beyond --session-max-open.
+SESSIONS_CLOSED_EARLY = "ragpulse_sessions_closed_early_total"
 # Stratified sampling and the judge budget (pipeline.costs.sampling, pipeline.costs.budget).
 WEIGHTED_VERDICTS = "ragpulse_judge_verdicts_weighted_total"
 SEEN = "ragpulse_seen_events_total"
@@ -89,6 +91,7 @@ LAST_COMPLETE_WINDOW_END = "ragpulse_last_complete_window_end_timestamp_seconds"
 WATERMARK = "ragpulse_watermark_timestamp_seconds"
 HEARTBEAT = "ragpulse_heartbeat_timestamp_seconds"
 TRACES_PENDING = "ragpulse_traces_pending"
+SESSIONS_OPEN = "ragpulse_sessions_open"
 BUDGET_PER_HOUR = "ragpulse_judge_budget_per_hour"
 BUDGET_SPENT_THIS_HOUR = "ragpulse_judge_budget_spent_this_hour"
 SAMPLE_FACTOR = "ragpulse_judge_sample_factor"
@@ -168,6 +171,10 @@ COUNTER_HELP: dict[str, str] = {
     SESSION_TURNS_LATE: "serve: turns that arrived after their conversation was judged and one "
     "of its verdicts' windows was final, per app: left out of the conversation (the answer "
     "itself is judged and counted as usual).",
+    SESSIONS_CLOSED_EARLY: "serve: conversations judged before --session-gap had passed since "
+    "their last turn, because more than --session-max-open were open, per app: the ones with "
+    "the oldest last turn, judged on the turns they had (a later turn re-opens one as a late "
+    "turn does).",
     WEIGHTED_VERDICTS: "Judge verdicts weighted by 1 / the sample rate of the event's stratum: "
     "estimated verdicts in all traffic, by judge, rating, stratum, app and model. The weighted "
     "pass ratio, yes / (yes + no) of these, is an unbiased estimate of the population's.",
@@ -205,6 +212,8 @@ GAUGE_HELP: dict[str, str] = {
     "in the state file: restarts within the hour go on from it).",
     SAMPLE_FACTOR: "The budget governor's factor on every sampling stratum's rate in the last "
     "cycle (1: not limited; rates never go below --judge-min-sample-rate).",
+    SESSIONS_OPEN: "serve: conversations open (not judged yet) in the state file after the "
+    "last cycle; at most --session-max-open, plus the sessions one cycle starts.",
     TRACES_PENDING: "Traces whose spans are held for assembly (--input-format otlp_*), waiting "
     "for --trace-assembly-wait to pass.",
 }

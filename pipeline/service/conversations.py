@@ -29,6 +29,17 @@ A cycle, in the serve loop (`pipeline.service.loop`):
    final windows is held at the window of the earliest open session's last turn, so a
    session's verdicts always land in an open window, whatever the gap and the lateness.
 
+A cycle's work is in proportion to the turns that arrived and the sessions that close, not to
+the sessions open (`SavedConversations`, issue 31: 100,000 open sessions made cycles last
+minutes): the state file indexes the session windows of its turns (`Span`, one row each: last
+turn, open or judged), so the sessions due, the oldest open ones and the hold are read from that
+index, and only the turns of the (app, session id)s a cycle touches (due, given a turn, or
+forgotten) are loaded, planned and saved. At most `--session-max-open` sessions stay open: the
+ones with the oldest last turn beyond it are judged early, counted in
+`ragpulse_sessions_closed_early_total` and logged; and at most `max_due` sessions are judged
+in one cycle (the rest stay open, holding their windows, for the next), so a cycle's memory is
+bounded whatever the crowd.
+
 The cap (`--session-max-turns`, `--session-max-bytes`) is kept in the state as in
 `judges.sessions.make_session`: only the text of a session's last turns within the cap is
 kept; the turns left out are remembered by id and time (they still merge sessions) and counted
@@ -39,32 +50,42 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Protocol
 
 from ragpulse.judges.sessions import Session, SessionTurn, make_session
 from ragpulse.pipeline.metrics import catalogue, counting
 from ragpulse.pipeline.records import InferenceRecord, SourceRecord
 from ragpulse.pipeline.stages.parse import AdmissionRules
-from ragpulse.pipeline.stages.sessions import SessionConfig, SessionKey, turn_of
+from ragpulse.pipeline.stages.sessions import SessionConfig, SessionKey, session_key, turn_of
 from ragpulse.pipeline.windows import RatingCounts, WindowKey, window_start
 
 __all__ = [
     "Conversation",
+    "DueSessions",
+    "SavedConversations",
     "SessionChanges",
+    "SessionRows",
+    "Span",
     "StoredTurn",
     "due",
     "hold",
     "judged_session",
     "new_turns",
     "plan",
+    "spans_of",
     "split",
 ]
+
+log = logging.getLogger(__name__)
 
 SESSIONS_REJUDGED = catalogue.SESSIONS_REJUDGED
 SESSION_TURNS_LATE = catalogue.SESSION_TURNS_LATE
 
 TurnKey = tuple[str, str, str]  # (app, session id, request id)
+AppSession = tuple[str, str]  # (app, session id)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -132,6 +153,23 @@ def split(turns: Iterable[StoredTurn], gap: float) -> list[Conversation]:
                 current = []
             current.append(t)
         out.append(Conversation(tuple(current)))
+    return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Span:
+    """One session window as the state file indexes it: its last turn's time, and whether it is
+    open (not judged yet)."""
+
+    last: float
+    open: bool
+
+
+def spans_of(turns: Iterable[StoredTurn], gap: float) -> dict[AppSession, list[Span]]:
+    """The session windows of `turns`, per (app, session id)."""
+    out: dict[AppSession, list[Span]] = {}
+    for c in split(turns, gap):
+        out.setdefault((c.app, c.session_id), []).append(Span(c.last, c.is_open))
     return out
 
 
@@ -203,8 +241,14 @@ class SessionChanges:
     judged_removed: list[SessionKey] = dataclasses.field(default_factory=list)
     retracted: dict[WindowKey, RatingCounts] = dataclasses.field(default_factory=dict)
     counts: counting.Counts = dataclasses.field(default_factory=Counter)
-    # The turns as saved after the cycle (for `hold`).
+    # The planned (app, session id)s' turns as saved after the cycle, and their session
+    # windows (an empty list: none left), which replace theirs in the state file's index.
     after: list[StoredTurn] = dataclasses.field(default_factory=list)
+    spans: dict[AppSession, list[Span]] = dataclasses.field(default_factory=dict)
+    # The cut-off of final windows the sessions open after the cycle hold, and how many are
+    # open (`SavedConversations.changes`; None: not known, from `plan` alone).
+    hold: float | None = None
+    open_after: int | None = None
 
 
 def plan(
@@ -219,7 +263,9 @@ def plan(
 ) -> SessionChanges:
     """The cycle's changes to the saved conversations (see the module docstring).
 
-    `saved`: the turns in the state at the cycle's start; `judged_now`: the sessions the cycle
+    `saved`: the turns in the state at the cycle's start of every (app, session id) the cycle
+    touches: the sessions judged, those of the fresh turns, and the judged ones to forget (all
+    the saved turns will do; none other is changed); `judged_now`: the sessions the cycle
     judged (their keys are those of `due`) with their verdict counts per window;
     `judged_counts`: the same for the sessions judged in earlier cycles that are still saved;
     `fresh`: the cycle's new turns (`new_turns`); `final_before`: windows ending at or before it
@@ -320,6 +366,11 @@ def plan(
         else:
             changes.added.append((t, texts.get(turn_key)))
     changes.after = list(turns.values())
+    changes.spans = {
+        **{(t.app, t.session_id): [] for t in saved},
+        **{k[:2]: [] for k in texts},
+        **spans_of(changes.after, gap),
+    }
     return changes
 
 
@@ -338,3 +389,171 @@ def _left_out(conversation: Conversation, max_turns: int, max_bytes: int) -> lis
         kept += 1
         used += t.size
     return left
+
+
+class SessionRows(Protocol):
+    """The state file's reads of the saved conversations (`pipeline.service.state.StateStore`,
+    which imports this module: a protocol, not an import, keeps one direction)."""
+
+    def index_sessions(self, gap: float) -> bool: ...
+
+    def session_turns(
+        self, topic: str, apps_sessions: Iterable[AppSession] | None = None
+    ) -> list[StoredTurn]: ...
+
+    def session_texts(
+        self, topic: str, turns: Iterable[StoredTurn]
+    ) -> dict[TurnKey, SessionTurn]: ...
+
+    def judged_sessions(
+        self, topic: str, apps_sessions: Iterable[AppSession]
+    ) -> dict[SessionKey, dict[WindowKey, RatingCounts]]: ...
+
+    def open_session_count(self, topic: str) -> int: ...
+
+    def open_sessions_by_last(self, topic: str) -> Iterator[tuple[str, str, float]]: ...
+
+    def judged_sessions_before(self, topic: str, last_before: float) -> set[AppSession]: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DueSessions:
+    """The sessions a cycle judges (`SavedConversations.due`): `sessions`, each with its kept
+    turns' text; `turns`, the saved turns of their (app, session id)s; `early`, those judged
+    before their gap ended (--session-max-open); `open_before`, the sessions open at the
+    cycle's start."""
+
+    sessions: list[Session]
+    turns: list[StoredTurn]
+    early: frozenset[SessionKey]
+    open_before: int
+
+
+class SavedConversations:
+    """serve's conversations in the state file, for one topic: each cycle asks which sessions
+    are due (`due`) and what its new turns change (`changes`), reading by index only the
+    sessions it touches (see the module docstring)."""
+
+    def __init__(
+        self,
+        rows: SessionRows,
+        topic: str,
+        config: SessionConfig,
+        *,
+        window_size: float,
+        max_open: int,
+        max_due: int,
+    ) -> None:
+        self._rows = rows
+        self._topic = topic
+        self.config = config
+        self._window_size = window_size
+        self._max_open = max_open
+        self._max_due = max_due
+        self._indexed = False
+
+    def _index(self) -> None:
+        """Check the state file's index of session windows (built again from every saved turn
+        if --session-gap changed, or on a file written before it) at the first cycle, not at
+        start-up: /healthz answers meanwhile, and a build that hangs counts as a cycle."""
+        if not self._indexed:
+            if self._rows.index_sessions(self.config.gap_seconds):
+                log.info("session index of %s built for --session-gap %gs", self._topic,
+                         self.config.gap_seconds)
+            self._indexed = True
+
+    def hold(self) -> float | None:
+        """The cut-off of final windows the open sessions hold now (`hold`)."""
+        self._index()
+        first = next(iter(self._rows.open_sessions_by_last(self._topic)), None)
+        return None if first is None else window_start(first[2], self._window_size)
+
+    def due(self, watermark: float | None) -> DueSessions:
+        """The open sessions the watermark has closed, then, while more than --session-max-open
+        are open, the ones with the oldest last turn (judged early); at most `max_due`, oldest
+        first (the rest are judged in the next cycles)."""
+        self._index()
+        gap = self.config.gap_seconds
+        open_before = self._rows.open_session_count(self._topic)
+        over = open_before - self._max_open
+        chosen: dict[SessionKey, bool] = {}  # -> judged early
+        for app, session_id, last in self._rows.open_sessions_by_last(self._topic):
+            closed = watermark is not None and last + gap <= watermark
+            if len(chosen) >= self._max_due or not (closed or len(chosen) < over):
+                break
+            chosen[(app, session_id, last)] = not closed
+        if not chosen:
+            return DueSessions([], [], frozenset(), open_before)
+        turns = self._rows.session_turns(self._topic, {k[:2] for k in chosen})
+        closing = [c for c in split(turns, gap) if c.is_open and c.key in chosen]
+        texts = self._rows.session_texts(
+            self._topic, (t for c in closing for t in c.turns if t.kept)
+        )
+        sessions = [judged_session(c, texts, self.config) for c in closing]
+        early = frozenset(k for k, is_early in chosen.items() if is_early)
+        if early:
+            log.warning(
+                "%d sessions judged before --session-gap passed: %d were open, more than "
+                "--session-max-open %d (the oldest are judged first)",
+                len(early), open_before, self._max_open,
+            )
+        return DueSessions(sessions, turns, early, open_before)
+
+    def changes(
+        self,
+        due: DueSessions,
+        session_windows: Mapping[SessionKey, dict[WindowKey, RatingCounts]],
+        fresh: Iterable[tuple[str, InferenceRecord]],
+        final_before: float | None,
+    ) -> SessionChanges:
+        """The cycle's changes (`plan`) on the sessions it touches: those it judged (their
+        verdict counts per window in `session_windows`, from the graph), those of its `fresh`
+        turns (`new_turns`), and the judged ones no turn can join any more; with their counts,
+        the hold and the open sessions after it."""
+        gap = self.config.gap_seconds
+        fresh = list(fresh)
+        given = {(e.app, e.session_id or "") for _, e in fresh}
+        loaded = {(t.app, t.session_id) for t in due.turns}
+        # A judged session is forgotten once its last turn + the gap is in a final window.
+        forget = (
+            self._rows.judged_sessions_before(self._topic, final_before - gap)
+            if final_before is not None
+            else set()
+        )
+        turns = [*due.turns, *self._rows.session_turns(self._topic, (given | forget) - loaded)]
+        changes = plan(
+            turns,
+            {session_key(x): session_windows.get(session_key(x), {}) for x in due.sessions},
+            self._rows.judged_sessions(self._topic, given),
+            fresh,
+            self.config,
+            window_size=self._window_size,
+            final_before=final_before,
+        )
+        for x in due.sessions:
+            changes.counts[counting.key(catalogue.SESSIONS_JUDGED, app=x.app, model=x.model)] += 1
+            if x.truncated:
+                changes.counts[
+                    counting.key(catalogue.SESSIONS_TRUNCATED, app=x.app, model=x.model)
+                ] += 1
+        for app, _, _ in due.early:
+            changes.counts[counting.key(catalogue.SESSIONS_CLOSED_EARLY, app=app)] += 1
+        opens = [s.last for spans in changes.spans.values() for s in spans if s.open]
+        for app, session_id, last in self._rows.open_sessions_by_last(self._topic):
+            if (app, session_id) not in changes.spans:
+                opens.append(last)
+                break
+        changes.hold = window_start(min(opens), self._window_size) if opens else None
+        before = spans_of(turns, gap)
+        changes.open_after = (
+            due.open_before
+            - sum(s.open for spans in before.values() for s in spans)
+            + sum(s.open for spans in changes.spans.values() for s in spans)
+        )
+        rejudged = sum(n for k, n in changes.counts.items() if k[0] == SESSIONS_REJUDGED)
+        if due.sessions or rejudged:
+            log.info(
+                "%d sessions judged (%d early), %d re-opened by a late turn, %d open",
+                len(due.sessions), len(due.early), rejudged, changes.open_after,
+            )
+        return changes

@@ -248,6 +248,7 @@ class TopicWatcher:
         for control in self.controls:
             gauges.update(control.gauges())
         gauges.update(self.inputs.gauges(self.state, s.topic))
+        gauges.update(self.sessions.gauges())
         self.health.publish(
             self.state, s.topic, gauges=gauges, zero_counters=self._zero_counters(),
             lags=self.partitions.lags(), calibrations=by_judge(s.judge_calibrations),
@@ -279,7 +280,8 @@ class TopicWatcher:
 
     # ----- the loop --------------------------------------------------------------------------
     def serve_forever(self, stop: StopRequest) -> None:
-        """Cycle until a stop is requested; the cycle in flight always finishes and is saved."""
+        """Cycle until a stop is requested; the cycle in flight finishes and is saved (or, if
+        it takes longer than serve's STOP_GRACE_SECONDS, is abandoned unsaved by the command)."""
         backoff = 1.0
         while not stop.requested:
             if self.partitions.refused is not None:  # /metrics and /healthz go on; counting not

@@ -31,7 +31,7 @@ from ragpulse.judges.sessions import SessionTurn
 from ragpulse.pipeline.costs.budget import HourSpend
 from ragpulse.pipeline.formats.otlp import Arrival, SpanPart
 from ragpulse.pipeline.metrics import counting
-from ragpulse.pipeline.service.conversations import SessionChanges, StoredTurn
+from ragpulse.pipeline.service.conversations import SessionChanges, StoredTurn, spans_of
 from ragpulse.pipeline.stages.sessions import SessionKey
 from ragpulse.pipeline.windows import RatingCounts, WindowKey, isoformat_utc, window_row
 
@@ -160,6 +160,12 @@ CREATE TABLE IF NOT EXISTS answered_calls (
 # late turn (`judged`: the judged session's last turn time; `turn`: the turn's text as JSON,
 # NULL when the cap or lateness left it out), and each judged session's verdict counts per
 # window, to take back out if a late turn re-opens it. Saved with the cycle's offsets.
+# `session_spans` indexes the session windows of those turns (one row per window: its last
+# turn's time, open or judged), so that a cycle finds the sessions due, the oldest open ones and
+# the hold by index and loads only the turns of the sessions it touches; it is rewritten for
+# the (app, session id)s a cycle touches, and built again from the turns when serve starts
+# with another --session-gap than the one it was built with (`session_spans_gap`), or on a
+# file that predates it.
 _SESSION_TABLES = """
 CREATE TABLE IF NOT EXISTS session_turns (
     topic TEXT NOT NULL,
@@ -180,7 +186,17 @@ CREATE TABLE IF NOT EXISTS judged_sessions (
     last REAL NOT NULL,
     counts BLOB NOT NULL,
     PRIMARY KEY (topic, app, session_id, last)
-)
+);
+CREATE TABLE IF NOT EXISTS session_spans (
+    topic TEXT NOT NULL,
+    app TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    last REAL NOT NULL,
+    open INTEGER NOT NULL,
+    PRIMARY KEY (topic, app, session_id, last)
+);
+CREATE INDEX IF NOT EXISTS session_spans_by_last ON session_spans (topic, open, last);
+CREATE TABLE IF NOT EXISTS session_spans_gap (gap REAL NOT NULL)
 """
 
 
@@ -567,19 +583,88 @@ class StateStore:
         ).fetchone()
         return int(row[0])
 
-    def session_turns(self, topic: str) -> list[StoredTurn]:
-        """The saved turns of open sessions and of judged ones a late turn may still join."""
+    def session_turns(
+        self, topic: str, apps_sessions: Iterable[tuple[str, str]] | None = None
+    ) -> list[StoredTurn]:
+        """The saved turns of open sessions and of judged ones a late turn may still join: all
+        of them, or those of these (app, session id)s (by the table's key)."""
+        columns = (
+            "SELECT app, session_id, request_id, event_time, model, size, judged, "
+            "turn IS NOT NULL AS turn FROM session_turns WHERE topic = ?"
+        )
+        if apps_sessions is None:
+            rows: Iterable[sqlite3.Row] = self._db.execute(columns, (topic,))
+        else:
+            rows = (
+                r
+                for app, session_id in set(apps_sessions)
+                for r in self._db.execute(
+                    columns + " AND app = ? AND session_id = ?", (topic, app, session_id)
+                )
+            )
         return [
             StoredTurn(
                 r["app"], r["session_id"], r["request_id"], r["event_time"], r["model"],
                 r["size"], bool(r["turn"]), r["judged"],
             )
-            for r in self._db.execute(
-                "SELECT app, session_id, request_id, event_time, model, size, judged, "
-                "turn IS NOT NULL AS turn FROM session_turns WHERE topic = ?",
-                (topic,),
-            )
+            for r in rows
         ]
+
+    def index_sessions(self, gap: float) -> bool:
+        """Make `session_spans` the session windows of the saved turns under `gap`: kept as it
+        is if it was built with that gap, else built again from every saved turn, once (a file
+        that predates it, or serve started with another --session-gap). True if it was built."""
+        db = self._db
+        row = db.execute("SELECT gap FROM session_spans_gap").fetchone()
+        if row is not None and row[0] == gap:
+            return False
+        with write_transaction(db):
+            db.execute("DELETE FROM session_spans")
+            db.execute("DELETE FROM session_spans_gap")
+            db.execute("INSERT INTO session_spans_gap (gap) VALUES (?)", (gap,))
+            topics = [r[0] for r in db.execute("SELECT DISTINCT topic FROM session_turns")]
+            for topic in topics:
+                db.executemany(
+                    "INSERT INTO session_spans (topic, app, session_id, last, open) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    [
+                        (topic, app, session_id, span.last, span.open)
+                        for (app, session_id), spans in spans_of(
+                            self.session_turns(topic), gap
+                        ).items()
+                        for span in spans
+                    ],
+                )
+        return True
+
+    def open_session_count(self, topic: str) -> int:
+        """How many sessions are open (not judged yet)."""
+        row = self._db.execute(
+            "SELECT COUNT(*) FROM session_spans WHERE topic = ? AND open = 1", (topic,)
+        ).fetchone()
+        return int(row[0])
+
+    def open_sessions_by_last(self, topic: str) -> Iterator[tuple[str, str, float]]:
+        """The open sessions as (app, session id, last turn's time), earliest last turn first,
+        read lazily from the index: a caller takes only the few it needs."""
+        cursor = self._db.execute(
+            "SELECT app, session_id, last FROM session_spans WHERE topic = ? AND open = 1 "
+            "ORDER BY last, app, session_id",
+            (topic,),
+        )
+        for r in cursor:
+            yield r["app"], r["session_id"], r["last"]
+
+    def judged_sessions_before(self, topic: str, last_before: float) -> set[tuple[str, str]]:
+        """The (app, session id)s of judged sessions whose last turn is before `last_before`."""
+        return {
+            (r["app"], r["session_id"])
+            for r in self._db.execute(
+                "SELECT app, session_id FROM session_spans WHERE topic = ? AND open = 0 "
+                "AND last < ?",
+                (topic, last_before),
+            )
+        }
 
     def session_texts(
         self, topic: str, turns: Iterable[StoredTurn]
@@ -772,12 +857,11 @@ def _save_sessions(db: sqlite3.Connection, topic: str, changes: SessionChanges) 
             for t, text in changes.added
         ],
     )
-    for t in changes.updated:
-        db.execute(
-            "UPDATE session_turns SET judged = ?, turn = CASE WHEN ? THEN turn END "
-            "WHERE topic = ? AND app = ? AND session_id = ? AND request_id = ?",
-            (t.judged, t.kept, topic, t.app, t.session_id, t.request_id),
-        )
+    db.executemany(
+        "UPDATE session_turns SET judged = ?, turn = CASE WHEN ? THEN turn END "
+        "WHERE topic = ? AND app = ? AND session_id = ? AND request_id = ?",
+        [(t.judged, t.kept, topic, t.app, t.session_id, t.request_id) for t in changes.updated],
+    )
     db.executemany(
         "DELETE FROM session_turns WHERE topic = ? AND app = ? AND session_id = ? "
         "AND request_id = ?",
@@ -786,6 +870,18 @@ def _save_sessions(db: sqlite3.Connection, topic: str, changes: SessionChanges) 
     db.executemany(
         "DELETE FROM judged_sessions WHERE topic = ? AND app = ? AND session_id = ? AND last = ?",
         [(topic, *k) for k in changes.judged_removed],
+    )
+    db.executemany(
+        "DELETE FROM session_spans WHERE topic = ? AND app = ? AND session_id = ?",
+        [(topic, *k) for k in changes.spans],
+    )
+    db.executemany(
+        "INSERT INTO session_spans (topic, app, session_id, last, open) VALUES (?, ?, ?, ?, ?)",
+        [
+            (topic, app, session_id, span.last, span.open)
+            for (app, session_id), spans in changes.spans.items()
+            for span in spans
+        ],
     )
     db.executemany(
         "INSERT OR REPLACE INTO judged_sessions (topic, app, session_id, last, counts) "

@@ -605,6 +605,12 @@ SERVE = FlagTable(ServeSettings, (
     JUDGES,
     BUDGET,
     *SESSIONS,
+    Flag(
+        "--session-max-open", "session_max_open", group=_SESSIONS, type=int, metavar="N",
+        help="most conversations kept open in the state file; beyond it the ones with the "
+        "oldest last turn are judged early and counted in ragpulse_sessions_closed_early_total "
+        "(default: %(default)s)",
+    ),
     *REVIEW,
     *BEAM,
 ))

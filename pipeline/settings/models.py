@@ -711,6 +711,13 @@ class ServeSettings(ReviewFields, SessionFields, BatchSettings):
     # The judge budget governor (pipeline/costs/budget.py); None: no budget.
     budget: InstanceOf[BudgetSettings] | None = None
     trace_assembly_wait_seconds: float = Field(30.0, ge=0)
+    # Open conversations kept in the state file (--session-judges; pipeline/service/
+    # conversations.py): beyond it the ones with the oldest last turn are judged early, counted.
+    # 100,000 is what about 1,000 turns/s of 4-turn conversations keeps open under the default
+    # 5m gap; a cycle's work no longer grows with it (docs/sessions.md), it bounds the state file
+    # (each open session keeps up to --session-max-bytes of text) and a cycle's burst of due
+    # sessions when the watermark jumps.
+    session_max_open: int = Field(100_000, ge=1, le=10_000_000)
     # OTLP/HTTP logs URL for gen_ai.evaluation.result events (pipeline/sinks/otlp_evaluations.py).
     evaluation_events_endpoint: str | None = None
 
