@@ -5,8 +5,9 @@ Prism runs as a job server (`prism --job_port=PORT`) and `ragpulse stream` submi
 `--runner PortableRunner`, the Kafka reader expanded by the same expansion service as on Flink.
 Prism 2.62.0 refused the stream's windowing strategy when the job was prepared: it implemented
 neither allowed lateness, nor accumulating panes, nor early/late triggers; Prism 2.70.0 accepts
-the job. The test submits the real job every time and is skipped with Prism's own message only when Prism still refuses
-exactly that; any other outcome fails it, so a Prism that starts to accept the job is noticed.
+the job. The test submits the real job every time and is skipped with Prism's own message only
+when Prism still refuses exactly that; any other outcome fails it, so a change in what Prism
+accepts is noticed.
 """
 
 from __future__ import annotations
