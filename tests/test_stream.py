@@ -337,3 +337,16 @@ def test_the_exporter_refuses_bad_settings_in_one_line() -> None:
     done = ragpulse("exporter", "--kafka-bootstrap", "k:9092", "--ratings-topic", "")
     line = one_line_error(done.returncode, done.stderr)
     assert line.startswith("ragpulse exporter: invalid settings: --ratings-topic: ")
+
+
+def test_a_consumer_auto_commit_is_refused_because_offsets_commit_only_at_checkpoints() -> None:
+    # Found on Flink: with the consumer's auto-commit the group's offset reached 248 while
+    # nothing had left the read stage, so a restart from the group would have skipped them.
+    base = ["stream", "--kafka-bootstrap", "127.0.0.1:9092", "--topic", "logs",
+            "--runner", "PortableRunner", "--print-config",
+            "--kafka-consumer-config", "group.id=ragpulse-stream",
+            "--beam-arg=--checkpointing_interval=60000"]
+    done = ragpulse(*base, "--kafka-consumer-config", "enable.auto.commit=true")
+    line = one_line_error(done.returncode, done.stderr, allow_info=True)
+    assert "enable.auto.commit must stay false" in line
+    assert ragpulse(*base, "--kafka-consumer-config", "enable.auto.commit=false").returncode == 0

@@ -3,10 +3,11 @@ stream-tools` (github.com/apache/beam/sdks/v2/go/cmd/prism at the pinned Beam ve
 
 Prism runs as a job server (`prism --job_port=PORT`) and `ragpulse stream` submits to it with
 `--runner PortableRunner`, the Kafka reader expanded by the same expansion service as on Flink.
-Prism 2.62.0 refuses the stream's windowing strategy when the job is prepared: it implements
-neither allowed lateness, nor accumulating panes, nor early/late triggers. The test submits the
-real job every time and is skipped with Prism's own message only when Prism still refuses
-exactly that; any other outcome fails it, so a Prism that starts to accept the job is noticed.
+Prism 2.62.0 refused the stream's windowing strategy when the job was prepared: it implemented
+neither allowed lateness, nor accumulating panes, nor early/late triggers; Prism 2.70.0 accepts
+the job. The test submits the real job every time and is skipped with Prism's own message only
+when Prism still refuses exactly that; any other outcome fails it, so a change in what Prism
+accepts is noticed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 import time
 from pathlib import Path
 
+import apache_beam
 import pytest
 from beam_services import service
 from cli import ragpulse
@@ -64,8 +66,9 @@ def test_stream_on_prism_runs_or_prism_still_refuses_its_windowing(
         )
     refused = UNIMPLEMENTED.findall(done.stderr)
     if done.returncode != 0 and refused:
+        version = apache_beam.__version__
         pytest.skip(
-            "Prism 2.62.0 (go install github.com/apache/beam/sdks/v2/go/cmd/prism@v2.62.0) "
+            f"Prism {version} (go install github.com/apache/beam/sdks/v2/go/cmd/prism@v{version}) "
             "refuses the stream's job at Prepare: " + "; ".join(refused)
         )
     assert done.returncode == 0, done.stderr[-4000:]

@@ -168,6 +168,9 @@ class ReadKafkaStream(beam.PTransform):
             "bootstrap.servers": bootstrap,
             "auto.offset.reset": "earliest",
             **(consumer_config or {}),
+            # Offsets are committed with checkpoints only (commit_offset_in_finalize below);
+            # the settings refuse a consumer_config that turns the consumer's auto-commit on.
+            "enable.auto.commit": "false",
         }
         self._topic = topic
         self._expansion_service = expansion_service

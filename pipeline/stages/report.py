@@ -144,7 +144,6 @@ class ReportLatestFailing(beam.PTransform):
         return (
             judged
             | "FailingSeries" >> beam.FlatMap(_failing_series)
-            # Beam 2.62's stubs type CombinePerKey's argument as a CombineFn; a callable works.
-            | "LatestPerSeries" >> beam.CombinePerKey(max)  # type: ignore[arg-type]
+            | "LatestPerSeries" >> beam.CombinePerKey(max)
             | "Report" >> beam.Map(_report_exemplar)
         )

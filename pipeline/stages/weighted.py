@@ -55,7 +55,6 @@ def ReportWeightedWindows(judged: Any, *, window_size: float) -> Any:
         judged
         | "WindowByEventTime" >> WindowByEventTime(window_size=window_size)
         | "WeightPerRating" >> beam.FlatMap(_weighted_ratings)
-        # Beam 2.62's stubs type CombinePerKey's argument as a CombineFn; a callable works.
-        | "SumWeights" >> beam.CombinePerKey(sum)  # type: ignore[arg-type]
+        | "SumWeights" >> beam.CombinePerKey(sum)
         | "Report" >> beam.ParDo(_ReportWeightedWindow())
     )
