@@ -182,6 +182,12 @@ class FlinkCluster:
     pool_port: int
     root: Path
     taskmanagers: dict[str, subprocess.Popen[bytes]] = dataclasses.field(default_factory=dict)
+    service_pids: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def pids(self) -> list[int]:
+        """The process (and session) ids of every process of the cluster and its services."""
+        return [*self.service_pids, *(p.pid for p in self.taskmanagers.values())]
 
     @property
     def config_dir(self) -> Path:
@@ -265,6 +271,15 @@ class FlinkCluster:
                 return str(tm["id"])
         raise AssertionError("no TaskManager runs a task")
 
+    def cancel(self, job_id: str) -> None:
+        """Cancels the job (no savepoint) and waits until Flink says it is cancelled."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.rest_port}/jobs/{job_id}?mode=cancel", method="PATCH"
+        )
+        urllib.request.urlopen(request, timeout=30).close()
+        wait_until(lambda: self.rest(f"/jobs/{job_id}")["state"] == "CANCELED",
+                   "the job's cancellation", logs=self.logs)
+
     def stop_with_savepoint(self, job_id: str) -> str:
         """Stops the job with a savepoint (Flink's stop, without draining: windows stay open
         in the savepoint); returns the savepoint's path."""
@@ -328,33 +343,33 @@ def flink_cluster_running(root: Path, taskmanagers: int = 2) -> Iterator[FlinkCl
         yaml.safe_dump(cluster.configuration(), sort_keys=True), encoding="utf-8"
     )
     with ExitStack() as stack:
-        stack.enter_context(service(
+        cluster.service_pids.append(stack.enter_context(service(
             "jobmanager",
             ["java", "-Xmx384m", *JAVA_17_OPENS, "-cp", beam_classpath(), JOB_MANAGER,
              "--configDir", str(cluster.config_dir)],
             cluster.rest_port,
             cluster.log_dir,
-        ))
+        )))
         stack.callback(cluster.stop_taskmanagers)
         cluster.start_taskmanagers(taskmanagers)
-        stack.enter_context(service(
+        cluster.service_pids.append(stack.enter_context(service(
             "expansion-service",
             java_command(EXPANSION_SERVICE, *local_expansion_args(cluster.expansion_port)),
             cluster.expansion_port,
             cluster.log_dir,
-        ))
-        stack.enter_context(service(
+        )))
+        cluster.service_pids.append(stack.enter_context(service(
             "flink-job-server",
             java_command(FLINK_JOB_SERVER, *local_job_server_args(
                 cluster.rest_port, cluster.job_port, cluster.artifact_port, root / "artifacts"
             )),
             cluster.job_port,
             cluster.log_dir,
-        ))
-        stack.enter_context(service(
+        )))
+        cluster.service_pids.append(stack.enter_context(service(
             "worker-pool", worker_pool_command(cluster.pool_port), cluster.pool_port,
             cluster.log_dir,
-        ))
+        )))
         yield cluster
 
 
