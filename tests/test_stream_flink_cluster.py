@@ -213,6 +213,7 @@ def test_stream_on_a_flink_cluster_counts_every_window_once_across_kills_and_a_s
         send(by_window[4])
         resumed = submit([*argv, f"--beam-arg=--savepoint_path={savepoint}"], cluster)
         assert resumed != job
+        assert cluster.restored_from(resumed) == savepoint
         send(by_window[5])
         expected = served(bootstrap, topic, len(events), tmp_path)
         assert {k[0] for k in expected} == {t0 + w * WINDOW_S for w in range(WINDOWS)}
