@@ -38,7 +38,7 @@ from ragpulse.pipeline.commands.simulate import SimulatedEvent, simulate
 from ragpulse.pipeline.formats import rating_rows
 from ragpulse.pipeline.formats.rating_rows import RatingPane
 
-pytestmark = [pytest.mark.slow, pytest.mark.flink, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.flink, pytest.mark.timeout(2700)]
 
 WINDOW_S = 10
 WINDOWS = 6
