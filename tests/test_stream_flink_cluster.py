@@ -219,11 +219,11 @@ def test_stream_on_a_flink_cluster_counts_every_window_once_across_kills_and_a_s
         assert {k[0] for k in expected} == {t0 + w * WINDOW_S for w in range(WINDOWS)}
         wait_until(lambda: latest(panes.read()) == expected,
                    "every window's final counts on the ratings topic", logs=cluster.logs)
+        seen = panes.read()
     finally:
         panes.close()
 
     # No pane shows more than its window's final counts: nothing was ever counted twice.
-    seen = panes.read()
     over = [p for p in seen if sum((p.counts.yes, p.counts.no, p.counts.error))
             > sum(expected[key(p)])]
     assert over == []
