@@ -21,10 +21,13 @@ from types import ModuleType
 from typing import Any
 
 import apache_beam
+import flink_cluster
 import pytest
 import yaml
+from flink_cluster import FlinkCluster
 from flink_runner import FlinkServices
-from test_stream_flink import stream_argv
+from test_stream_flink import stream_argv as embedded_stream_argv
+from test_stream_flink_cluster import stream_argv as cluster_stream_argv
 
 from ragpulse.pipeline import cli
 from ragpulse.pipeline.settings.command_flags import STREAM, settings_from
@@ -220,10 +223,51 @@ def flag_names(argv: Sequence[str]) -> list[str]:
 NOT_IN_DEPLOYMENT = {"--judges", "--judge-backend"}
 
 
-def test_the_flink_deployment_submits_the_flags_this_test_runs() -> None:
-    services = FlinkServices(8099, 8098, 8097, 50000, REPO)
-    tested = [f for f in flag_names(stream_argv("k:9092", "t", services))
+def a_cluster() -> FlinkCluster:
+    return FlinkCluster(8081, 8099, 8098, 8097, 50000, Path("/nonexistent"))
+
+
+def test_the_flink_deployment_submits_the_flags_the_cluster_test_runs() -> None:
+    tested = [f for f in flag_names(cluster_stream_argv("k:9092", "t", a_cluster()))
               if f not in NOT_IN_DEPLOYMENT]
     deployed = submit_job_args()
     assert deployed[0] == "stream"
     assert flag_names(deployed) == tested
+    # The embedded-Flink test submits a subset of them (one worker: no --parallelism).
+    services = FlinkServices(8099, 8098, 8097, 50000, REPO)
+    embedded = flag_names(embedded_stream_argv("k:9092", "t", services))
+    assert set(embedded) - NOT_IN_DEPLOYMENT <= set(tested)
+
+
+# What the cluster test may change in the deployed Flink configuration: where things are,
+# how much memory a JVM gets, and how fast a lost TaskManager is noticed.
+LOCAL_KINDS = ("jobmanager.memory.", "taskmanager.memory.", "taskmanager.cpu.", "heartbeat.")
+
+
+def test_the_cluster_test_runs_the_deployed_flink_configuration() -> None:
+    deployed = flink_cluster.deployed_flink_configuration()
+    local = a_cluster().configuration()
+    assert all(k.startswith(LOCAL_KINDS) for k in flink_cluster.LOCAL_FLINK_CONFIGURATION)
+    changed = {k for k, v in deployed.items() if local[k] != v}
+    assert changed == set(flink_cluster.PLACES)
+    assert "restart-strategy.type" in deployed and "state.backend.type" in deployed
+
+
+def test_the_cluster_test_runs_the_deployed_job_server_and_expansion_service_flags() -> None:
+    def names_and_values(args: list[str], places: tuple[str, ...]) -> list[str]:
+        return [a.partition("=")[0] if a.partition("=")[0] in places else a for a in args]
+
+    places = flink_cluster.JOB_SERVER_PLACES
+    local = flink_cluster.local_job_server_args(8081, 8099, 8098, Path("/artifacts"))
+    assert names_and_values(local, places) == names_and_values(
+        flink_cluster.deployed_job_server_args(), places)
+    environment = flink_cluster.EXPANSION_ENVIRONMENT
+
+    def without_environment(args: list[str]) -> list[str]:
+        return [a for a in args if a.partition("=")[0] not in environment]
+
+    local_expansion = flink_cluster.local_expansion_args(8097)
+    deployed_expansion = flink_cluster.deployed_expansion_args()
+    assert local_expansion[0] == deployed_expansion[0] == "8097"
+    assert without_environment(local_expansion) == without_environment(deployed_expansion)
+    assert "--defaultEnvironmentType=EMBEDDED" in local_expansion

@@ -7,7 +7,5 @@
 FROM eclipse-temurin:17-jre
 ADD https://repo.maven.apache.org/maven2/org/apache/beam/beam-sdks-java-io-expansion-service/2.62.0/beam-sdks-java-io-expansion-service-2.62.0.jar /opt/beam/expansion-service.jar
 EXPOSE 8097
-ENTRYPOINT ["java", "-jar", "/opt/beam/expansion-service.jar", "8097", \
-    "--javaClassLookupAllowlistFile=*", \
-    "--defaultEnvironmentType=PROCESS", \
-    "--defaultEnvironmentConfig={\"command\": \"/opt/apache/beam/boot\"}"]
+# Its flags are the container's args in jobserver.yaml (the cluster test runs the same ones).
+ENTRYPOINT ["java", "-jar", "/opt/beam/expansion-service.jar"]

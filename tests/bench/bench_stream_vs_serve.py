@@ -6,17 +6,20 @@ tenth of a minute apart, in the past, so that every window closes once it is rea
 to a test broker; then, R times each:
 
     stream  `ragpulse stream` submitted to an embedded Flink (tests/flink_runner.py, the jars of
-            `make stream-tools`), local judges, one-minute windows, its own ratings topic; timed
-            from the job's RUNNING state to the last window's on-time pane on the ratings topic
-            (the submission itself, one to two minutes of expansion and staging, is not
-            counted); CPU: the job server, the worker pool and its SDK workers
+            `make stream-tools`), or with `--flink cluster` to a Flink cluster of a JobManager
+            and two TaskManagers with deploy/flink's configuration and parallelism 2
+            (tests/flink_cluster.py), local judges, one-minute windows, its own ratings topic;
+            timed from the job's RUNNING state to the last window's on-time pane on the
+            ratings topic (the submission itself, one to two minutes of expansion and staging,
+            is not counted); CPU: every process of Flink and Beam's services (job server,
+            expansion service, JobManager, TaskManagers, the worker pool and its SDK workers)
     serve   `ragpulse serve` with a fresh state file, same judges and windows; timed from its
             start to its count of events read reaching N; CPU: the serve process
 
 and prints events/s and events per CPU-second, medians of R, side by side.
 
     RAGPULSE_CACHE=... .venv/bin/python tests/bench/bench_stream_vs_serve.py [--events N]
-        [--repeats R]
+        [--repeats R] [--flink embedded|cluster]
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cli import ragpulse_command
+from flink_cluster import FlinkCluster, flink_cluster_running
 from flink_runner import FlinkServices, flink_services
 from kafka_broker import ApacheKafkaBroker
 from serve_process import ServeProcess
@@ -70,7 +74,11 @@ def session_cpu_seconds(leaders: Iterable[int]) -> float:
 
 
 def stream_run(
-    broker: ApacheKafkaBroker, services: FlinkServices, topic: str, n_windows: set[float], run: int
+    broker: ApacheKafkaBroker,
+    services: FlinkServices | FlinkCluster,
+    topic: str,
+    n_windows: set[float],
+    run: int,
 ) -> tuple[float, float]:
     ratings = f"{topic}.ratings-{run}"
     create_topics(broker.bootstrap, ratings)
@@ -82,17 +90,23 @@ def stream_run(
         *services.stream_args,
         # Without checkpoints no pane left the job in the tests' runs (Beam 2.62.0, Flink 1.19).
         "--beam-arg=--checkpointing_interval=2000",
+        *(["--beam-arg=--parallelism=2"] if isinstance(services, FlinkCluster) else []),
     ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])
-    leaders = services.pids
+    leaders = list(services.pids)
     cpu0, t0 = session_cpu_seconds(leaders), time.monotonic()
     while not n_windows <= reader.on_time_windows():
         time.sleep(0.2)
     elapsed, cpu = time.monotonic() - t0, session_cpu_seconds(leaders) - cpu0
     reader.close()
-    cancel_jobs(services)
+    if isinstance(services, FlinkCluster):
+        job = services.running_job()
+        if job is not None:
+            services.cancel(job)
+    else:
+        cancel_jobs(services)
     return elapsed, cpu
 
 
@@ -118,18 +132,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--flink", choices=("embedded", "cluster"), default="embedded")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-stream-"))
     topic = "bench-logs"
     start = window_start(time.time()) - 2 * 3600
     events = list(simulate(11, args.events, start, rate=10.0))
     windows = {window_start(e.event_time) for e in events}
-    results: dict[str, list[tuple[float, float]]] = {"stream (Flink)": [], "serve": []}
-    with ApacheKafkaBroker() as broker, flink_services(work) as services:
+    stream = f"stream ({args.flink} Flink)"
+    results: dict[str, list[tuple[float, float]]] = {stream: [], "serve": []}
+    runner = flink_cluster_running(work) if args.flink == "cluster" else flink_services(work)
+    with ApacheKafkaBroker() as broker, runner as services:
         create_topics(broker.bootstrap, topic)
         produce_events(broker.bootstrap, topic, events)
         for run in range(args.repeats):
-            results["stream (Flink)"].append(stream_run(broker, services, topic, windows, run))
+            results[stream].append(stream_run(broker, services, topic, windows, run))
             results["serve"].append(serve_run(broker, topic, args.events, work, run))
     print(f"{args.events} events, {len(windows)} one-minute windows, judges {JUDGES} (local), "
           f"medians of {args.repeats} runs, {os.cpu_count()} cores")
