@@ -45,8 +45,8 @@ DOCKERFILES = [
 OUR_IMAGES = {
     "REGISTRY/ragpulse:TAG": REPO / "deploy" / "Dockerfile",
     "REGISTRY/ragpulse-beam-sdk:TAG": REPO / "deploy" / "beam-sdk.Dockerfile",
-    "REGISTRY/ragpulse-flink:1.19-beam2.62.0": FLINK / "flink.Dockerfile",
-    "REGISTRY/ragpulse-kafka-expansion:2.62.0": FLINK / "expansion-service.Dockerfile",
+    "REGISTRY/ragpulse-flink:1.19-beam2.70.0": FLINK / "flink.Dockerfile",
+    "REGISTRY/ragpulse-kafka-expansion:2.70.0": FLINK / "expansion-service.Dockerfile",
 }
 
 
