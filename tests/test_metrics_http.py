@@ -552,11 +552,25 @@ def test_a_thread_that_cannot_be_started_costs_one_request_and_no_share_of_its_a
     with caplog.at_level(logging.ERROR, logger="ragpulse.pipeline.metrics.http"):
         with pytest.raises((http.client.HTTPException, ConnectionError, urllib.error.URLError)):
             get(url + "/metrics")
-        assert get(url + "/metrics") == (200, "up\n")
+        assert _get_then_released(server, url + "/metrics") == (200, "up\n")
     assert failed
     assert any("can't start new thread" in r.getMessage() or (
         r.exc_info and "can't start new thread" in str(r.exc_info[1])) for r in caplog.records)
-    assert [get(url + "/healthz") for _ in range(5)] == [(200, "ok\n")] * 5
+    assert [_get_then_released(server, url + "/healthz") for _ in range(5)] == [
+        (200, "ok\n")
+    ] * 5
+
+
+def _get_then_released(server: MetricsHTTPServer, url: str) -> tuple[int, str]:
+    """`get`, then wait until the answering thread has given back the address's share: the
+    client has its whole answer (Content-Length) a moment before that thread ends, so with one
+    connection per address the next request would otherwise race the release."""
+    answer = get(url)
+    deadline = time.monotonic() + 30
+    while server._per_address.get("127.0.0.1"):
+        assert time.monotonic() < deadline, "the answered connection never released its share"
+        time.sleep(0.005)
+    return answer
 
 
 # --- the health listener -----------------------------------------------------------------------

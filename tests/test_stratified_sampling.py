@@ -103,8 +103,7 @@ def run_stratified(records: list[SourceRecord], tmp_path: Path, plan: SamplingPl
     config = stage_config(
         judges=JudgeSettings(backend="local", names=("groundedness",)).spec(),
         window_seconds=WINDOW,
-        sampling=plan,
-    )
+    ).admitting(sampling=plan)
     import apache_beam as beam
 
     return run_graph(beam.Create(records), config, Sinks(dead_letters=WriteDeadLetters(tmp_path)))
