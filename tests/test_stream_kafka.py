@@ -9,6 +9,8 @@ bundle instead, and the runner retries it.
 
 from __future__ import annotations
 
+import threading
+
 import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -102,3 +104,6 @@ def test_records_the_broker_does_not_acknowledge_fail_the_bundle_so_the_runner_r
             publish.finish_bundle()
     finally:
         publish.teardown()
+    # The producer that gave up on the record is closed for good: its I/O thread would
+    # otherwise send the record again later and recreate the topic after the test deletes it.
+    assert not [t.name for t in threading.enumerate() if t.name.endswith("-network-thread")]

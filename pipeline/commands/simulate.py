@@ -592,6 +592,8 @@ def produce_paced(
     from kafka import KafkaAdminClient, KafkaProducer
     from kafka.admin import NewTopic
 
+    from ragpulse.pipeline.sinks.kafka import close_producer
+
     if partitions is not None:
         admin = connect(KafkaAdminClient, bootstrap, security)
         try:
@@ -617,7 +619,7 @@ def produce_paced(
             sent += 1
         producer.flush(timeout=60)
     finally:
-        producer.close(timeout=10)
+        close_producer(producer, 10)
     elapsed = time.monotonic() - started
     print(
         f"simulate: sent {sent} events to {topic} in {elapsed:.1f}s "

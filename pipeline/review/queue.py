@@ -27,7 +27,13 @@ from ragpulse.pipeline.formats.review import (
     encode_label,
 )
 from ragpulse.pipeline.kafka_security import KafkaSecurity, connect
-from ragpulse.pipeline.sinks.kafka import KafkaTopic, OutputRecord, deliver, new_producer
+from ragpulse.pipeline.sinks.kafka import (
+    KafkaTopic,
+    OutputRecord,
+    close_producer,
+    deliver,
+    new_producer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -220,10 +226,7 @@ class LabelPublisher:
     def _close(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
-            try:
-                producer.close(timeout=0)
-            except Exception as exc:
-                log.debug("closing the producer: %s", exc)
+            close_producer(producer, 0)
 
     def close(self) -> None:
         with self._lock:

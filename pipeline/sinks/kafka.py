@@ -201,6 +201,27 @@ def new_producer(target: KafkaTopic) -> KafkaProducer:
     )
 
 
+def close_producer(producer: KafkaProducer, timeout_s: float) -> None:
+    """Close `producer` for good: its unsent records are given up on after `timeout_s`.
+
+    kafka-python 3's `close` flushes first and raises KafkaTimeoutError when records are still
+    pending (a broker outage), before it stops its I/O thread: that producer would live on,
+    retrying the records (sent again later, after the caller gave up on them) and refreshing
+    metadata, which recreates a deleted topic on a broker that creates topics on demand. So
+    then its I/O thread is stopped without sending (`force_close`) and the close completed.
+    """
+    try:
+        producer.close(timeout=timeout_s)
+        return
+    except kafka_errors.KafkaTimeoutError:
+        pass
+    sender = producer._sender  # no public way to abandon pending records
+    if sender is not None:
+        sender.force_close()
+        sender.join(timeout=max(timeout_s, 5.0))
+    producer.close(timeout=0)  # the pending records failed with the I/O thread: nothing waits
+
+
 def count_unacknowledged(where: str, why: str, n: int) -> None:
     """Hands `n` outputs that `where` (a topic, an endpoint) did not acknowledge, and why, to the
     caller (a Beam counter in UNACKNOWLEDGED_NAMESPACE, which pipeline.graphs.bounded reads)."""
@@ -310,10 +331,7 @@ class _Publish(SendPerBundle):
     def _close(self, timeout: float) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
-            try:
-                producer.close(timeout=timeout)
-            except Exception as exc:  # its unsent batches are given up on either way
-                log.debug("closing the producer: %s", exc)
+            close_producer(producer, timeout)
 
     def teardown(self) -> None:
         self._close(timeout=5)
