@@ -1,6 +1,7 @@
 """The `ragpulse` command: run (a file), serve (a Kafka topic), windows (read state), simulate,
 explain (the failing answers of a window), calibrate (a judge against human labels), stream
-(one unbounded Beam job), exporter (its ratings as /metrics) and review (the review page)."""
+(one unbounded Beam job), exporter (its ratings as /metrics), review (the review page) and
+align (a judge's prompt aligned to its labels)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ragpulse.judges.registry import JUDGE_NAMES
 from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.settings import sources as config_sources
 from ragpulse.pipeline.settings.command_flags import (
+    ALIGN,
     CALIBRATE,
     EXPLAIN,
     EXPORTER,
@@ -78,6 +80,12 @@ COMMANDS: dict[str, Command] = {
         "(--review-rate) and mark each judge's verdict right or wrong; labels go to a Kafka "
         "topic",
         REVIEW_PAGE,
+    ),
+    "align": Command(
+        "write a new prompt version of an LLM judge with few-shot examples from its "
+        "reviewers' labels, and report its agreement with them before and after "
+        "(cross-validated); the running prompt is not changed",
+        ALIGN,
     ),
 }
 

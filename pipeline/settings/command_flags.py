@@ -43,6 +43,7 @@ from ragpulse.pipeline.settings.models import (
     RUNNERS,
     SIMULATED_TOOLS,
     STREAM_RUNNERS,
+    AlignSettings,
     CalibrateSettings,
     ExplainSettings,
     ExporterSettings,
@@ -119,8 +120,9 @@ def _judge_flags(one_judge: bool) -> tuple[Flag, ...]:
             "--custom-judge", "custom_judges", group=g, action="append", type=Path,
             metavar="FILE",
             help="a custom LLM judge defined in YAML: the keys of a shipped prompt file (name, "
-            "version, ratings, inputs, task, rubric, one example per rating) plus requires and "
-            "when_missing; run it by adding its name to --judges (openai backend; repeatable)",
+            "version, ratings, inputs, task, rubric, one example or more per rating) plus "
+            "requires and when_missing; run it by adding its name to --judges (openai "
+            "backend; repeatable)",
         ),
         Flag(
             "--judge-prompts", "prompts_dir", group=g, type=Path, metavar="DIR",
@@ -769,6 +771,53 @@ CALIBRATE = FlagTable(CalibrateSettings, (
     Flag(
         "--show", "show", type=int, metavar="N",
         help="disagreements printed (all of them are in --output) (default: %(default)s)",
+    ),
+    ONE_JUDGE,
+))
+
+
+_LABELS_FROM = "labels (one of)"
+ALIGN = FlagTable(AlignSettings, (
+    Flag(
+        "--kafka-bootstrap", "bootstrap", group=_LABELS_FROM, one_of="labels", required=True,
+        metavar="HOST:PORT",
+        help="read the labels and the review items from the topics of `ragpulse review`",
+    ),
+    Flag(
+        "--labels", "labels_file", group=_LABELS_FROM, one_of="labels", required=True,
+        type=Path, metavar="FILE",
+        help="or from a JSON Lines file of label records (the labels topic's format, "
+        "docs/review.md), with --items",
+    ),
+    Flag(
+        "--items", "items_file", group=_LABELS_FROM, type=Path, metavar="FILE",
+        help="with --labels: JSON Lines of the review items labelled (the review topic's "
+        "format)",
+    ),
+    Flag(
+        "--topic", "topic", group="kafka",
+        help="the inference-log topic: the review and labels topics are TOPIC.review and "
+        "TOPIC.labels",
+    ),
+    Flag("--review-topic", "review_topic", group="kafka",
+         help="the review topic (default: TOPIC.review)"),
+    Flag("--labels-topic", "labels_topic", group="kafka",
+         help="the labels topic (default: TOPIC.labels)"),
+    KAFKA_TIMEOUT,
+    kafka_security("kafka security"),
+    Flag(
+        "--output", "output", type=Path, metavar="DIR",
+        help="where the new prompt version and align-report.json are written (default: "
+        "aligned-JUDGE); the running prompt is never changed",
+    ),
+    Flag(
+        "--examples", "examples", type=int, metavar="N",
+        help="labelled examples added to the prompt: both ratings, the judge's mistakes first, "
+        "as different from each other as the labels allow (default: %(default)s)",
+    ),
+    Flag(
+        "--folds", "folds", type=int, metavar="K",
+        help="cross-validation folds for the before/after agreement (default: %(default)s)",
     ),
     ONE_JUDGE,
 ))

@@ -821,6 +821,53 @@ class CalibrateSettings(BaseModel):
         return data
 
 
+class AlignSettings(BaseModel):
+    """Validated settings of `ragpulse align`: the judge, where its labels and review items are
+    read (the topics, or two JSON Lines files), and what is written."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    judges: JudgeSettings  # one judge
+    labels_file: Path | None = None
+    items_file: Path | None = None
+    bootstrap: str | None = None
+    topic: str | None = None
+    review_topic: str | None = None
+    labels_topic: str | None = None
+    kafka_timeout_seconds: float = Field(10.0, gt=0)
+    kafka_security: KafkaSecurity = PLAINTEXT
+    output: Path | None = None
+    examples: int = Field(6, ge=2, le=50)
+    folds: int = Field(5, ge=2, le=20)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_source(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = _derived_topics(data, review_topic=".review", labels_topic=".labels")
+        if data.get("labels_file") is not None:
+            if data.get("items_file") is None:
+                raise SettingsError("--labels FILE needs --items FILE: the review items the "
+                                    "labels are of (their text becomes the examples)")
+            for path, flag in ((data["labels_file"], "--labels"), (data["items_file"],
+                                                                   "--items")):
+                if not Path(path).is_file():
+                    raise SettingsError(f"{flag} {path}: no such file")
+        elif data.get("items_file") is not None:
+            raise SettingsError("--items goes with --labels; with --kafka-bootstrap the items "
+                                "are read from the review topic")
+        elif not (data.get("review_topic") and data.get("labels_topic")):
+            raise SettingsError("give --topic TOPIC (the review and labels topics are "
+                                "TOPIC.review and TOPIC.labels), or both --review-topic and "
+                                "--labels-topic")
+        if data.get("output") is None:
+            judges = data.get("judges")
+            if isinstance(judges, JudgeSettings) and judges.names:
+                data = {**data, "output": Path(f"aligned-{judges.names[0]}")}
+        return data
+
+
 # --- the commands around the service: windows, explain, simulate -----------------------------
 
 
