@@ -1,7 +1,7 @@
 """The `ragpulse` command: run (a file), serve (a Kafka topic), windows (read state), simulate,
 explain (the failing answers of a window), calibrate (a judge against human labels), stream
-(one unbounded Beam job), exporter (its ratings as /metrics), review (the review page) and
-align (a judge's prompt aligned to its labels)."""
+(one unbounded Beam job), exporter (its ratings as /metrics), review (the review page),
+align (a judge's prompt aligned to its labels) and import-labels (labels from elsewhere)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from ragpulse.pipeline.settings.command_flags import (
     CALIBRATE,
     EXPLAIN,
     EXPORTER,
+    IMPORT_LABELS,
     LOG_LEVEL,
     REVIEW_PAGE,
     RUN,
@@ -86,6 +87,11 @@ COMMANDS: dict[str, Command] = {
         "reviewers' labels, and report its agreement with them before and after "
         "(cross-validated); the running prompt is not changed",
         ALIGN,
+    ),
+    "import-labels": Command(
+        "publish human labels a team already has (MLflow traces' HUMAN assessments, or a CSV "
+        "or JSON Lines of event id, judge, label) to the labels topic",
+        IMPORT_LABELS,
     ),
 }
 
@@ -178,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
             assert sub is not None
             print(config_sources.effective_config(sub, args), end="")
             return 0
-        module = importlib.import_module(f"ragpulse.pipeline.commands.{args.command}")
+        module = importlib.import_module(
+            f"ragpulse.pipeline.commands.{args.command.replace('-', '_')}"
+        )
         return int(module.main(settings))
     except SettingsError as exc:
         print(f"ragpulse {args.command}: {exc}", file=sys.stderr)

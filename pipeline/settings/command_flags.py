@@ -47,6 +47,7 @@ from ragpulse.pipeline.settings.models import (
     CalibrateSettings,
     ExplainSettings,
     ExporterSettings,
+    ImportLabelsSettings,
     JudgeSettings,
     ReviewSettings,
     RunSettings,
@@ -820,6 +821,42 @@ ALIGN = FlagTable(AlignSettings, (
         help="cross-validation folds for the before/after agreement (default: %(default)s)",
     ),
     ONE_JUDGE,
+))
+
+
+IMPORT_LABELS = FlagTable(ImportLabelsSettings, (
+    Flag(
+        "input", "input", type=Path, metavar="FILE",
+        help="the labels: MLflow 3 traces exported as JSON (a trace, a list, or one per line; "
+        "their assessments whose source is HUMAN), or CSV / JSON Lines with event_id, judge, "
+        "label (yes/no) and optionally reviewer, note, labelled_at, judge_rating, "
+        "prompt_version",
+    ),
+    Flag(
+        "--format", "format", required=True, choices=["mlflow", "csv", "jsonl"],
+        help="the file's format",
+    ),
+    Flag(
+        "--reviewer", "reviewer", metavar="NAME",
+        help="csv and jsonl: the reviewer of rows that name none (default: each row must)",
+    ),
+    BOOTSTRAP,
+    Flag(
+        "--topic", "topic", group="kafka",
+        help="the inference-log topic: the review and labels topics are TOPIC.review and "
+        "TOPIC.labels",
+    ),
+    Flag("--review-topic", "review_topic", group="kafka",
+         help="where the judges' verdicts on the events are looked up (default: TOPIC.review)"),
+    Flag("--labels-topic", "labels_topic", group="kafka",
+         help="where the labels go (default: TOPIC.labels)"),
+    Flag(
+        "--dead-letter-topic", "dead_letter_topic", group="kafka",
+        help="rows that cannot be labels, with their reason in the `reason` header (default: "
+        "LABELS_TOPIC.dlq)",
+    ),
+    KAFKA_TIMEOUT,
+    kafka_security("kafka security"),
 ))
 
 

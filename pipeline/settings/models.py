@@ -868,6 +868,38 @@ class AlignSettings(BaseModel):
         return data
 
 
+class ImportLabelsSettings(BaseModel):
+    """Validated settings of `ragpulse import-labels`: the file, its format, and the topics."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: Annotated[Path, existing_file("labels file")]
+    format: Literal["mlflow", "csv", "jsonl"]
+    reviewer: str | None = Field(None, min_length=1, max_length=200)
+    bootstrap: str = Field(min_length=3)
+    topic: str | None = None
+    review_topic: str = Field(min_length=1)
+    labels_topic: str = Field(min_length=1)
+    dead_letter_topic: str = Field(min_length=1)
+    kafka_timeout_seconds: float = Field(10.0, gt=0)
+    kafka_security: KafkaSecurity = PLAINTEXT
+
+    @model_validator(mode="before")
+    @classmethod
+    def _topics(cls, data: Any) -> Any:
+        data = _derived_topics(data, review_topic=".review", labels_topic=".labels")
+        if isinstance(data, dict) and not (data.get("review_topic") and data.get("labels_topic")):
+            raise SettingsError("give --topic TOPIC (the review and labels topics are "
+                                "TOPIC.review and TOPIC.labels), or both --review-topic and "
+                                "--labels-topic")
+        if isinstance(data, dict) and not data.get("dead_letter_topic"):
+            data = {**data, "dead_letter_topic": f"{data['labels_topic']}.dlq"}
+        if isinstance(data, dict) and data.get("reviewer") and data.get("format") == "mlflow":
+            raise SettingsError("--reviewer is for csv and jsonl files: an MLflow assessment "
+                                "names its reviewer (source.source_id)")
+        return data
+
+
 # --- the commands around the service: windows, explain, simulate -----------------------------
 
 
