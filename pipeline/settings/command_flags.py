@@ -746,10 +746,15 @@ REVIEW_PAGE = FlagTable(ReviewSettings, (
     Flag("--port", "port", group="page", type=int, help="port (default: %(default)s)"),
     Flag(
         "--web-config-file", "web_config_file", group="page", type=Path, metavar="FILE",
-        required=True,
         help="TLS and basic auth, in the Prometheus exporters' web config format (as "
         "--web-config-file of serve): basic_auth_users are the reviewers, and a reviewer's "
         "login is the name on their labels",
+    ),
+    Flag(
+        "--bearer-token-file", "bearer_token_file", group="page", type=Path, metavar="FILE",
+        help="reviewers' bearer tokens (Authorization: Bearer, e.g. from a sign-on proxy), "
+        "besides or instead of basic auth: one 'REVIEWER SHA256_OF_TOKEN' per line; re-read "
+        "when it changes",
     ),
 ))
 

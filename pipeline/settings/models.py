@@ -785,8 +785,10 @@ class ReviewSettings(BaseModel):
     kafka_security: KafkaSecurity = PLAINTEXT
     host: str = "127.0.0.1"
     port: int = Field(9470, ge=0, le=65535)
-    # Required: the reviewer's name is their basic-auth login (pipeline/metrics/http.py).
-    web_config_file: Path
+    # TLS and basic-auth reviewers (pipeline/metrics/http.py), and/or reviewers' bearer tokens
+    # (pipeline/review/access.py): one of the two names every reviewer.
+    web_config_file: Path | None = None
+    bearer_token_file: Path | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -797,7 +799,18 @@ class ReviewSettings(BaseModel):
                 "give --topic TOPIC (the review and labels topics are TOPIC.review and "
                 "TOPIC.labels), or both --review-topic and --labels-topic"
             )
+        if isinstance(data, dict) and not (data.get("web_config_file")
+                                           or data.get("bearer_token_file")):
+            raise SettingsError(
+                "give --web-config-file (basic_auth_users) or --bearer-token-file, or both: a "
+                "reviewer's login or token is the name on their labels"
+            )
         return data
+
+    @property
+    def dead_letter_topic(self) -> str:
+        """Where review-topic records the page cannot show go, with their reason."""
+        return f"{self.review_topic}.dlq"
 
 
 class CalibrateSettings(BaseModel):
