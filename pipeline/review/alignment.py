@@ -49,8 +49,9 @@ DEFAULT_FOLDS = 5
 # An example's text is a prompt's fixed part, paid on every call: each field is cut to this.
 EXAMPLE_FIELD_CHARS = 1200
 EXAMPLE_CHUNKS = 4
-# The inputs a review item holds; a judge that reads others cannot be shown labelled examples.
-ALIGNABLE_INPUTS = frozenset({"question", "answer", "chunks"})
+# The inputs a review item holds (history: none, a single turn is reviewed); a judge that
+# reads others cannot be shown labelled examples.
+ALIGNABLE_INPUTS = frozenset({"question", "answer", "chunks", "history"})
 _WORD = re.compile(r"\w+")
 
 # Judges a list of inputs with a prompt: each verdict's value ("yes"/"no"), or None when the
