@@ -28,15 +28,14 @@ from ragpulse.pipeline.formats.review import (
     encode_label,
 )
 from ragpulse.pipeline.kafka_security import KafkaSecurity, connect
-from ragpulse.pipeline.records import HEAD_BYTES
 from ragpulse.pipeline.sinks.kafka import (
-    DEAD_LETTER_MAX_VALUE_BYTES,
     KafkaTopic,
     OutputRecord,
     close_producer,
     dead_letter_head,
     deliver,
     new_producer,
+    review_dead_letter,
 )
 
 log = logging.getLogger(__name__)
@@ -85,16 +84,11 @@ def dead_letter_publisher(target: KafkaTopic) -> DeadLetters:
 
 def refused_record(topic: str, partition: int, offset: int, key: bytes | None, value: bytes,
                    reason: str) -> OutputRecord:
-    """A review-topic record the page cannot use, as a dead letter: the value (its head when
-    over DEAD_LETTER_MAX_VALUE_BYTES) and the headers of serve's dead letters."""
-    kept = value if len(value) <= DEAD_LETTER_MAX_VALUE_BYTES else value[:HEAD_BYTES]
-    return OutputRecord(kept, key, (
-        ("reason", reason.encode("utf-8")),
+    """A review-topic record the page cannot use, as a dead letter (`review_dead_letter`)."""
+    return review_dead_letter(value, key, reason, (
         ("source-topic", topic.encode("utf-8")),
         ("source-partition", str(partition).encode()),
         ("source-offset", str(offset).encode()),
-        ("original-size", str(len(value)).encode()),
-        ("truncated", b"true" if len(kept) < len(value) else b"false"),
     ))
 
 

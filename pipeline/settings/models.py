@@ -523,13 +523,13 @@ class ReviewFields(BaseModel):
 
         judges: JudgeSettings = getattr(self, "judges")  # noqa: B009 (a field of the model)
         scales = _judge_scales(judges)
+        topic = self.review_topic or getattr(self, "topic") + ".review"  # noqa: B009
+        bootstrap = getattr(self, "bootstrap")  # noqa: B009
+        security = getattr(self, "kafka_security")  # noqa: B009
+        timeout = getattr(self, "kafka_timeout_seconds")  # noqa: B009
         return ReviewQueueConfig(
-            target=KafkaTopic(
-                getattr(self, "bootstrap"),  # noqa: B009
-                getattr(self, "kafka_security"),  # noqa: B009
-                self.review_topic or getattr(self, "topic") + ".review",  # noqa: B009
-                getattr(self, "kafka_timeout_seconds"),  # noqa: B009
-            ),
+            target=KafkaTopic(bootstrap, security, topic, timeout),
+            dead_letters=KafkaTopic(bootstrap, security, f"{topic}.dlq", timeout),
             rate=self.review_rate,
             targets=self.review_targets,
             unsure_band=self.review_unsure_band,
