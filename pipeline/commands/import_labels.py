@@ -20,7 +20,6 @@ Nothing is dropped silently:
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from datetime import UTC, datetime
 
@@ -37,8 +36,6 @@ from ragpulse.pipeline.review.imports import (
 )
 from ragpulse.pipeline.review.labelled import read_topic
 from ragpulse.pipeline.settings.models import ImportLabelsSettings
-
-log = logging.getLogger(__name__)
 
 
 def read_rows(settings: ImportLabelsSettings) -> list[ImportRow]:
@@ -79,21 +76,11 @@ def main(settings: ImportLabelsSettings) -> int:
 
     rows = read_rows(settings)
     timeout = settings.kafka_timeout_seconds
-    try:
-        items, _ = read_topic(settings.bootstrap, settings.kafka_security,
-                              settings.review_topic, timeout, decode_item)
-    except SettingsError as exc:
-        if "does not exist" not in str(exc):
-            raise
-        log.warning("%s: every row needs judge_rating and prompt_version", exc)
-        items = []
-    try:
-        present, _ = read_topic(settings.bootstrap, settings.kafka_security,
-                                settings.labels_topic, timeout, decode_label)
-    except SettingsError as exc:
-        if "does not exist" not in str(exc):
-            raise
-        present = []  # created by the first publish
+    # A topic not there yet holds nothing: each row then needs its judge_rating and version.
+    items, _ = read_topic(settings.bootstrap, settings.kafka_security, settings.review_topic,
+                          timeout, decode_item, missing_ok=True)
+    present, _ = read_topic(settings.bootstrap, settings.kafka_security, settings.labels_topic,
+                            timeout, decode_label, missing_ok=True)
     by_event = {item.event_id: item for item in items}
     known = {label.label_id for label in present}
     labels: dict[str, LabelRecord] = {}

@@ -120,16 +120,22 @@ def plain_rows(data: bytes, kind: str, reviewer: str | None, now: datetime) -> I
         for row in reader:
             yield _plain_row(dict(row), f"line {reader.line_num}", reviewer, now)
         return
+    for where, row in _json_lines(data):
+        yield _plain_row(row, where, reviewer, now)
+
+
+def _json_lines(data: bytes) -> Iterator[tuple[str, dict[str, Any]]]:
+    """("line N", object) of each non-blank line of JSON Lines."""
     for number, raw in enumerate(data.splitlines(), start=1):
         if not raw.strip():
             continue
         try:
-            row = orjson.loads(raw)
+            line = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise InvalidImportRow(f"line {number}: not JSON ({exc})") from None
-        if not isinstance(row, dict):
+        if not isinstance(line, dict):
             raise InvalidImportRow(f"line {number}: not a JSON object")
-        yield _plain_row(row, f"line {number}", reviewer, now)
+        yield f"line {number}", line
 
 
 def _plain_row(row: dict[str, Any], where: str, reviewer: str | None,
@@ -229,16 +235,7 @@ def _traces(data: bytes) -> Iterator[tuple[str, dict[str, Any]]]:
                 raise InvalidImportRow(f"trace {number}: not a JSON object")
             yield f"trace {number}", trace
         return
-    for number, raw in enumerate(data.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            trace = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidImportRow(f"line {number}: not JSON ({exc})") from None
-        if not isinstance(trace, dict):
-            raise InvalidImportRow(f"line {number}: not a JSON object")
-        yield f"line {number}", trace
+    yield from _json_lines(data)
 
 
 # -- rows as labels -----------------------------------------------------------------------------

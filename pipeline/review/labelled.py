@@ -144,10 +144,12 @@ def read_topic(
     topic: str,
     timeout_s: float,
     decode: Callable[[bytes], _Record],
+    missing_ok: bool = False,
 ) -> tuple[list[_Record], int]:
     """Every record of `topic` from its start to the end it had when called, decoded, and how
     many were refused (not a record of the kind: left out, counted). SettingsError when the
-    topic does not exist or the broker does not answer within `timeout_s`."""
+    broker does not answer within `timeout_s`, or the topic does not exist (none read, with
+    `missing_ok`)."""
     from kafka import KafkaConsumer, TopicPartition
 
     try:
@@ -160,6 +162,8 @@ def read_topic(
     try:
         partitions = consumer.partitions_for_topic(topic)
         if not partitions:
+            if missing_ok:
+                return [], 0
             raise SettingsError(f"topic {topic} does not exist on {bootstrap}")
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         consumer.assign(tps)
