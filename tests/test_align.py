@@ -35,7 +35,12 @@ from ragpulse.pipeline.formats.review import (
     encode_label,
     label_id,
 )
-from ragpulse.pipeline.review.alignment import choose_examples, folds_of
+from ragpulse.pipeline.review.alignment import (
+    AlignmentError,
+    check_alignable,
+    choose_examples,
+    folds_of,
+)
 from ragpulse.pipeline.review.labelled import LabelledItem, gather
 
 T0 = datetime(2025, 11, 20, 10, 0, tzinfo=UTC)
@@ -167,6 +172,17 @@ def test_labels_sent_twice_count_once_and_disagreeing_reviewers_are_left_out() -
     assert len(gathered.items) == 7
     assert gathered.left_out == {"no review item": 1, "reviewers disagree": 2}
     assert "plain_right-0" not in {i.event_id for i in gathered.items}
+
+
+@pytest.mark.parametrize(("judge", "message"), [
+    ("correctness", "correctness reads expected, which review items do not hold"),
+    ("chunk_relevance", "chunk_relevance grades each passage"),
+])
+def test_judges_whose_inputs_review_items_lack_cannot_be_aligned(judge: str, message: str) -> None:
+    items = [labelled(f"y{i}", "yes", "q") for i in range(6)] + [
+        labelled(f"n{i}", "no", "q") for i in range(6)]
+    with pytest.raises(AlignmentError, match=message):
+        check_alignable(load_prompt(judge), items)
 
 
 # -- the command, with the stand-in judge -----------------------------------------------------

@@ -173,3 +173,24 @@ def test_a_malformed_row_stops_the_import_naming_it_and_nothing_is_published(
     assert "nothing was published" in done.stderr
     assert records(topics, "chat.labels") == []
     assert records(topics, "chat.labels.dlq") == []
+
+
+def test_without_a_review_topic_rows_carrying_their_verdict_are_labels_the_rest_dead_letters(
+    tmp_path: Path, kafka_broker: ApacheKafkaBroker
+) -> None:
+    # No review topic yet (serve never queued) and no labels topic: the first publish makes it.
+    kafka_broker.create_topic("chat.labels.dlq", 1)
+    rows = tmp_path / "labels.jsonl"
+    rows.write_text(
+        '{"event_id": "e1", "judge": "safety", "label": "no", "reviewer": "dee", '
+        '"judge_rating": "yes", "prompt_version": "local", "labelled_at": "2025-11-21T08:00:00"}\n'
+        '{"event_id": "e2", "judge": "safety", "label": "yes", "reviewer": "dee"}\n'
+    )
+    done = import_labels(rows, kafka_broker.bootstrap, "--format", "jsonl")
+    assert done.returncode == 0, done.stderr
+    [(value, _)] = records(kafka_broker.bootstrap, "chat.labels")
+    label = decode_label(value)
+    assert (label.event_id, label.verdict, label.prompt_version) == ("e1", "wrong", "local")
+    assert label.labelled_at == datetime(2025, 11, 21, 8, 0, tzinfo=UTC)  # no zone: UTC
+    [(_, headers)] = records(kafka_broker.bootstrap, "chat.labels.dlq")
+    assert headers["reason"].startswith(b"unknown verdict: no verdict of safety on event e2")
