@@ -318,6 +318,60 @@ def cohen_kappa(pairs: Sequence[tuple[Value, Value]]) -> float | None:
     return (observed - chance) / (1 - chance)
 
 
+Agreement = Callable[[Sequence[tuple[Value, Value]]], float | None]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Interval:
+    """A figure and its 95 % percentile-bootstrap interval (low, high: None when too few
+    resamples define the figure, e.g. every resample held one class)."""
+
+    value: float | None
+    low: float | None
+    high: float | None
+
+
+def bootstrap_interval(
+    pairs: Sequence[tuple[Value, Value]], figure: Agreement, draws: int = MC_DRAWS
+) -> Interval:
+    """`figure` (balanced_accuracy, cohen_kappa) of (label, verdict) pairs, with the 2.5 and
+    97.5 percentiles of the figure over `draws` resamples of the pairs with replacement. The
+    seed is fixed: the same pairs always give the same interval."""
+    return _bootstrap(len(pairs), lambda rows: figure([pairs[i] for i in rows]), draws)
+
+
+def paired_difference_interval(
+    triples: Sequence[tuple[Value, Value, Value]], figure: Agreement, draws: int = MC_DRAWS
+) -> Interval:
+    """figure(after) - figure(before) over (label, before, after) triples of the same items,
+    with its bootstrap interval: each resample draws items, so both figures move together and
+    the interval is that of the change, narrower than two separate intervals suggest."""
+
+    def change(rows: Sequence[int]) -> float | None:
+        before = figure([(triples[i][0], triples[i][1]) for i in rows])
+        after = figure([(triples[i][0], triples[i][2]) for i in rows])
+        return None if before is None or after is None else after - before
+
+    return _bootstrap(len(triples), change, draws)
+
+
+def _bootstrap(
+    n: int, statistic: Callable[[Sequence[int]], float | None], draws: int
+) -> Interval:
+    value = statistic(range(n)) if n else None
+    if value is None:
+        return Interval(None, None, None)
+    rng = np.random.default_rng(MC_SEED)
+    found = [
+        s for rows in rng.integers(0, n, size=(draws, n))
+        if (s := statistic(rows.tolist())) is not None
+    ]
+    if len(found) < draws // 2:  # most resamples leave the figure undefined: no interval
+        return Interval(value, None, None)
+    low, high = np.percentile(found, [100 * _TAIL, 100 * (1 - _TAIL)])
+    return Interval(value, min(float(low), value), max(float(high), value))
+
+
 # ------------------------------------------------------------------ calibration files
 
 

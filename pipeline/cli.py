@@ -1,6 +1,7 @@
 """The `ragpulse` command: run (a file), serve (a Kafka topic), windows (read state), simulate,
 explain (the failing answers of a window), calibrate (a judge against human labels), stream
-(one unbounded Beam job), exporter (its ratings as /metrics) and review (the review page)."""
+(one unbounded Beam job), exporter (its ratings as /metrics), review (the review page),
+align (a judge's prompt aligned to its labels) and import-labels (labels from elsewhere)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from ragpulse.judges.registry import JUDGE_NAMES
 from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.settings import sources as config_sources
 from ragpulse.pipeline.settings.command_flags import (
+    ALIGN,
     CALIBRATE,
     EXPLAIN,
     EXPORTER,
+    IMPORT_LABELS,
     LOG_LEVEL,
     REVIEW_PAGE,
     RUN,
@@ -78,6 +81,17 @@ COMMANDS: dict[str, Command] = {
         "(--review-rate) and mark each judge's verdict right or wrong; labels go to a Kafka "
         "topic",
         REVIEW_PAGE,
+    ),
+    "align": Command(
+        "write a new prompt version of an LLM judge with few-shot examples from its "
+        "reviewers' labels, and report its agreement with them before and after "
+        "(cross-validated); the running prompt is not changed",
+        ALIGN,
+    ),
+    "import-labels": Command(
+        "publish human labels a team already has (MLflow traces' HUMAN assessments, or a CSV "
+        "or JSON Lines of event id, judge, label) to the labels topic",
+        IMPORT_LABELS,
     ),
 }
 
@@ -170,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
             assert sub is not None
             print(config_sources.effective_config(sub, args), end="")
             return 0
-        module = importlib.import_module(f"ragpulse.pipeline.commands.{args.command}")
+        module = importlib.import_module(
+            f"ragpulse.pipeline.commands.{args.command.replace('-', '_')}"
+        )
         return int(module.main(settings))
     except SettingsError as exc:
         print(f"ragpulse {args.command}: {exc}", file=sys.stderr)

@@ -87,7 +87,7 @@ def _without(key: str) -> dict:
          "judge (add it to inputs)"),
         (_example_rating("maybe"), "examples.1.rating", "Input should be 'yes' or 'no'"),
         (_without("rubric"), "rubric", "Field required"),
-        (_set("examples", sample_data()["examples"][:1]), "examples", "need exactly one example "
+        (_set("examples", sample_data()["examples"][:1]), "examples", "need at least one example "
          "per rating"),
         (_set("sytem", "be nice"), "sytem", "Extra inputs are not permitted"),
         (_set("when_missing", ""), "when_missing", "at least 1 character"),

@@ -363,3 +363,51 @@ def test_the_session_judges_real_replies_parse_one_call_per_conversation(
     assert set(counts) <= {"yes", "no", "error:truncated"}, counts
     for judge in SESSION_JUDGES:
         assert tokens(counters, judge, "prompt") > 0, judge
+
+
+def test_align_against_a_real_model_reports_both_prompts_agreement_and_writes_a_new_version(
+    real_model: LlamaServer, tmp_path: Path
+) -> None:
+    # The labelled items of tests/test_align.py (10: the fewest align takes), both prompts
+    # graded by the real server. The 135M model's agreement says nothing about alignment;
+    # what must hold is that the items reached verdicts with the current prompt and with
+    # the prompts carrying labelled examples (a longer system message, the same reply
+    # grammar), and that the new version is a prompt folder the judges load.
+    from test_align import items_and_labels, write_jsonl
+
+    from ragpulse.judges.llm.judge import load_prompt
+
+    items, labels = items_and_labels(per_kind=3)
+    labels = labels[:10]  # 6 yes, 4 no
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
+    out = tmp_path / "aligned"
+    done = ragpulse(
+        "align",
+        "--judge", "groundedness",
+        "--labels", str(write_jsonl(tmp_path / "labels.jsonl", labels)),
+        "--items", str(write_jsonl(tmp_path / "items.jsonl", items)),
+        "--output", str(out),
+        "--examples", "2",
+        "--folds", "2",
+        "--judge-backend", "openai",
+        "--judge-base-url", real_model.base_url,
+        "--judge-model", real_model.model,
+        "--judge-concurrency", "2",
+        "--judge-timeout", "5m",
+        "--judge-batch-deadline", "30m",
+        "--judge-max-tokens", "512",
+        env=env, timeout=1800,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = orjson.loads((out / "align-report.json").read_bytes())
+    cv = report["cross_validation"]
+    print(f"align groundedness with the real model: {cv}")
+    assert report["labelled_items"] == 10
+    # A judge error (a reply cut at max tokens) leaves an item out of both; most must grade.
+    assert cv["graded"] + cv["left_out"] == 10 and cv["graded"] >= 5, cv
+    for figure in ("before_kappa", "after_kappa"):
+        value = cv[figure]["value"]
+        assert value is None or -1.0 <= value <= 1.0, cv
+    new = load_prompt("groundedness", out / "prompts")
+    assert new.version == load_prompt("groundedness").version + 1
+    assert len(new.examples) == len(load_prompt("groundedness").examples) + 2

@@ -262,9 +262,13 @@ class JudgePrompt(BaseModel):
         if scale == "binary":
             if any(e.score is not None for e in examples):
                 raise ValueError("a binary judge's examples have a rating, not a score")
-            shown = sorted(str(e.rating) for e in examples)
+            # At least one per rating; more are the labelled examples of an aligned prompt
+            # (`ragpulse align`, pipeline/review/alignment.py).
+            shown = sorted({str(e.rating) for e in examples})
             if shown != ["no", "yes"]:
-                raise ValueError(f"need exactly one example per rating ['yes', 'no'], got {shown}")
+                raise ValueError(
+                    f"need at least one example per rating ['yes', 'no'], got {shown}"
+                )
             return examples
         if any(e.rating is not None for e in examples):
             raise ValueError(f"a {scale} judge's examples have a score, not a rating")

@@ -37,6 +37,9 @@ QUEUE_REASONS: tuple[QueueReason, ...] = get_args(QueueReason)
 # estimate of a judge's error rates (they are not a uniform sample of its verdicts).
 TargetedReason = Literal["disagreement", "unsure", "failing"]
 TARGETED_REASONS: tuple[TargetedReason, ...] = get_args(TargetedReason)
+# A label's reason: its item's, or `imported` (`ragpulse import-labels`: a team's own labels,
+# chosen by the team, so, like targeted ones, kept apart from the error-rate estimate).
+LabelReason = Literal["random", "disagreement", "unsure", "failing", "imported"]
 
 # A review item the page shows whole: a larger one is kept apart (dead-letter topic) with this
 # reason, never cut (a cut answer or chunk would be reviewed as if it were the whole).
@@ -158,8 +161,8 @@ class LabelRecord(BaseModel):
     note: str | None = Field(None, max_length=MAX_NOTE_CHARS)
     reviewer: Name
     labelled_at: AwareTime
-    # The item's queue reason: only labels with `random` estimate a judge's error rates.
-    reason: QueueReason
+    # The item's queue reason (or `imported`): only `random` labels estimate error rates.
+    reason: LabelReason
 
     @model_validator(mode="after")
     def _consistent(self) -> LabelRecord:
