@@ -78,8 +78,18 @@ def is_structured(text: str) -> bool:
             return isinstance(json.loads(body), dict | list)
         except ValueError:
             return len(_JSON_KEY.findall(body, 0, 2000)) >= 3
+    if "|" not in body and "\t" not in body:
+        return False  # no line can be a table row (most chunks: prose)
     lines = [line for line in body.splitlines() if line.strip()]
     return len(lines) >= 2 and 2 * sum(bool(_TABLE_ROW.match(x)) for x in lines) > len(lines)
+
+
+@functools.lru_cache(maxsize=4096)
+def _mostly_records(chunks: tuple[str, ...]) -> bool:
+    """Whether at least half of the chunks' text is structured (`is_structured`); memoised
+    because the same retrieval results recur."""
+    structured = sum(len(c) for c in chunks if is_structured(c))
+    return 2 * structured >= sum(len(c) for c in chunks)
 
 
 def is_summary_request(question: str) -> bool:
@@ -225,8 +235,7 @@ class GroundednessJudge(LocalJudge):
 
     def decide(self, item: JudgeInput) -> tuple[Rating, str]:
         chunks = [c.content for c in item.chunks if c.content and not c.content.isspace()]
-        structured = sum(len(c) for c in chunks if is_structured(c))
-        records = 2 * structured >= sum(len(c) for c in chunks)
+        records = _mostly_records(tuple(chunks))
         if not records and is_summary_request(item.question):
             return self._decide_summary(item, chunks)
         # Records are always reworded: only invented numbers and names count there.
