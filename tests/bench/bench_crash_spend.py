@@ -64,6 +64,20 @@ def serve_args(endpoint: FakeOpenAI, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+class ServeWithoutHealthPort(ServeProcess):
+    """serve from a code tree older than --health-port (before issue 31)."""
+
+    def serve_args(self) -> list[str]:
+        args = super().serve_args()
+        at = args.index("--health-port")
+        return args[:at] + args[at + 2 :]
+
+
+def serve_class(code: Path) -> type[ServeProcess]:
+    flags = (code / "pipeline" / "settings" / "command_flags.py").read_text()
+    return ServeProcess if "--health-port" in flags else ServeWithoutHealthPort
+
+
 def ok_calls(endpoint: FakeOpenAI) -> list[RecordedRequest]:
     return [r for r in endpoint.requests if r.outcome == "ok"]
 
@@ -97,7 +111,9 @@ def kills(code: Path, n_events: int, n_kills: int, seed: int) -> dict[str, float
         broker.produce("kills", distinct_events(n_events), partition=0)
         kills_at: list[float] = []
         for _ in range(n_kills):
-            serve = ServeProcess(broker.bootstrap, "kills", state, serve_args(endpoint), env=env)
+            serve = serve_class(code)(
+                broker.bootstrap, "kills", state, serve_args(endpoint), env=env
+            )
             serve.start()
             before = len(ok_calls(endpoint))
             target = before + rnd.randint(5, 60)
@@ -109,7 +125,7 @@ def kills(code: Path, n_events: int, n_kills: int, seed: int) -> dict[str, float
                 kills_at.append(time.monotonic())  # before: kill() waits for the process
                 serve.kill()
                 serve.stop()  # removes its temp folder
-        final = ServeProcess(broker.bootstrap, "kills", state, serve_args(endpoint), env=env)
+        final = serve_class(code)(broker.bootstrap, "kills", state, serve_args(endpoint), env=env)
         final.start()
         scrape = final.wait_for(
             lambda m: caught_up(n_events)(m)
@@ -163,7 +179,7 @@ def budget(code: Path, restarts: int, per_hour: int) -> dict[str, float]:
         for r in range(restarts):
             # 40 new events for each process: its first cycle judges a probe of them.
             broker.produce("budget", events[40 * r : 40 * (r + 1)], 0)
-            serve = ServeProcess(
+            serve = serve_class(code)(
                 broker.bootstrap, "budget", state, serve_args(endpoint, *args_extra), env=env
             )
             serve.start()
@@ -216,7 +232,7 @@ def pace(
         producer.start()
         try:
             while (launched := time.monotonic()) - started < seconds:
-                serve = ServeProcess(
+                serve = serve_class(code)(
                     broker.bootstrap, "pace", state, serve_args(endpoint, *args_extra), env=env
                 )
                 serve.start()
