@@ -18,7 +18,9 @@ given (e.g. the main checkout and this one), side by side in one run:
             the largest ragpulse_judge_budget_spent_this_hour seen / B.
     pace    the issue's scenario: --judge-budget-per-hour B with --rate events a second arriving
             for --seconds; serve restarted (SIGKILL, then a new process) every --restart-every
-            seconds, and one process over the same traffic. Reported: tokens paid / B for each.
+            seconds from its launch, or once it has committed its first cycle if that is later
+            (a busy machine starts serve slowly), and one process over the same traffic.
+            Reported: tokens paid / B for each, and how many processes ran.
             Each run's serves share a clock (libfaketime) that starts at --start-second of an
             hour (default 60), so the pace, which depends on the seconds left in the hour, is
             the same for every code, and no run crosses an hour (which would reset the spend).
@@ -237,8 +239,18 @@ def pace(
                 )
                 serve.start()
                 processes += 1
-                ends = min(started + seconds, launched + (restart_every or seconds))
-                time.sleep(max(0.0, ends - time.monotonic()))
+                if restart_every is not None:
+                    # Each process lives to commit its first cycle (the one a restart
+                    # front-loads), however slow the machine is, and --restart-every at least.
+                    serve.wait_for(
+                        lambda m: m.total("ragpulse_cycles_total", outcome="ok") >= 1, 300,
+                        "a first cycle",
+                    )
+                ends = max(
+                    time.monotonic(),
+                    min(started + seconds, launched + (restart_every or seconds)),
+                )
+                time.sleep(ends - time.monotonic())
                 serve.kill()
                 serve.stop()
         finally:
