@@ -246,11 +246,8 @@ def pace(
                         lambda m: m.total("ragpulse_cycles_total", outcome="ok") >= 1, 300,
                         "a first cycle",
                     )
-                ends = max(
-                    time.monotonic(),
-                    min(started + seconds, launched + (restart_every or seconds)),
-                )
-                time.sleep(ends - time.monotonic())
+                ends = min(started + seconds, launched + (restart_every or seconds))
+                time.sleep(max(0.0, ends - time.monotonic()))
                 serve.kill()
                 serve.stop()
         finally:
