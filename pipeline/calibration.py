@@ -51,6 +51,7 @@ import orjson
 
 from ragpulse.judges.base import Verdict
 from ragpulse.judges.registry import BACKENDS
+from ragpulse.pipeline.errors import kind_of
 
 log = logging.getLogger(__name__)
 
@@ -448,7 +449,7 @@ def load_calibration(path: Path) -> JudgeCalibration:
             raise bad(key, "missing or null: the labelled set needs both passes and fails "
                       "(and, on a graded scale, --pass-threshold)")
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise bad(key, f"must be an integer >= 0, not {value!r}")
+            raise bad(key, f"must be an integer >= 0, not {kind_of(value)}")
         counts[key] = value
     for total, part in (("positives", "true_positives"), ("negatives", "true_negatives")):
         if counts[total] == 0:

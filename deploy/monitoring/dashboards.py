@@ -341,7 +341,9 @@ def overview(cfg: dict[str, Any]) -> dict[str, Any]:
         description="Dead letters: records that could not be parsed (see dead_letter.jsonl). "
                     "Late events: later than the allowed lateness, kept out of windows."))
     board.with_panel(graph(
-        "Consumer lag by topic", query("sum by (topic) (ragpulse_consumer_lag)", "{{topic}}"),
+        "Consumer lag by topic", query(
+            "sum by (topic) (max by (topic, partition) (ragpulse_consumer_lag))", "{{topic}}"
+        ),
         width=8).thresholds(limit_steps(int(cfg["consumer_lag"]["max_records"])))
         .thresholds_style(line()))
 

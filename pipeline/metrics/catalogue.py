@@ -103,7 +103,6 @@ SCORE = "ragpulse_judge_score"  # summary
 CYCLES = "ragpulse_cycles"  # counter (exposed as ragpulse_cycles_total)
 CYCLE_DURATION = "ragpulse_cycle_duration_seconds"  # histogram
 CONSUMER_LAG = "ragpulse_consumer_lag"
-CONSUMER_GROUP_LAG = "ragpulse_consumer_group_lag"
 CALIBRATION_LABELLED = "ragpulse_judge_calibration_labelled"
 CALIBRATION_SENSITIVITY = "ragpulse_judge_calibration_sensitivity"
 CALIBRATION_SPECIFICITY = "ragpulse_judge_calibration_specificity"
@@ -228,10 +227,10 @@ FAMILY_HELP: dict[str, str] = {
     f"rate(_count) is the mean; {VERDICTS}{{rating=yes}} counts those at or above the pass "
     "score.",
     CYCLE_DURATION: "Wall time of one serve cycle that read events.",
-    CONSUMER_LAG: "Records in the topic not yet processed, per partition.",
-    CONSUMER_GROUP_LAG: "Records after the consumer group's committed offset, on every "
-    "partition of the topic, whichever instance reads it (from its log start when none has "
-    "committed); max by partition across instances.",
+    CONSUMER_LAG: "Records in the topic not yet processed, per partition, on every partition "
+    "of the topic: this instance's from its state file, the others' from the consumer group's "
+    "committed offsets (from the log start when none has committed); max by partition across "
+    "instances.",
     CALIBRATION_LABELLED: "Human-labelled events of the --judge-calibration set the judge "
     "graded, by label.",
     CALIBRATION_SENSITIVITY: "Share of the labelled passes the judge passed "

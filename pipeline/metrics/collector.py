@@ -82,9 +82,6 @@ class MetricsSnapshot:
     cycles: CycleStats | None = None  # serve only
     # --judge-calibration, by judge: their windows also get the corrected pass ratio.
     calibrations: Mapping[str, JudgeCalibration] = dataclasses.field(default_factory=dict)
-    # serve: the consumer group's lag on EVERY partition of the topic, read by this instance
-    # or not (a partition no instance reads shows here, and only here).
-    group_lag: Mapping[tuple[str, int], int] = dataclasses.field(default_factory=dict)
 
 
 # Upper bounds of the cycle duration histogram, in seconds.
@@ -444,8 +441,6 @@ class RagpulseCollector(Collector):
             yield gauge
         if snap.lag:
             yield _partition_family(catalogue.CONSUMER_LAG, snap.lag)
-        if snap.group_lag:
-            yield _partition_family(catalogue.CONSUMER_GROUP_LAG, snap.group_lag)
         if snap.cycles is not None:
             yield from _cycle_families(snap.cycles)
 

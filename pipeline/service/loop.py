@@ -48,7 +48,7 @@ the next (`pipeline.service.owners`), and ownership is claimed at start, before 
 cycle counts anything (`Partitions.claim`), so a second live owner of a partition, or an
 instance with other --instances, is refused at start or stops the newer instance (/healthz 503,
 one ERROR line, its counts no longer exported); the lag of every partition of the topic, read
-or not, is exported (`ragpulse_consumer_group_lag`).
+or not, is exported (`ragpulse_consumer_lag`, `Partitions.lag`).
 
 Judge calls are paid as they are answered, before the cycle commits: each answered call is
 journaled in the state file as it arrives (`pipeline.service.journal`), so a cycle replayed
@@ -251,7 +251,7 @@ class TopicWatcher:
         gauges.update(self.sessions.gauges())
         self.health.publish(
             self.state, s.topic, gauges=gauges, zero_counters=self._zero_counters(),
-            lags=self.partitions.lags(), calibrations=by_judge(s.judge_calibrations),
+            lag=self.partitions.lag(), calibrations=by_judge(s.judge_calibrations),
             counting_stopped=self.partitions.refused is not None,
         )
 

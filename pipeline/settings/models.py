@@ -59,7 +59,7 @@ from ragpulse.judges.sessions import (
 from ragpulse.pipeline.costs.budget import BudgetSettings
 from ragpulse.pipeline.costs.cascade import CascadeSettings
 from ragpulse.pipeline.costs.sampling import SamplingPlan, load_plan
-from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.errors import SettingsError, without_value
 from ragpulse.pipeline.formats.events import MAX_EVENT_TIME, MIN_EVENT_TIME
 from ragpulse.pipeline.formats.otlp import InputFormat
 from ragpulse.pipeline.formats.review import TARGETED_REASONS, TargetedReason
@@ -1161,7 +1161,7 @@ def health_port_apart(health_port: int, info: ValidationInfo) -> int:
 def http_url(url: str | None) -> str | None:
     """`url` when it is an http(s) URL (or None); ValueError otherwise."""
     if url is not None and not url.startswith(("http://", "https://")):
-        raise ValueError(f"must start with http:// or https://, got {url!r}")
+        raise ValueError("must start with http:// or https:// (value not shown)")
     return url
 
 
@@ -1274,8 +1274,13 @@ def describe_validation_error(
     for err in exc.errors():
         field = str(err["loc"][0]) if err["loc"] else None
         where = setting_flag(model, field, flag_names) if field is not None else "settings"
-        # pydantic prefixes the message of a ValueError raised by a validator.
-        parts.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")
+        # pydantic prefixes the message of a ValueError raised by a validator; a text value in
+        # it may be a secret (errors.without_value; a file's path is no secret and stays).
+        message = err["msg"].removeprefix("Value error, ")
+        value = err.get("input")
+        if isinstance(value, str):
+            message = without_value(message, value)
+        parts.append(f"{where}: {message}")
     return "invalid settings: " + "; ".join(parts)
 
 
