@@ -118,6 +118,13 @@ EMPTY_WITH_LOCAL_JUDGES = {
     "tests/promtool/tool_calls.test.yaml covers RagToolCallErrorsHigh)",
     "Tool judges: verdicts by rating": "this run judges with the default judges, without the "
     "opt-in tool judges (tests/test_tool_judges.py checks their counters)",
+    **{
+        title: "this run has no review queue and no reviewers' labels (tests/"
+        "test_labels_serve.py scrapes the label metrics from a real serve, tests/promtool/"
+        "review_labels.test.yaml covers RagJudgeHumanAgreementLow)"
+        for title in ("Judge agreement with reviewers", "Labels per day",
+                      "Review queue: items queued and labelled")
+    },
     "Conversations judged and truncated": "this run's traffic has no conversations and no "
     "--session-judges; tests/test_serve_sessions.py checks these counters in serve",
     **{

@@ -37,9 +37,9 @@ def label(
 ) -> LabelRecord:
     return LabelRecord(
         label_id=label_id(event, judge, version, reviewer), event_id=event, judge=judge,
-        prompt_version=version, judge_rating=judge_rating, verdict=verdict,  # type: ignore[arg-type]
+        prompt_version=version, judge_rating=judge_rating, verdict=verdict,
         reviewer=reviewer, labelled_at=datetime(2026, 11, 28, tzinfo=UTC),
-        reason=reason,  # type: ignore[arg-type]
+        reason=reason,
     )
 
 
