@@ -76,10 +76,10 @@ ALL: list[LabelRecord | bytes] = [*RANDOM, *SECOND, *TARGETED, *DUPLICATE, *NOT_
 
 
 def cells(scrape: Scrape, slice_: str) -> dict[tuple[str, str], float]:
-    return {
-        (lab["human"], lab["rating"]): v
-        for lab, v in scrape.select("ragpulse_review_labels_total", judge=JUDGE, slice=slice_)
-    }
+    """The non-zero cells of a slice's table (every cell is exported, at 0 until it grows)."""
+    found = scrape.select("ragpulse_review_labels_total", judge=JUDGE, slice=slice_)
+    assert len(found) == 4
+    return {(lab["human"], lab["rating"]): v for lab, v in found if v}
 
 
 def kappa(yy: int, yn: int, ny: int, nn: int) -> float:

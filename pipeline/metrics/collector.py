@@ -318,6 +318,13 @@ def _zero_series(
             judge = dict(labels)["judge"]
             for outcome in catalogue.CANARY_OUTCOMES:
                 zeros.add(counting.key(metric, judge=judge, outcome=outcome))
+        elif metric == catalogue.REVIEW_LABELS:
+            # Every cell of a (judge, version, slice) table: the first overturned verdict is
+            # what the agreement alert's increase() must see.
+            lab = dict(labels)
+            for human in ("yes", "no"):
+                for rating in ("yes", "no"):
+                    zeros.add(counting.key(metric, **{**lab, "human": human, "rating": rating}))
         elif metric == counting.GROUNDED_BY_CONTEXT:
             lab = dict(labels)
             for context in ("sufficient", "insufficient"):
