@@ -123,8 +123,6 @@ EMPTY_WITH_LOCAL_JUDGES = {
     "custom judge nor composite, so ragpulse_judge_score has no series",
     "Judges skipped for a missing field": "the default judges require nothing the events "
     "lack, so ragpulse_judge_skipped_total has no series",
-    "Pass ratio corrected for judge error (calibrated judges)": "this run gives no "
-    "--judge-calibration file (tests/test_calibration.py scrapes the corrected gauges)",
     "Pass ratio of all traffic (weighted by sampling)": "this run has no --sampling-rules nor "
     "budget, so ragpulse_judge_verdicts_weighted_total has no series "
     "(tests/promtool/weighted.test.yaml covers the rule)",
@@ -348,7 +346,8 @@ def _play(
         Incidents(groundedness_drop_at=0.0, drop_to=DROP_TO, no_context_share=NO_CONTEXT_SHARE)
     )
     # Reviewers label some verdicts meanwhile (one record malformed), for the dashboard's
-    # Reviewers' labels row; too few for RagJudgeHumanAgreementLow.
+    # Reviewers' labels row and the corrected pass ratio (no --judge-calibration file: the
+    # labels alone calibrate groundedness); too few for RagJudgeHumanAgreementLow.
     broker.produce(f"{TOPIC}.labels", REVIEW_LABELS, partition=0)
     fired = _wait_for_apps(hook, apps, "firing", drop_at, DETECTION_TIMEOUT_S)
     # The labels scraped, and the malformed one's count seen growing from 0, before the

@@ -155,7 +155,6 @@ class LabelsRead:
 
     taken: LabelsTaken | None = None
     counts: Counter[counting.CounterKey] = dataclasses.field(default_factory=Counter)
-    records: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -236,7 +235,6 @@ class ReviewLabels:
             LabelsTaken(self.topic, {p: stop for p, (_, stop) in ranges.items()},
                         sorted_labels.counted),
             sorted_labels.counts,
-            len(records),
         )
 
     def committed(self) -> None:
