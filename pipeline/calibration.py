@@ -307,12 +307,20 @@ def balanced_accuracy(pairs: Sequence[tuple[Value, Value]]) -> float | None:
 def cohen_kappa(pairs: Sequence[tuple[Value, Value]]) -> float | None:
     """Cohen's kappa (unweighted) of the labels and the verdicts: (observed - chance agreement)
     / (1 - chance); None without pairs, or when chance agreement is certain (one category)."""
-    n = len(pairs)
+    return kappa_of(Counter(pairs))
+
+
+def kappa_of(confusion: Mapping[tuple[Value, Value], int]) -> float | None:
+    """Cohen's kappa of a confusion table ({(label, verdict): count}); see `cohen_kappa`."""
+    n = sum(confusion.values())
     if n == 0:
         return None
-    observed = sum(agrees(label, value) for label, value in pairs) / n
-    labels = Counter(label for label, _ in pairs)
-    values = Counter(value for _, value in pairs)
+    observed = sum(k for (label, value), k in confusion.items() if agrees(label, value)) / n
+    labels: Counter[Value] = Counter()
+    values: Counter[Value] = Counter()
+    for (label, value), k in confusion.items():
+        labels[label] += k
+        values[value] += k
     chance = sum(labels[c] * values[c] for c in labels) / (n * n)
     if chance >= 1.0:
         return None
@@ -371,6 +379,61 @@ def _bootstrap(
         return Interval(value, None, None)
     low, high = np.percentile(found, [100 * _TAIL, 100 * (1 - _TAIL)])
     return Interval(value, min(float(low), value), max(float(high), value))
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Confusion:
+    """A binary judge against people, as counts: `yes_yes` labelled pass and passed by the
+    judge, `yes_no` labelled pass and failed, `no_yes` labelled fail and passed, `no_no`
+    labelled fail and failed (serve keeps them from the reviewers' labels, docs/review.md)."""
+
+    yes_yes: int = 0
+    yes_no: int = 0
+    no_yes: int = 0
+    no_no: int = 0
+
+    @property
+    def labelled(self) -> int:
+        return self.yes_yes + self.yes_no + self.no_yes + self.no_no
+
+    @property
+    def sensitivity(self) -> float | None:
+        return _ratio(self.yes_yes, self.yes_yes + self.yes_no)
+
+    @property
+    def specificity(self) -> float | None:
+        return _ratio(self.no_no, self.no_yes + self.no_no)
+
+    @property
+    def kappa(self) -> float | None:
+        return kappa_of({
+            ("yes", "yes"): self.yes_yes, ("yes", "no"): self.yes_no,
+            ("no", "yes"): self.no_yes, ("no", "no"): self.no_no,
+        })
+
+
+def with_labels(
+    seed: JudgeCalibration | None,
+    judge: str,
+    prompt_version: str,
+    labels: Confusion,
+    backend: str,
+    model: str | None,
+) -> JudgeCalibration | None:
+    """A judge's error rates from its calibration file (`seed`, when there is one for the
+    running prompt version) and the reviewers' labels of the uniform random slice together,
+    their counts added; None while the two hold no labelled pass or no labelled fail."""
+    if not labels.labelled:
+        return seed
+    base = seed or JudgeCalibration(judge, backend, model, "", 0, 0, 0, 0, prompt_version)
+    merged = dataclasses.replace(
+        base,
+        source=f"{base.source} + {labels.labelled} review labels".lstrip(" +"),
+        positives=base.positives + labels.yes_yes + labels.yes_no,
+        true_positives=base.true_positives + labels.yes_yes,
+        negatives=base.negatives + labels.no_yes + labels.no_no,
+        true_negatives=base.true_negatives + labels.no_no,
+    )
+    return merged if merged.positives and merged.negatives else None
 
 
 # ------------------------------------------------------------------ calibration files

@@ -177,6 +177,17 @@ class LabelRecord(BaseModel):
         return self.reason == "random"
 
 
+def human_rating(label: LabelRecord) -> Literal["yes", "no"] | None:
+    """The rating the reviewer would give, when the label says it on the judge's yes/no: the
+    judge's own when `right`, the other one when `wrong`; None for a judge that could not
+    grade (`error`) or a correct score on a graded scale (`score`)."""
+    if label.judge_rating == "error" or label.verdict == "score":
+        return None
+    if label.verdict == "right":
+        return label.judge_rating
+    return "no" if label.judge_rating == "yes" else "yes"
+
+
 def label_id(event_id: str, judge: str, prompt_version: str, reviewer: str) -> str:
     """The idempotency id of a label: one per (event, judge, prompt version, reviewer), so a
     label sent again (a retried click, a retried publish) is recognised as the same one."""

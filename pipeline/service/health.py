@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 
-from ragpulse.pipeline.calibration import JudgeCalibration
+from ragpulse.pipeline.calibration import Confusion, JudgeCalibration
 from ragpulse.pipeline.metrics import catalogue, counting
 from ragpulse.pipeline.metrics.collector import CycleStats, MetricsSnapshot
 from ragpulse.pipeline.service.state import StateStore
@@ -44,11 +44,13 @@ class Health:
         zero_counters: Iterable[counting.CounterKey],
         lag: Lag,
         calibrations: Mapping[str, JudgeCalibration],
+        agreements: Mapping[tuple[str, str, str], Confusion] | None = None,
         counting_stopped: bool = False,
     ) -> None:
         """A new snapshot from what `state` holds now, with `gauges` (the heartbeat and the
         last complete window's end added here), the counters exported at 0 until they grow,
-        and the lag of every partition. `counting_stopped`: another owner of this instance's
+        and the lag of every partition; `calibrations` and `agreements`, the judges against
+        people (pipeline.service.labels). `counting_stopped`: another owner of this instance's
         partitions was found, so what it counted may be counted there too: its counters and
         windows are no longer exported, nor its lag (it no longer reads, so its lag would stay
         as it was while the topic moves on); its gauges and cycles are."""
@@ -65,7 +67,7 @@ class Health:
         with self._lock:
             self._snapshot = MetricsSnapshot(
                 counts, complete, in_progress, exported, lag, exemplars, self._cycles,
-                calibrations=calibrations,
+                calibrations=calibrations, agreements=agreements or {},
             )
 
     def snapshot(self) -> MetricsSnapshot:

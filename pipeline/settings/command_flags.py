@@ -615,6 +615,12 @@ SERVE = FlagTable(ServeSettings, (
         "(default: %(default)s)",
     ),
     *REVIEW,
+    Flag(
+        "--labels-topic", "labels_topic", group=_REVIEW,
+        help="the reviewers' labels `ragpulse review` publishes, read back into each judge's "
+        "agreement with people and its corrected pass ratio, exactly once (read whatever "
+        "--review-rate is; instance 0 of --instances only) (default: TOPIC.labels)",
+    ),
     *BEAM,
 ))
 

@@ -736,12 +736,16 @@ class ServeSettings(ReviewFields, SessionFields, BatchSettings):
     session_max_open: int = Field(100_000, ge=1, le=10_000_000)
     # OTLP/HTTP logs URL for gen_ai.evaluation.result events (pipeline/sinks/otlp_evaluations.py).
     evaluation_events_endpoint: str | None = None
+    # The reviewers' labels read back into the numbers (pipeline/service/labels.py); named
+    # TOPIC.labels by the topic validator, as `ragpulse review` names it.
+    labels_topic: str | None = Field(None, min_length=1)
 
     @model_validator(mode="before")
     @classmethod
     def _topics_named_after_the_input(cls, data: Any) -> Any:
         return _derived_topics(
-            data, dead_letter_topic=".dlq", verdicts_topic=".verdicts", review_topic=".review"
+            data, dead_letter_topic=".dlq", verdicts_topic=".verdicts", review_topic=".review",
+            labels_topic=".labels",
         )
 
     @field_validator("health_port")
