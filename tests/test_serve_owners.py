@@ -10,14 +10,12 @@ commit metadata Tansu drops and Apache Kafka keeps.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from cycle_holds import CycleHolds
 from kafka_broker import ApacheKafkaBroker
-from serve_process import Scrape, serve_processes_fixture  # noqa: F401
+from serve_process import Scrape, serve_processes_fixture, wait_until  # noqa: F401
 from test_serve import JUDGES, T0, ServeFactory, caught_up, produce_round_robin
 
 from ragpulse.pipeline.commands.simulate import simulate
@@ -281,10 +279,3 @@ def test_a_serve_that_finds_an_older_owner_mid_run_stops_exporting_its_counts_wi
     assert second.terminate() == 0
     assert first.terminate() == 0
 
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
