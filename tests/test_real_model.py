@@ -14,6 +14,7 @@ not the grades.
 from __future__ import annotations
 
 import os
+import subprocess
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,26 +52,31 @@ def events(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def ragpulse_against(server: LlamaServer, *args: str) -> subprocess.CompletedProcess[str]:
+    """`ragpulse ARGS` with the openai judges on `server` (no OpenAI variables of this
+    process's environment), to its end."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
+    return ragpulse(
+        *args,
+        "--judge-backend", "openai",
+        "--judge-base-url", server.base_url,
+        "--judge-model", server.model,
+        "--judge-concurrency", "2",  # the server's slots (--parallel 2)
+        # A busy 2-core machine runs a request in seconds, but queues can be long.
+        "--judge-timeout", "5m",
+        "--judge-batch-deadline", "30m",
+        env=env, timeout=1800,
+    )  # fmt: skip
+
+
 def judge_with(
     server: LlamaServer, events: Path, out: Path, *flags: str, judges: tuple[str, ...] = JUDGES
 ) -> tuple[list[dict[str, object]], dict[tuple[str, ...], float]]:
     """Run `ragpulse run` on `events` against `server` with `judges`; its verdict rows and
     counters."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
-    done = ragpulse(
-        "run", str(events),
-        "--output", str(out),
-        "--judge-backend", "openai",
-        "--judge-base-url", server.base_url,
-        "--judge-model", server.model,
-        "--judges", ",".join(judges),
-        "--judge-concurrency", "2",  # the server's slots (--parallel 2)
-        # A busy 2-core machine runs a request in seconds, but queues can be long.
-        "--judge-timeout", "5m",
-        "--judge-batch-deadline", "30m",
-        *flags,
-        env=env, timeout=1800,
-    )  # fmt: skip
+    done = ragpulse_against(
+        server, "run", str(events), "--output", str(out), "--judges", ",".join(judges), *flags
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [orjson.loads(line) for line in (out / "verdicts.jsonl").read_bytes().splitlines()]
     counters = {
@@ -283,19 +289,9 @@ def test_calibrate_with_logprobs_scores_every_real_verdicts_p_yes_against_the_la
     # the report (found at the rating token of a real server's logprobs), and the two figures
     # computed from them are proper numbers.
     output = tmp_path / "calibration.json"
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
-    done = ragpulse(
-        "calibrate", str(CANARIES),
-        "--judge", "safety",
-        "--output", str(output),
-        "--judge-backend", "openai",
-        "--judge-base-url", real_model.base_url,
-        "--judge-model", real_model.model,
-        "--judge-concurrency", "2",
-        "--judge-timeout", "5m",
-        "--judge-batch-deadline", "30m",
-        "--judge-logprobs",
-        env=env, timeout=1800,
+    done = ragpulse_against(
+        real_model, "calibrate", str(CANARIES),
+        "--judge", "safety", "--output", str(output), "--judge-logprobs",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     report = orjson.loads(output.read_bytes())
@@ -391,24 +387,16 @@ def test_align_against_a_real_model_reports_both_prompts_agreement_and_writes_a_
 
     items, labels = items_and_labels(per_kind=3)
     labels = labels[:10]  # 6 yes, 4 no
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
     out = tmp_path / "aligned"
-    done = ragpulse(
-        "align",
+    done = ragpulse_against(
+        real_model, "align",
         "--judge", "groundedness",
         "--labels", str(write_jsonl(tmp_path / "labels.jsonl", labels)),
         "--items", str(write_jsonl(tmp_path / "items.jsonl", items)),
         "--output", str(out),
         "--examples", "2",
         "--folds", "2",
-        "--judge-backend", "openai",
-        "--judge-base-url", real_model.base_url,
-        "--judge-model", real_model.model,
-        "--judge-concurrency", "2",
-        "--judge-timeout", "5m",
-        "--judge-batch-deadline", "30m",
         "--judge-max-tokens", "512",
-        env=env, timeout=1800,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     report = orjson.loads((out / "align-report.json").read_bytes())
