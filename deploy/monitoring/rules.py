@@ -594,10 +594,12 @@ def _explain_hint(judge: str) -> str:
     )
 
 
-CANARY_DISAGREES = """
+# A judge that disagrees with people (the golden set's labels, the reviewers') more often than
+# the limit, on enough of their labels to tell.
+DISAGREES_ON_ENOUGH = """
     $disagreement > $max_disagreement
     and on ($by)
-    $graded >= $min_graded
+    $labelled >= $min_labelled
 """
 
 
@@ -605,11 +607,11 @@ def canary_alert(config: Mapping[str, Any]) -> dict[str, Any]:
     """A judge that grades the human-labelled golden set differently from the humans."""
     c = config["canaries"]
     w = str(c["window"])
-    expr = promql(CANARY_DISAGREES, by=by(config, "judge"),
+    expr = promql(DISAGREES_ON_ENOUGH, by=by(config, "judge"),
                   disagreement=selector(CANARY_DISAGREEMENT.format(w=w), config),
                   max_disagreement=f"{float(c['max_disagreement']):g}",
-                  graded=selector(CANARY_GRADED.format(w=w), config),
-                  min_graded=int(c["min_graded"]))
+                  labelled=selector(CANARY_GRADED.format(w=w), config),
+                  min_labelled=int(c["min_graded"]))
     graded = (
         f'{{{{ with printf "{CANARY_GRADED.format(w=w)}{{job=%q,judge=%q}}" $labels.job '
         '$labels.judge | query }}{{ . | first | value | printf "%.0f" }}{{ end }}'
@@ -629,22 +631,15 @@ def canary_alert(config: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
-REVIEW_DISAGREES = """
-    $disagreement > $max_disagreement
-    and on ($by)
-    $labelled >= $min_labels
-"""
-
-
 def review_alert(config: Mapping[str, Any]) -> dict[str, Any]:
     """A judge whose ratings the reviewers overturn more often than the limit."""
     r = config["review_labels"]
     w = str(r["window"])
-    expr = promql(REVIEW_DISAGREES, by=by(config, "judge", "version"),
+    expr = promql(DISAGREES_ON_ENOUGH, by=by(config, "judge", "version"),
                   disagreement=selector(REVIEW_DISAGREEMENT.format(w=w), config),
                   max_disagreement=f"{float(r['max_disagreement']):g}",
                   labelled=selector(REVIEW_LABELLED.format(w=w), config),
-                  min_labels=int(r["min_labels"]))
+                  min_labelled=int(r["min_labels"]))
     labelled = (
         f'{{{{ with printf "{REVIEW_LABELLED.format(w=w)}{{job=%q,judge=%q,version=%q}}" '
         '$labels.job $labels.judge $labels.version | query }}'
