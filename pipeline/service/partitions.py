@@ -24,6 +24,7 @@ import time
 from collections.abc import Mapping
 
 from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.service.cycle_hooks import CycleHooks
 from ragpulse.pipeline.service.owners import Commit, Owner, conflicts, read_metadata
 from ragpulse.pipeline.service.plan import CyclePlan, check_resets, plan_cycle
 from ragpulse.pipeline.service.state import StateError, StateStore
@@ -150,7 +151,7 @@ class Partitions:
             previous_owner=self._previous_owner, now=time.time(),
         )
 
-    def claim(self) -> None:
+    def claim(self, hooks: CycleHooks) -> None:
         """Claim this instance's partitions before the first cycle counts anything: refuse
         (SettingsError) when the group's commits show another live owner or another
         --instances; else commit this owner's signed claim on every partition it owns and read
@@ -159,6 +160,7 @@ class Partitions:
         s = self.settings
         found = self.check_owners()
         if not found:
+            hooks.at("claiming")
             try:
                 offsets = self._claimed_offsets()
                 if offsets:
