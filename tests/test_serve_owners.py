@@ -25,10 +25,18 @@ from serve_process import (  # noqa: F401
 from test_serve import JUDGES, T0, ServeFactory, caught_up, produce_round_robin
 
 from ragpulse.pipeline.commands.simulate import simulate
-from ragpulse.pipeline.service.owners import Commit, Owner, conflicts, read_metadata
+from ragpulse.pipeline.service.owners import (
+    Commit,
+    Owner,
+    claim_rivals,
+    conflicts,
+    read_metadata,
+)
+from ragpulse.pipeline.sources.kafka import KafkaGroup
 
 PARTITIONS = 4
-ARGS = ["--window", "10s", "--judges", ",".join(JUDGES), "--group-id", "owners"]
+GROUP = "owners"
+ARGS = ["--window", "10s", "--judges", ",".join(JUDGES), "--group-id", GROUP]
 NOW = 1_800_000_000.0
 
 
@@ -85,6 +93,18 @@ def test_metadata_that_is_not_ragpulses_is_no_owner() -> None:
     assert read_metadata(7, "") == Commit(7)
     assert read_metadata(7, "{not json") == Commit(7)
     assert read_metadata(7, '{"owner": "x"}') == Commit(7)
+
+
+def test_a_claim_stands_only_while_its_name_is_the_last_written_in_the_claims_group() -> None:
+    rival = owner("rival")
+    assert claim_rivals(ME, {0: signed(5, ME), 2: signed(7, ME)}, [0, 2]) == []
+    (found,) = claim_rivals(ME, {0: signed(5, ME), 2: signed(7, rival)}, [0, 2])
+    assert found == ("partition 2 was claimed by rival (--instance 0 --instances 1) at the same "
+                     "moment", rival)
+    # Removed by a claimant whose claim was decided: no name is not this one's.
+    assert [o for _, o in claim_rivals(ME, {0: signed(5, ME)}, [0, 2])] == [None]
+    # A broker that drops the metadata cannot say who wrote it: no rival.
+    assert claim_rivals(ME, {0: Commit(5)}, [0]) == []
 
 
 # ----- real serve processes ---------------------------------------------------------------
@@ -223,7 +243,7 @@ def test_two_serves_with_one_instance_claiming_at_the_same_moment_count_each_eve
     (held there, before it commits again); then the second is let go. Before the fix, each
     read back its own claim and passed, and both counted the first cycle's events (measured:
     1,200 each, 2,400 counts of 1,200 events); now of two claims that overlap at most one
-    stands (`pipeline.service.owners.claim_stands`): one serve exits with code 2 before it
+    stands (`pipeline.service.owners.claim_rivals`): one serve exits with code 2 before it
     counts anything, the other counts each event once."""
     broker = kafka_broker
     broker.create_topic("race", PARTITIONS)
@@ -252,6 +272,8 @@ def test_two_serves_with_one_instance_claiming_at_the_same_moment_count_each_eve
     scrape = survivor.answering().wait_for(caught_up(1_200), 120, "the serve counted every event")
     assert scrape.total("ragpulse_events_total") == 1_200
     assert not _refused(survivor.healthz())
+    # The claim that stood removed the claims group: Kafka's lag tools do not list it.
+    assert KafkaGroup(broker.bootstrap, f"{GROUP}.claims", "race").commits() == {}
     assert survivor.terminate() == 0
 
 
