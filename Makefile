@@ -132,8 +132,9 @@ typecheck: $(STAMP)
 
 # Two workers, each test module on one of them (its module fixtures set up once): the
 # end-to-end alert test waits ~10 min for Prometheus and Alertmanager while the rest runs.
+# --durations: CI logs list the slowest tests, to keep the suite within its 30-minute budget.
 pytest: $(STAMP) system-deps tools
-	$(BIN)/pytest -m "not llm and not flink_cluster" -n 2 --dist loadscope
+	$(BIN)/pytest -m "not llm and not flink_cluster" -n 2 --dist loadscope --durations=25
 
 test: lint typecheck pytest
 
@@ -177,7 +178,7 @@ otelcol: $(OTELCOL_BUILDER)
 	  $(GO_ENV) nice -n 10 $(OTELCOL_BUILDER) --config $(abspath $(OTELCOL_MANIFEST)); }
 
 pytest-fast: $(STAMP) system-deps
-	$(BIN)/pytest -m "not slow and not llm and not kafka and not flink and not prism and not helm and not collector and not image" -n 2
+	$(BIN)/pytest -m "not slow and not llm and not kafka and not flink and not prism and not helm and not collector and not image" -n 2 --durations=25
 
 test-fast: lint typecheck pytest-fast
 

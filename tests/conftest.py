@@ -1,7 +1,10 @@
 """Shared pytest settings."""
 
 import logging
+import os
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,6 +52,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
         if _KAFKA_FIXTURES & used:
             item.add_marker(pytest.mark.kafka)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_under_pytests_temp_folder(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[None]:
+    """Temporary files of the session go under pytest's own temp folder (kept for the last
+    three runs, then removed by pytest), not /tmp: Beam's beam-pipeline-temp* and
+    beam-artifact-staging folders, the logs of serve processes and whatever a subprocess makes
+    with its tempfile module (it inherits TMPDIR). Before, every run left them in /tmp."""
+    folder = tmp_path_factory.mktemp("tmpdir")
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(folder)
+    tempfile.tempdir = None  # tempfile reads TMPDIR again
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
+        tempfile.tempdir = None
 
 
 @pytest.fixture(autouse=True)

@@ -167,6 +167,10 @@ class ServeProcess:
 
     def start(self, timeout: float = START_TIMEOUT_S) -> ServeProcess:
         """Start serve and wait until /metrics answers; raises with the log if it never does."""
+        return self.launch().answering(timeout)
+
+    def launch(self) -> ServeProcess:
+        """Start serve, without waiting for it (`answering` waits): for a serve held at start."""
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError("serve is already running")
         self._log = self.log_path.open("ab")
@@ -179,6 +183,12 @@ class ServeProcess:
             start_new_session=True,
             env=self.env,
         )
+        return self
+
+    def answering(self, timeout: float = START_TIMEOUT_S) -> ServeProcess:
+        """Wait until the launched serve's /metrics answers; raises with the log if serve exits
+        first or /metrics never answers."""
+        assert self.process is not None, "launch() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

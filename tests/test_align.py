@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
 import pytest
+from cli import ragpulse_in_process
 from example_judge import ExampleFollowingJudge
 from fake_openai import MARKER, FakeOpenAI
 from kafka_broker import ApacheKafkaBroker, produce
@@ -104,10 +104,7 @@ def write_jsonl(path: Path, records: list[ReviewItem] | list[LabelRecord]) -> Pa
 
 
 def align(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ragpulse.pipeline.cli", "align", *args],
-        capture_output=True, text=True, timeout=600,
-    )
+    return ragpulse_in_process("align", *args)
 
 
 @pytest.fixture

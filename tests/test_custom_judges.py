@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
-from cli import one_line_error, ragpulse
+from cli import one_line_error, ragpulse, ragpulse_in_process
 from fake_openai import MARKER, FakeOpenAI, fake_openai_fixture  # noqa: F401
 from prometheus_client.parser import text_string_to_metric_families
 from test_file_run import event, rows
@@ -168,7 +168,7 @@ def test_the_cli_refuses_a_bad_custom_judge_file_in_one_line_with_exit_2(tmp_pat
     path = written(tmp_path, _example_rating("maybe"))
     src = tmp_path / "events.jsonl"
     src.write_bytes(event(0) + b"\n")
-    done = ragpulse(
+    done = ragpulse_in_process(
         "run", str(src), "--output", str(tmp_path / "out"), "--judge-backend", "openai",
         "--judge-base-url", "http://127.0.0.1:9/v1", "--custom-judge", str(path),
         "--judges", NAME,
@@ -180,7 +180,7 @@ def test_the_cli_refuses_a_bad_custom_judge_file_in_one_line_with_exit_2(tmp_pat
 def test_the_cli_refuses_a_custom_judge_on_the_local_backend_in_one_line(tmp_path: Path) -> None:
     src = tmp_path / "events.jsonl"
     src.write_bytes(event(0) + b"\n")
-    done = ragpulse(
+    done = ragpulse_in_process(
         "run", str(src), "--output", str(tmp_path / "out"), "--judge-backend", "local",
         "--custom-judge", str(SAMPLE), "--judges", f"groundedness,{NAME}",
     )  # fmt: skip
@@ -191,7 +191,7 @@ def test_the_cli_refuses_a_custom_judge_on_the_local_backend_in_one_line(tmp_pat
 def test_the_cli_refuses_a_custom_judge_that_judges_does_not_list(tmp_path: Path) -> None:
     src = tmp_path / "events.jsonl"
     src.write_bytes(event(0) + b"\n")
-    done = ragpulse(
+    done = ragpulse_in_process(
         "run", str(src), "--output", str(tmp_path / "out"), "--judge-backend", "openai",
         "--judge-base-url", "http://127.0.0.1:9/v1", "--custom-judge", str(SAMPLE),
         "--judges", "groundedness",
@@ -237,6 +237,7 @@ def verdict_counts(out: Path, judge: str) -> dict[str, float]:
     }
 
 
+@pytest.mark.slow  # a Beam run with two worker processes
 def test_a_run_prompts_the_custom_judge_with_its_instructions_and_fenced_redacted_inputs(
     fake_openai: FakeOpenAI, tmp_path: Path
 ) -> None:
@@ -312,7 +313,7 @@ def test_a_config_file_lists_custom_judges_as_the_helm_settings_value_would(
     )
     src = tmp_path / "events.jsonl"
     src.write_bytes(event(0) + b"\n")
-    done = ragpulse(
+    done = ragpulse_in_process(
         "run", str(src), "--config", str(config), "--judge-backend", "openai",
         "--judge-base-url", "http://127.0.0.1:9/v1",
     )  # fmt: skip

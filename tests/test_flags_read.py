@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli import ragpulse
+from cli import ragpulse_in_process
 
 from ragpulse.pipeline.cli import COMMANDS, _subparser, build_parser
 from ragpulse.pipeline.settings.command_flags import settings_from
@@ -76,7 +76,7 @@ def test_run_reads_each_of_its_flags(tmp_path: Path) -> None:
     ],
 )
 def test_stream_refuses_the_flags_it_does_not_read(flag: list[str]) -> None:
-    done = ragpulse(
+    done = ragpulse_in_process(
         "stream", *KAFKA, "--topic", "logs", "--runner", "FlinkRunner", *flag, "--print-config"
     )
     assert done.returncode == 2, done.stdout

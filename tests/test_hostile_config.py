@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
-from cli import one_line_error, ragpulse
+from cli import one_line_error, ragpulse_in_process
 
 from ragpulse.judges.yaml_file import MAX_BYTES, MAX_DEPTH, YamlFileError, loads
 from ragpulse.pipeline.costs import sampling
@@ -36,11 +36,10 @@ def _file(tmp_path: Path, name: str, content: str | bytes) -> str:
 
 
 def _refused(*argv: str, env: dict[str, str] | None = None) -> str:
-    done = ragpulse(*SERVE, *argv, "--print-config", env=env)
+    done = ragpulse_in_process(*SERVE, *argv, "--print-config", env=env)
     return one_line_error(done.returncode, done.stderr, allow_info=True)
 
 
-@pytest.mark.slow  # runs the CLI on large files
 @pytest.mark.parametrize("shape", [DEEP_FLOW, DEEP_BLOCK], ids=["flow", "block"])
 @pytest.mark.parametrize(
     "flags",
@@ -59,7 +58,6 @@ def test_a_5000_deep_yaml_file_is_one_line_in_every_loader(
     assert "nest" in line  # "nested deeper than 64 levels", or libyaml's own nesting limit
 
 
-@pytest.mark.slow  # runs the CLI on large files
 @pytest.mark.parametrize(
     "flags",
     [("--config",), (*BUDGET, "--judge-price-table"), ("--sampling-rules",)],
@@ -72,7 +70,6 @@ def test_a_file_that_is_not_utf8_is_one_line_naming_the_line(
     assert _refused(*flags, path).endswith(f"{path}: not UTF-8 (byte 0xe9 on line 2)")
 
 
-@pytest.mark.slow  # runs the CLI on large files
 def test_a_10_mb_list_is_refused_without_being_read_whole(tmp_path: Path) -> None:
     path = _file(tmp_path, "big.yaml", "judges: [" + "safety, " * 1_250_000 + "safety]\n")
     line = _refused("--config", path)
@@ -99,7 +96,9 @@ def test_a_misspelt_ragpulse_variable_is_refused_naming_the_closest_one() -> Non
 
 
 def test_another_commands_variable_is_left_to_it() -> None:
-    done = ragpulse(*SERVE, "--print-config", env={**os.environ, "RAGPULSE_RATINGS_TOPIC": "r"})
+    done = ragpulse_in_process(
+        *SERVE, "--print-config", env={**os.environ, "RAGPULSE_RATINGS_TOPIC": "r"}
+    )
     assert done.returncode == 0, done.stderr
     assert "RAGPULSE_RATINGS_TOPIC sets a flag of `ragpulse stream` only: ignored" in done.stderr
 

@@ -10,7 +10,6 @@ broker, where the calls for the next cycle's events are started ahead by
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 from cycle_holds import CycleHolds
 from fake_openai import FakeOpenAI
 from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
-from serve_process import Scrape, ServeProcess, serve_processes_fixture  # noqa: F401
+from serve_process import Scrape, ServeProcess, serve_processes_fixture, wait_until  # noqa: F401
 
 from ragpulse.judges.base import Chunk, JudgeInput
 from ragpulse.judges.endpoint.client import OpenAIJudgeEndpoint
@@ -43,20 +42,13 @@ def llm_panel(server: FakeOpenAI, concurrency: int) -> JudgePanel:
     return JudgePanel(build_llm_judges(["groundedness"], endpoint))
 
 
-def wait_until(done: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 def test_a_batch_takes_over_the_calls_started_ahead_for_its_inputs_without_calling_again() -> None:
     items = [dataclasses.replace(ITEM, question=f"How do I rotate token {i}?") for i in range(6)]
     with FakeOpenAI(latency=0.2) as server:
         panel = llm_panel(server, concurrency=3)
         try:
             panel.start_ahead(items[:4])
-            wait_until(lambda: len(server.requests) >= 3, 10)  # the first ones have answered
+            wait_until(lambda: len(server.requests) >= 3, "the first calls to answer", 10)
             rows = panel.judge_batch(items)
         finally:
             panel.close()
@@ -72,7 +64,7 @@ def test_a_canary_never_takes_over_a_call_started_ahead_for_the_same_input() -> 
         panel = llm_panel(server, concurrency=2)
         try:
             panel.start_ahead([ITEM])
-            wait_until(lambda: len(server.requests) == 1, 10)
+            wait_until(lambda: len(server.requests) == 1, "the first call", 10)
             panel.judge_batch([ITEM], fresh={0})
             assert len(server.requests) == 2  # the canary was judged by a call of its own
             panel.judge_batch([ITEM])
@@ -147,7 +139,7 @@ def test_judge_calls_keep_flowing_between_serve_cycles_and_each_event_costs_one_
         produce(broker, "flow", payloads[FIRST:])  # four more cycles' worth
         holds.wait_at("judged", serve)
         held_at = len(server.requests)
-        wait_until(lambda: len(server.requests) >= held_at + 4, 120)
+        wait_until(lambda: len(server.requests) >= held_at + 4, "4 more calls", 120)
         holds.release("judged")
         m = serve.wait_for(judged(EVENTS), 180, "every event judged")
         assert serve.terminate() == 0
@@ -177,7 +169,7 @@ def test_a_sigkill_while_calls_run_ahead_of_the_next_cycle_loses_and_double_coun
         )
         counted = first.total("ragpulse_events_judged_total")
         # Calls beyond the saved cycles' events are running: the next cycle's, started ahead.
-        wait_until(lambda: len(server.requests) > counted + 4, 60)
+        wait_until(lambda: len(server.requests) > counted + 4, "more than 4 more calls", 60)
         assert serve.kill() != 0
         called_before_kill = len(server.requests)
 
@@ -219,7 +211,7 @@ def test_after_the_topic_is_recreated_calls_start_ahead_again_and_the_next_cycle
         assert len(server.requests) == 36
         broker.produce("ahead-recreated", payloads[36:], partition=0)  # offsets 12..21
         # The cycle is held: only the lookahead can call for these ten.
-        wait_until(lambda: len(server.requests) == 46, 240)
+        wait_until(lambda: len(server.requests) == 46, "46 calls", 240)
         holds.release("judged")
         m = serve.wait_for(judged(46), 120, "the recreated topic's 22 events judged")
         assert serve.terminate() == 0

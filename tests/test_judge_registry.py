@@ -4,12 +4,11 @@ factory and the LLM prompt lookup all follow it, and a bad `--judges` is a one-l
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from cli import ragpulse_in_process
 
 from ragpulse import judges
 from ragpulse.judges import JUDGES, Backend, Chunk, JudgeEntry, JudgeInput, check_judge_names
@@ -23,14 +22,6 @@ SAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "samples" / "events.js
 PROMPTS = Path(judges.__file__).parent / "prompts"
 
 
-def ragpulse(*args: str) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).with_name("ragpulse")
-    prog = [str(script)] if script.is_file() else [sys.executable, "-m", "ragpulse.pipeline.cli"]
-    return subprocess.run(
-        [*prog, *args], capture_output=True, text=True, timeout=120, check=False
-    )
-
-
 @pytest.mark.parametrize(
     ("judges_flag", "says"),
     [
@@ -42,7 +33,7 @@ def ragpulse(*args: str) -> subprocess.CompletedProcess[str]:
 def test_run_refuses_a_repeated_unknown_or_missing_judge_with_one_line_and_exit_2(
     tmp_path: Path, judges_flag: str, says: str
 ) -> None:
-    done = ragpulse(
+    done = ragpulse_in_process(
         "--log-level", "WARNING", "run", str(SAMPLE), "--output", str(tmp_path / "out"),
         "--judges", judges_flag,
     )

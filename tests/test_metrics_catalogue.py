@@ -22,13 +22,18 @@ CATALOGUE = REPO / "pipeline" / "metrics" / "catalogue.py"
 # A raw metric name in PromQL; recording rules' names (level:metric:operation) are not.
 RAW_NAME = re.compile(r"(?<![:\w])ragpulse_\w+")
 WHOLE_NAME = re.compile(r"[rbuRBU]*(['\"])(ragpulse_\w*)\1")
+# What every such literal holds: a module without it has none.
+QUOTED_NAME = re.compile(r"['\"]ragpulse_")
 
 
 def name_literals(path: Path) -> list[str]:
     """The string literals of a module that are a bare metric name (or a name's prefix); names
     mentioned in prose (docstrings, comments, help texts) are documentation, not values."""
+    text = path.read_text("utf-8")
+    if not QUOTED_NAME.search(text):  # no literal can match: skip the (slow) tokenizer
+        return []
     found = []
-    for token in tokenize.generate_tokens(io.StringIO(path.read_text("utf-8")).readline):
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
         if token.type == tokenize.STRING and WHOLE_NAME.fullmatch(token.string):
             found.append(f"{path.name}:{token.start[0]}: {token.string}")
     return found

@@ -128,6 +128,7 @@ def test_a_serve_cycle_on_the_portable_runner_counts_and_publishes_what_the_defa
         assert serve.terminate() == 0
 
 
+@pytest.mark.slow  # a Beam run (FnApiRunner)
 def test_metrics_a_runner_reports_only_as_attempted_decode_as_committed_ones_do(
     tmp_path: Path,
 ) -> None:
@@ -183,6 +184,7 @@ def test_the_runner_given_as_a_beam_option_is_refused_so_that_it_is_checked_too(
     assert "--beam-arg: choose the runner with --runner NAME" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # builds the run's pipeline and waits for a job service that never answers
 def test_a_job_service_that_does_not_answer_is_named_in_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

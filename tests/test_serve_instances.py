@@ -10,13 +10,13 @@ start with one line and exit code 2.
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli import ragpulse_command, ragpulse_in_process
 from cycle_holds import CycleHolds
 from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from serve_process import Scrape, serve_processes_fixture, windows_rows  # noqa: F401
@@ -237,14 +237,18 @@ def test_going_from_one_instance_to_two_with_state_reset_counts_nothing_twice(
         assert verdicts == accepted
 
 
+# `ragpulse serve` against a broker that is not there: it must stop before it asks.
+SERVE_EXIT = (
+    "--log-level", "WARNING", "serve", "--kafka-bootstrap", "127.0.0.1:9", "--topic", "split",
+    "--kafka-timeout", "1s", "--judge-backend", "local",
+)  # fmt: skip
+
+
 def serve_exit(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
-    """`ragpulse serve` with `args`, against a broker that is not there: it must stop first."""
-    script = Path(sys.executable).with_name("ragpulse")
-    prog = [str(script)] if script.is_file() else [sys.executable, "-m", "ragpulse.pipeline.cli"]
+    """`ragpulse serve` with `args` as a process (it opens the state file: a process of its
+    own holds and lets go of the file's lock as a user's would)."""
     return subprocess.run(
-        [*prog, "--log-level", "WARNING", "serve", "--kafka-bootstrap", "127.0.0.1:9",
-         "--topic", "split", "--state", str(state), "--kafka-timeout", "1s",
-         "--judge-backend", "local", *args],
+        [*ragpulse_command(), *SERVE_EXIT, "--state", str(state), *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -264,7 +268,8 @@ def serve_exit(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
 def test_an_assignment_outside_the_instances_is_a_one_line_error_with_exit_code_2(
     tmp_path: Path, args: list[str], said: str
 ) -> None:
-    done = serve_exit(*args, state=tmp_path / "state.sqlite")
+    # The settings are refused before serve opens anything: main() in this process says it.
+    done = ragpulse_in_process(*SERVE_EXIT, "--state", str(tmp_path / "state.sqlite"), *args)
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("ragpulse serve: ") and said in line

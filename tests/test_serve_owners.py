@@ -15,14 +15,28 @@ from pathlib import Path
 import pytest
 from cycle_holds import CycleHolds
 from kafka_broker import ApacheKafkaBroker
-from serve_process import Scrape, serve_processes_fixture, wait_until  # noqa: F401
+from serve_process import (  # noqa: F401
+    Scrape,
+    ServeProcess,
+    saved_offsets,
+    serve_processes_fixture,
+    wait_until,
+)
 from test_serve import JUDGES, T0, ServeFactory, caught_up, produce_round_robin
 
 from ragpulse.pipeline.commands.simulate import simulate
-from ragpulse.pipeline.service.owners import Commit, Owner, conflicts, read_metadata
+from ragpulse.pipeline.service.owners import (
+    Commit,
+    Owner,
+    claim_rivals,
+    conflicts,
+    read_metadata,
+)
+from ragpulse.pipeline.sources.kafka import KafkaGroup
 
 PARTITIONS = 4
-ARGS = ["--window", "10s", "--judges", ",".join(JUDGES), "--group-id", "owners"]
+GROUP = "owners"
+ARGS = ["--window", "10s", "--judges", ",".join(JUDGES), "--group-id", GROUP]
 NOW = 1_800_000_000.0
 
 
@@ -79,6 +93,18 @@ def test_metadata_that_is_not_ragpulses_is_no_owner() -> None:
     assert read_metadata(7, "") == Commit(7)
     assert read_metadata(7, "{not json") == Commit(7)
     assert read_metadata(7, '{"owner": "x"}') == Commit(7)
+
+
+def test_a_claim_stands_only_while_its_name_is_the_last_written_in_the_claims_group() -> None:
+    rival = owner("rival")
+    assert claim_rivals(ME, {0: signed(5, ME), 2: signed(7, ME)}, [0, 2]) == []
+    (found,) = claim_rivals(ME, {0: signed(5, ME), 2: signed(7, rival)}, [0, 2])
+    assert found == ("partition 2 was claimed by rival (--instance 0 --instances 1) at the same "
+                     "moment", rival)
+    # Removed by a claimant whose claim was decided: no name is not this one's.
+    assert [o for _, o in claim_rivals(ME, {0: signed(5, ME)}, [0, 2])] == [None]
+    # A broker that drops the metadata cannot say who wrote it: no rival.
+    assert claim_rivals(ME, {0: Commit(5)}, [0]) == []
 
 
 # ----- real serve processes ---------------------------------------------------------------
@@ -187,6 +213,68 @@ def test_a_serve_started_while_the_first_is_in_its_first_cycle_is_refused_before
     assert first.metrics().total("ragpulse_events_total") == 1_200
     assert not _refused(first.healthz())
     assert first.terminate() == 0
+
+
+def _passed_the_claim(holds: CycleHolds, serve: ServeProcess) -> bool:
+    """True once a launched serve has passed its claim and saved its first cycle (held at
+    `saved`, before its consumer group hears of it); False if it was refused at start instead
+    (exit code 2, with the one-line error)."""
+    try:
+        holds.wait_at("saved", serve)
+    except AssertionError:
+        if serve.running:
+            raise
+        assert serve.returncode == 2, serve.log_tail()
+        assert "another serve reads partitions of" in serve.log_text(), serve.log_tail()
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_two_serves_with_one_instance_claiming_at_the_same_moment_count_each_event_once(
+    kafka_broker: ApacheKafkaBroker,
+    serve_processes: ServeFactory,
+    tmp_path: Path,
+) -> None:
+    """Two serves with the same --instance started within milliseconds: each is held at start
+    (the hook `claiming`) once it has read the consumer group's commits and found no owner,
+    before it commits its own claim. The first is let go, passes and saves its first cycle
+    (held there, before it commits again); then the second is let go. Before the fix, each
+    read back its own claim and passed, and both counted the first cycle's events (measured:
+    1,200 each, 2,400 counts of 1,200 events); now of two claims that overlap at most one
+    stands (`pipeline.service.owners.claim_rivals`): one serve exits with code 2 before it
+    counts anything, the other counts each event once."""
+    broker = kafka_broker
+    broker.create_topic("race", PARTITIONS)
+    produce_round_robin(broker, "race", _events(1_200), PARTITIONS)
+    held: list[tuple[CycleHolds, ServeProcess]] = []
+    for name in ("a", "b"):
+        holds = CycleHolds(tmp_path / f"hooks-{name}")
+        holds.hold("claiming")
+        holds.hold("saved")
+        serve = serve_processes(
+            broker.bootstrap, "race", tmp_path / f"{name}.sqlite", ARGS, env=holds.env
+        ).launch()
+        holds.wait_at("claiming", serve)
+        held.append((holds, serve))
+    passed: list[tuple[CycleHolds, ServeProcess]] = []
+    for holds, serve in held:
+        holds.release("claiming")
+        if _passed_the_claim(holds, serve):
+            passed.append((holds, serve))
+    # What each first cycle read and saved into its serve's windows (the state file).
+    counted = [sum(saved_offsets(serve.state, "race").values()) for _, serve in passed]
+    assert len(counted) == 1, f"events counted in the first cycle of each serve: {counted}"
+    assert counted == [1_200]
+    ((holds, survivor),) = passed
+    holds.release("saved")
+    scrape = survivor.answering().wait_for(caught_up(1_200), 120, "the serve counted every event")
+    assert scrape.total("ragpulse_events_total") == 1_200
+    assert not _refused(survivor.healthz())
+    # The claim that stood removed the claims group: Kafka's lag tools do not list it.
+    assert KafkaGroup(broker.bootstrap, f"{GROUP}.claims", "race").commits() == {}
+    assert survivor.terminate() == 0
 
 
 def _lag(scrape: Scrape) -> dict[int, float]:

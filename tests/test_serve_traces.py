@@ -5,7 +5,6 @@ What cannot be assembled, and records that are not OTLP, are dead-lettered with 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 from kafka_broker import ApacheKafkaBroker, for_module
 from otlp_receiver import OtlpReceiver, attributes
 from otlp_spans import openinference_trace, otlp_proto, trace_id
-from serve_process import Scrape, TopicFactory, saved_offsets
+from serve_process import Scrape, TopicFactory, saved_offsets, wait_until
 
 from ragpulse.pipeline.service.state import StateStore
 
@@ -38,13 +37,6 @@ def broker(apache_kafka: ApacheKafkaBroker) -> Iterator[ApacheKafkaBroker]:
 def receiver() -> Iterator[OtlpReceiver]:
     with OtlpReceiver() as server:
         yield server
-
-
-def wait_until(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
-        time.sleep(0.2)
 
 
 def read_up_to(state_file: Path, topic: str, offset: int) -> Callable[[], bool]:
@@ -74,12 +66,12 @@ def test_spans_arriving_out_of_order_over_several_cycles_are_judged_as_one_answe
     rootless = [s for s in openinference_trace() if s.parent is not None]
 
     topic.produce([otlp_proto([root])])
-    wait_until("the root span saved as pending", read_up_to(topic.state, topic.name, 1))
+    wait_until(read_up_to(topic.state, topic.name, 1), "the root span saved as pending")
     assert pending(topic.state, topic.name) == [f"{root.context.span_id:016x}"]
     serve.wait_for(lambda m: m.value("ragpulse_traces_pending") == 1, 10, "the gauge")
 
     topic.produce([otlp_proto([llm]), b"\x0a\xff not protobuf", otlp_proto(rootless)])
-    wait_until("the next records read", read_up_to(topic.state, topic.name, 4))
+    wait_until(read_up_to(topic.state, topic.name, 4), "the next records read")
     topic.produce([otlp_proto([retriever])])
     # The record that is not OTLP was dead-lettered in the cycle that read it (its counts are
     # saved with its offsets); the trace is still waiting for the retriever.
@@ -127,7 +119,7 @@ def test_pending_spans_survive_a_kill_and_the_trace_is_counted_once(
     retriever, llm, root = openinference_trace(answer=GROUNDED)
     first = topic.serve(*FLAGS, "--trace-assembly-wait", "6s")
     topic.produce([otlp_proto([llm, root])])
-    wait_until("the first spans saved", read_up_to(topic.state, topic.name, 1))
+    wait_until(read_up_to(topic.state, topic.name, 1), "the first spans saved")
     first.kill()  # SIGKILL: nothing but the state file carries the spans on
 
     topic.produce([otlp_proto([retriever])])

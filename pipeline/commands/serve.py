@@ -28,6 +28,7 @@ from ragpulse.pipeline.metrics.http import (
     start_health_server,
     start_metrics_server,
 )
+from ragpulse.pipeline.service.cycle_hooks import CycleHooks
 from ragpulse.pipeline.service.owners import Owner
 from ragpulse.pipeline.service.state import StateError, StateLock
 from ragpulse.pipeline.settings.models import ServeSettings
@@ -152,7 +153,7 @@ def main(settings: ServeSettings) -> int:
     )
     try:
         # Before the first cycle counts anything: a second owner is refused here.
-        watcher.partitions.claim()
+        watcher.partitions.claim(CycleHooks.from_environment())
     except BaseException:
         watcher.close()
         raise

@@ -7,6 +7,8 @@ file `hold-PHASE` exists in it as the cycle reaches PHASE, serve writes `at-PHAS
 the time.time() at which it got there, as JSON) and waits until the test removes
 `hold-PHASE`. The phases, in cycle order:
 
+- `claiming`: at start, before the first cycle: the consumer group's commits are read (no other
+  owner found) and this owner's claim is not committed yet (`Partitions.claim`);
 - `planned`: the offset ranges are planned and some partition has records to read;
 - `judged`: the graph has run over them; nothing of the cycle is saved yet;
 - `saved`: the cycle's transaction is committed; the consumer group is not told yet;
@@ -23,7 +25,7 @@ import time
 from pathlib import Path
 
 ENV_VAR = "TEST_RAGPULSE_CYCLE_HOOKS"
-PHASES = ("planned", "judged", "saved", "labels", "labels_saved")
+PHASES = ("claiming", "planned", "judged", "saved", "labels", "labels_saved")
 _POLL_S = 0.01
 
 

@@ -10,6 +10,17 @@ since its own, is a second live owner; a live commit with another --instances is
 too. Brokers that drop the metadata string (Tansu 0.6, the test broker) still show the first
 case when the other owner commits another offset.
 
+Two serves that start within milliseconds of each other both find no owner in the group's
+commits; each then commits its claim and reads it back, and the one whose read-back came before
+the other's claim used to pass with it. So the claim is a splitter (Moir and Anderson, 1995)
+over two registers: each claimant first writes its name in a second register, the claims group
+(`claim_rivals`), then reads the group's commits (the first register: a live owner closes the
+door), commits its claim there, and reads the claims group back: its claim stands only if its
+name is still the last one written there. Of claims that overlap, at most one stands (the
+last to write its name did so after every other had written its own; any later one then finds
+its claim in the first register); when they overlap closely, all may be refused, and the next
+start after their lease wins.
+
 The state file's exclusive lock (`pipeline.service.state.lock_state`) says which owner used
 the file before this process: that one is dead (it no longer holds the lock), so its commits
 are not a second owner's.
@@ -23,10 +34,10 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["Commit", "Owner", "conflicts", "read_metadata"]
+__all__ = ["Commit", "Owner", "claim_rivals", "conflicts", "read_metadata"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -131,5 +142,31 @@ def conflicts(
                 f"partition {partition} is read by the live {other.describe()}, with other "
                 f"--instances than this one's {me.instances}",
                 other,
+            ))
+    return found
+
+
+def claim_rivals(
+    me: Owner, claims: Mapping[int, Commit], partitions: Iterable[int]
+) -> list[tuple[str, Owner | None]]:
+    """Why `me`'s claim on `partitions` does not stand, as the claims group's commits `claims`
+    show it, read back after `me` wrote its name there and committed its claim (module
+    docstring): another name written since on one of them, or none (a claimant removed the
+    claims group once its claim stood). A commit without ragpulse's metadata (a broker
+    that drops it) cannot say who wrote it: it is no rival."""
+    found: list[tuple[str, Owner | None]] = []
+    for partition in sorted(partitions):
+        commit = claims.get(partition)
+        if commit is None:
+            found.append((
+                f"partition {partition} was claimed by another serve at the same moment (its "
+                "claim was decided first)",
+                None,
+            ))
+        elif commit.owner is not None and commit.owner.id != me.id:
+            found.append((
+                f"partition {partition} was claimed by {commit.owner.describe()} at the same "
+                "moment",
+                commit.owner,
             ))
     return found

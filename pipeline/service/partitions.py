@@ -9,22 +9,34 @@ of the topic, read by this instance or not (`lag`). A cycle asks
 it for its plan (`plan`), which partitions hold the watermark back (`holding`), and, once the
 cycle is saved, to commit and measure (`after_cycle`).
 
-Ownership is claimed before anything is counted (`claim`): a serve commits its signed claim
-on its partitions at start and reads the group back; another live owner's claim or commit on
-them, or another --instances, refuses the start (the one that sees the other stops; if both
-see each other both stop, and nothing is counted twice either way). A state file holding
-offsets of partitions this instance does not own is refused at open (`open_state`).
+Ownership is claimed before anything is counted (`claim`): a serve writes its name in the
+claims group (the consumer group's id + `.claims`), reads the group's commits, commits its
+signed claim on its partitions and reads the claims group back; another live owner's claim or
+commit on them, another --instances, or another name written since in the claims group refuses
+the start (of serves that claim at the same moment at most one goes on; if each sees the other,
+all stop, and nothing is counted twice either way: `pipeline.service.owners`). The claims
+group is removed once a claim stands (or a live owner refuses it), so Kafka's lag tools do
+not show it. A state file
+holding offsets of partitions this instance does not own is refused at open (`open_state`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Mapping
 
 from ragpulse.pipeline.errors import SettingsError
-from ragpulse.pipeline.service.owners import Commit, Owner, conflicts, read_metadata
+from ragpulse.pipeline.service.cycle_hooks import CycleHooks
+from ragpulse.pipeline.service.owners import (
+    Commit,
+    Owner,
+    claim_rivals,
+    conflicts,
+    read_metadata,
+)
 from ragpulse.pipeline.service.plan import CyclePlan, check_resets, plan_cycle
 from ragpulse.pipeline.service.state import StateError, StateStore
 from ragpulse.pipeline.service.watermark import holding_partitions
@@ -34,6 +46,8 @@ from ragpulse.pipeline.sources.kafka import KafkaGroup, LogBounds, consumer_lag
 log = logging.getLogger(__name__)
 
 Lag = dict[tuple[str, int], int]
+# The claims group: the second register of the claim (`Partitions.claim`).
+CLAIMS_GROUP_SUFFIX = ".claims"
 
 
 class Partitions:
@@ -150,27 +164,47 @@ class Partitions:
             previous_owner=self._previous_owner, now=time.time(),
         )
 
-    def claim(self) -> None:
-        """Claim this instance's partitions before the first cycle counts anything: refuse
-        (SettingsError) when the group's commits show another live owner or another
-        --instances; else commit this owner's signed claim on every partition it owns and read
-        the group back, refusing if another owner's claim landed beside it (module
-        docstring). Visibility of Kafka aside, nothing is counted before this returns."""
+    def claim(self, hooks: CycleHooks) -> None:
+        """Claim this instance's partitions before the first cycle counts anything: write this
+        owner's name in the claims group; refuse (SettingsError) when the group's commits show
+        another live owner or another --instances; else commit this owner's signed claim on
+        every partition it owns, read both groups back, and refuse if another owner's claim
+        landed beside it or another name was written in the claims group since this one's
+        (module docstring, `pipeline.service.owners.claim_rivals`). `hooks`: a test holds
+        serve at `claiming`, between reading the group and committing its claim. Visibility of
+        Kafka aside, nothing is counted before this returns."""
         s = self.settings
+        claims = dataclasses.replace(self.group, group_id=f"{s.group_id}{CLAIMS_GROUP_SUFFIX}")
+        metadata = self.owner.metadata(time.time())
+        offsets: dict[int, int] = {}
+        try:
+            offsets = self._claimed_offsets()
+            claims.commit(offsets, metadata=metadata)
+        except Exception as exc:  # the topic not there yet, the broker away: as before
+            log.warning(
+                "could not claim the partitions in consumer group %s before the first cycle "
+                "(its commits will): %s", s.group_id, exc,
+            )
+            offsets = {}
         found = self.check_owners()
-        if not found:
+        rivals: list[tuple[str, Owner | None]] = []
+        if not found and offsets:
+            hooks.at("claiming")
             try:
-                offsets = self._claimed_offsets()
-                if offsets:
-                    self.group.commit(offsets, metadata=self.owner.metadata(time.time()))
-                    self._committed = dict(offsets)
-            except Exception as exc:  # the topic not there yet, the broker away: as before
+                self.group.commit(offsets, metadata=metadata)
+                self._committed = dict(offsets)
+                rivals = claim_rivals(self.owner, _signed_commits(claims), offsets)
+            except Exception as exc:  # as above: the first cycle's commit checks again
                 log.warning(
                     "could not claim the partitions in consumer group %s before the first "
                     "cycle (its commits will): %s", s.group_id, exc,
                 )
             else:
-                found = self.check_owners()
+                found = [*self.check_owners(), *rivals]
+        # A claim that lost to a rival's name leaves the claims group to that rival, which may
+        # not have read it back yet: finding no name there would refuse it too.
+        if offsets and not rivals:
+            self._remove(claims)
         if found:
             raise SettingsError(
                 f"another serve reads partitions of {s.topic!r} in consumer group "
@@ -192,6 +226,16 @@ class Partitions:
             log.warning(
                 "could not release consumer group %s's offsets: %s", self.settings.group_id, exc
             )
+
+    @staticmethod
+    def _remove(claims: KafkaGroup) -> None:
+        """Remove the claims group once this claim stands, or was refused by a live owner: a
+        claimant that reads it back after this finds no name and is refused, never let
+        through; visibility only."""
+        try:
+            claims.delete()
+        except Exception as exc:
+            log.warning("could not remove the claims group %s: %s", claims.group_id, exc)
 
     def _claimed_offsets(self) -> dict[int, int]:
         """What the claim commits on each owned partition: the saved offset, else the group's
@@ -253,11 +297,10 @@ class Partitions:
     def _group_commits(self) -> dict[int, Commit] | None:
         """The consumer group's commits on every partition; None when they cannot be read."""
         try:
-            found = self.group.commits()
+            return _signed_commits(self.group)
         except Exception as exc:  # visibility only: the next cycle asks again
             log.warning("could not read consumer group %s's offsets: %s", self.group.group_id, exc)
             return None
-        return {p: read_metadata(offset, meta) for p, (offset, meta) in found.items()}
 
     def _group_offsets_for(self, saved: Mapping[int, int], bounds: LogBounds) -> dict[int, int]:
         """Where partitions with no saved offset go on from, if not from their log start:
@@ -307,6 +350,11 @@ class Partitions:
             for p, end in every.ends.items()
             if not owns(p)
         }
+
+
+def _signed_commits(group: KafkaGroup) -> dict[int, Commit]:
+    """`group`'s commits on every partition, with what their metadata says."""
+    return {p: read_metadata(offset, meta) for p, (offset, meta) in group.commits().items()}
 
 
 def open_state(settings: ServeSettings) -> tuple[StateStore, bool]:

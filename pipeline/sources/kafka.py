@@ -586,5 +586,21 @@ class KafkaGroup:
         """The committed offsets (partitions without a commit are left out)."""
         return {p: offset for p, (offset, _) in self.commits().items()}
 
+    def delete(self) -> None:
+        """Delete the group and its commits (it has no members: none ever joins)."""
+        from kafka import KafkaAdminClient
+
+        admin = connect(
+            KafkaAdminClient, self.bootstrap, self.security,
+            request_timeout_ms=int(self.timeout_s * 1000) + 1000,
+        )
+        try:
+            result = admin.delete_groups([self.group_id])
+        finally:
+            admin.close()
+        error = result.get(self.group_id, "OK")  # {group: "OK" or the error's name}
+        if error not in ("OK", "GroupIdNotFoundError"):
+            raise RuntimeError(f"deleting consumer group {self.group_id}: {error}")
+
     def _consumer(self) -> KafkaConsumer:
         return _consumer(self.bootstrap, self.timeout_s, self.security, group_id=self.group_id)
