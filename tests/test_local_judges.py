@@ -334,6 +334,18 @@ def test_a_summary_sentence_of_mostly_new_words_is_not_grounded() -> None:
     assert v.rationale is not None and "The mayor later resigned" in v.rationale
 
 
+def test_a_summary_rationale_names_the_new_stems_in_the_order_the_sentence_says_them() -> None:
+    # One hyphenated piece holds four new words: its stems were once taken from a set, so the
+    # rationale named them in an order that changed with each process's string hashing.
+    v = grounded(
+        "Engineers inspected the bridge. Mayor-bribery-contractor-scandal critics called it.",
+        REPORT, question="Summarize this article.",
+    )
+    shown = ", ".join(repr(stem(w)) for w in ("mayor", "bribery", "contractor", "scandal"))
+    assert v.rating == "no"
+    assert v.rationale is not None and f"(stems {shown})" in v.rationale, v.rationale
+
+
 @pytest.mark.parametrize(
     ("text", "structured"),
     [

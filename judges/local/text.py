@@ -144,19 +144,23 @@ def tokens(text: str) -> list[str]:
 
 @functools.lru_cache(maxsize=_PIECE_CACHE)
 def _piece_bag(piece: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """What one piece adds to a `Bag`: (stems, numbers); see `bag_of`."""
-    stems: set[str] = set()
-    numbers: set[str] = set()
-    for tok in set(piece_tokens(piece)):  # a piece without spaces can repeat a token a lot
+    """What one piece adds to a `Bag`: (stems, numbers), each in order of first appearance
+    (a summary's rationale names stems in this order, so it must not depend on set order, which
+    changes from one process to the next with string hashing); see `bag_of`."""
+    # dicts as ordered sets
+    stems: dict[str, None] = {}
+    numbers: dict[str, None] = {}
+    # a piece without spaces can repeat a token a lot: each distinct one once
+    for tok in dict.fromkeys(piece_tokens(piece)):
         if tok[0].isdigit():
-            numbers.add(normalise_number(tok))
+            numbers[normalise_number(tok)] = None
             continue
         low = tok.lower()
         num = _NUMBER_WORDS.get(low)
         if num is not None:
-            numbers.add(num)
+            numbers[num] = None
         if low not in STOPWORDS:
-            stems.add(stem(low))
+            stems[stem(low)] = None
         if not tok.islower() and not tok.isupper():
             # Structured sources name fields in camelCase ("OutdoorSeating", "WiFi"): the
             # answer says "outdoor seating" / "Wi-Fi", so the parts count as content too.
@@ -165,13 +169,13 @@ def _piece_bag(piece: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
             for part in _CAMEL_RE.findall(tok):
                 part_low = part.lower()
                 if part_low not in STOPWORDS:
-                    stems.add(stem(part_low))
+                    stems[stem(part_low)] = None
     # A clock time never spans whitespace and \b sees whitespace like a text's edge, so the
     # piece's matches are the text's. "20:00" supports "8 pm": add the 12-hour reading.
     for hour in _CLOCK_RE.findall(piece):
         h = int(hour)
         if 12 < h < 24:
-            numbers.add(str(h - 12))
+            numbers[str(h - 12)] = None
     return tuple(stems), tuple(numbers)
 
 
