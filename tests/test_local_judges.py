@@ -18,7 +18,7 @@ from ragpulse.judges.local.groundedness import GroundednessJudge, is_structured
 from ragpulse.judges.local.judge import build_local_judges
 from ragpulse.judges.local.relevance import RelevanceToQueryJudge
 from ragpulse.judges.local.safety import SafetyJudge, find_harm, first_word_triggers
-from ragpulse.judges.local.text import claim_of, normalise_number, stem
+from ragpulse.judges.local.text import PieceMemo, claim_of, normalise_number, stem
 from ragpulse.judges.panel import JudgePanel
 
 EIFFEL = Chunk(
@@ -454,3 +454,22 @@ def test_a_claim_reads_the_same_whatever_its_pieces() -> None:
     ]
     assert [n for _, n in claim.numbers] == ["5", "2024", "3"]
     assert [w for w, _ in claim.names] == ["Games", "Olympics"]
+
+
+def test_a_piece_memo_analyses_each_piece_once_while_it_is_in_use_and_stays_bounded() -> None:
+    analysed: list[str] = []
+
+    def analyse(piece: str) -> str:
+        analysed.append(piece)
+        return piece.upper()
+
+    memo = PieceMemo(analyse, size=4)  # two generations of two pieces
+    assert [memo[p] for p in ("a", "b", "a", "b")] == ["A", "B", "A", "B"]
+    assert analysed == ["a", "b"]
+    memo["c"]  # the generation of a and b is full: it becomes the previous one
+    assert [memo[p] for p in ("a", "b")] == ["A", "B"]  # found there, not analysed again
+    assert analysed == ["a", "b", "c"]
+    for p in "defgh":
+        memo[p]
+    assert memo["a"] == "A" and analysed[-1] == "a"  # two generations on: analysed afresh
+    assert len(memo) <= 2 and len(memo._previous) <= 2

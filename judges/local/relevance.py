@@ -17,6 +17,7 @@ from ragpulse.judges.base import JudgeInput, Rating
 from ragpulse.judges.local.judge import LocalJudge
 from ragpulse.judges.local.text import (
     STOPWORDS,
+    PieceMemo,
     load_lexicon,
     piece_tokens,
     split_sentences,
@@ -85,10 +86,12 @@ def _answered_stems(text: str) -> set[str | None]:
     return set(itertools.chain.from_iterable(map(_piece_key_stems, set(text.split()))))
 
 
-@functools.lru_cache(maxsize=200_000)
-def _piece_key_stems(piece: str) -> frozenset[str | None]:
-    # Per whitespace-separated piece, memoised as text.py memoises its piece analyses.
+def _analyse_piece_key_stems(piece: str) -> frozenset[str | None]:
     return frozenset(map(_key_stem, piece_tokens(piece)))
+
+
+# Per whitespace-separated piece, memoised as text.py memoises its piece analyses.
+_piece_key_stems = PieceMemo(_analyse_piece_key_stems, 200_000).__getitem__
 
 
 @functools.lru_cache(maxsize=200_000)

@@ -12,8 +12,9 @@ import functools
 import itertools
 import operator
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import snowballstemmer
 
@@ -126,6 +127,37 @@ class Claim:
 # and a cache hit per piece instead of a regex pass and a stem look-up per token.
 _PIECE_CACHE = 200_000
 
+_Analysis = TypeVar("_Analysis")
+
+
+class PieceMemo(dict[str, _Analysis], Generic[_Analysis]):
+    """A bounded memo of one analysis of pieces, for the analyses looked up once per piece of
+    every text (each event's answer, each new chunk): `memo[piece]`, the analysis computed on
+    a miss (`__missing__`).
+
+    A hit is one dict look-up in C, where functools.lru_cache also relinks its recency list
+    (in this judge's profile, on a busy machine, its look-ups took half again as long). For the
+    bound: when full, the memo starts afresh and keeps the full generation to consult on a miss,
+    so a piece still in use costs one miss, not a new analysis.
+    """
+
+    __slots__ = ("_analyse", "_generation_size", "_previous")
+
+    def __init__(self, analyse: Callable[[str], _Analysis], size: int) -> None:
+        super().__init__()
+        self._analyse = analyse
+        self._generation_size = size // 2  # two generations at most
+        self._previous: dict[str, _Analysis] = {}
+
+    def __missing__(self, piece: str) -> _Analysis:
+        previous = self._previous
+        analysis = previous[piece] if piece in previous else self._analyse(piece)
+        if len(self) >= self._generation_size:
+            self._previous = dict(self)
+            self.clear()
+        self[piece] = analysis
+        return analysis
+
 
 @functools.lru_cache(maxsize=_PIECE_CACHE)
 def piece_tokens(piece: str) -> tuple[str, ...]:
@@ -142,8 +174,7 @@ def tokens(text: str) -> list[str]:
     return list(_tokens_of(text))
 
 
-@functools.lru_cache(maxsize=_PIECE_CACHE)
-def _piece_bag(piece: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _analyse_piece_bag(piece: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """What one piece adds to a `Bag`: (stems, numbers), each in order of first appearance
     (a summary's rationale names stems in this order, so it must not depend on set order, which
     changes from one process to the next with string hashing); see `bag_of`."""
@@ -177,6 +208,9 @@ def _piece_bag(piece: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         if 12 < h < 24:
             numbers[str(h - 12)] = None
     return tuple(stems), tuple(numbers)
+
+
+_piece_bag = PieceMemo(_analyse_piece_bag, _PIECE_CACHE).__getitem__
 
 
 _STEMS_PART = operator.itemgetter(0)
@@ -270,8 +304,7 @@ class _PieceClaim:
     ends_with_number: bool  # the last token starts with a digit
 
 
-@functools.lru_cache(maxsize=_PIECE_CACHE)
-def _piece_claim(piece: str) -> _PieceClaim:
+def _analyse_piece_claim(piece: str) -> _PieceClaim:
     infos = tuple(map(_claim_token, piece_tokens(piece)))
     if not infos:
         return _PieceClaim((), (), (), True, False, False, False)
@@ -287,6 +320,9 @@ def _piece_claim(piece: str) -> _PieceClaim:
         first[5] and first[1] == "word",
         infos[-1][3],
     )
+
+
+_piece_claim = PieceMemo(_analyse_piece_claim, _PIECE_CACHE).__getitem__
 
 
 def claim_of(sentence: str) -> Claim:
