@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import pickle
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ragpulse.judges.base import Chunk, JudgeInput, Verdict
 from ragpulse.judges.local.document_recall import DocumentRecallJudge
@@ -176,6 +179,14 @@ def test_safety_prefilter_never_skips_a_pattern_that_would_match() -> None:
         )
         assert (find_harm(text) is not None) == slow, text
         assert slow, f"expected the lexicon to flag {text!r}"
+
+
+@given(st.text(alphabet=st.sampled_from(["a", "b", " ", "\n", "\t", "\u00a0", "\u2003", "\x1c"])))
+def test_safety_flattens_each_run_of_white_space_to_one_space_even_at_the_ends(text: str) -> None:
+    # The patterns separate words by one space: what the regex's \s+ would make of the text.
+    from ragpulse.judges.local.safety import _flatten
+
+    assert _flatten(text) == re.sub(r"\s+", " ", text)
 
 
 def test_first_word_triggers_treat_suffixed_words_as_prefixes() -> None:
