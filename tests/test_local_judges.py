@@ -21,7 +21,13 @@ from ragpulse.judges.local.groundedness import GroundednessJudge, is_structured
 from ragpulse.judges.local.judge import build_local_judges
 from ragpulse.judges.local.relevance import RelevanceToQueryJudge
 from ragpulse.judges.local.safety import SafetyJudge, find_harm, first_word_triggers
-from ragpulse.judges.local.text import PieceMemo, claim_of, normalise_number, stem
+from ragpulse.judges.local.text import (
+    PieceMemo,
+    claim_of,
+    normalise_number,
+    split_sentences,
+    stem,
+)
 from ragpulse.judges.panel import JudgePanel
 
 EIFFEL = Chunk(
@@ -484,3 +490,22 @@ def test_a_piece_memo_analyses_each_piece_once_while_it_is_in_use_and_stays_boun
         memo[p]
     assert memo["a"] == "A" and analysed[-1] == "a"  # two generations on: analysed afresh
     assert len(memo) <= 2 and len(memo._previous) <= 2
+
+
+@pytest.mark.parametrize(
+    ("text", "sentences"),
+    [
+        pytest.param("It opened in 1889. It is 330 m tall! is it? Yes.",
+                     ("It opened in 1889.", "It is 330 m tall! is it?", "Yes."), id="one line"),
+        pytest.param("1. Paris is the capital.", ("Paris is the capital.",), id="one list item"),
+        pytest.param("Facts:  \n\n  1. It is tall. \t\n- It is old\n* It is iron.  ",
+                     ("Facts:", "It is tall.", "It is old", "It is iron.  "), id="a list"),
+        pytest.param("  Leading space stays.\nlower case after a newline", (
+            "  Leading space stays.", "lower case after a newline"), id="ends of the text"),
+        pytest.param(" \n \n", (), id="only white space"),
+    ],
+)
+def test_an_answer_splits_into_sentences_and_list_items_at_newlines(
+    text: str, sentences: tuple[str, ...]
+) -> None:
+    assert split_sentences(text) == sentences
