@@ -179,9 +179,13 @@ def summary_novelty(
 ) -> list[SentenceNovelty]:
     """The novelty of each sentence of a summary with at least `min_words` content words,
     against its source (pure; the summary rule's whole evidence)."""
+    return list(_novelty(answer, chunks, min_words))
+
+
+def _novelty(answer: str, chunks: Sequence[str], min_words: int) -> Iterator[SentenceNovelty]:
+    # A generator, so that the judge stops at the first novel sentence.
     known = _chunks_bag(tuple(chunks)).stems
     prefixes: frozenset[str] | None = None  # made only for a sentence that needs them
-    result = []
     for sentence in split_sentences(answer):
         stems = content_stems(sentence)
         if len(stems) < min_words:
@@ -190,8 +194,7 @@ def summary_novelty(
         if new:
             prefixes = _prefixes(tuple(chunks)) if prefixes is None else prefixes
             new = [st for st in new if st[:_PREFIX] not in prefixes]
-        result.append(SentenceNovelty(sentence, len(stems), tuple(new)))
-    return result
+        yield SentenceNovelty(sentence, len(stems), tuple(new))
 
 
 def first_novel(
@@ -263,9 +266,16 @@ class GroundednessJudge(LocalJudge):
         return "yes", f"All {n} claims of the answer are supported by the context."
 
     def _decide_summary(self, item: JudgeInput, chunks: list[str]) -> tuple[Rating, str]:
-        novelty = summary_novelty(item.answer, chunks, self.summary_min_words)
+        measured = 0
+
+        def counted(novelty: Iterable[SentenceNovelty]) -> Iterator[SentenceNovelty]:
+            nonlocal measured
+            for sentence in novelty:
+                measured += 1
+                yield sentence
+
         found = first_novel(
-            novelty,
+            counted(_novelty(item.answer, chunks, self.summary_min_words)),
             min_words=self.summary_min_words,
             max_unsupported=self.summary_max_unsupported,
         )
@@ -276,7 +286,7 @@ class GroundednessJudge(LocalJudge):
                 f"{found.share:.0%} of its content words are not in the source (stems {shown})."
             )
         return "yes", (
-            f"Each of the summary's {len(novelty)} measured sentences keeps to the source."
+            f"Each of the summary's {measured} measured sentences keeps to the source."
         )
 
     def margin(self, item: JudgeInput) -> float:
