@@ -118,8 +118,7 @@ class ClaimSupport:
 @functools.lru_cache(maxsize=4096)
 def _chunks_bag(chunks: tuple[str, ...]) -> Bag:
     """Union of the chunks' bags; memoised because the same retrieval results recur."""
-    bag = bag_of_texts(chunks)
-    return Bag(bag.stems | _META_STEMS, bag.numbers)
+    return bag_of_texts(chunks, _META_STEMS)
 
 
 def support_of_claims(answer: str, chunks: Sequence[str], question: str = "") -> list[ClaimSupport]:

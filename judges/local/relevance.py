@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import itertools
 import re
+from collections.abc import Iterable
 
 from ragpulse.judges.base import JudgeInput, Rating
 from ragpulse.judges.local.judge import LocalJudge
@@ -81,9 +82,12 @@ def _key_stems(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(out.items())
 
 
-def _answered_stems(text: str) -> set[str | None]:
-    """The keys of `key_stems(text)` (plus None): all the answer is asked for."""
-    return set(itertools.chain.from_iterable(map(_piece_key_stems, set(text.split()))))
+def _answered(asked: Iterable[str], text: str) -> set[str | None]:
+    """Those of the `asked` stems that are keys of `key_stems(text)`: gathered in C from the
+    memoised pieces of `text`, without building the set of all of its key stems."""
+    return set(asked).intersection(
+        itertools.chain.from_iterable(map(_piece_key_stems, set(text.split())))
+    )
 
 
 def _analyse_piece_key_stems(piece: str) -> frozenset[str | None]:
@@ -125,7 +129,7 @@ class RelevanceToQueryJudge(LocalJudge):
         asked = dict(_key_stems(question))
         if not asked:
             return "yes", "The answer does not refuse, and the question has no key words to check."
-        answered = _answered_stems(answer)
+        answered = _answered(asked, answer)
         shared = [surface for s, surface in asked.items() if s in answered]
         share = len(shared) / len(asked)
         if share < self.min_overlap:
@@ -149,6 +153,6 @@ class RelevanceToQueryJudge(LocalJudge):
         asked = dict(_key_stems(item.question))
         if not asked:
             return 0.0
-        answered = _answered_stems(item.answer)
+        answered = _answered(asked, item.answer)
         share = sum(s in answered for s in asked) / len(asked)
         return abs(share - self.min_overlap)

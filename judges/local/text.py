@@ -223,15 +223,16 @@ def bag_of(text: str) -> Bag:
     return bag_of_texts((text,))
 
 
-def bag_of_texts(texts: Iterable[str]) -> Bag:
-    """The union of the bags of `texts`, from their distinct pieces at once (not memoised:
-    for the chunks of one event, whose union is memoised by its caller)."""
+def bag_of_texts(texts: Iterable[str], more_stems: Iterable[str] = ()) -> Bag:
+    """The union of the bags of `texts`, from their distinct pieces at once, with `more_stems`
+    (not memoised: for the chunks of one event, whose union is memoised by its caller)."""
     pieces: set[str] = set()
     for text in texts:
         pieces.update(text.split())
     parts = list(map(_piece_bag, pieces))
+    stems = itertools.chain.from_iterable(map(_STEMS_PART, parts))
     return Bag(
-        frozenset(itertools.chain.from_iterable(map(_STEMS_PART, parts))),
+        frozenset(itertools.chain(more_stems, stems)),
         frozenset(itertools.chain.from_iterable(map(_NUMBERS_PART, parts))),
     )
 
