@@ -82,10 +82,10 @@ def _key_stems(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(out.items())
 
 
-def _answered(asked: Iterable[str], text: str) -> set[str | None]:
+def _answered(asked: Iterable[str], text: str) -> set[str]:
     """Those of the `asked` stems that are keys of `key_stems(text)`: gathered in C from the
     memoised pieces of `text`, without building the set of all of its key stems."""
-    return set(asked).intersection(
+    return set(asked).intersection(  # (a piece of no key word adds None: never asked)
         itertools.chain.from_iterable(map(_piece_key_stems, set(text.split())))
     )
 
