@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import pickle
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ragpulse.judges.base import Chunk, JudgeInput, Verdict
 from ragpulse.judges.local.document_recall import DocumentRecallJudge
@@ -18,7 +21,13 @@ from ragpulse.judges.local.groundedness import GroundednessJudge, is_structured
 from ragpulse.judges.local.judge import build_local_judges
 from ragpulse.judges.local.relevance import RelevanceToQueryJudge
 from ragpulse.judges.local.safety import SafetyJudge, find_harm, first_word_triggers
-from ragpulse.judges.local.text import claim_of, normalise_number, stem
+from ragpulse.judges.local.text import (
+    PieceMemo,
+    claim_of,
+    normalise_number,
+    split_sentences,
+    stem,
+)
 from ragpulse.judges.panel import JudgePanel
 
 EIFFEL = Chunk(
@@ -178,6 +187,14 @@ def test_safety_prefilter_never_skips_a_pattern_that_would_match() -> None:
         assert slow, f"expected the lexicon to flag {text!r}"
 
 
+@given(st.text(alphabet=st.sampled_from(["a", "b", " ", "\n", "\t", "\u00a0", "\u2003", "\x1c"])))
+def test_safety_flattens_each_run_of_white_space_to_one_space_even_at_the_ends(text: str) -> None:
+    # The patterns separate words by one space: what the regex's \s+ would make of the text.
+    from ragpulse.judges.local.safety import _flatten
+
+    assert _flatten(text) == re.sub(r"\s+", " ", text)
+
+
 def test_first_word_triggers_treat_suffixed_words_as_prefixes() -> None:
     t = first_word_triggers(r"\b(?:suicid(?:e|al)|kill) (?:you|him)\b")
     assert t is not None
@@ -334,6 +351,18 @@ def test_a_summary_sentence_of_mostly_new_words_is_not_grounded() -> None:
     assert v.rationale is not None and "The mayor later resigned" in v.rationale
 
 
+def test_a_summary_rationale_names_the_new_stems_in_the_order_the_sentence_says_them() -> None:
+    # One hyphenated piece holds four new words: its stems were once taken from a set, so the
+    # rationale named them in an order that changed with each process's string hashing.
+    v = grounded(
+        "Engineers inspected the bridge. Mayor-bribery-contractor-scandal critics called it.",
+        REPORT, question="Summarize this article.",
+    )
+    shown = ", ".join(repr(stem(w)) for w in ("mayor", "bribery", "contractor", "scandal"))
+    assert v.rating == "no"
+    assert v.rationale is not None and f"(stems {shown})" in v.rationale, v.rationale
+
+
 @pytest.mark.parametrize(
     ("text", "structured"),
     [
@@ -442,3 +471,41 @@ def test_a_claim_reads_the_same_whatever_its_pieces() -> None:
     ]
     assert [n for _, n in claim.numbers] == ["5", "2024", "3"]
     assert [w for w, _ in claim.names] == ["Games", "Olympics"]
+
+
+def test_a_piece_memo_analyses_each_piece_once_while_it_is_in_use_and_stays_bounded() -> None:
+    analysed: list[str] = []
+
+    def analyse(piece: str) -> str:
+        analysed.append(piece)
+        return piece.upper()
+
+    memo = PieceMemo(analyse, size=4)  # two generations of two pieces
+    assert [memo[p] for p in ("a", "b", "a", "b")] == ["A", "B", "A", "B"]
+    assert analysed == ["a", "b"]
+    memo["c"]  # the generation of a and b is full: it becomes the previous one
+    assert [memo[p] for p in ("a", "b")] == ["A", "B"]  # found there, not analysed again
+    assert analysed == ["a", "b", "c"]
+    for p in "defgh":
+        memo[p]
+    assert memo["a"] == "A" and analysed[-1] == "a"  # two generations on: analysed afresh
+    assert len(memo) <= 2 and len(memo._previous) <= 2
+
+
+@pytest.mark.parametrize(
+    ("text", "sentences"),
+    [
+        pytest.param("It opened in 1889. It is 330 m tall! is it? Yes.",
+                     ("It opened in 1889.", "It is 330 m tall! is it?", "Yes."), id="one line"),
+        pytest.param("1. Paris is the capital.", ("Paris is the capital.",), id="one list item"),
+        pytest.param("Facts:  \n\n  1. It is tall. \t\n- It is old\n* It is iron.  ",
+                     ("Facts:", "It is tall.", "It is old", "It is iron.  "), id="a list"),
+        pytest.param("  Leading space stays.\nlower case after a newline", (
+            "  Leading space stays.", "lower case after a newline"), id="ends of the text"),
+        pytest.param(" \n \n", (), id="only white space"),
+    ],
+)
+def test_an_answer_splits_into_sentences_and_list_items_at_newlines(
+    text: str, sentences: tuple[str, ...]
+) -> None:
+    assert split_sentences(text) == sentences

@@ -118,8 +118,7 @@ class ClaimSupport:
 @functools.lru_cache(maxsize=4096)
 def _chunks_bag(chunks: tuple[str, ...]) -> Bag:
     """Union of the chunks' bags; memoised because the same retrieval results recur."""
-    bag = bag_of_texts(chunks)
-    return Bag(bag.stems | _META_STEMS, bag.numbers)
+    return bag_of_texts(chunks, _META_STEMS)
 
 
 def support_of_claims(answer: str, chunks: Sequence[str], question: str = "") -> list[ClaimSupport]:
@@ -179,9 +178,13 @@ def summary_novelty(
 ) -> list[SentenceNovelty]:
     """The novelty of each sentence of a summary with at least `min_words` content words,
     against its source (pure; the summary rule's whole evidence)."""
+    return list(_novelty(answer, chunks, min_words))
+
+
+def _novelty(answer: str, chunks: Sequence[str], min_words: int) -> Iterator[SentenceNovelty]:
+    # A generator, so that the judge stops at the first novel sentence.
     known = _chunks_bag(tuple(chunks)).stems
     prefixes: frozenset[str] | None = None  # made only for a sentence that needs them
-    result = []
     for sentence in split_sentences(answer):
         stems = content_stems(sentence)
         if len(stems) < min_words:
@@ -190,8 +193,7 @@ def summary_novelty(
         if new:
             prefixes = _prefixes(tuple(chunks)) if prefixes is None else prefixes
             new = [st for st in new if st[:_PREFIX] not in prefixes]
-        result.append(SentenceNovelty(sentence, len(stems), tuple(new)))
-    return result
+        yield SentenceNovelty(sentence, len(stems), tuple(new))
 
 
 def first_novel(
@@ -263,9 +265,16 @@ class GroundednessJudge(LocalJudge):
         return "yes", f"All {n} claims of the answer are supported by the context."
 
     def _decide_summary(self, item: JudgeInput, chunks: list[str]) -> tuple[Rating, str]:
-        novelty = summary_novelty(item.answer, chunks, self.summary_min_words)
+        measured = 0
+
+        def counted(novelty: Iterable[SentenceNovelty]) -> Iterator[SentenceNovelty]:
+            nonlocal measured
+            for sentence in novelty:
+                measured += 1
+                yield sentence
+
         found = first_novel(
-            novelty,
+            counted(_novelty(item.answer, chunks, self.summary_min_words)),
             min_words=self.summary_min_words,
             max_unsupported=self.summary_max_unsupported,
         )
@@ -276,7 +285,7 @@ class GroundednessJudge(LocalJudge):
                 f"{found.share:.0%} of its content words are not in the source (stems {shown})."
             )
         return "yes", (
-            f"Each of the summary's {len(novelty)} measured sentences keeps to the source."
+            f"Each of the summary's {measured} measured sentences keeps to the source."
         )
 
     def margin(self, item: JudgeInput) -> float:

@@ -12,11 +12,13 @@ import dataclasses
 import functools
 import itertools
 import re
+from collections.abc import Iterable
 
 from ragpulse.judges.base import JudgeInput, Rating
 from ragpulse.judges.local.judge import LocalJudge
 from ragpulse.judges.local.text import (
     STOPWORDS,
+    PieceMemo,
     load_lexicon,
     piece_tokens,
     split_sentences,
@@ -80,15 +82,20 @@ def _key_stems(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(out.items())
 
 
-def _answered_stems(text: str) -> set[str | None]:
-    """The keys of `key_stems(text)` (plus None): all the answer is asked for."""
-    return set(itertools.chain.from_iterable(map(_piece_key_stems, set(text.split()))))
+def _answered(asked: Iterable[str], text: str) -> set[str]:
+    """Those of the `asked` stems that are keys of `key_stems(text)`: gathered in C from the
+    memoised pieces of `text`, without building the set of all of its key stems."""
+    return set(asked).intersection(  # (a piece of no key word adds None: never asked)
+        itertools.chain.from_iterable(map(_piece_key_stems, set(text.split())))
+    )
 
 
-@functools.lru_cache(maxsize=200_000)
-def _piece_key_stems(piece: str) -> frozenset[str | None]:
-    # Per whitespace-separated piece, memoised as text.py memoises its piece analyses.
+def _analyse_piece_key_stems(piece: str) -> frozenset[str | None]:
     return frozenset(map(_key_stem, piece_tokens(piece)))
+
+
+# Per whitespace-separated piece, memoised as text.py memoises its piece analyses.
+_piece_key_stems = PieceMemo(_analyse_piece_key_stems, 200_000).__getitem__
 
 
 @functools.lru_cache(maxsize=200_000)
@@ -122,7 +129,7 @@ class RelevanceToQueryJudge(LocalJudge):
         asked = dict(_key_stems(question))
         if not asked:
             return "yes", "The answer does not refuse, and the question has no key words to check."
-        answered = _answered_stems(answer)
+        answered = _answered(asked, answer)
         shared = [surface for s, surface in asked.items() if s in answered]
         share = len(shared) / len(asked)
         if share < self.min_overlap:
@@ -146,6 +153,6 @@ class RelevanceToQueryJudge(LocalJudge):
         asked = dict(_key_stems(item.question))
         if not asked:
             return 0.0
-        answered = _answered_stems(item.answer)
+        answered = _answered(asked, item.answer)
         share = sum(s in answered for s in asked) / len(asked)
         return abs(share - self.min_overlap)
