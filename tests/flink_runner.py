@@ -6,9 +6,9 @@ ${RAGPULSE_CACHE:-.cache}/beam-VERSION/lib, and a Python SDK worker pool.
         ragpulse("stream", ..., *flink.stream_args)
 
 Three processes, each in its own session and stopped by its id:
-- Beam's expansion service (`ExpansionService PORT --defaultEnvironmentType=EMBEDDED`): expands
-  `ReadFromKafka` into the Java KafkaIO, whose environment is EMBEDDED: the Java SDK harness runs
-  inside the Flink JVM, so no Docker is needed.
+- Beam's expansion service with ragpulse's Kafka read (java/kafka-read) on its classpath, run
+  with deploy/flink's flags (the legacy read: `--experiments=use_deprecated_read`) but the
+  EMBEDDED environment: the Java SDK harness runs inside the Flink JVM, so no Docker is needed.
 - Beam's Flink job server (`FlinkJobServerDriver --flink-master=[local]`): an embedded Flink
   mini cluster that runs the submitted jobs.
 - Beam's Python worker pool (tests/beam_services.py), which runs the Python stages of the job
@@ -21,6 +21,7 @@ the bind address, it only uses it to advertise); the tests use them through 127.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -42,9 +43,32 @@ def beam_tools_dir() -> Path:
     return cache / f"beam-{apache_beam.__version__}"
 
 
+KAFKA_READ_SOURCES = REPO / "java" / "kafka-read"
+
+
+def kafka_read_jar() -> Path:
+    """ragpulse's Kafka read (java/kafka-read), where `make kafka-read-jar` builds it: a folder
+    named after the hash of its sources (the Makefile's KAFKA_READ_DIR), so a stale jar is never
+    used; fails the test when it was not built."""
+    names = sorted(
+        str(p.relative_to(REPO)) for p in KAFKA_READ_SOURCES.rglob("*")
+        if p.is_file() and "target" not in p.relative_to(KAFKA_READ_SOURCES).parts
+    )
+    digest = hashlib.sha256(b"".join((REPO / n).read_bytes() for n in names)).hexdigest()
+    jar = beam_tools_dir() / f"ragpulse-kafka-read-{digest[:16]}" / "ragpulse-kafka-read.jar"
+    if not jar.is_file():
+        pytest.fail(
+            f"ragpulse's Kafka read is not built for these sources ({jar}): run "
+            "`make kafka-read-jar` (Maven builds java/kafka-read into the cache)",
+            pytrace=False,
+        )
+    return jar
+
+
 def beam_classpath() -> str:
-    """The Java classpath of the job server and the expansion service; fails the test (it
-    does not skip) when the jars were not fetched."""
+    """The Java classpath of the job server, the expansion service and Flink's processes:
+    Beam's jars and ragpulse's Kafka read (the legacy read runs inside Flink, so its timestamp
+    policy must load there too); fails the test (it does not skip) when they were not built."""
     lib = beam_tools_dir() / "lib"
     if not (lib / ".complete").is_file():
         pytest.fail(
@@ -52,7 +76,15 @@ def beam_classpath() -> str:
             ".ci/tools/beam/pom.xml into the cache)",
             pytrace=False,
         )
-    return f"{lib}/*"
+    return f"{lib}/*:{kafka_read_jar()}"
+
+
+def expansion_service_args(port: int) -> list[str]:
+    """The expansion service's flags as deploy/flink/jobserver.yaml runs them (its read and
+    experiments), with the EMBEDDED environment (tests/flink_cluster.py)."""
+    from flink_cluster import local_expansion_args  # it imports this module
+
+    return local_expansion_args(port)
 
 
 # Flink's Kryo serializer reaches into JDK internals: on Java 17 these packages must be opened
@@ -115,11 +147,7 @@ def flink_services(log_dir: Path) -> Iterator[FlinkServices]:
         pids.append(stack.enter_context(
             service(
                 "expansion-service",
-                java_command(
-                    EXPANSION_SERVICE,
-                    str(services.expansion_port),
-                    "--defaultEnvironmentType=EMBEDDED",
-                ),
+                java_command(EXPANSION_SERVICE, *expansion_service_args(services.expansion_port)),
                 services.expansion_port,
                 log_dir,
             )

@@ -22,6 +22,7 @@ from typing import Any
 
 import apache_beam
 import flink_cluster
+import flink_runner
 import pytest
 import yaml
 from flink_cluster import FlinkCluster
@@ -271,3 +272,22 @@ def test_the_cluster_test_runs_the_deployed_job_server_and_expansion_service_fla
     assert local_expansion[0] == deployed_expansion[0] == "8097"
     assert without_environment(local_expansion) == without_environment(deployed_expansion)
     assert "--defaultEnvironmentType=EMBEDDED" in local_expansion
+
+
+def test_the_deployed_images_load_the_kafka_read_the_tests_build() -> None:
+    """ragpulse's Kafka read (java/kafka-read) is built from this repository's sources by both
+    images, as `make kafka-read-jar` builds it for the tests: on the expansion service's
+    classpath (its registrar offers the read) and in Flink's lib/ (the legacy read runs in the
+    TaskManager's JVM), as tests/flink_runner.py puts it on every Java process's classpath."""
+    expansion = (FLINK / "expansion-service.Dockerfile").read_text(encoding="utf-8")
+    flink = (FLINK / "flink.Dockerfile").read_text(encoding="utf-8")
+    for dockerfile in (expansion, flink):
+        assert "COPY java/kafka-read /src" in dockerfile
+        assert "mvn -q -B -f /src/pom.xml package" in dockerfile
+    (entrypoint,) = re.findall(r"^ENTRYPOINT (.+)$", expansion, re.MULTILINE)
+    command = json.loads(entrypoint)
+    assert command[:2] == ["java", "-cp"]
+    assert "/opt/beam/ragpulse-kafka-read.jar" in command[2].split(":")
+    assert command[3] == flink_runner.EXPANSION_SERVICE
+    assert "/opt/flink/lib/ragpulse-kafka-read.jar" in flink
+    assert "--experiments=use_deprecated_read" in flink_cluster.deployed_expansion_args()

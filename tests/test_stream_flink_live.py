@@ -1,0 +1,245 @@
+"""`ragpulse stream` on Flink as a chatbot feeds it: events produced while the job runs, into a
+topic of two partitions of which one stays empty, and a backlog drained to the last window.
+
+    producer (while the job is RUNNING) -> partition 0 of the topic; partition 1 gets nothing
+    -> `ragpulse stream` (ragpulse's Kafka read, java/kafka-read: the legacy UnboundedSource read
+       with PartitionWatermarkPolicy; an embedded Flink through Beam's job server)
+    -> the ratings topic, read here pane by pane with the time each pane was read
+
+What must hold (issue 30, items 2-4): early panes while a window is open; the window's on-time
+pane while events keep arriving (the empty partition does not hold the watermark once it has
+been idle for --partition-idle-after), with every event of the window counted; a late event
+gives a late pane; and a drained backlog gives every window its complete on-time pane. The
+delay of each on-time pane after its window's end is printed (docs/figures.md quotes it), not
+asserted: it depends on the machine.
+
+The services come from tests/flink_runner.py (`make stream-tools` builds them).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from flink_runner import FlinkServices, flink  # noqa: F401
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka.admin import NewTopic
+from kafka.structs import TopicPartition
+from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
+from test_stream_flink import cancel_jobs, submit, wait_until
+
+from ragpulse.pipeline.commands.simulate import SimulatedEvent, simulate
+from ragpulse.pipeline.formats import rating_rows
+from ragpulse.pipeline.formats.rating_rows import RatingPane
+
+pytestmark = [pytest.mark.slow, pytest.mark.flink, pytest.mark.timeout(1200)]
+
+WINDOW_S = 20
+JUDGES = "groundedness,safety"
+IDLE_AFTER_S = 5
+# How long the producer goes on at most while waiting for the first on-time pane (a loaded
+# 2-core machine takes minutes to deploy the job; the pane follows within seconds once it runs).
+LIVE_FOR_AT_MOST_S = 420.0
+
+
+def stream_argv(bootstrap: str, topic: str, services: FlinkServices, group: str) -> list[str]:
+    return [
+        "stream",
+        f"--kafka-bootstrap={bootstrap}",
+        f"--topic={topic}",
+        f"--window={WINDOW_S}s",
+        "--allowed-lateness=10m",
+        "--early-firing=5s",
+        "--out-of-orderness=1s",
+        f"--partition-idle-after={IDLE_AFTER_S}s",
+        f"--kafka-consumer-config=group.id={group}",
+        f"--judges={JUDGES}",
+        "--judge-backend=local",
+        *services.stream_args,
+        "--beam-arg=--checkpointing_interval=2000",
+    ]
+
+
+def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(name, partitions, 1)])
+    finally:
+        admin.close()
+
+
+class TimedPanes:
+    """Reads the ratings topic from the start; keeps each pane with the wall time it was read."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+        )
+        tp = TopicPartition(topic, 0)
+        self.consumer.assign([tp])
+        self.consumer.seek_to_beginning(tp)
+        self.panes: list[tuple[float, RatingPane]] = []
+
+    def poll(self) -> list[tuple[float, RatingPane]]:
+        for batch in self.consumer.poll(timeout_ms=200).values():
+            now = time.time()
+            self.panes.extend((now, rating_rows.decode(r.value)) for r in batch)
+        return self.panes
+
+    def of_window(self, start: float, timing: str) -> list[tuple[float, RatingPane]]:
+        return [(at, p) for at, p in self.poll()
+                if p.key.window_start == start and p.timing == timing]
+
+    def close(self) -> None:
+        self.consumer.close(autocommit=False)
+
+
+def window_start(t: float) -> float:
+    return t - t % WINDOW_S
+
+
+def judged(panes: Sequence[RatingPane], judge: str) -> int:
+    """Events counted for `judge` by the latest pane of each (app, model) among `panes`."""
+    latest: dict[tuple[str, str], RatingPane] = {}
+    for p in panes:
+        label = (p.key.app, p.key.model)
+        if p.key.judge == judge and (label not in latest or p.index > latest[label].index):
+            latest[label] = p
+    return sum(p.counts.yes + p.counts.no + p.counts.error for p in latest.values())
+
+
+def event_at(seed: int, event_time: float) -> SimulatedEvent:
+    """One simulated chatbot event whose own timestamp is `event_time`."""
+    (event,) = simulate(seed, 1, event_time)
+    return event
+
+
+def send(producer: KafkaProducer, topic: str, event: SimulatedEvent, stamp: float) -> None:
+    producer.send(topic, value=event.payload, partition=0, timestamp_ms=int(stamp * 1000))
+
+
+def test_live_events_give_early_on_time_and_late_panes_while_one_partition_stays_empty(
+    kafka_broker: ApacheKafkaBroker, flink: FlinkServices  # noqa: F811
+) -> None:
+    bootstrap = kafka_broker.bootstrap
+    topic = "live-logs"
+    create_topic(bootstrap, topic, 2)
+    create_topic(bootstrap, f"{topic}.ratings", 1)
+    create_topic(bootstrap, f"{topic}.dlq", 1)
+    panes = TimedPanes(bootstrap, f"{topic}.ratings")
+    sent: Counter[float] = Counter()  # events produced per window start
+    sent_lock = threading.Lock()
+    stop = threading.Event()
+    # One event a second into partition 0, made when it is produced: its event time and its
+    # Kafka record time are the chatbot's clock then; a window's events all come before its end.
+
+    def produce() -> None:
+        producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
+        try:
+            for seed in itertools.count():
+                if stop.is_set():
+                    break
+                now = time.time()
+                send(producer, topic, event_at(seed, now), now)
+                producer.flush(timeout=30)
+                with sent_lock:
+                    sent[window_start(now)] += 1
+                stop.wait(1.0)
+        finally:
+            producer.close()
+
+    try:
+        submit(stream_argv(bootstrap, topic, flink, "ragpulse-live"), flink)
+        running_at = time.time()
+        producer = threading.Thread(target=produce, name="chatbot", daemon=True)
+        producer.start()
+        # The first window that opens after the job runs: all its events come while it runs.
+        first = window_start(running_at) + WINDOW_S
+        # Its early pane, then its on-time pane, while the producer keeps producing.
+        wait_until(lambda: panes.of_window(first, "early"), "an early pane of the first window",
+                   timeout=LIVE_FOR_AT_MOST_S, logs=flink.logs)
+        (on_time_at, _), *_ = wait_until(
+            lambda: panes.of_window(first, "on_time"),
+            "the first window's on-time pane while events keep arriving",
+            timeout=LIVE_FOR_AT_MOST_S, logs=flink.logs)
+        assert producer.is_alive()  # events were still arriving when the pane came out
+        # Two more windows on time, live, then a late event for the first window.
+        second, third = first + WINDOW_S, first + 2 * WINDOW_S
+        wait_until(lambda: panes.of_window(third, "on_time"), "the third window's on-time pane",
+                   timeout=LIVE_FOR_AT_MOST_S, logs=flink.logs)
+        stop.set()
+        producer.join(timeout=60)
+        late_producer = KafkaProducer(bootstrap_servers=bootstrap)
+        try:
+            send(late_producer, topic, event_at(10**6, first + 1), first + 1)
+            late_producer.flush(timeout=30)
+        finally:
+            late_producer.close()
+        late = wait_until(lambda: panes.of_window(first, "late"), "a late pane of the first window",
+                          timeout=LIVE_FOR_AT_MOST_S, logs=flink.logs)
+    finally:
+        stop.set()
+        cancel_jobs(flink)
+        panes.close()
+
+    for start in (first, second, third):
+        on_time = [p for _, p in panes.of_window(start, "on_time")]
+        early = [p for _, p in panes.of_window(start, "early")]
+        delays = [round(at - (start + WINDOW_S), 1) for at, _ in panes.of_window(start, "on_time")]
+        print(f"window {start:.0f}: {len(early)} early panes, on-time pane read {delays} s "
+              f"after the window's end, {sent[start]} events")
+        for judge in JUDGES.split(","):
+            # Every event of the window, and nothing else, is in its on-time pane.
+            assert judged(on_time, judge) == sent[start], (start, judge)
+    assert all(judged([p for _, p in late], j) == sent[first] + 1 for j in JUDGES.split(","))
+    print(f"first on-time pane read {on_time_at - (first + WINDOW_S):.1f} s after its window's end")
+
+
+BACKLOG_WINDOWS = 8
+BACKLOG_PER_WINDOW = 250
+
+
+def test_a_drained_backlog_gives_every_window_its_complete_on_time_pane(
+    kafka_broker: ApacheKafkaBroker, flink: FlinkServices, tmp_path: Path  # noqa: F811
+) -> None:
+    bootstrap = kafka_broker.bootstrap
+    topic = "backlog-logs"
+    create_topic(bootstrap, topic, 2)
+    create_topic(bootstrap, f"{topic}.ratings", 1)
+    create_topic(bootstrap, f"{topic}.dlq", 1)
+    # A backlog of whole windows in the recent past, produced before the job is submitted, into
+    # both partitions (in turn), each record stamped with its event time.
+    t0 = window_start(time.time()) - (BACKLOG_WINDOWS + 2) * WINDOW_S
+    backlog = list(simulate(31, BACKLOG_WINDOWS * BACKLOG_PER_WINDOW, t0,
+                            rate=BACKLOG_PER_WINDOW / WINDOW_S))
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    try:
+        for i, e in enumerate(backlog):
+            producer.send(topic, value=e.payload, partition=i % 2,
+                          timestamp_ms=int(e.event_time * 1000))
+        producer.flush(timeout=60)
+    finally:
+        producer.close()
+    expected = Counter(window_start(e.event_time) for e in backlog)
+    assert len(expected) == BACKLOG_WINDOWS
+    panes = TimedPanes(bootstrap, f"{topic}.ratings")
+    try:
+        submit(stream_argv(bootstrap, topic, flink, "ragpulse-backlog"), flink)
+        wait_until(lambda: all(panes.of_window(w, "on_time") for w in expected),
+                   "the on-time pane of every window of the backlog", logs=flink.logs)
+    finally:
+        cancel_jobs(flink)
+        panes.close()
+    counted = {
+        w: {j: judged([p for _, p in panes.of_window(w, "on_time")], j)
+            for j in JUDGES.split(",")}
+        for w in sorted(expected)
+    }
+    print("backlog: events per window", [expected[w] for w in sorted(expected)],
+          "counted in the on-time panes", [counted[w] for w in sorted(expected)])
+    assert counted == {w: dict.fromkeys(JUDGES.split(","), expected[w]) for w in expected}
