@@ -155,11 +155,14 @@ def test_live_events_give_early_on_time_and_late_panes_while_one_partition_stays
 
     try:
         submit(stream_argv(bootstrap, topic, flink, "ragpulse-live"), flink)
-        running_at = time.time()
         producer = threading.Thread(target=produce, name="chatbot", daemon=True)
         producer.start()
-        # The first window that opens after the job runs: all its events come while it runs.
-        first = window_start(running_at) + WINDOW_S
+        # The job is "RUNNING" for Beam's job service before Flink has deployed its tasks: the
+        # first pane says it reads. The next window to open is the first one whose events all
+        # come while the job runs.
+        wait_until(lambda: panes.poll(), "the job's first pane", timeout=LIVE_FOR_AT_MOST_S,
+                   logs=flink.logs)
+        first = window_start(time.time()) + WINDOW_S
         # Its early pane, then its on-time pane, while the producer keeps producing.
         wait_until(lambda: panes.of_window(first, "early"), "an early pane of the first window",
                    timeout=LIVE_FOR_AT_MOST_S, logs=flink.logs)
