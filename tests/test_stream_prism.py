@@ -20,12 +20,7 @@ import apache_beam
 import pytest
 from beam_services import service
 from cli import ragpulse
-from flink_runner import (
-    EXPANSION_SERVICE,
-    beam_tools_dir,
-    expansion_service_args,
-    java_command,
-)
+from flink_runner import EXPANSION_SERVICE, beam_tools_dir, java_command
 from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from processes import free_port
 from test_stream_flink import create_topics, produce_events
@@ -52,7 +47,13 @@ def test_stream_on_prism_runs_or_prism_still_refuses_its_windowing(
     produce_events(kafka_broker.bootstrap, topic, list(simulate(7, 10, time.time() - 3600)))
     job_port, expansion_port = free_port(), free_port()
     prism = [str(prism_binary()), f"--job_port={job_port}", "--serve_http=false"]
-    expansion = java_command(EXPANSION_SERVICE, *expansion_service_args(expansion_port))
+    # Without deploy/flink's --experiments=use_deprecated_read: Prism 2.70.0 refuses the legacy
+    # read's primitive (`unsupported feature "PTransform.Spec.Urn" set with value
+    # beam:transform:read:v1`), so here ragpulse's read expands to KafkaIO's splittable DoFn,
+    # with the same timestamp policy.
+    expansion = java_command(
+        EXPANSION_SERVICE, str(expansion_port), "--defaultEnvironmentType=EMBEDDED"
+    )
     with service("prism", prism, job_port, tmp_path), service(
         "expansion-service", expansion, expansion_port, tmp_path
     ):
