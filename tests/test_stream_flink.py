@@ -49,7 +49,10 @@ WINDOW_S = 60
 JUDGES = "groundedness,safety,relevance_to_query"
 GROUP = "ragpulse-stream"
 MALFORMED = 3
-WAIT_S = 300.0
+# Each wait includes Flink deploying the job (up to 5 min on a loaded 2-core machine) and, for a
+# drained topic's last windows, the read's --partition-idle-after (60 s by default) before the
+# watermark passes them.
+WAIT_S = 600.0
 
 
 def stream_argv(bootstrap: str, topic: str, services: FlinkServices) -> list[str]:
