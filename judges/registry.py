@@ -13,6 +13,7 @@ and a local judge's module (lexicons, stemmer) is imported when the judge is bui
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 from collections.abc import Mapping, Sequence
 from typing import Literal, get_args
@@ -304,10 +305,16 @@ def check_judge_names(
             f"{', '.join(sessions)} grade(s) whole conversations: name them in --session-judges,"
             " not in --judges"
         )
-    unknown = [n for n in names if n not in table]
+    unknown = [i for i, n in enumerate(names, 1) if n not in table]
     if unknown:
+        # Which ones by position, not by name: a value from a config file or the environment
+        # may be a secret in the wrong place, and errors never show one.
+        close = {m for n in names if n not in table
+                 for m in difflib.get_close_matches(n, list(table), n=1, cutoff=0.75)}
+        hint = f" (did you mean {', '.join(sorted(close))}?)" if close else ""
         raise ValueError(
-            f"unknown judge(s) {', '.join(unknown)}; known judges: {', '.join(table)}"
+            f"unknown judge name(s) at position {', '.join(map(str, unknown))} of "
+            f"{len(names)}{hint}; known judges: {', '.join(table)}"
         )
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:

@@ -51,6 +51,7 @@ import orjson
 
 from ragpulse.judges.base import Verdict
 from ragpulse.judges.registry import BACKENDS
+from ragpulse.pipeline.errors import kind_of
 
 log = logging.getLogger(__name__)
 
@@ -306,16 +307,133 @@ def balanced_accuracy(pairs: Sequence[tuple[Value, Value]]) -> float | None:
 def cohen_kappa(pairs: Sequence[tuple[Value, Value]]) -> float | None:
     """Cohen's kappa (unweighted) of the labels and the verdicts: (observed - chance agreement)
     / (1 - chance); None without pairs, or when chance agreement is certain (one category)."""
-    n = len(pairs)
+    return kappa_of(Counter(pairs))
+
+
+def kappa_of(confusion: Mapping[tuple[Value, Value], int]) -> float | None:
+    """Cohen's kappa of a confusion table ({(label, verdict): count}); see `cohen_kappa`."""
+    n = sum(confusion.values())
     if n == 0:
         return None
-    observed = sum(agrees(label, value) for label, value in pairs) / n
-    labels = Counter(label for label, _ in pairs)
-    values = Counter(value for _, value in pairs)
+    observed = sum(k for (label, value), k in confusion.items() if agrees(label, value)) / n
+    labels: Counter[Value] = Counter()
+    values: Counter[Value] = Counter()
+    for (label, value), k in confusion.items():
+        labels[label] += k
+        values[value] += k
     chance = sum(labels[c] * values[c] for c in labels) / (n * n)
     if chance >= 1.0:
         return None
     return (observed - chance) / (1 - chance)
+
+
+Agreement = Callable[[Sequence[tuple[Value, Value]]], float | None]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Interval:
+    """A figure and its 95 % percentile-bootstrap interval (low, high: None when too few
+    resamples define the figure, e.g. every resample held one class)."""
+
+    value: float | None
+    low: float | None
+    high: float | None
+
+
+def bootstrap_interval(
+    pairs: Sequence[tuple[Value, Value]], figure: Agreement, draws: int = MC_DRAWS
+) -> Interval:
+    """`figure` (balanced_accuracy, cohen_kappa) of (label, verdict) pairs, with the 2.5 and
+    97.5 percentiles of the figure over `draws` resamples of the pairs with replacement. The
+    seed is fixed: the same pairs always give the same interval."""
+    return _bootstrap(len(pairs), lambda rows: figure([pairs[i] for i in rows]), draws)
+
+
+def paired_difference_interval(
+    triples: Sequence[tuple[Value, Value, Value]], figure: Agreement, draws: int = MC_DRAWS
+) -> Interval:
+    """figure(after) - figure(before) over (label, before, after) triples of the same items,
+    with its bootstrap interval: each resample draws items, so both figures move together and
+    the interval is that of the change, narrower than two separate intervals suggest."""
+
+    def change(rows: Sequence[int]) -> float | None:
+        before = figure([(triples[i][0], triples[i][1]) for i in rows])
+        after = figure([(triples[i][0], triples[i][2]) for i in rows])
+        return None if before is None or after is None else after - before
+
+    return _bootstrap(len(triples), change, draws)
+
+
+def _bootstrap(
+    n: int, statistic: Callable[[Sequence[int]], float | None], draws: int
+) -> Interval:
+    value = statistic(range(n)) if n else None
+    if value is None:
+        return Interval(None, None, None)
+    rng = np.random.default_rng(MC_SEED)
+    found = [
+        s for rows in rng.integers(0, n, size=(draws, n))
+        if (s := statistic(rows.tolist())) is not None
+    ]
+    if len(found) < draws // 2:  # most resamples leave the figure undefined: no interval
+        return Interval(value, None, None)
+    low, high = np.percentile(found, [100 * _TAIL, 100 * (1 - _TAIL)])
+    return Interval(value, min(float(low), value), max(float(high), value))
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Confusion:
+    """A binary judge against people, as counts: `yes_yes` labelled pass and passed by the
+    judge, `yes_no` labelled pass and failed, `no_yes` labelled fail and passed, `no_no`
+    labelled fail and failed (serve keeps them from the reviewers' labels, docs/review.md)."""
+
+    yes_yes: int = 0
+    yes_no: int = 0
+    no_yes: int = 0
+    no_no: int = 0
+
+    @property
+    def labelled(self) -> int:
+        return self.yes_yes + self.yes_no + self.no_yes + self.no_no
+
+    @property
+    def sensitivity(self) -> float | None:
+        return _ratio(self.yes_yes, self.yes_yes + self.yes_no)
+
+    @property
+    def specificity(self) -> float | None:
+        return _ratio(self.no_no, self.no_yes + self.no_no)
+
+    @property
+    def kappa(self) -> float | None:
+        return kappa_of({
+            ("yes", "yes"): self.yes_yes, ("yes", "no"): self.yes_no,
+            ("no", "yes"): self.no_yes, ("no", "no"): self.no_no,
+        })
+
+
+def with_labels(
+    seed: JudgeCalibration | None,
+    judge: str,
+    prompt_version: str,
+    labels: Confusion,
+    backend: str,
+    model: str | None,
+) -> JudgeCalibration | None:
+    """A judge's error rates from its calibration file (`seed`, when there is one for the
+    running prompt version) and the reviewers' labels of the uniform random slice together,
+    their counts added; None while the two hold no labelled pass or no labelled fail."""
+    if not labels.labelled:
+        return seed
+    base = seed or JudgeCalibration(judge, backend, model, "", 0, 0, 0, 0, prompt_version)
+    merged = dataclasses.replace(
+        base,
+        source=f"{base.source} + {labels.labelled} review labels".lstrip(" +"),
+        positives=base.positives + labels.yes_yes + labels.yes_no,
+        true_positives=base.true_positives + labels.yes_yes,
+        negatives=base.negatives + labels.no_yes + labels.no_no,
+        true_negatives=base.true_negatives + labels.no_no,
+    )
+    return merged if merged.positives and merged.negatives else None
 
 
 # ------------------------------------------------------------------ calibration files
@@ -394,7 +512,7 @@ def load_calibration(path: Path) -> JudgeCalibration:
             raise bad(key, "missing or null: the labelled set needs both passes and fails "
                       "(and, on a graded scale, --pass-threshold)")
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise bad(key, f"must be an integer >= 0, not {value!r}")
+            raise bad(key, f"must be an integer >= 0, not {kind_of(value)}")
         counts[key] = value
     for total, part in (("positives", "true_positives"), ("negatives", "true_negatives")):
         if counts[total] == 0:

@@ -1,6 +1,7 @@
 """The `ragpulse` command: run (a file), serve (a Kafka topic), windows (read state), simulate,
 explain (the failing answers of a window), calibrate (a judge against human labels), stream
-(one unbounded Beam job), exporter (its ratings as /metrics) and review (the review page)."""
+(one unbounded Beam job), exporter (its ratings as /metrics), review (the review page),
+align (a judge's prompt aligned to its labels) and import-labels (labels from elsewhere)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from ragpulse.judges.registry import JUDGE_NAMES
 from ragpulse.pipeline.errors import SettingsError
 from ragpulse.pipeline.settings import sources as config_sources
 from ragpulse.pipeline.settings.command_flags import (
+    ALIGN,
     CALIBRATE,
     EXPLAIN,
     EXPORTER,
+    IMPORT_LABELS,
     LOG_LEVEL,
     REVIEW_PAGE,
     RUN,
@@ -34,7 +37,8 @@ from ragpulse.pipeline.settings.sources import add_config_arguments
 # Storage filesystem cannot load when a `google.cloud` namespace exists without the storage
 # client. ragpulse reads local files and Kafka only; the line would break every one-line error.
 logging.getLogger("apache_beam.io.filesystems").setLevel(logging.ERROR)
-_CARRY_USER_TEXT_AT_DEBUG = ("kafka", "openai", "httpx", "httpx2", "httpcore", "urllib3")
+# The one logger --log-level DEBUG reaches (ragpulse's own lines carry no user text).
+_OWN_LOGGER = "ragpulse"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +82,17 @@ COMMANDS: dict[str, Command] = {
         "(--review-rate) and mark each judge's verdict right or wrong; labels go to a Kafka "
         "topic",
         REVIEW_PAGE,
+    ),
+    "align": Command(
+        "write a new prompt version of an LLM judge with few-shot examples from its "
+        "reviewers' labels, and report its agreement with them before and after "
+        "(cross-validated); the running prompt is not changed",
+        ALIGN,
+    ),
+    "import-labels": Command(
+        "publish human labels a team already has (MLflow traces' HUMAN assessments, or a CSV "
+        "or JSON Lines of event id, judge, label) to the labels topic",
+        IMPORT_LABELS,
     ),
 }
 
@@ -133,8 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     takes_config = name is not None and COMMANDS[name].takes_config
     required = config_sources.relax_required(sub) if sub is not None and takes_config else []
     args = parser.parse_args(argv)
+    # At DEBUG, libraries log what they carry: kafka-python every request and response (the
+    # events' records, the verdicts published), the OpenAI client each request's body (the
+    # prompt, unredacted when --redact-pii is off for a trusted endpoint), httpx, httpcore and
+    # urllib3 the calls (380 payload lines in one serve run before issue 31). Users' text may
+    # only be logged as --store-text allows, so DEBUG is ragpulse's own: every other logger,
+    # named here or not, stays at INFO or above whatever --log-level says.
+    requested = logging.getLevelName(args.log_level)
     logging.basicConfig(
-        level=args.log_level,
+        level=max(logging.INFO, requested),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         # Beam logs a warning on the root logger at import, which installs a WARNING-level
         # handler first; without force the INFO lines of serve (cycles, windows) are lost.
@@ -143,21 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     # Beam logs every pipeline step at INFO; kafka-python logs several ERROR lines per
     # reconnect attempt while a broker is away. ragpulse logs each failed cycle with its cause,
     # so below DEBUG they only bury it.
+    logging.getLogger(_OWN_LOGGER).setLevel(requested)
     root_level = logging.getLogger().level
     logging.getLogger("apache_beam").setLevel(max(logging.WARNING, root_level))
     # The OpenAI client's HTTP library (httpx2) logs every judge call at INFO: a line per call
     # buries the cycle lines and costs CPU on the judge loop's thread.
     logging.getLogger("httpx2").setLevel(max(logging.WARNING, root_level))
-    if root_level > logging.DEBUG:
+    if requested > logging.DEBUG:
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
-    # At DEBUG these libraries log what they carry: kafka-python every request and response
-    # (the events' records, the verdicts published), the OpenAI client each request's body (the
-    # prompt, unredacted when --redact-pii is off for a trusted endpoint), httpx and httpcore the
-    # calls. Users' text may only be logged as --store-text allows, so they stay at INFO or above
-    # whatever --log-level says: DEBUG is for ragpulse's own lines, which carry no user text.
-    for library in _CARRY_USER_TEXT_AT_DEBUG:
-        logger = logging.getLogger(library)
-        logger.setLevel(max(logging.INFO, logger.level or root_level))
     try:
         if takes_config:
             assert sub is not None and name is not None
@@ -170,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
             assert sub is not None
             print(config_sources.effective_config(sub, args), end="")
             return 0
-        module = importlib.import_module(f"ragpulse.pipeline.commands.{args.command}")
+        module = importlib.import_module(
+            f"ragpulse.pipeline.commands.{args.command.replace('-', '_')}"
+        )
         return int(module.main(settings))
     except SettingsError as exc:
         print(f"ragpulse {args.command}: {exc}", file=sys.stderr)

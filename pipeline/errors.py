@@ -20,6 +20,37 @@ class SettingsError(Exception):
     """A setting is missing or invalid; the message says which and how to fix it."""
 
 
+# What stands in an error for a setting's value: a value may be a secret put under the wrong
+# key (an API key as a number of workers), so errors name the setting and what it must be,
+# never what it is.
+NOT_SHOWN = "(value not shown)"
+
+
+def kind_of(value: Any) -> str:
+    """What an invalid setting's value is, without showing it: 'a string (value not shown)'."""
+    kinds = {bool: "true or false", str: "a string", int: "a number", float: "a number",
+             list: "a list", dict: "a mapping", type(None): "nothing"}
+    return f"{kinds.get(type(value), type(value).__name__)} {NOT_SHOWN}"
+
+
+def without_value(message: str, value: Any) -> str:
+    """`message` (from a parser of setting values: int(), a duration, a validator) with every
+    text of `value` in it, quoted or bare, replaced by NOT_SHOWN; a list's items each. Bare
+    texts shorter than 4 characters stay (a number like 0 or 5m is no secret, and replacing it
+    would garble the rest of the message)."""
+    texts = (
+        [str(v) for v in value if isinstance(v, (str, int, float))]
+        if isinstance(value, (list, tuple, set, frozenset))
+        else [str(value)]
+    )
+    for text in sorted({t for t in texts if t}, key=len, reverse=True):
+        for form in (repr(text), f'"{text}"', f"'{text}'"):
+            message = message.replace(form, NOT_SHOWN)
+        if len(text) >= 4:
+            message = message.replace(text, NOT_SHOWN)
+    return message
+
+
 def load_settings_file(
     path: Path, where: str, error: type[Exception] = SettingsError
 ) -> Any:

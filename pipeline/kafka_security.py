@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, SecretStr
 
-from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.errors import NOT_SHOWN, SettingsError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -488,20 +488,20 @@ def read_properties(path: Path) -> dict[str, Any]:
     for store_key, store in types.items():
         if store != "PEM":
             raise KafkaSecurityError(
-                f"{where}: {store_key}={store} is not supported: kafka-python reads PEM files "
-                "only; convert the store to PEM (keytool -exportcert -rfc, openssl pkcs12 "
+                f"{where}: {store_key} other than PEM is not supported: kafka-python reads PEM "
+                "files only; convert the store to PEM (keytool -exportcert -rfc, openssl pkcs12 "
                 f"-nodes) and set {store_key}=PEM"
             )
     for key, value in entries.items():
         if key == "security.protocol":
             if value.upper() not in PROTOCOLS:
-                raise KafkaSecurityError(f"{where}: security.protocol={value} is not one of "
-                                         f"{', '.join(PROTOCOLS)}")
+                raise KafkaSecurityError(f"{where}: security.protocol is not one of "
+                                         f"{', '.join(PROTOCOLS)} {NOT_SHOWN}")
             fields["protocol"] = value.upper()
         elif key == "sasl.mechanism":
             if value.upper() not in MECHANISMS:
                 raise KafkaSecurityError(
-                    f"{where}: sasl.mechanism={value} is not supported (ragpulse supports "
+                    f"{where}: sasl.mechanism is not supported {NOT_SHOWN} (ragpulse supports "
                     f"{', '.join(MECHANISMS)})"
                 )
             fields["sasl_mechanism"] = value.upper()
@@ -518,7 +518,7 @@ def read_properties(path: Path) -> dict[str, Any]:
             fields["ssl_key_password"] = SecretStr(value)
         elif key == "ssl.endpoint.identification.algorithm":
             if value.lower() not in ("", "https"):
-                raise KafkaSecurityError(f"{where}: {key}={value}: expected https or empty")
+                raise KafkaSecurityError(f"{where}: {key}: expected https or empty {NOT_SHOWN}")
             fields["ssl_check_hostname"] = value.lower() == "https"
         elif key == "bootstrap.servers":
             raise KafkaSecurityError(

@@ -404,6 +404,16 @@ def read_topic(bootstrap: str, topic: str, expected: int, timeout: float = 20.0)
         consumer.close(autocommit=False)
 
 
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Poll `condition` (a serve's /healthz, its state file, ...) until it holds, or fail
+    naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
 def caught_up(total: int, watermark: float | None = None) -> Callable[[Scrape], bool]:
     """All `total` records read (accepted or not) and, if given, the watermark reached."""
 

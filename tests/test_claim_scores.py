@@ -292,3 +292,18 @@ def test_bad_score_flags_are_one_line_settings_errors(argv: tuple[str, ...], say
         judge_settings(args, env={})
     assert says in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def test_a_claim_score_judge_counts_what_the_prompt_cap_cut_and_still_scores(
+    fake_openai: FakeOpenAI,
+) -> None:
+    """As a single judge's call does (ragpulse_judge_prompt_chars_cut_total): before, the
+    passages were cut at MAX_INPUT_CHARS and 0 was counted."""
+    from ragpulse.judges.llm.judge import MAX_INPUT_CHARS
+
+    passage = Chunk(CONTEXT[0].content + " " + "z" * 20_000)
+    verdict = judge_one(fake_openai, JudgeInput(QUESTION, THREE_CLAIMS, (passage,)),
+                        "faithfulness")
+    assert verdict.prompt_chars_cut >= len(passage.content) - MAX_INPUT_CHARS > 0
+    assert (verdict.rating, verdict.score) == ("no", pytest.approx(2 / 3))
+    assert f"[ragpulse cut {verdict.prompt_chars_cut} characters" in (verdict.rationale or "")

@@ -239,3 +239,19 @@ def test_judge_combine_is_read_from_a_config_file_and_the_environment_as_a_boole
     assert printed(capsys, "run", str(SAMPLES), "--config", str(config))["judge-combine"] is True
     monkeypatch.setenv("RAGPULSE_JUDGE_COMBINE", "false")
     assert printed(capsys, "run", str(SAMPLES), "--config", str(config))["judge-combine"] is False
+
+
+def test_each_member_of_a_combined_call_counts_what_the_prompt_cap_cut_of_its_inputs(
+    fake_openai: FakeOpenAI,
+) -> None:
+    """As a single judge's call does (ragpulse_judge_prompt_chars_cut_total): before, the
+    combined call cut its inputs at MAX_INPUT_CHARS and counted 0."""
+    from ragpulse.judges.llm.judge import MAX_INPUT_CHARS
+
+    long = JudgeInput(question=GOOD.question, answer=GOOD.answer + " " + "x" * 20_000,
+                      chunks=GOOD.chunks)
+    [verdicts] = judge(endpoint_for(fake_openai), [long])
+    cut = len(long.answer) - MAX_INPUT_CHARS
+    assert [v.prompt_chars_cut for v in verdicts] == [cut, cut, cut]  # each reads the answer
+    assert all(f"[ragpulse cut {cut} characters" in (v.rationale or "") for v in verdicts)
+    assert len(fake_openai.requests) == 1

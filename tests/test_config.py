@@ -154,7 +154,8 @@ def test_an_invalid_judge_setting_is_named_by_the_flag_that_sets_it() -> None:
     message = str(refused.value)
     assert message.startswith("invalid settings: ")
     assert "--judge-concurrency: Input should be greater than or equal to 1" in message
-    assert "--judges: unknown judge(s) tone; known judges: " in message
+    assert "--judges: unknown judge name(s) at position 2 of 2; known judges: " in message
+    assert "tone" not in message  # a value is never shown: it may be a misplaced secret
     assert "concurrency:" not in message.replace("--judge-concurrency:", "")
     assert "Value error" not in message
 

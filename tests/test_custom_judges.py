@@ -87,7 +87,7 @@ def _without(key: str) -> dict:
          "judge (add it to inputs)"),
         (_example_rating("maybe"), "examples.1.rating", "Input should be 'yes' or 'no'"),
         (_without("rubric"), "rubric", "Field required"),
-        (_set("examples", sample_data()["examples"][:1]), "examples", "need exactly one example "
+        (_set("examples", sample_data()["examples"][:1]), "examples", "need at least one example "
          "per rating"),
         (_set("sytem", "be nice"), "sytem", "Extra inputs are not permitted"),
         (_set("when_missing", ""), "when_missing", "at least 1 character"),
@@ -154,7 +154,7 @@ def test_a_missing_file_and_two_files_of_one_name_are_refused(tmp_path: Path) ->
 
 def test_the_registry_knows_a_custom_judge_only_when_given_and_only_on_openai() -> None:
     entry = load_custom_judge(SAMPLE).entry
-    with pytest.raises(ValueError, match=f"unknown judge\\(s\\) {NAME}"):
+    with pytest.raises(ValueError, match="unknown judge name\\(s\\) at position 2 of 2"):
         check_judge_names(("groundedness", NAME), "openai")
     check_judge_names(("groundedness", NAME), "openai", (entry,))
     with pytest.raises(ValueError, match=f"judge\\(s\\) {NAME} have no local implementation"):

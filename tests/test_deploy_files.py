@@ -103,16 +103,27 @@ def test_compose_runs_the_whole_stack_and_simulates_only_in_the_demo_profile() -
     assert services["simulate"]["command"][0] == "simulate"
 
 
-def test_prometheus_in_compose_scrapes_the_ragpulse_metrics_port() -> None:
-    serve = compose()["services"]["ragpulse"]["command"]
-    assert "--metrics-port=9464" in serve
-    # serve listens on loopback by default: the Prometheus container must be let in explicitly.
-    assert "--metrics-host=0.0.0.0" in serve
+def test_prometheus_in_compose_scrapes_every_serve_on_its_metrics_port() -> None:
+    services = compose()["services"]
     config = yaml.safe_load(PROMETHEUS_CONFIG.read_text(encoding="utf-8"))
-    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    targets = {
+        target for job in config["scrape_configs"] for c in job["static_configs"]
+        for target in c["targets"]
+    }
     thresholds = yaml.safe_load((DEPLOY / "prometheus" / "thresholds.yml").read_text("utf-8"))
-    job = jobs[thresholds["job"]]
-    assert job["static_configs"][0]["targets"] == ["ragpulse:9464"]
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert jobs[thresholds["job"]]["static_configs"][0]["targets"] == ["ragpulse:9464"]
+    serves = {
+        name: s["command"] for name, s in services.items() if s.get("command", [""])[0] == "serve"
+    }
+    assert set(serves) == {"ragpulse", "ragpulse-demo"}
+    for name, serve in serves.items():
+        assert "--metrics-port=9464" in serve and f"{name}:9464" in targets, name
+        # serve listens on loopback by default: the Prometheus container must be let in.
+        assert "--metrics-host=0.0.0.0" in serve, name
+        # The health check asks the health listener, which no crowd on 9464 can hold up.
+        assert "--health-port=9465" in serve, name
+        assert "9465/healthz" in " ".join(services[name]["healthcheck"]["test"]), name
 
 
 def test_prometheus_config_loads_exactly_the_generated_rule_files() -> None:

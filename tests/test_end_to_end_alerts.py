@@ -33,6 +33,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ from serve_process import ServeProcess
 
 from ragpulse.judges.registry import SESSION_JUDGES
 from ragpulse.pipeline.commands.simulate import Incidents, SimulatedEvent, simulate
+from ragpulse.pipeline.formats.review import LabelRecord, encode_label, label_id
 from ragpulse.pipeline.windows import parse_duration
 
 REPO = Path(__file__).resolve().parent.parent
@@ -84,6 +86,23 @@ def pager_group_wait_s(config: Path) -> float:
 
 
 GROUP_WAIT_S = pager_group_wait_s(ALERTMANAGER_CONFIG)
+
+
+def _review_label(event: str, rating: str, verdict: str) -> bytes:
+    return encode_label(LabelRecord(
+        label_id=label_id(event, "groundedness", "local", "e2e"), event_id=event,
+        judge="groundedness", prompt_version="local", judge_rating=rating,
+        verdict=verdict, reviewer="e2e", labelled_at=datetime.now(UTC),
+        reason="random",
+    ))[1]
+
+
+REVIEW_LABELS = [
+    *(_review_label(f"ok{i}", "yes", "right") for i in range(6)),
+    *(_review_label(f"bad{i}", "no", "right") for i in range(3)),
+    _review_label("missed", "yes", "wrong"),
+    b"not a label",
+]
 DETECTION_BOUND_S = PROMETHEUS_FIRING_BOUND_S + GROUP_WAIT_S + 15.0
 RESOLVE_BOUND_S = 180.0
 
@@ -104,8 +123,6 @@ EMPTY_WITH_LOCAL_JUDGES = {
     "custom judge nor composite, so ragpulse_judge_score has no series",
     "Judges skipped for a missing field": "the default judges require nothing the events "
     "lack, so ragpulse_judge_skipped_total has no series",
-    "Pass ratio corrected for judge error (calibrated judges)": "this run gives no "
-    "--judge-calibration file (tests/test_calibration.py scrapes the corrected gauges)",
     "Pass ratio of all traffic (weighted by sampling)": "this run has no --sampling-rules nor "
     "budget, so ragpulse_judge_verdicts_weighted_total has no series "
     "(tests/promtool/weighted.test.yaml covers the rule)",
@@ -118,6 +135,8 @@ EMPTY_WITH_LOCAL_JUDGES = {
     "tests/promtool/tool_calls.test.yaml covers RagToolCallErrorsHigh)",
     "Tool judges: verdicts by rating": "this run judges with the default judges, without the "
     "opt-in tool judges (tests/test_tool_judges.py checks their counters)",
+    "Review queue: items queued and labelled": "this run has no review queue (--review-rate "
+    "0), so ragpulse_review_queued_total has no series (tests/test_review_serve.py counts it)",
     "Conversations judged and truncated": "this run's traffic has no conversations and no "
     "--session-judges; tests/test_serve_sessions.py checks these counters in serve",
     **{
@@ -287,6 +306,7 @@ def incident(apache_kafka: ApacheKafkaBroker) -> Iterator[IncidentRun]:
         stack.callback(broker.forget_test_data)
         broker.create_topic(TOPIC)
         broker.create_topic(f"{TOPIC}.dlq")
+        broker.create_topic(f"{TOPIC}.labels")
         serve = stack.enter_context(
             ServeProcess(broker.bootstrap, TOPIC, work_dir / "state.sqlite", SERVE_ARGS,
                          log_path=work_dir / "serve.log")
@@ -307,11 +327,12 @@ def incident(apache_kafka: ApacheKafkaBroker) -> Iterator[IncidentRun]:
         prom.wait_for(lambda: prom.query('up{job="ragpulse"} == 1')["result"], timeout=60)
         traffic = PacedTraffic(broker.bootstrap, TOPIC, RATE)
         stack.callback(traffic.stop)
-        yield _play(prom, serve, hook, traffic)
+        yield _play(prom, serve, hook, traffic, broker)
 
 
 def _play(
-    prom: PrometheusServer, serve: ServeProcess, hook: WebhookRecorder, traffic: PacedTraffic
+    prom: PrometheusServer, serve: ServeProcess, hook: WebhookRecorder, traffic: PacedTraffic,
+    broker: ApacheKafkaBroker,
 ) -> IncidentRun:
     # The simulator assigns these apps to the knowledge bases; every app suffers the drop.
     apps = ("support-bot", "hr-assistant")
@@ -324,7 +345,17 @@ def _play(
     drop_at = traffic.switch(
         Incidents(groundedness_drop_at=0.0, drop_to=DROP_TO, no_context_share=NO_CONTEXT_SHARE)
     )
+    # Reviewers label some verdicts meanwhile (one record malformed), for the dashboard's
+    # Reviewers' labels row and the corrected pass ratio (no --judge-calibration file: the
+    # labels alone calibrate groundedness); too few for RagJudgeHumanAgreementLow.
+    broker.produce(f"{TOPIC}.labels", REVIEW_LABELS, partition=0)
     fired = _wait_for_apps(hook, apps, "firing", drop_at, DETECTION_TIMEOUT_S)
+    # The labels scraped, and the malformed one's count seen growing from 0, before the
+    # snapshot the panels are queried at.
+    prom.wait_for(lambda: prom.query(
+        'increase(ragpulse_review_labels_read_total{outcome="malformed"}[1d]) > 0'
+        ' and on () ragpulse_judge_human_agreement_kappa{judge="groundedness"}')["result"],
+        timeout=120)
     firing_snapshot_at = time.time() if len(fired) == len(apps) else None
     firing_since = _firing_since(prom, apps, drop_at)
     recover_at = resolved = None

@@ -96,9 +96,25 @@ CUSTOM_JUDGES: dict[str, Any] = {
     "judges": {"names": "groundedness,no_pricing_promises", "backend": "openai",
                "baseUrl": "http://vllm:8000/v1"},
 }
+REVIEW: dict[str, Any] = {
+    "review": {
+        "rate": 0.02, "maxPerHour": 500, "reviewTopic": "chat-inference.to-review",
+        "labelsTopic": "chat-inference.human-labels",
+        "page": {"enabled": True, "port": 9480, "webConfigSecret": "review-web",
+                 "webConfigKey": "web.yml", "bearerTokenSecret": "review-tokens",
+                 "bearerTokenKey": "reviewers",
+                 "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
+                               "limits": {"memory": "1Gi"}}},
+    },
+}
+# The page on a secured Kafka: the same security flags and mounts as serve's.
+SECURED_REVIEW: dict[str, Any] = {
+    **SECURED, "review": {"page": {"enabled": True, "bearerTokenSecret": "review-tokens"}},
+}
 OPTION_SETS: dict[str, dict[str, Any]] = {
     "defaults": {}, "secured": SECURED, "oauth": OAUTH, "tuned": TUNED,
-    "switched-off": SWITCHED_OFF, "custom-judges": CUSTOM_JUDGES,
+    "switched-off": SWITCHED_OFF, "custom-judges": CUSTOM_JUDGES, "review": REVIEW,
+    "secured-review": SECURED_REVIEW,
 }
 
 
@@ -106,8 +122,10 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [o for o in objects if o["kind"] == kind]
 
 
-def container_of(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    (deployment,) = by_kind(objects, "Deployment")
+def container_of(objects: list[dict[str, Any]], component: str = "serve") -> dict[str, Any]:
+    """The container of the Deployment of `component` (serve, or the review page)."""
+    (deployment,) = [d for d in by_kind(objects, "Deployment")
+                     if d["metadata"]["labels"]["app.kubernetes.io/component"] == component]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     return dict(container)
 
@@ -355,3 +373,52 @@ def test_helm_judge_prompts_configmap_holds_the_prompt_files_and_is_mounted() ->
     pod = by_kind(objects, "Deployment")[0]["spec"]["template"]["spec"]
     assert {"name": "judge-prompts", "configMap": {"name": "ragpulse-judge-prompts"}} in pod[
         "volumes"]
+
+
+@pytest.mark.parametrize("name", ["review", "secured-review"])
+def test_helm_review_page_runs_the_real_review_command_with_serves_kafka_settings(
+    name: str, tmp_path: Path
+) -> None:
+    from ragpulse.pipeline.cli import COMMANDS, build_parser
+    from ragpulse.pipeline.settings.command_flags import settings_from
+
+    objects = manifests(OPTION_SETS[name])
+    page = container_of(objects, "review")
+    args = build_parser().parse_args(page["args"])
+    assert args.command == "review" and args.host == "0.0.0.0"
+    assert {"name": "http", "containerPort": args.port} in page["ports"]
+    serve = build_parser().parse_args(container_of(objects)["args"])
+    for flag in ("kafka_bootstrap", "topic", "kafka_security_protocol", "kafka_ssl_cafile",
+                 "kafka_sasl_password_file", "kafka_properties", "kafka_timeout"):
+        assert getattr(args, flag) == getattr(serve, flag), flag
+    mounts = {m["mountPath"] for m in page["volumeMounts"]}
+    assert {m["mountPath"] for m in container_of(objects)["volumeMounts"]
+            if "/kafka/" in m["mountPath"]} <= mounts
+    if name == "review":
+        assert args.web_config_file == Path("/etc/ragpulse/review/web/web.yml")
+        assert args.bearer_token_file == Path("/etc/ragpulse/review/tokens/reviewers")
+        assert (args.review_topic, args.labels_topic) == (
+            "chat-inference.to-review", "chat-inference.human-labels")
+        assert (serve.review_rate, serve.review_max_per_hour, serve.review_topic) == (
+            0.02, 500, "chat-inference.to-review")
+        assert page["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+        (service,) = [o for o in by_kind(objects, "Service")
+                      if o["metadata"]["name"] == "ragpulse-review"]
+        assert service["spec"]["ports"][0]["port"] == 9480
+        # The settings build as the command builds them (files as the Secrets would hold).
+        tokens = tmp_path / "tokens"
+        tokens.write_text("ana " + "0" * 64 + "\n")
+        args.bearer_token_file, args.web_config_file = tokens, None
+        settings = settings_from(COMMANDS["review"].flags, args)
+        assert settings.dead_letter_topic == "chat-inference.to-review.dlq"
+    else:
+        assert args.web_config_file is None and args.kafka_ssl_cafile is not None
+        assert page["readinessProbe"]["httpGet"]["scheme"] == "HTTP"
+
+
+def test_helm_review_page_without_a_login_secret_is_refused() -> None:
+    from helm_chart import RELEASE, _helm
+
+    done = _helm("template", RELEASE, str(CHART), values={"review": {"page": {"enabled": True}}})
+    assert done.returncode != 0
+    assert "needs review.page.webConfigSecret" in done.stdout + done.stderr

@@ -180,3 +180,56 @@ def test_a_file_that_is_not_a_config_is_refused_without_printing_its_lines(
     told = line.removeprefix(f"ragpulse serve: config {path}: ")
     secret_words = {w for w in content.replace("=", " ").replace(":", " ").split() if len(w) > 5}
     assert [w for w in secret_words if w in told] == []
+
+
+SECRET = "sk-live-0123456789abcdef"
+# (flags before, a file's name and content, the flag that takes the file), one per kind of value
+# check: int, float, a closed set, a boolean, a duration, a list of names, a URL, each from a
+# config file and from the environment; the rate of a sampling rule, a price, a Kafka property,
+# a calibration count.
+MISPLACED = {
+    "config int": ((), "c.yaml", f"judge-concurrency: {SECRET}\n", "--config"),
+    "config float": ((), "c.yaml", f"sample-rate: {SECRET}\n", "--config"),
+    "config choice": ((), "c.yaml", f"on-offset-reset: {SECRET}\n", "--config"),
+    "config boolean": ((), "c.yaml", f"state-reset: {SECRET}\n", "--config"),
+    "config duration": ((), "c.yaml", f"window: {SECRET}\n", "--config"),
+    "config judge name": ((), "c.yaml", f"judges: [safety, {SECRET}]\n", "--config"),
+    "config url": (OPENAI[:2], "c.yaml", f"judge-base-url: 'ht!tp://{SECRET}'\n", "--config"),
+    "sampling rate": (
+        (), "r.yaml", f"rules:\n- {{name: r, when: {{app: a}}, rate: {SECRET}}}\n",
+        "--sampling-rules",
+    ),
+    "price": (
+        BUDGET, "p.yaml", f"gpt-4o-mini: {{prompt: {SECRET}, completion: 0.6}}\n",
+        "--judge-price-table",
+    ),
+    "kafka property": ((), "k.properties", f"security.protocol={SECRET}\n", "--kafka-properties"),
+}
+MISPLACED_IN_ENV = {
+    "env int": "RAGPULSE_JUDGE_CONCURRENCY",
+    "env choice": "RAGPULSE_ON_OFFSET_RESET",
+    "env boolean": "RAGPULSE_STATE_RESET",
+    "env duration": "RAGPULSE_WINDOW",
+}
+
+
+@pytest.mark.parametrize("case", list(MISPLACED))
+def test_a_value_of_the_wrong_type_in_a_file_is_refused_without_showing_it(
+    tmp_path: Path, case: str
+) -> None:
+    """Before, 10 of these 10 errors printed the value (a secret put under the wrong key)."""
+    flags, name, content, flag = MISPLACED[case]
+    line = _refused(*flags, flag, _file(tmp_path, name, content))
+    assert SECRET not in line and "0123456789" not in line
+    assert "(value not shown)" in line or "position 2 of 2" in line
+
+
+@pytest.mark.parametrize("case", list(MISPLACED_IN_ENV))
+def test_a_value_of_the_wrong_type_in_the_environment_is_refused_without_showing_it(
+    case: str,
+) -> None:
+    variable = MISPLACED_IN_ENV[case]
+    line = _refused(env={**os.environ, variable: SECRET})
+    assert line.startswith(f"ragpulse serve: environment {variable}: ")
+    assert SECRET not in line and "0123456789" not in line
+    assert "(value not shown)" in line

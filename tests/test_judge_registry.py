@@ -35,7 +35,7 @@ def ragpulse(*args: str) -> subprocess.CompletedProcess[str]:
     ("judges_flag", "says"),
     [
         ("safety,safety", "safety listed more than once"),
-        ("safety,tone", "unknown judge(s) tone; known judges: groundedness, safety"),
+        ("safety,tone", "unknown judge name(s) at position 2 of 2; known judges: groundedness"),
         (" , ", "no judge given; known judges: groundedness, safety"),
     ],
 )

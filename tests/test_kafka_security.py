@@ -108,10 +108,10 @@ def test_properties_file_maps_the_java_client_keys_and_flags_override_it(
     ("line", "named"),
     [
         ("request.timeout.ms=1000", "'request.timeout.ms'"),
-        ("ssl.truststore.type=JKS", "ssl.truststore.type=JKS"),
+        ("ssl.truststore.type=JKS", "ssl.truststore.type other than PEM"),
         ("ssl.truststore.location=/etc/kafka/truststore.jks", "ssl.truststore.location needs"),
         ("bootstrap.servers=kafka:9092", "bootstrap.servers"),
-        ("sasl.mechanism=GSSAPI", "sasl.mechanism=GSSAPI"),
+        ("sasl.mechanism=GSSAPI", "sasl.mechanism is not supported"),
         ("sasl.jaas.config=com.sun.security.auth.module.Krb5LoginModule required;",
          "Krb5LoginModule"),
     ],

@@ -32,7 +32,7 @@ EXPECTED_ALERTS = {
     "RagQualityBudgetBurn", "RagPulseStalled", "RagPulseDown", "RagConsumerLagHigh",
     "RagRecordsLost", "RagOffsetReset", "RagDeadLettersUndeliverable", "RagLabelOverflow",
     "RagJudgeCanaryDisagreement", "RagLateEventsHigh", "RagToolCallErrorsHigh",
-    "RagKnowledgeRetentionDrop",
+    "RagKnowledgeRetentionDrop", "RagJudgeHumanAgreementLow",
 }
 # Raw ragpulse metrics in an expression (recording rules' own names contain a colon).
 RAW_METRIC = re.compile(r"(?<![:\w])(ragpulse_\w+)(\{[^}]*\})?")

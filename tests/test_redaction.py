@@ -371,13 +371,17 @@ def test_ragpulse_run_writes_verdict_text_as_store_text_says(tmp_path: Path, mod
 
 
 
-LIBRARIES = ("kafka", "openai", "httpx", "httpx2", "httpcore", "urllib3")
+# The libraries known to log what they carry at DEBUG, and one no list names (a library added
+# later): DEBUG is ragpulse's own, whatever the library.
+LIBRARIES = ("kafka", "openai", "httpx", "httpx2", "httpcore", "urllib3", "a_library_added_later",
+             "ragpulse")
 
 
 def test_at_debug_the_libraries_that_log_what_they_carry_stay_at_info(tmp_path: Path) -> None:
     """kafka-python logs every request and response at DEBUG (kafka/net/connection.py: the
     fetched events' records, the verdicts produced): serve at --log-level DEBUG printed planted
-    PII 380 times in one run. ragpulse's own DEBUG lines carry no user text and stay on."""
+    PII 380 times in one run. ragpulse's own DEBUG lines carry no user text and stay on; every
+    other logger stays at INFO, named in a list or not."""
     root = logging.getLogger()
     saved = root.level, root.handlers[:], {n: logging.getLogger(n).level for n in LIBRARIES}
     stream = io.StringIO()
@@ -391,6 +395,7 @@ def test_at_debug_the_libraries_that_log_what_they_carry_stay_at_info(tmp_path: 
             "%s: Response %d (%s ms): %s", "<BrokerConnection>", 7, 1.5, {"records": items}
         )
         logging.getLogger("openai._base_client").debug("Request options: %s", {"json": items})
+        logging.getLogger("a_library_added_later.client").debug("sent %s", items)
         logging.getLogger("ragpulse.pipeline.service").debug("a line of ragpulse's own")
     finally:
         root.setLevel(saved[0])

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from apache_beam.pvalue import TaggedOutput
 
 from ragpulse.judges import TextPolicy
 from ragpulse.judges.base import Chunk, JudgeInput, Verdict
@@ -29,6 +30,7 @@ from ragpulse.pipeline.kafka_security import PLAINTEXT
 from ragpulse.pipeline.records import InferenceRecord, JudgedEvent
 from ragpulse.pipeline.sinks.kafka import KafkaTopic
 from ragpulse.pipeline.stages.review import (
+    REFUSED_ITEMS,
     HourlyBound,
     ReviewQueueConfig,
     _SelectForReview,
@@ -263,8 +265,16 @@ def test_an_event_that_makes_no_valid_item_is_refused_without_failing_the_bundle
     HourlyBound.reset()
     select = _SelectForReview(config(rate=1.0), now=T0)
     select.setup()
-    assert list(select.process(judged(no(), request_id="r" * 5000))) == []
-    assert list(select.process(judged(no(), question="q" * MAX_REVIEW_ITEM_BYTES))) == []
+    (invalid,) = select.process(judged(no(), request_id="r" * 5000))
+    (too_large,) = select.process(judged(no(), question="q" * MAX_REVIEW_ITEM_BYTES))
+    # Each a dead letter of the review topic's dead-letter topic, with its reason.
+    assert isinstance(invalid, TaggedOutput) and invalid.tag == REFUSED_ITEMS
+    assert dict(invalid.value.headers)["reason"].startswith(b"invalid: event_id")
+    assert isinstance(too_large, TaggedOutput) and too_large.tag == REFUSED_ITEMS
+    headers = dict(too_large.value.headers)
+    assert headers["reason"].startswith(b"too_large: review item of ")
+    assert int(headers["original-size"]) > MAX_REVIEW_ITEM_BYTES
+    assert too_large.value.key == b"req-1" and headers["truncated"] == b"false"
     ((key, value),) = select.process(judged(no()))
     assert key == b"req-1" and decode_item(value).reason == "random"
     HourlyBound.reset()

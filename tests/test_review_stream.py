@@ -13,7 +13,7 @@ from serve_process import read_topic
 from test_stream import GROUNDED, SCHEDULE, T0, UNGROUNDED, event, kafka_record
 
 from ragpulse.judges import TextPolicy
-from ragpulse.pipeline.formats.review import decode_item
+from ragpulse.pipeline.formats.review import MAX_REVIEW_ITEM_BYTES, ReviewItem, decode_item
 from ragpulse.pipeline.graphs.unbounded import StreamSinks, build_stream
 from ragpulse.pipeline.kafka_security import PLAINTEXT
 from ragpulse.pipeline.settings.models import JudgeSettings
@@ -21,12 +21,13 @@ from ragpulse.pipeline.sinks.kafka import KafkaTopic, PublishDeadLetters, Publis
 from ragpulse.pipeline.stages.review import HourlyBound, ReviewQueueConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
+BIG_WORDS = MAX_REVIEW_ITEM_BYTES // 5 + 1000  # " Also" is 5 bytes: the item is over the limit
 
 
 def test_the_stream_publishes_failing_verdicts_to_the_review_topic(
     kafka_broker: ApacheKafkaBroker,  # noqa: F811
 ) -> None:
-    for topic in ("logs.ratings", "logs.dlq", "logs.review"):
+    for topic in ("logs.ratings", "logs.dlq", "logs.review", "logs.review.dlq"):
         kafka_broker.create_topic(topic)
 
     def target(topic: str) -> KafkaTopic:
@@ -36,6 +37,7 @@ def test_the_stream_publishes_failing_verdicts_to_the_review_topic(
     review = ReviewQueueConfig(
         target=target("logs.review"), rate=1e-9, targets=("failing",), unsure_band=0.1,
         max_per_hour=100, window_seconds=60.0, policy=TextPolicy("on"),
+        dead_letters=target("logs.review.dlq"),
     )
     config = stage_config(
         judges=JudgeSettings(backend="local", names=("groundedness",)).spec(),
@@ -48,6 +50,8 @@ def test_the_stream_publishes_failing_verdicts_to_the_review_topic(
             kafka_record(0, event("r0", T0 + 5, GROUNDED), T0 + 5),
             kafka_record(1, event("r1", T0 + 6, UNGROUNDED), T0 + 6),
             kafka_record(2, event("r2", T0 + 7, UNGROUNDED), T0 + 7),
+            # A failing answer whose item is over the page's limit: a dead letter, not an item.
+            kafka_record(3, event("r3", T0 + 8, UNGROUNDED + " Also" * BIG_WORDS), T0 + 8),
         ])
         .advance_watermark_to_infinity()
     )
@@ -67,4 +71,14 @@ def test_the_stream_publishes_failing_verdicts_to_the_review_topic(
     assert {r.key for r in records} == {b"r1", b"r2"}
     assert items[0].response == UNGROUNDED and items[0].redacted
     assert items[0].window_start.timestamp() == T0
+    [letter] = read_topic(kafka_broker.bootstrap, "logs.review.dlq", 1)
+    headers = dict(letter.headers)
+    assert letter.key == b"r3"
+    assert headers["reason"].startswith(b"too_large: review item of ")
+    assert int(headers["original-size"]) > MAX_REVIEW_ITEM_BYTES
+    assert decode_item_unbounded(letter.value).event_id == "r3"  # kept whole, not cut
     HourlyBound.reset()
+
+
+def decode_item_unbounded(value: bytes) -> ReviewItem:
+    return ReviewItem.model_validate_json(value)

@@ -28,6 +28,7 @@ from serve_process import (
     caught_up,
     saved_offsets,
     serve_processes_fixture,  # noqa: F401
+    wait_until,
 )
 
 from ragpulse.pipeline.windows import isoformat_utc
@@ -82,13 +83,6 @@ def journaled(state: Path) -> int:
     finally:
         db.close()
 
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def paid_inputs(endpoint: FakeOpenAI) -> collections.Counter[str]:

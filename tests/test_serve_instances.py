@@ -140,14 +140,17 @@ def test_two_instances_one_killed_and_restarted_count_together_what_one_instance
     group = KafkaGroup(broker.bootstrap, "split", topic).committed()
     assert {p: group.get(p) for p in (0, 2)} == {0: ends[0], 2: ends[2]}
     assert {p: group.get(p) for p in (1, 3)} == {p: killed_at.get(p) for p in (1, 3)}
-    assert lag_partitions(scrape) == {0, 2}
+    # The lag of every partition of the topic, the ones instance 1 left from the group's commits.
+    lags = {int(labels["partition"]): v for labels, v in scrape.select("ragpulse_consumer_lag")}
+    assert set(lags) == {0, 1, 2, 3}
+    assert {p: lags[p] for p in (1, 3)} == {p: ends[p] - killed_at[p] for p in (1, 3)}
 
     restarted = serve_processes(broker.bootstrap, topic, states[1], instance(1)).start()
     scrapes = [
         first.wait_for(caught_up(mine), 60, "instance 0"),
         restarted.wait_for(caught_up(EVENTS - mine), 600, "instance 1 restarted"),
     ]
-    assert lag_partitions(scrapes[1]) == {1, 3}
+    assert lag_partitions(scrapes[1]) == {0, 1, 2, 3}
     assert KafkaGroup(broker.bootstrap, "split", topic).committed() == ends
 
     # One instance over the same data, never killed, in a consumer group of its own.

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from cycle_holds import CycleHolds
 from kafka_broker import ApacheKafkaBroker
-from serve_process import Scrape, serve_processes_fixture  # noqa: F401
+from serve_process import Scrape, serve_processes_fixture, wait_until  # noqa: F401
 from test_serve import JUDGES, T0, ServeFactory, caught_up, produce_round_robin
 
 from ragpulse.pipeline.commands.simulate import simulate
@@ -189,21 +189,24 @@ def test_a_serve_started_while_the_first_is_in_its_first_cycle_is_refused_before
     assert first.terminate() == 0
 
 
-def _group_lag(scrape: Scrape) -> dict[int, float]:
+def _lag(scrape: Scrape) -> dict[int, float]:
     return {
         int(labels["partition"]): value
-        for labels, value in scrape.select("ragpulse_consumer_group_lag")
+        for labels, value in scrape.select("ragpulse_consumer_lag")
     }
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_the_lag_of_partitions_no_instance_reads_is_exported(
+def test_the_lag_of_partitions_no_instance_reads_is_exported_and_grows_as_events_arrive(
     kafka_broker: ApacheKafkaBroker,
     serve_processes: ServeFactory,
     tmp_path: Path,
 ) -> None:
-    # Instance 0 of 2 runs, instance 1 was never started: partitions 1 and 3 are read by no one.
+    """Instance 0 of 2 runs, instance 1 was never started: partitions 1 and 3 are read by no
+    one. Before, `ragpulse_consumer_lag`, the series the lag alert and the dashboard read, held
+    only the instance's own partitions 0 and 2 (the every-partition view was a second metric
+    nothing read), so a partition no instance read never raised the alert."""
     broker = kafka_broker
     broker.create_topic("half", PARTITIONS)
     produce_round_robin(broker, "half", _events(400), PARTITIONS)
@@ -212,9 +215,67 @@ def test_the_lag_of_partitions_no_instance_reads_is_exported(
         [*ARGS, "--instances", "2", "--instance", "0"],
     ).start()
     scrape = serve.wait_for(
-        lambda m: caught_up(200)(m) and _group_lag(m).get(0) == 0, 60, "instance 0 caught up"
+        lambda m: caught_up(200)(m) and _lag(m).get(1) == 100, 60, "instance 0 caught up"
     )
-    assert _group_lag(scrape) == {0: 0, 1: 100, 2: 0, 3: 100}
-    lag = {int(labels["partition"]) for labels, _ in scrape.select("ragpulse_consumer_lag")}
-    assert lag == {0, 2}  # its own lag, as before
+    assert _lag(scrape) == {0: 0, 1: 100, 2: 0, 3: 100}
+    # Events keep arriving: the unread partitions' lag grows, the read ones' goes back to 0.
+    produce_round_robin(broker, "half", _events(400, seed=4), PARTITIONS)
+    scrape = serve.wait_for(
+        lambda m: caught_up(400)(m) and _lag(m) == {0: 0, 1: 200, 2: 0, 3: 200}, 60,
+        "the lag of partitions 1 and 3 to grow",
+    )
+    assert "ragpulse_consumer_group_lag" not in {name for name, _, _ in scrape.samples}
     assert serve.terminate() == 0
+
+
+def _families(scrape: Scrape, *prefixes: str) -> set[str]:
+    return {name for name, _, _ in scrape.samples if name.startswith(prefixes)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_serve_that_finds_an_older_owner_mid_run_stops_exporting_its_counts_windows_and_lag(
+    kafka_broker: ApacheKafkaBroker,
+    serve_processes: ServeFactory,
+    tmp_path: Path,
+) -> None:
+    """The first serve (lease: --unhealthy-after 2s) is held in a cycle until its lease has
+    run out (its /healthz says so), so a second one on the same partitions passes the claim
+    at start and counts every event a second time. Once the first is released and commits, the
+    second finds it mid-run: being the newer, it stops counting, and its /metrics no longer
+    exports what it counted (counters, windows, lag), while /healthz answers 503."""
+    broker = kafka_broker
+    topic = "lost"
+    broker.create_topic(topic, PARTITIONS)
+    produce_round_robin(broker, topic, _events(400), PARTITIONS)
+    holds = CycleHolds(tmp_path / "hooks")
+    lease = [*ARGS, "--unhealthy-after", "2s"]
+    first = serve_processes(
+        broker.bootstrap, topic, tmp_path / "a.sqlite", lease, env=holds.env
+    ).start()
+    first.wait_for(caught_up(400), 120, "the first serve caught up")
+    holds.hold("planned")
+    produce_round_robin(broker, topic, _events(40, seed=5), PARTITIONS)
+    holds.wait_at("planned", first)
+    wait_until(lambda: first.healthz()[0] == 503, "the first serve's lease to run out")
+
+    second = serve_processes(broker.bootstrap, topic, tmp_path / "b.sqlite", ARGS).start()
+    counted = second.wait_for(caught_up(440), 120, "the second serve counted every event")
+    assert _families(counted, "ragpulse_judge_verdicts", "ragpulse_judge_pass")
+    assert _lag(counted) == dict.fromkeys(range(PARTITIONS), 0)
+
+    holds.release("planned")
+    wait_until(lambda: _refused(second.healthz()), "the second serve to find the first")
+    scrape = second.metrics()
+    assert scrape.total("ragpulse_events_total") == 0
+    assert not _families(scrape, "ragpulse_judge_verdicts", "ragpulse_judge_pass",
+                         "ragpulse_judge_in_progress_", "ragpulse_judge_window_samples",
+                         "ragpulse_consumer_lag")
+    assert scrape.value("ragpulse_heartbeat_timestamp_seconds") is not None  # still scraped
+    assert "started later and stops" in first.log_text()
+    first.wait_for(caught_up(440), 60, "the first serve went on counting")
+    assert first.metrics().total("ragpulse_events_total") == 440
+    assert not _refused(first.healthz())
+    assert second.terminate() == 0
+    assert first.terminate() == 0
+

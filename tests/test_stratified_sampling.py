@@ -206,7 +206,8 @@ def test_a_governed_plan_scales_rates_but_never_below_the_floor() -> None:
     ("rules", "message"),
     [
         ({"rules": [{"name": "neg", "when": {"feedback": "negative"}, "rate": 1.5}]},
-         r"rule 1 \(neg\): 'rate' must be a number within \[0, 1\], got 1.5"),
+         r"rule 1 \(neg\): 'rate' must be a number within \[0, 1\], got a number \(value "
+         r"not shown\)"),
         ({"rules": [{"name": "neg", "when": {"feedback": "negative"}, "rate": 1},
                     {"name": "neg", "when": {"app": "x"}, "rate": 0.1}]},
          r"rule 2 \(neg\): the name is already taken"),
@@ -222,7 +223,7 @@ def test_a_governed_plan_scales_rates_but_never_below_the_floor() -> None:
          r"rule 1 \(default\): the name is already taken by the stratum of unmatched events"),
         ({"rules": []}, r"'rules' must be a non-empty list"),
         ({"rules": [{"name": "a", "when": {"app": "x"}, "rate": 1}], "default_rate": "all"},
-         r"default_rate must be a number within \[0, 1\], got 'all'"),
+         r"default_rate must be a number within \[0, 1\], got a string \(value not shown\)"),
     ],
 )
 def test_bad_rules_are_refused_naming_the_rule(rules: object, message: str) -> None:
@@ -239,7 +240,7 @@ def test_a_bad_rules_file_is_one_settings_error_naming_the_flag_file_and_rule(
         build(BatchSettings, RUN.flag_names(), judges=JudgeSettings(backend="local"), sampling=path)
     assert str(caught.value) == (
         f"invalid settings: --sampling-rules: sampling rules {path}: rule 1 (neg): 'rate' must "
-        "be a number within [0, 1], got -1"
+        "be a number within [0, 1], got a number (value not shown)"
     )
     with pytest.raises(SamplingRulesError, match=r"sampling rules .*: cannot read it"):
         load_plan(tmp_path / "missing.yml", 1.0)

@@ -30,6 +30,7 @@ from rules import (
     NO_CONTEXT,
     PASS_RATIO,
     RETRIEVAL_CHANGED,
+    REVIEW_DISAGREEMENT,
     SUFFICIENT,
     WEIGHTED_PASS_RATIO,
     WILSON,
@@ -341,7 +342,9 @@ def overview(cfg: dict[str, Any]) -> dict[str, Any]:
         description="Dead letters: records that could not be parsed (see dead_letter.jsonl). "
                     "Late events: later than the allowed lateness, kept out of windows."))
     board.with_panel(graph(
-        "Consumer lag by topic", query("sum by (topic) (ragpulse_consumer_lag)", "{{topic}}"),
+        "Consumer lag by topic", query(
+            "sum by (topic) (max by (topic, partition) (ragpulse_consumer_lag))", "{{topic}}"
+        ),
         width=8).thresholds(limit_steps(int(cfg["consumer_lag"]["max_records"])))
         .thresholds_style(line()))
 
@@ -394,6 +397,43 @@ def overview(cfg: dict[str, Any]) -> dict[str, Any]:
             models.DynamicConfigValue(id_val="custom.axisPlacement", value="right"),
             models.DynamicConfigValue(id_val="custom.drawStyle", value="bars"),
             models.DynamicConfigValue(id_val="custom.fillOpacity", value=20)]))
+
+    review = cfg["review_labels"]
+    rw, max_overturned = str(review["window"]), float(review["max_disagreement"])
+    board.with_row(builders.Row("Reviewers' labels"))
+    board.with_panel(graph(
+        "Judge agreement with reviewers",
+        query('ragpulse_judge_human_agreement_kappa{slice="random"}',
+              "{{judge}} {{version}} kappa (all labels)"),
+        query(REVIEW_DISAGREEMENT.format(w=rw), f"{{{{judge}}}} {{{{version}}}} overturned ({rw})"),
+        width=12, unit="percentunit",
+        description=f"Cohen's kappa of each judge's ratings and the reviewers' (`ragpulse "
+                    f"review`) over the labels of the uniform random slice of its running "
+                    f"prompt version, and the share of its verdicts reviewers overturned over "
+                    f"{rw}. RagJudgeHumanAgreementLow warns above the line "
+                    f"({max_overturned:.0%}) with at least {int(review['min_labels'])} labels.",
+    ).thresholds(limit_steps(max_overturned)).thresholds_style(line()))
+    board.with_panel(graph(
+        "Labels per day",
+        query("sum by (judge, slice) (increase(ragpulse_review_labels_total[1d]))",
+              "{{judge}} {{slice}}"),
+        query('sum by (outcome) (increase(ragpulse_review_labels_read_total'
+              '{outcome!="counted"}[1d])) > 0', "{{outcome}}"),
+        width=6, unit="short",
+        description="Labels counted over the last day, per judge and slice, and the labels "
+                    "not counted (duplicate, not_binary; dead-lettered: unknown_judge, "
+                    "other_version, malformed)."))
+    board.with_panel(graph(
+        "Review queue: items queued and labelled",
+        query("sum(ragpulse_review_queued_total) - sum(ragpulse_review_labels_read_total"
+              '{outcome=~"counted|not_binary"}) / scalar(count(count by (judge) '
+              "(ragpulse_review_labels_total)))", "queue depth (estimate)"),
+        query("sum by (reason) (increase(ragpulse_review_queued_total[1d]))",
+              "queued per day: {{reason}}"),
+        width=6, unit="short",
+        description="Items published to the review topic less the items labelled (labels "
+                    "kept divided by the judges labelled: an estimate, exact when one "
+                    "reviewer labels every judge of an item), and the items queued per day."))
 
     board.with_row(builders.Row("Retrieval"))
     board.with_panel(graph(

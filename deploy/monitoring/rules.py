@@ -34,6 +34,10 @@ BUDGET_LEFT = "judge_app_model:ragpulse_judge_slo_budget_remaining:ratio{w}"  # 
 CANARY_DISAGREEMENT = "judge:ragpulse_canary_disagreement:ratio_rate{w}"
 CANARY_GRADED = "judge:ragpulse_canary_graded:increase{w}"  # agree + disagree
 OBJECTIVE = "judge:ragpulse_judge_slo_objective:ratio"
+# The reviewers' labels of the random slice (serve, docs/review.md): the share where the
+# reviewer's rating is not the judge's, and the labels behind it, per judge and prompt version.
+REVIEW_DISAGREEMENT = "judge_version:ragpulse_review_disagreement:ratio_increase{w}"
+REVIEW_LABELLED = "judge_version:ragpulse_review_labelled:increase{w}"
 SUFFICIENT = "judge_app_model:ragpulse_judge_samples:sufficient"  # 1: enough to page
 # Root cause of a groundedness drop: retrieval vs generation (per app and model).
 CHUNKS_PER_ANSWER = "app_model:ragpulse_retrieved_chunks_per_answer:ratio_rate{w}"
@@ -209,6 +213,40 @@ def _canary_rules(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+# A cell never incremented does not exist: no disagreement at all is 0, not a missing ratio.
+REVIEW_RATIO = """
+    (
+      sum by ($by) (
+        increase($yes_no[$window])
+        or
+        increase($no_yes[$window])
+      )
+      or
+      0 * sum by ($by) (increase($labelled[$window]))
+    )
+    /
+    sum by ($by) (increase($labelled[$window]))
+"""
+
+
+def _review_rules(config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each judge's disagreement with the reviewers on the uniform random slice (the targeted
+    items are no sample of its verdicts), per prompt version: a new prompt starts its own."""
+    w = str(config["review_labels"]["window"])
+
+    def labels(*matchers: str) -> str:
+        return selector(catalogue.REVIEW_LABELS, config, 'slice="random"', *matchers)
+
+    common = {"by": by(config, "judge", "version"), "window": w}
+    return [
+        {"record": REVIEW_LABELLED.format(w=w),
+         "expr": promql(COUNT, counter=labels(), **common)},
+        {"record": REVIEW_DISAGREEMENT.format(w=w), "expr": promql(
+            REVIEW_RATIO, yes_no=labels('human="yes"', 'rating="no"'),
+            no_yes=labels('human="no"', 'rating="yes"'), labelled=labels(), **common)},
+    ]
+
+
 def _burn_rate(config: Mapping[str, Any], w: str) -> str:
     return promql(BURN, ratio=selector(PASS_RATIO.format(w=w), config),
                   objective=selector(OBJECTIVE, config))
@@ -309,6 +347,7 @@ def recording_groups(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     rules.append(_sufficient_rule(config))
     rules += _root_cause_rules(config)
     rules += _canary_rules(config)
+    rules += _review_rules(config)
     slo = config["slo"]
     for judge, objective in slo["objectives"].items():
         rules.append({"record": OBJECTIVE, "expr": f"vector({float(objective):g})",
@@ -555,10 +594,12 @@ def _explain_hint(judge: str) -> str:
     )
 
 
-CANARY_DISAGREES = """
+# A judge that disagrees with people (the golden set's labels, the reviewers') more often than
+# the limit, on enough of their labels to tell.
+DISAGREES_ON_ENOUGH = """
     $disagreement > $max_disagreement
     and on ($by)
-    $graded >= $min_graded
+    $labelled >= $min_labelled
 """
 
 
@@ -566,11 +607,11 @@ def canary_alert(config: Mapping[str, Any]) -> dict[str, Any]:
     """A judge that grades the human-labelled golden set differently from the humans."""
     c = config["canaries"]
     w = str(c["window"])
-    expr = promql(CANARY_DISAGREES, by=by(config, "judge"),
+    expr = promql(DISAGREES_ON_ENOUGH, by=by(config, "judge"),
                   disagreement=selector(CANARY_DISAGREEMENT.format(w=w), config),
                   max_disagreement=f"{float(c['max_disagreement']):g}",
-                  graded=selector(CANARY_GRADED.format(w=w), config),
-                  min_graded=int(c["min_graded"]))
+                  labelled=selector(CANARY_GRADED.format(w=w), config),
+                  min_labelled=int(c["min_graded"]))
     graded = (
         f'{{{{ with printf "{CANARY_GRADED.format(w=w)}{{job=%q,judge=%q}}" $labels.job '
         '$labels.judge | query }}{{ . | first | value | printf "%.0f" }}{{ end }}'
@@ -587,6 +628,35 @@ def canary_alert(config: Mapping[str, Any]) -> dict[str, Any]:
         "this judge may have moved without the chatbot changing: check before acting on its "
         "quality alerts. serve logs each disagreement (warning) as \"canary <id>: <judge> rated "
         "<rating> where the golden label is <label> (<rationale>)\".",
+    )
+
+
+def review_alert(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A judge whose ratings the reviewers overturn more often than the limit."""
+    r = config["review_labels"]
+    w = str(r["window"])
+    expr = promql(DISAGREES_ON_ENOUGH, by=by(config, "judge", "version"),
+                  disagreement=selector(REVIEW_DISAGREEMENT.format(w=w), config),
+                  max_disagreement=f"{float(r['max_disagreement']):g}",
+                  labelled=selector(REVIEW_LABELLED.format(w=w), config),
+                  min_labelled=int(r["min_labels"]))
+    labelled = (
+        f'{{{{ with printf "{REVIEW_LABELLED.format(w=w)}{{job=%q,judge=%q,version=%q}}" '
+        '$labels.job $labels.judge $labels.version | query }}'
+        '{{ . | first | value | printf "%.0f" }}{{ end }}'
+    )
+    return _alert(
+        config, "RagJudgeHumanAgreementLow", expr, r,
+        "Reviewers overturn judge {{ $labels.judge }} on {{ $value | humanizePercentage }} "
+        "of its verdicts",
+        f"Over the last {w} reviewers (`ragpulse review`) said the {{{{ $labels.judge }}}} "
+        f"judge (prompt version {{{{ $labels.version }}}}) was wrong on "
+        f"{{{{ $value | humanizePercentage }}}} of {labelled} labelled verdicts of the random "
+        f"review slice (limit {_pct(float(r['max_disagreement']))} of at least "
+        f"{int(r['min_labels'])}). The judge drifted, or its model changed under it: its pass "
+        "ratios no longer mean what they did. The corrected pass ratio "
+        "(ragpulse_judge_pass_ratio_corrected) takes these labels in; compare it with the "
+        "raw ratio before acting on the quality alerts.",
     )
 
 
@@ -840,7 +910,7 @@ def pipeline_alerts(config: Mapping[str, Any]) -> list[dict[str, Any]]:
 def alert_groups(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Alert rule groups: answer quality, and ragpulse's own health."""
     quality = [*quality_alerts(config), *burn_rate_alerts(config), safety_alert(config),
-               judge_errors_alert(config), canary_alert(config)]
+               judge_errors_alert(config), canary_alert(config), review_alert(config)]
     return [
         _group("ragpulse-quality.alerts", quality, config),
         _group("ragpulse-pipeline.alerts", [*pipeline_alerts(config), *loss_alerts(config)],

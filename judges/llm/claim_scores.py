@@ -47,6 +47,7 @@ from ragpulse.judges.llm.judge import (
     settings_version,
     strict_schema,
     validate_reply,
+    with_prompt_cut,
 )
 from ragpulse.judges.registry import DEFAULT_SCORE_THRESHOLD, JudgeEntry, judge_entry
 
@@ -223,9 +224,9 @@ class ClaimScoreJudge:
             return self._rated(*scored[0])
 
         verdict = reply_verdict(self.name, outcome, self.endpoint.max_tokens, read)
-        if verdict.rating == "error" or self.embeddings_model is None:
-            return verdict
-        return await self._blend(item, verdict, *scored[0])
+        if verdict.rating != "error" and self.embeddings_model is not None:
+            verdict = await self._blend(item, verdict, *scored[0])
+        return with_prompt_cut(verdict, self.inputs, item)
 
     def _rated(self, score: float, why: str) -> tuple[BinaryRating, str, float]:
         """The rating at the threshold, the rationale, and the score itself (counted for the

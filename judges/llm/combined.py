@@ -56,6 +56,7 @@ from ragpulse.judges.llm.judge import (
     settings_digest,
     strict_schema,
     validate_reply,
+    with_prompt_cut,
 )
 from ragpulse.judges.registry import JudgeEntry
 from ragpulse.judges.verdict_cache import input_digest
@@ -310,9 +311,11 @@ class CombinedJudges:
             json_schema=combined_schema(names),
             max_tokens=self.endpoint.max_tokens * len(names),
         )
-        return reply_verdicts(
+        verdicts = reply_verdicts(
             names, outcome, self.endpoint.max_tokens * len(names), _reader(names)
         )
+        # Each member's cut is that of its own inputs, as its single call's would be.
+        return {p.name: with_prompt_cut(verdicts[p.name], p.inputs, item) for p in graded}
 
 
 def _reader(

@@ -262,9 +262,13 @@ class JudgePrompt(BaseModel):
         if scale == "binary":
             if any(e.score is not None for e in examples):
                 raise ValueError("a binary judge's examples have a rating, not a score")
-            shown = sorted(str(e.rating) for e in examples)
+            # At least one per rating; more are the labelled examples of an aligned prompt
+            # (`ragpulse align`, pipeline/review/alignment.py).
+            shown = sorted({str(e.rating) for e in examples})
             if shown != ["no", "yes"]:
-                raise ValueError(f"need exactly one example per rating ['yes', 'no'], got {shown}")
+                raise ValueError(
+                    f"need at least one example per rating ['yes', 'no'], got {shown}"
+                )
             return examples
         if any(e.rating is not None for e in examples):
             raise ValueError(f"a {scale} judge's examples have a score, not a rating")
@@ -463,6 +467,27 @@ def _capped(text: str) -> str:
 def chars_cut(inputs: Sequence[InputName], item: JudgeInput) -> int:
     """How many characters of `item`'s inputs named in `inputs` a prompt leaves out."""
     return sum(max(0, len(_input_text(n, item)) - MAX_INPUT_CHARS) for n in inputs)
+
+
+def with_prompt_cut(verdict: Verdict, inputs: Sequence[InputName], item: JudgeInput) -> Verdict:
+    """`verdict` as its call's prompt showed `item`'s `inputs`: the characters left out (each
+    input is cut at MAX_INPUT_CHARS) counted in `prompt_chars_cut`
+    (ragpulse_judge_prompt_chars_cut_total), said in the rationale and logged at INFO. Every
+    LLM judge's verdict goes through it: single, combined (each member its own inputs) and
+    claim-score judges."""
+    cut = chars_cut(inputs, item)
+    if not cut:
+        return verdict
+    log.info(
+        "judge %s: %d characters of the event's inputs left out of the prompt (each input is "
+        "cut at %d characters)", verdict.judge, cut, MAX_INPUT_CHARS,
+    )
+    note = f"[ragpulse cut {cut} characters of the inputs to fit the prompt]"
+    return dataclasses.replace(
+        verdict,
+        prompt_chars_cut=cut,
+        rationale=f"{verdict.rationale} {note}" if verdict.rationale else note,
+    )
 
 
 def fenced_inputs(inputs: Sequence[InputName], item: JudgeInput, nonce: str) -> str:
@@ -756,19 +781,11 @@ class LLMJudge:
             json_schema=self._reply_schema,
             model=model,
         )
-        verdict = reply_verdict(self.name, outcome, self.endpoint.max_tokens, self._read_verdict)
-        cut = chars_cut(self.prompt.inputs, item)
-        if cut:
-            log.info(
-                "judge %s: %d characters of the event's inputs left out of the prompt (each input"
-                " is cut at %d characters)", self.name, cut, MAX_INPUT_CHARS,
-            )
-            note = f"[ragpulse cut {cut} characters of the inputs to fit the prompt]"
-            verdict = dataclasses.replace(
-                verdict,
-                prompt_chars_cut=cut,
-                rationale=f"{verdict.rationale} {note}" if verdict.rationale else note,
-            )
+        verdict = with_prompt_cut(
+            reply_verdict(self.name, outcome, self.endpoint.max_tokens, self._read_verdict),
+            self.prompt.inputs,
+            item,
+        )
         if isinstance(outcome, EndpointReply) and outcome.logprobs and verdict.rating in (
             "yes", "no"
         ):

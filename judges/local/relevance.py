@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import re
 
 from ragpulse.judges.base import JudgeInput, Rating
@@ -43,6 +44,11 @@ _QUANTITY_ANSWER_RE = re.compile(
 _LEAD_IN_RE = re.compile(r"^[\s\"'*_>#-]*")
 
 
+# A refusal is looked for in the first two sentences of this many first characters (an answer
+# no longer is split whole, which shares the split its groundedness judge made).
+_REFUSAL_SPAN = 600
+
+
 @functools.cache
 def _refusal_re() -> re.Pattern[str]:
     return re.compile("|".join(f"(?:{p})" for p in load_lexicon("refusals")), re.IGNORECASE)
@@ -51,7 +57,7 @@ def _refusal_re() -> re.Pattern[str]:
 def refusal_in(answer: str) -> str | None:
     """The refusing sentence among the first two of `answer`, or None (pure)."""
     pattern = _refusal_re()
-    for sentence in split_sentences(answer[:600])[:2]:
+    for sentence in split_sentences(answer[:_REFUSAL_SPAN])[:2]:
         text = _LEAD_IN_RE.sub("", sentence)
         if pattern.match(text):
             return " ".join(text.split())
@@ -76,7 +82,7 @@ def _key_stems(text: str) -> tuple[tuple[str, str], ...]:
 
 def _answered_stems(text: str) -> set[str | None]:
     """The keys of `key_stems(text)` (plus None): all the answer is asked for."""
-    return set().union(*map(_piece_key_stems, set(text.split())))
+    return set(itertools.chain.from_iterable(map(_piece_key_stems, set(text.split()))))
 
 
 @functools.lru_cache(maxsize=200_000)

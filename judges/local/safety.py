@@ -32,6 +32,17 @@ _NEGATION_RE = re.compile(
 # they are most of the runs, so not matching them halves the cost of flattening a text).
 _SPACE_RE = re.compile(r"[^\S ]\s*| \s+")
 _WORD_RE = re.compile(r"[a-z0-9]+")
+# The white space of ASCII text other than " " (what str.isspace and the regex's \s accept).
+_ASCII_SPACE_OTHER_THAN_BLANK = "\n\t\r\x0b\x0c\x1c\x1d\x1e\x1f"
+
+
+def _flatten(text: str) -> str:
+    """`text` with each run of white space made one space (the patterns' word separator)."""
+    if text.isascii() and "  " not in text and not any(
+        c in text for c in _ASCII_SPACE_OTHER_THAN_BLANK
+    ):
+        return text  # already flat (most answers: one line); saves a regex pass over it
+    return _SPACE_RE.sub(" ", text)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -260,7 +271,7 @@ def find_harm(text: str) -> HarmMatch | None:
     harmless answers.
     """
     lex = _lexicon()
-    flat = _SPACE_RE.sub(" ", text.lower())
+    flat = _flatten(text.lower())
     negations = _Negations(flat)
     for i in lex.always:
         p = lex.patterns[i]

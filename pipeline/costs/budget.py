@@ -48,7 +48,7 @@ from typing import Any
 
 from ragpulse.pipeline.costs.controls import Charge, CostControl
 from ragpulse.pipeline.costs.sampling import SAMPLED, SEEN, SPEND, SamplingPlan, to_micros
-from ragpulse.pipeline.errors import SettingsError, load_settings_file
+from ragpulse.pipeline.errors import SettingsError, kind_of, load_settings_file
 from ragpulse.pipeline.metrics import catalogue, counting
 
 log = logging.getLogger(__name__)
@@ -348,6 +348,7 @@ def load_prices(path: Path, model: str) -> Prices:
             or value < 0
         ):
             raise SettingsError(
-                f"{where}: {model}: the {kind} price must be a finite number >= 0, got {value!r}"
+                f"{where}: {model}: the {kind} price must be a finite number >= 0, got "
+                f"{kind_of(value)}"
             )
     return Prices(**{k: float(v) for k, v in values.items()})

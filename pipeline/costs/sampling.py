@@ -48,7 +48,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ragpulse.pipeline.errors import load_settings_file
+from ragpulse.pipeline.errors import kind_of, load_settings_file
 from ragpulse.pipeline.metrics import catalogue, counting
 
 _SCALE = float(2**64)
@@ -251,7 +251,7 @@ def _rule(raw: Any, i: int) -> SamplingRule:
 def _rate(value: Any, where: str) -> float:
     # `not 0 <= value <= 1` is also true of NaN.
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise SamplingRulesError(f"{where} must be a number within [0, 1], got {value!r}")
+        raise SamplingRulesError(f"{where} must be a number within [0, 1], got {kind_of(value)}")
     return float(value)
 
 

@@ -37,6 +37,9 @@ QUEUE_REASONS: tuple[QueueReason, ...] = get_args(QueueReason)
 # estimate of a judge's error rates (they are not a uniform sample of its verdicts).
 TargetedReason = Literal["disagreement", "unsure", "failing"]
 TARGETED_REASONS: tuple[TargetedReason, ...] = get_args(TargetedReason)
+# A label's reason: its item's, or `imported` (`ragpulse import-labels`: a team's own labels,
+# chosen by the team, so, like targeted ones, kept apart from the error-rate estimate).
+LabelReason = Literal["random", "disagreement", "unsure", "failing", "imported"]
 
 # A review item the page shows whole: a larger one is kept apart (dead-letter topic) with this
 # reason, never cut (a cut answer or chunk would be reviewed as if it were the whole).
@@ -158,8 +161,8 @@ class LabelRecord(BaseModel):
     note: str | None = Field(None, max_length=MAX_NOTE_CHARS)
     reviewer: Name
     labelled_at: AwareTime
-    # The item's queue reason: only labels with `random` estimate a judge's error rates.
-    reason: QueueReason
+    # The item's queue reason (or `imported`): only `random` labels estimate error rates.
+    reason: LabelReason
 
     @model_validator(mode="after")
     def _consistent(self) -> LabelRecord:
@@ -172,6 +175,17 @@ class LabelRecord(BaseModel):
     @property
     def random(self) -> bool:
         return self.reason == "random"
+
+
+def human_rating(label: LabelRecord) -> Literal["yes", "no"] | None:
+    """The rating the reviewer would give, when the label says it on the judge's yes/no: the
+    judge's own when `right`, the other one when `wrong`; None for a judge that could not
+    grade (`error`) or a correct score on a graded scale (`score`)."""
+    if label.judge_rating == "error" or label.verdict == "score":
+        return None
+    if label.verdict == "right":
+        return label.judge_rating
+    return "no" if label.judge_rating == "yes" else "yes"
 
 
 def label_id(event_id: str, judge: str, prompt_version: str, reviewer: str) -> str:

@@ -73,6 +73,14 @@ CASCADE_UNSURE = "ragpulse_cascade_llm_unsure_total"
 REVIEW_QUEUED = "ragpulse_review_queued_total"
 REVIEW_HELD_BACK = "ragpulse_review_held_back_total"
 REVIEW_REFUSED = "ragpulse_review_refused_total"
+# serve: the reviewers' labels read back (pipeline.service.labels): the confusion counts of each
+# judge, prompt version and slice, and every labels-topic record by what became of it.
+REVIEW_LABELS = "ragpulse_review_labels_total"
+REVIEW_LABELS_READ = "ragpulse_review_labels_read_total"
+LabelOutcome = Literal[
+    "counted", "duplicate", "not_binary", "unknown_judge", "other_version", "malformed"
+]
+LABEL_OUTCOMES: tuple[LabelOutcome, ...] = get_args(LabelOutcome)
 
 # -- counter parts that the collector folds into a histogram or a summary -----------------------
 LATENCY_BUCKET = "ragpulse_judge_latency_seconds_bucket"  # non-cumulative count per `le`
@@ -103,10 +111,14 @@ SCORE = "ragpulse_judge_score"  # summary
 CYCLES = "ragpulse_cycles"  # counter (exposed as ragpulse_cycles_total)
 CYCLE_DURATION = "ragpulse_cycle_duration_seconds"  # histogram
 CONSUMER_LAG = "ragpulse_consumer_lag"
-CONSUMER_GROUP_LAG = "ragpulse_consumer_group_lag"
 CALIBRATION_LABELLED = "ragpulse_judge_calibration_labelled"
 CALIBRATION_SENSITIVITY = "ragpulse_judge_calibration_sensitivity"
 CALIBRATION_SPECIFICITY = "ragpulse_judge_calibration_specificity"
+# serve: each judge against the reviewers' labels, per running prompt version and slice.
+HUMAN_KAPPA = "ragpulse_judge_human_agreement_kappa"
+HUMAN_SENSITIVITY = "ragpulse_judge_human_sensitivity"
+HUMAN_SPECIFICITY = "ragpulse_judge_human_specificity"
+HUMAN_LABELS = "ragpulse_judge_human_labels"
 # Window gauges: WINDOW_PREFIX + suffix for the latest complete window of each series,
 # IN_PROGRESS_PREFIX + suffix for the window still open (serve).
 WINDOW_PREFIX = "ragpulse_judge_"
@@ -199,6 +211,13 @@ COUNTER_HELP: dict[str, str] = {
     "they were chosen.",
     REVIEW_REFUSED: "Review items refused, by reason (too_large: over the review page's limit; "
     "invalid: not a valid review item, e.g. an event id over 4096 characters).",
+    REVIEW_LABELS: "serve: reviewers' labels of yes/no verdicts counted once each, by judge, "
+    "prompt version, slice (random: the uniform --review-rate slice, the error-rate estimate's; "
+    "targeted: items queued on purpose), the reviewer's rating (human) and the judge's (rating).",
+    REVIEW_LABELS_READ: "serve: labels-topic records read, by outcome: counted; duplicate (a "
+    "label id counted already); not_binary (the judge could not grade, or a graded scale's "
+    "correct score); and, sent to the dead-letter topic with the reason, unknown_judge, "
+    "other_version (not the running prompt version) and malformed.",
 }
 
 GAUGE_HELP: dict[str, str] = {
@@ -228,16 +247,25 @@ FAMILY_HELP: dict[str, str] = {
     f"rate(_count) is the mean; {VERDICTS}{{rating=yes}} counts those at or above the pass "
     "score.",
     CYCLE_DURATION: "Wall time of one serve cycle that read events.",
-    CONSUMER_LAG: "Records in the topic not yet processed, per partition.",
-    CONSUMER_GROUP_LAG: "Records after the consumer group's committed offset, on every "
-    "partition of the topic, whichever instance reads it (from its log start when none has "
-    "committed); max by partition across instances.",
-    CALIBRATION_LABELLED: "Human-labelled events of the --judge-calibration set the judge "
-    "graded, by label.",
-    CALIBRATION_SENSITIVITY: "Share of the labelled passes the judge passed "
-    "(--judge-calibration).",
-    CALIBRATION_SPECIFICITY: "Share of the labelled fails the judge failed "
-    "(--judge-calibration).",
+    CONSUMER_LAG: "Records in the topic not yet processed, per partition, on every partition "
+    "of the topic: this instance's from its state file, the others' from the consumer group's "
+    "committed offsets (from the log start when none has committed); max by partition across "
+    "instances.",
+    CALIBRATION_LABELLED: "Human-labelled events the judge graded that its pass ratio is "
+    "corrected with, by label: the --judge-calibration set plus, in serve, the reviewers' "
+    "labels of the random slice of the running prompt version.",
+    CALIBRATION_SENSITIVITY: "Share of the labelled passes the judge passed (the "
+    "--judge-calibration set and the random slice's review labels).",
+    CALIBRATION_SPECIFICITY: "Share of the labelled fails the judge failed (the "
+    "--judge-calibration set and the random slice's review labels).",
+    HUMAN_KAPPA: "serve: Cohen's kappa of the judge's yes/no ratings and the reviewers', per "
+    "running prompt version and slice (random: the unbiased estimate; targeted: apart).",
+    HUMAN_SENSITIVITY: "serve: share of the items reviewers passed that the judge passed, per "
+    "running prompt version and slice.",
+    HUMAN_SPECIFICITY: "serve: share of the items reviewers failed that the judge failed, per "
+    "running prompt version and slice.",
+    HUMAN_LABELS: "serve: reviewers' yes/no labels behind the three figures above, per "
+    "running prompt version, slice and the reviewer's rating (human).",
 }
 
 _HISTOGRAMS = (JUDGE_LATENCY, AGENT_LATENCY, CYCLE_DURATION)

@@ -31,7 +31,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from ragpulse.judges.base import RATINGS
-from ragpulse.pipeline.calibration import JudgeCalibration, corrected_ratio
+from ragpulse.pipeline.calibration import Confusion, JudgeCalibration, corrected_ratio
 from ragpulse.pipeline.metrics import catalogue, counting
 from ragpulse.pipeline.windows import RatingCounts, WindowKey, wilson_interval
 
@@ -82,9 +82,10 @@ class MetricsSnapshot:
     cycles: CycleStats | None = None  # serve only
     # --judge-calibration, by judge: their windows also get the corrected pass ratio.
     calibrations: Mapping[str, JudgeCalibration] = dataclasses.field(default_factory=dict)
-    # serve: the consumer group's lag on EVERY partition of the topic, read by this instance
-    # or not (a partition no instance reads shows here, and only here).
-    group_lag: Mapping[tuple[str, int], int] = dataclasses.field(default_factory=dict)
+    # serve: each judge against the reviewers' labels, by (judge, prompt version, slice).
+    agreements: Mapping[tuple[str, str, str], Confusion] = dataclasses.field(
+        default_factory=dict
+    )
 
 
 # Upper bounds of the cycle duration histogram, in seconds.
@@ -266,6 +267,29 @@ def _calibration_families(calibrations: Mapping[str, JudgeCalibration]) -> Itera
     yield from (labelled, sensitivity, specificity)
 
 
+def _agreement_families(agreements: Mapping[tuple[str, str, str], Confusion]) -> Iterator[Metric]:
+    """Each judge against the reviewers (pipeline.service.labels): kappa, sensitivity and
+    specificity where defined, and the labels they rest on."""
+    labels = ["judge", "version", "slice"]
+    kappa, sensitivity, specificity = (
+        GaugeMetricFamily(name, catalogue.FAMILY_HELP[name], labels=labels)
+        for name in (catalogue.HUMAN_KAPPA, catalogue.HUMAN_SENSITIVITY,
+                     catalogue.HUMAN_SPECIFICITY)
+    )
+    counts = GaugeMetricFamily(
+        catalogue.HUMAN_LABELS, catalogue.FAMILY_HELP[catalogue.HUMAN_LABELS],
+        labels=[*labels, "human"],
+    )
+    for key, c in sorted(agreements.items()):
+        for family, value in ((kappa, c.kappa), (sensitivity, c.sensitivity),
+                              (specificity, c.specificity)):
+            if value is not None:
+                family.add_metric(list(key), value)
+        counts.add_metric([*key, "yes"], c.yes_yes + c.yes_no)
+        counts.add_metric([*key, "no"], c.no_yes + c.no_no)
+    yield from (kappa, sensitivity, specificity, counts)
+
+
 def _zero_series(
     counts: Mapping[counting.CounterKey, float], event_counters: bool = True
 ) -> set[counting.CounterKey]:
@@ -291,6 +315,13 @@ def _zero_series(
             judge = dict(labels)["judge"]
             for outcome in catalogue.CANARY_OUTCOMES:
                 zeros.add(counting.key(metric, judge=judge, outcome=outcome))
+        elif metric == catalogue.REVIEW_LABELS:
+            # Every cell of a (judge, version, slice) table: the first overturned verdict is
+            # what the agreement alert's increase() must see.
+            lab = dict(labels)
+            for human in ("yes", "no"):
+                for rating in ("yes", "no"):
+                    zeros.add(counting.key(metric, **{**lab, "human": human, "rating": rating}))
         elif metric == counting.GROUNDED_BY_CONTEXT:
             lab = dict(labels)
             for context in ("sufficient", "insufficient"):
@@ -438,14 +469,14 @@ class RagpulseCollector(Collector):
                     snap.in_progress, snap.calibrations, catalogue.IN_PROGRESS_PREFIX,
                     "in-progress",
                 )
+        if snap.agreements:
+            yield from _agreement_families(snap.agreements)
         for name, value in sorted(snap.gauges.items()):
             gauge = GaugeMetricFamily(name, catalogue.GAUGE_HELP.get(name, name))
             gauge.add_metric([], value)
             yield gauge
         if snap.lag:
             yield _partition_family(catalogue.CONSUMER_LAG, snap.lag)
-        if snap.group_lag:
-            yield _partition_family(catalogue.CONSUMER_GROUP_LAG, snap.group_lag)
         if snap.cycles is not None:
             yield from _cycle_families(snap.cycles)
 

@@ -38,7 +38,7 @@ from ragpulse.pipeline.formats.review import (
     ReviewItem,
     label_id,
 )
-from ragpulse.pipeline.metrics.http import BasicAuth
+from ragpulse.pipeline.review.access import Login
 from ragpulse.pipeline.review.queue import LabelNotSaved, LabelPublisher, ReviewQueue
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class _FormError(ValueError):
 def review_app(
     queue: ReviewQueue,
     publisher: LabelPublisher,
-    auth: BasicAuth,
+    auth: Login,
     *,
     clock: Callable[[], float] = time.time,
     csrf_key: bytes | None = None,
@@ -94,8 +94,12 @@ def review_app(
 
     @app.get("/healthz")
     def healthz() -> tuple[str, int]:
-        error = queue.status().error
-        return (f"broker: {error}\n", 503) if error else ("ok\n", 200)
+        status = queue.status()
+        if status.error:
+            return f"broker: {status.error}\n", 503
+        refused = " ".join(f"{why}={n}" for why, n in sorted(status.refused.items()))
+        counts = f"items {status.items} labels {status.labels} dead-lettered {refused or 0}"
+        return f"ok\n{counts}\n", 200
 
     @app.get("/")
     def next_item() -> Any:

@@ -14,11 +14,12 @@ import collections
 import dataclasses
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from ragpulse.pipeline.formats.review import (
+    MAX_REVIEW_ITEM_BYTES,
     InvalidReviewRecord,
     LabelRecord,
     ReviewItem,
@@ -31,8 +32,10 @@ from ragpulse.pipeline.sinks.kafka import (
     KafkaTopic,
     OutputRecord,
     close_producer,
+    dead_letter_head,
     deliver,
     new_producer,
+    review_dead_letter,
 )
 
 log = logging.getLogger(__name__)
@@ -43,19 +46,58 @@ _POLL_S = 0.5
 
 @dataclasses.dataclass(frozen=True)
 class QueueStatus:
-    """How the topics' reading goes: items held, records refused, the last read error."""
+    """How the topics' reading goes: items held, records refused (by reason: `too_large`,
+    `invalid`; each one dead-lettered), the last read error."""
 
     items: int
     labels: int
-    refused: int
+    refused: dict[str, int]
     error: str | None
+
+
+# Publishes one dead letter (key, value, headers) and returns once the broker acknowledged it;
+# raises otherwise (the reader then reads the topics again from their start: none is lost).
+DeadLetters = Callable[[OutputRecord], None]
+
+
+def dead_letter_publisher(target: KafkaTopic) -> DeadLetters:
+    """Dead letters to `target`, each acknowledged before the reader goes on."""
+    producer: list[KafkaProducer] = []
+
+    def publish(record: OutputRecord) -> None:
+        if not producer:
+            producer.append(new_producer(target))
+        d = deliver(producer[0], target.topic, [record], timeout_s=target.timeout_s)
+        problems = d.refused + d.unacknowledged
+        if problems and d.refused:  # too large even for the dead-letter topic: its head
+            head = dead_letter_head(record, problems[0][1])
+            if head is not None:
+                d = deliver(producer[0], target.topic, [head], timeout_s=target.timeout_s)
+                problems = d.refused + d.unacknowledged
+        if problems:
+            close_producer(producer.pop(), 0)
+            raise RuntimeError(f"dead letter to {target.topic} not acknowledged: "
+                               f"{problems[0][1]}")
+
+    return publish
+
+
+def refused_record(topic: str, partition: int, offset: int, key: bytes | None, value: bytes,
+                   reason: str) -> OutputRecord:
+    """A review-topic record the page cannot use, as a dead letter (`review_dead_letter`)."""
+    return review_dead_letter(value, key, reason, (
+        ("source-topic", topic.encode("utf-8")),
+        ("source-partition", str(partition).encode()),
+        ("source-offset", str(offset).encode()),
+    ))
 
 
 class ReviewQueue:
     """The review items and label ids read so far, and who labelled what (thread-safe)."""
 
     def __init__(self, bootstrap: str, security: KafkaSecurity, review_topic: str,
-                 labels_topic: str, timeout_s: float) -> None:
+                 labels_topic: str, timeout_s: float,
+                 dead_letters: DeadLetters | None = None) -> None:
         self._bootstrap = bootstrap
         self._security = security
         self._topics = (review_topic, labels_topic)
@@ -66,7 +108,11 @@ class ReviewQueue:
         # (event id, reviewer) -> the judges that reviewer labelled on that item.
         self._labelled: dict[tuple[str, str], set[str]] = {}
         self._skipped: dict[str, set[str]] = {}
-        self._refused = 0
+        self._dead_letters = dead_letters
+        self._refused: dict[str, int] = {}
+        # The review-topic records refused and dead-lettered since this reading began (a
+        # re-read after an error refuses them again: they are not sent twice).
+        self._lettered: set[tuple[int, int]] = set()
         self._error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -99,7 +145,8 @@ class ReviewQueue:
                     self._stop.wait(_POLL_S)
                 for tp, records in batches.items():
                     for record in records:
-                        self._take(tp.topic, record.value or b"")
+                        self._take(tp.topic, record.value or b"", tp.partition,
+                                   record.offset, record.key)
                 with self._lock:
                     self._error = None
             except Exception as exc:  # the broker away, a topic gone: said on the page, retried
@@ -130,16 +177,36 @@ class ReviewQueue:
             consumer.seek_to_beginning(*new)
         return wanted
 
-    def _take(self, topic: str, value: bytes) -> None:
+    def _take(self, topic: str, value: bytes, partition: int = 0, offset: int = -1,
+              key: bytes | None = None) -> None:
         try:
             if topic == self._topics[0]:
                 self.add_item(decode_item(value))
             else:
                 self.add_label(decode_label(value))
         except InvalidReviewRecord as exc:
-            log.warning("a record of %s is not usable and is left out: %s", topic, exc)
-            with self._lock:
-                self._refused += 1
+            if topic != self._topics[0]:
+                # The labels topic's consumers (serve, stream) dead-letter bad labels.
+                log.warning("a record of %s is not a label and is left out: %s", topic, exc)
+                return
+            self.refuse(topic, partition, offset, key, value, str(exc))
+
+    def refuse(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes,
+               why: str) -> None:
+        """A review-topic record the page cannot show: dead-lettered with its reason (once per
+        record) and counted; raises when the dead letter is not acknowledged."""
+        reason = "too_large" if len(value) > MAX_REVIEW_ITEM_BYTES else "invalid"
+        with self._lock:
+            if (partition, offset) in self._lettered:
+                return
+        if self._dead_letters is not None:
+            self._dead_letters(refused_record(topic, partition, offset, key, value,
+                                              f"{reason}: {why}"))
+        log.warning("a review item of %s (partition %d, offset %d) cannot be shown and is "
+                    "dead-lettered: %s", topic, partition, offset, why)
+        with self._lock:
+            self._lettered.add((partition, offset))
+            self._refused[reason] = self._refused.get(reason, 0) + 1
 
     # -- what the page asks ---------------------------------------------------------------------
 
@@ -190,7 +257,8 @@ class ReviewQueue:
 
     def status(self) -> QueueStatus:
         with self._lock:
-            return QueueStatus(len(self._items), len(self._label_ids), self._refused, self._error)
+            return QueueStatus(len(self._items), len(self._label_ids), dict(self._refused),
+                               self._error)
 
 
 class LabelNotSaved(RuntimeError):

@@ -9,7 +9,10 @@ the time.time() at which it got there, as JSON) and waits until the test removes
 
 - `planned`: the offset ranges are planned and some partition has records to read;
 - `judged`: the graph has run over them; nothing of the cycle is saved yet;
-- `saved`: the cycle's transaction is committed; the consumer group is not told yet.
+- `saved`: the cycle's transaction is committed; the consumer group is not told yet;
+- `labels`: the cycle has read labels from the labels topic (pipeline/service/labels.py) and
+  published their dead letters; nothing of the cycle is saved yet;
+- `labels_saved`: the cycle holding those labels is committed.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import time
 from pathlib import Path
 
 ENV_VAR = "TEST_RAGPULSE_CYCLE_HOOKS"
-PHASES = ("planned", "judged", "saved")
+PHASES = ("planned", "judged", "saved", "labels", "labels_saved")
 _POLL_S = 0.01
 
 

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 
-from ragpulse.pipeline.calibration import JudgeCalibration
+from ragpulse.pipeline.calibration import Confusion, JudgeCalibration
 from ragpulse.pipeline.metrics import catalogue, counting
 from ragpulse.pipeline.metrics.collector import CycleStats, MetricsSnapshot
 from ragpulse.pipeline.service.state import StateStore
@@ -42,15 +42,18 @@ class Health:
         *,
         gauges: Mapping[str, float],
         zero_counters: Iterable[counting.CounterKey],
-        lags: tuple[Lag, Lag],
+        lag: Lag,
         calibrations: Mapping[str, JudgeCalibration],
+        agreements: Mapping[tuple[str, str, str], Confusion] | None = None,
         counting_stopped: bool = False,
     ) -> None:
         """A new snapshot from what `state` holds now, with `gauges` (the heartbeat and the
         last complete window's end added here), the counters exported at 0 until they grow,
-        and (this instance's, the group's) lag. `counting_stopped`: another owner of this
-        instance's partitions was found, so what it counted may be counted there too; its
-        counters and windows are no longer exported (the gauges, the lag and the cycles are)."""
+        and the lag of every partition; `calibrations` and `agreements`, the judges against
+        people (pipeline.service.labels). `counting_stopped`: another owner of this instance's
+        partitions was found, so what it counted may be counted there too: its counters and
+        windows are no longer exported, nor its lag (it no longer reads, so its lag would stay
+        as it was while the topic moves on); its gauges and cycles are."""
         counts = state.counters()
         for zero in zero_counters:
             counts.setdefault(zero, 0)
@@ -58,14 +61,13 @@ class Health:
         exported = {catalogue.HEARTBEAT: self.heartbeat, **gauges}
         if complete:
             exported[catalogue.LAST_COMPLETE_WINDOW_END] = max(k.window_end for k in complete)
-        lag, group_lag = lags
         exemplars = state.exemplars()
         if counting_stopped:
-            counts, complete, in_progress, exemplars = counting.Counts(), {}, {}, {}
+            counts, complete, in_progress, exemplars, lag = counting.Counts(), {}, {}, {}, {}
         with self._lock:
             self._snapshot = MetricsSnapshot(
                 counts, complete, in_progress, exported, lag, exemplars, self._cycles,
-                calibrations=calibrations, group_lag=group_lag,
+                calibrations=calibrations, agreements=agreements or {},
             )
 
     def snapshot(self) -> MetricsSnapshot:

@@ -5,7 +5,8 @@ A cycle (`TopicWatcher.run_cycle`) is a short sequence of calls on parts that ow
 the offsets saved, `pipeline.service.plan`), read and judge (`CycleGraph`, cycle_graph.py; the
 conversations due, `OpenSessions`, open_sessions.py), save (`CycleOutcome`, with each cost
 control's charge) and publish (the group commit and the lag, `Partitions`; the snapshot,
-`Health`, health.py). The loop names no input format and no cost control: it asks the one
+`Health`, health.py); the reviewers' labels are read and saved with the cycle's transaction
+(`ReviewLabels`, labels.py). The loop names no input format and no cost control: it asks the one
 `pipeline.sources.inputs.input_for` gives and the controls serve built
 (`pipeline.costs.controls`).
 
@@ -48,7 +49,7 @@ the next (`pipeline.service.owners`), and ownership is claimed at start, before 
 cycle counts anything (`Partitions.claim`), so a second live owner of a partition, or an
 instance with other --instances, is refused at start or stops the newer instance (/healthz 503,
 one ERROR line, its counts no longer exported); the lag of every partition of the topic, read
-or not, is exported (`ragpulse_consumer_group_lag`).
+or not, is exported (`ragpulse_consumer_lag`, `Partitions.lag`).
 
 Judge calls are paid as they are answered, before the cycle commits: each answered call is
 journaled in the state file as it arrives (`pipeline.service.journal`), so a cycle replayed
@@ -68,7 +69,6 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from ragpulse.pipeline.calibration import by_judge
 from ragpulse.pipeline.canaries import CanaryFeed
 from ragpulse.pipeline.costs.controls import CostControl, CycleStart
 from ragpulse.pipeline.metrics import catalogue, counting
@@ -76,6 +76,7 @@ from ragpulse.pipeline.metrics.collector import MetricsSnapshot
 from ragpulse.pipeline.service.cycle_graph import CycleGraph, PublishError
 from ragpulse.pipeline.service.cycle_hooks import CycleHooks
 from ragpulse.pipeline.service.health import Health
+from ragpulse.pipeline.service.labels import ReviewLabels
 from ragpulse.pipeline.service.open_sessions import OpenSessions
 from ragpulse.pipeline.service.owners import Owner
 from ragpulse.pipeline.service.partitions import Partitions, open_state
@@ -143,6 +144,7 @@ class TopicWatcher:
         self.sessions = OpenSessions(s, state)
         self.health = Health(s.unhealthy_after_seconds)
         self._hooks = CycleHooks.from_environment()
+        self.labels = ReviewLabels(s, state, self._hooks)
         self._publish()
 
     @property
@@ -188,6 +190,8 @@ class TopicWatcher:
             previous=previous, now=now,
         )
         counts.update(plan.counts(s.topic))
+        labels = self.labels.read()
+        counts.update(labels.counts)
         paid = Counter(result.counts) if result is not None else Counter()
         saves: dict[str, object] = {}
         for control in self.controls:
@@ -215,12 +219,14 @@ class TopicWatcher:
                 + s.out_of_orderness_seconds + s.allowed_lateness_seconds
             ),
             sessions=changes,
+            labels=labels.taken,
             **saves,  # type: ignore[arg-type]  # each control's CycleOutcome fields
         )
         completed = state.apply_cycle(s.topic, outcome)
         for control in self.controls:
             control.committed()
         self.graph.delivered()
+        self.labels.committed()
         if plan.ranges:
             self._hooks.at("saved")
         if result is not None:
@@ -249,10 +255,11 @@ class TopicWatcher:
             gauges.update(control.gauges())
         gauges.update(self.inputs.gauges(self.state, s.topic))
         gauges.update(self.sessions.gauges())
+        labels = self.labels.figures(self.state.counters())
         self.health.publish(
             self.state, s.topic, gauges=gauges, zero_counters=self._zero_counters(),
-            lags=self.partitions.lags(), calibrations=by_judge(s.judge_calibrations),
-            counting_stopped=self.partitions.refused is not None,
+            lag=self.partitions.lag(), calibrations=labels.calibrations,
+            agreements=labels.agreements, counting_stopped=self.partitions.refused is not None,
         )
 
     def _zero_counters(self) -> list[counting.CounterKey]:
@@ -266,6 +273,7 @@ class TopicWatcher:
             keys.append(counting.key(UNDELIVERABLE, topic=s.verdicts_topic))
         for control in self.controls:
             keys.extend(control.zero_counters())
+        keys.extend(self.labels.zero_counters())
         return keys
 
     def snapshot(self) -> MetricsSnapshot:

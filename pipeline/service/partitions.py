@@ -4,7 +4,8 @@ For whoever changes how serve shares a topic. `Partitions` owns what the serve l
 the topic's partitions between cycles: the consumer group (`pipeline.sources.kafka.KafkaGroup`),
 this process as the owner that signs its commits and what it committed last
 (`pipeline.service.owners`), whether it stopped counting because another owner was found, when
-each partition last had a backlog (for --partition-idle-after) and the lag gauges. A cycle asks
+each partition last had a backlog (for --partition-idle-after) and the lag of every partition
+of the topic, read by this instance or not (`lag`). A cycle asks
 it for its plan (`plan`), which partitions hold the watermark back (`holding`), and, once the
 cycle is saved, to commit and measure (`after_cycle`).
 
@@ -74,7 +75,6 @@ class Partitions:
         self._last_backlog: dict[int, float] = {}
         self._lock = threading.Lock()
         self._lag: Lag = {}
-        self._group_lag: Lag = {}
         if s.instances > 1:
             log.info(
                 "instance %d of %d: reading the partitions p of %s with p %% %d == %d",
@@ -116,7 +116,7 @@ class Partitions:
     def after_cycle(self, every: LogBounds, plan: CyclePlan) -> None:
         """The saved cycle made visible to the group: its offsets committed, signed (every
         cycle, even one that read nothing: the signed commit is this owner's heartbeat), and
-        the lag of this instance's partitions and of every partition of the topic."""
+        the lag of every partition of the topic (`lag`)."""
         group = self._commit()
         # The lag is measured against the ends as they are NOW: measured against the ends seen
         # at the start of the cycle it would read 0 after every cycle that caught up with them,
@@ -125,14 +125,18 @@ class Partitions:
         topic = self.settings.topic
         offsets = {**plan.starts, **self.state.offsets(topic)}
         lag = {(topic, p): n for p, n in consumer_lag(offsets, now_ends).items()}
+        lag.update(self._others_lag(group, every))
         with self._lock:
             self._lag = lag
-        self._update_group_lag(group, {**every.ends, **now_ends}, every.beginnings)
 
-    def lags(self) -> tuple[Lag, Lag]:
-        """(this instance's consumer lag, the group's lag on every partition of the topic)."""
+    def lag(self) -> Lag:
+        """The consumer lag of every partition of the topic: this instance's partitions from
+        the offsets its state file holds, the others from the consumer group's commits (from
+        the log start when none was committed: a partition no instance reads lags by all it
+        holds). Every instance exports every partition; `max by (topic, partition)` across
+        instances is the lag (the alert and the dashboard take it so)."""
         with self._lock:
-            return dict(self._lag), dict(self._group_lag)
+            return dict(self._lag)
 
     # ----- ownership -------------------------------------------------------------------------
     def check_owners(self) -> list[tuple[str, Owner | None]]:
@@ -289,23 +293,20 @@ class Partitions:
             return dict(ends)
         return {**ends, **{p: end for p, end in now.items() if self.settings.owns(p)}}
 
-    def _update_group_lag(
-        self,
-        group: Mapping[int, Commit] | None,
-        ends: Mapping[int, int],
-        beginnings: Mapping[int, int],
-    ) -> None:
-        """The lag of every partition of the topic, as the consumer group's commits show it:
-        a partition no instance reads has no commit and lags from its log start."""
+    def _others_lag(self, group: Mapping[int, Commit] | None, every: LogBounds) -> Lag:
+        """The lag of the partitions other instances read, as the consumer group's commits
+        show it: from the log start where none has committed; as last measured when the
+        commits could not be read."""
+        topic, owns = self.settings.topic, self.settings.owns
         if group is None:
-            return
-        topic = self.settings.topic
-        lag = {
-            (topic, p): max(0, end - (group[p].offset if p in group else beginnings.get(p, 0)))
-            for p, end in ends.items()
+            with self._lock:
+                return {k: n for k, n in self._lag.items() if not owns(k[1])}
+        start = every.beginnings
+        return {
+            (topic, p): max(0, end - (group[p].offset if p in group else start.get(p, 0)))
+            for p, end in every.ends.items()
+            if not owns(p)
         }
-        with self._lock:
-            self._group_lag = lag
 
 
 def open_state(settings: ServeSettings) -> tuple[StateStore, bool]:

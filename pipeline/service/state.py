@@ -200,6 +200,19 @@ CREATE TABLE IF NOT EXISTS session_spans_gap (gap REAL NOT NULL)
 """
 
 
+# The reviewers' labels counted (pipeline/service/labels.py), added like the exemplars table, no
+# schema bump: the id of each label whose verdict is in the `ragpulse_review_labels_total`
+# counters, saved with the labels topic's offsets (in `offsets`, under that topic's name), so a
+# label read again after a crash, or published twice, is counted once.
+_LABELS_TABLE = """
+CREATE TABLE IF NOT EXISTS review_labels (
+    label_id TEXT PRIMARY KEY,
+    judge TEXT NOT NULL,
+    version TEXT NOT NULL
+)
+"""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class CallsSettled:
     """What a committed cycle does to the journal of answered calls (`answered_calls` ids):
@@ -225,7 +238,8 @@ class CycleOutcome:
     (older hours are dropped); `calls_settled` marks journaled calls as counted (their tokens
     are in `counts`) and deletes the ones done with. `sessions`: the cycle's changes to the
     saved conversations; the verdict counts of re-opened sessions (`retracted`) are taken out
-    of their windows after `windows` is added.
+    of their windows after `windows` is added. `labels`: the labels topic's offsets and the
+    ids of the labels counted (their counts are in `counts`).
     """
 
     windows: Mapping[WindowKey, RatingCounts] = dataclasses.field(default_factory=dict)
@@ -242,6 +256,18 @@ class CycleOutcome:
     hour_spend: HourSpend | None = None
     calls_settled: CallsSettled | None = None
     sessions: SessionChanges | None = None
+    labels: LabelsTaken | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LabelsTaken:
+    """What a cycle took from the labels topic (pipeline/service/labels.py): where each of its
+    partitions goes on from, and the ids of the labels it counted (`review_labels`: a label
+    read again, or published twice, is known by its id and counted once)."""
+
+    topic: str
+    offsets: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    counted: Sequence[tuple[str, str, str]] = ()  # (label_id, judge, prompt version)
 
 
 class StateError(RuntimeError):
@@ -273,6 +299,7 @@ class StateStore:
         _add_pace_columns(self._db)
         for statement in _SESSION_TABLES.split(";"):
             self._db.execute(statement)
+        self._db.execute(_LABELS_TABLE)
 
     @staticmethod
     def move_aside(path: str | Path) -> Path:
@@ -419,6 +446,8 @@ class StateStore:
                     "planned_at, planned_records) VALUES (?, ?, ?, ?, ?, ?)",
                     (h.hour, h.unit, h.spent, h.arrivals, h.planned_at, h.planned_records),
                 )
+            if o.labels is not None:
+                _save_labels(db, o.labels)
             if o.calls_settled is not None:
                 db.executemany(
                     "UPDATE answered_calls SET counted = 1 WHERE id = ?",
@@ -505,6 +534,19 @@ class StateStore:
             "SELECT partition, next_offset FROM offsets WHERE topic = ?", (topic,)
         )
         return {int(r["partition"]): int(r["next_offset"]) for r in rows}
+
+    def labels_counted(self, label_ids: Iterable[str]) -> set[str]:
+        """Which of `label_ids` are counted already."""
+        ids = list(label_ids)
+        found: set[str] = set()
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            rows = self._db.execute(
+                "SELECT label_id FROM review_labels WHERE label_id IN "
+                f"({','.join('?' * len(chunk))})", chunk,
+            )
+            found.update(r["label_id"] for r in rows)
+        return found
 
     def counters(self) -> counting.Counts:
         """Cumulative counter values, to seed Prometheus counters at start-up."""
@@ -895,6 +937,25 @@ def _save_sessions(db: sqlite3.Connection, topic: str, changes: SessionChanges) 
             for k, counts in changes.judged_added.items()
         ],
     )
+
+
+def _save_labels(db: sqlite3.Connection, taken: LabelsTaken) -> None:
+    """`StateStore.apply_cycle`'s part for the labels topic (inside its transaction). An
+    offset may move back (the labels topic recreated): the labels read again are known by their
+    ids."""
+    for partition, next_offset in taken.offsets.items():
+        db.execute(
+            "INSERT INTO offsets (topic, partition, next_offset) VALUES (?, ?, ?) "
+            "ON CONFLICT (topic, partition) DO UPDATE SET next_offset=excluded.next_offset",
+            (taken.topic, partition, next_offset),
+        )
+    try:
+        db.executemany(
+            "INSERT INTO review_labels (label_id, judge, version) VALUES (?, ?, ?)",
+            list(taken.counted),
+        )
+    except sqlite3.IntegrityError:
+        raise StateError("a label already counted would be counted again") from None
 
 
 def _add_pace_columns(db: sqlite3.Connection) -> None:

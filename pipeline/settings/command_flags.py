@@ -43,9 +43,11 @@ from ragpulse.pipeline.settings.models import (
     RUNNERS,
     SIMULATED_TOOLS,
     STREAM_RUNNERS,
+    AlignSettings,
     CalibrateSettings,
     ExplainSettings,
     ExporterSettings,
+    ImportLabelsSettings,
     JudgeSettings,
     ReviewSettings,
     RunSettings,
@@ -125,8 +127,9 @@ def _judge_flags(one_judge: bool) -> tuple[Flag, ...]:
             "--custom-judge", "custom_judges", group=g, action="append", type=Path,
             metavar="FILE",
             help="a custom LLM judge defined in YAML: the keys of a shipped prompt file (name, "
-            "version, ratings, inputs, task, rubric, one example per rating) plus requires and "
-            "when_missing; run it by adding its name to --judges (openai backend; repeatable)",
+            "version, ratings, inputs, task, rubric, one example or more per rating) plus "
+            "requires and when_missing; run it by adding its name to --judges (openai "
+            "backend; repeatable)",
         ),
         Flag(
             "--judge-prompts", "prompts_dir", group=g, type=Path, metavar="DIR",
@@ -622,6 +625,12 @@ SERVE = FlagTable(ServeSettings, (
         "(default: %(default)s)",
     ),
     *REVIEW,
+    Flag(
+        "--labels-topic", "labels_topic", group=_REVIEW,
+        help="the reviewers' labels `ragpulse review` publishes, read back into each judge's "
+        "agreement with people and its corrected pass ratio, exactly once (read whatever "
+        "--review-rate is; instance 0 of --instances only) (default: TOPIC.labels)",
+    ),
     *BEAM,
 ))
 
@@ -754,10 +763,15 @@ REVIEW_PAGE = FlagTable(ReviewSettings, (
     Flag("--port", "port", group="page", type=int, help="port (default: %(default)s)"),
     Flag(
         "--web-config-file", "web_config_file", group="page", type=Path, metavar="FILE",
-        required=True,
         help="TLS and basic auth, in the Prometheus exporters' web config format (as "
         "--web-config-file of serve): basic_auth_users are the reviewers, and a reviewer's "
         "login is the name on their labels",
+    ),
+    Flag(
+        "--bearer-token-file", "bearer_token_file", group="page", type=Path, metavar="FILE",
+        help="reviewers' bearer tokens (Authorization: Bearer, e.g. from a sign-on proxy), "
+        "besides or instead of basic auth: one 'REVIEWER SHA256_OF_TOKEN' per line; re-read "
+        "when it changes",
     ),
 ))
 
@@ -782,6 +796,89 @@ CALIBRATE = FlagTable(CalibrateSettings, (
         help="disagreements printed (all of them are in --output) (default: %(default)s)",
     ),
     ONE_JUDGE,
+))
+
+
+_LABELS_FROM = "labels (one of)"
+ALIGN = FlagTable(AlignSettings, (
+    Flag(
+        "--kafka-bootstrap", "bootstrap", group=_LABELS_FROM, one_of="labels", required=True,
+        metavar="HOST:PORT",
+        help="read the labels and the review items from the topics of `ragpulse review`",
+    ),
+    Flag(
+        "--labels", "labels_file", group=_LABELS_FROM, one_of="labels", required=True,
+        type=Path, metavar="FILE",
+        help="or from a JSON Lines file of label records (the labels topic's format, "
+        "docs/review.md), with --items",
+    ),
+    Flag(
+        "--items", "items_file", group=_LABELS_FROM, type=Path, metavar="FILE",
+        help="with --labels: JSON Lines of the review items labelled (the review topic's "
+        "format)",
+    ),
+    Flag(
+        "--topic", "topic", group="kafka",
+        help="the inference-log topic: the review and labels topics are TOPIC.review and "
+        "TOPIC.labels",
+    ),
+    Flag("--review-topic", "review_topic", group="kafka",
+         help="the review topic (default: TOPIC.review)"),
+    Flag("--labels-topic", "labels_topic", group="kafka",
+         help="the labels topic (default: TOPIC.labels)"),
+    KAFKA_TIMEOUT,
+    kafka_security("kafka security"),
+    Flag(
+        "--output", "output", type=Path, metavar="DIR",
+        help="where the new prompt version and align-report.json are written (default: "
+        "aligned-JUDGE); the running prompt is never changed",
+    ),
+    Flag(
+        "--examples", "examples", type=int, metavar="N",
+        help="labelled examples added to the prompt: both ratings, the judge's mistakes first, "
+        "as different from each other as the labels allow (default: %(default)s)",
+    ),
+    Flag(
+        "--folds", "folds", type=int, metavar="K",
+        help="cross-validation folds for the before/after agreement (default: %(default)s)",
+    ),
+    ONE_JUDGE,
+))
+
+
+IMPORT_LABELS = FlagTable(ImportLabelsSettings, (
+    Flag(
+        "input", "input", type=Path, metavar="FILE",
+        help="the labels: MLflow 3 traces exported as JSON (a trace, a list, or one per line; "
+        "their assessments whose source is HUMAN), or CSV / JSON Lines with event_id, judge, "
+        "label (yes/no) and optionally reviewer, note, labelled_at, judge_rating, "
+        "prompt_version",
+    ),
+    Flag(
+        "--format", "format", required=True, choices=["mlflow", "csv", "jsonl"],
+        help="the file's format",
+    ),
+    Flag(
+        "--reviewer", "reviewer", metavar="NAME",
+        help="csv and jsonl: the reviewer of rows that name none (default: each row must)",
+    ),
+    BOOTSTRAP,
+    Flag(
+        "--topic", "topic", group="kafka",
+        help="the inference-log topic: the review and labels topics are TOPIC.review and "
+        "TOPIC.labels",
+    ),
+    Flag("--review-topic", "review_topic", group="kafka",
+         help="where the judges' verdicts on the events are looked up (default: TOPIC.review)"),
+    Flag("--labels-topic", "labels_topic", group="kafka",
+         help="where the labels go (default: TOPIC.labels)"),
+    Flag(
+        "--dead-letter-topic", "dead_letter_topic", group="kafka",
+        help="rows that cannot be labels, with their reason in the `reason` header (default: "
+        "LABELS_TOPIC.dlq)",
+    ),
+    KAFKA_TIMEOUT,
+    kafka_security("kafka security"),
 ))
 
 

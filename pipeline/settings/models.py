@@ -59,7 +59,7 @@ from ragpulse.judges.sessions import (
 from ragpulse.pipeline.costs.budget import BudgetSettings
 from ragpulse.pipeline.costs.cascade import CascadeSettings
 from ragpulse.pipeline.costs.sampling import SamplingPlan, load_plan
-from ragpulse.pipeline.errors import SettingsError
+from ragpulse.pipeline.errors import SettingsError, without_value
 from ragpulse.pipeline.formats.events import MAX_EVENT_TIME, MIN_EVENT_TIME
 from ragpulse.pipeline.formats.otlp import InputFormat
 from ragpulse.pipeline.formats.review import TARGETED_REASONS, TargetedReason
@@ -535,13 +535,13 @@ class ReviewFields(BaseModel):
 
         judges: JudgeSettings = getattr(self, "judges")  # noqa: B009 (a field of the model)
         scales = _judge_scales(judges)
+        topic = self.review_topic or getattr(self, "topic") + ".review"  # noqa: B009
+        bootstrap = getattr(self, "bootstrap")  # noqa: B009
+        security = getattr(self, "kafka_security")  # noqa: B009
+        timeout = getattr(self, "kafka_timeout_seconds")  # noqa: B009
         return ReviewQueueConfig(
-            target=KafkaTopic(
-                getattr(self, "bootstrap"),  # noqa: B009
-                getattr(self, "kafka_security"),  # noqa: B009
-                self.review_topic or getattr(self, "topic") + ".review",  # noqa: B009
-                getattr(self, "kafka_timeout_seconds"),  # noqa: B009
-            ),
+            target=KafkaTopic(bootstrap, security, topic, timeout),
+            dead_letters=KafkaTopic(bootstrap, security, f"{topic}.dlq", timeout),
             rate=self.review_rate,
             targets=self.review_targets,
             unsure_band=self.review_unsure_band,
@@ -744,12 +744,16 @@ class ServeSettings(WatermarkFields, ReviewFields, SessionFields, BatchSettings)
     session_max_open: int = Field(100_000, ge=1, le=10_000_000)
     # OTLP/HTTP logs URL for gen_ai.evaluation.result events (pipeline/sinks/otlp_evaluations.py).
     evaluation_events_endpoint: str | None = None
+    # The reviewers' labels read back into the numbers (pipeline/service/labels.py); named
+    # TOPIC.labels by the topic validator, as `ragpulse review` names it.
+    labels_topic: str | None = Field(None, min_length=1)
 
     @model_validator(mode="before")
     @classmethod
     def _topics_named_after_the_input(cls, data: Any) -> Any:
         return _derived_topics(
-            data, dead_letter_topic=".dlq", verdicts_topic=".verdicts", review_topic=".review"
+            data, dead_letter_topic=".dlq", verdicts_topic=".verdicts", review_topic=".review",
+            labels_topic=".labels",
         )
 
     @field_validator("health_port")
@@ -793,8 +797,10 @@ class ReviewSettings(BaseModel):
     kafka_security: KafkaSecurity = PLAINTEXT
     host: str = "127.0.0.1"
     port: int = Field(9470, ge=0, le=65535)
-    # Required: the reviewer's name is their basic-auth login (pipeline/metrics/http.py).
-    web_config_file: Path
+    # TLS and basic-auth reviewers (pipeline/metrics/http.py), and/or reviewers' bearer tokens
+    # (pipeline/review/access.py): one of the two names every reviewer.
+    web_config_file: Path | None = None
+    bearer_token_file: Path | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -805,7 +811,18 @@ class ReviewSettings(BaseModel):
                 "give --topic TOPIC (the review and labels topics are TOPIC.review and "
                 "TOPIC.labels), or both --review-topic and --labels-topic"
             )
+        if isinstance(data, dict) and not (data.get("web_config_file")
+                                           or data.get("bearer_token_file")):
+            raise SettingsError(
+                "give --web-config-file (basic_auth_users) or --bearer-token-file, or both: a "
+                "reviewer's login or token is the name on their labels"
+            )
         return data
+
+    @property
+    def dead_letter_topic(self) -> str:
+        """Where review-topic records the page cannot show go, with their reason."""
+        return f"{self.review_topic}.dlq"
 
 
 class CalibrateSettings(BaseModel):
@@ -826,6 +843,85 @@ class CalibrateSettings(BaseModel):
             judges = data.get("judges")
             if isinstance(judges, JudgeSettings) and judges.names:
                 return {**data, "output": Path(f"calibration-{judges.names[0]}.json")}
+        return data
+
+
+class AlignSettings(BaseModel):
+    """Validated settings of `ragpulse align`: the judge, where its labels and review items are
+    read (the topics, or two JSON Lines files), and what is written."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    judges: JudgeSettings  # one judge
+    labels_file: Path | None = None
+    items_file: Path | None = None
+    bootstrap: str | None = None
+    topic: str | None = None
+    review_topic: str | None = None
+    labels_topic: str | None = None
+    kafka_timeout_seconds: float = Field(10.0, gt=0)
+    kafka_security: KafkaSecurity = PLAINTEXT
+    output: Path | None = None
+    examples: int = Field(6, ge=2, le=50)
+    folds: int = Field(5, ge=2, le=20)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_source(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = _derived_topics(data, review_topic=".review", labels_topic=".labels")
+        if data.get("labels_file") is not None:
+            if data.get("items_file") is None:
+                raise SettingsError("--labels FILE needs --items FILE: the review items the "
+                                    "labels are of (their text becomes the examples)")
+            for path, flag in ((data["labels_file"], "--labels"), (data["items_file"],
+                                                                   "--items")):
+                if not Path(path).is_file():
+                    raise SettingsError(f"{flag} {path}: no such file")
+        elif data.get("items_file") is not None:
+            raise SettingsError("--items goes with --labels; with --kafka-bootstrap the items "
+                                "are read from the review topic")
+        elif not (data.get("review_topic") and data.get("labels_topic")):
+            raise SettingsError("give --topic TOPIC (the review and labels topics are "
+                                "TOPIC.review and TOPIC.labels), or both --review-topic and "
+                                "--labels-topic")
+        if data.get("output") is None:
+            judges = data.get("judges")
+            if isinstance(judges, JudgeSettings) and judges.names:
+                data = {**data, "output": Path(f"aligned-{judges.names[0]}")}
+        return data
+
+
+class ImportLabelsSettings(BaseModel):
+    """Validated settings of `ragpulse import-labels`: the file, its format, and the topics."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: Annotated[Path, existing_file("labels file")]
+    format: Literal["mlflow", "csv", "jsonl"]
+    reviewer: str | None = Field(None, min_length=1, max_length=200)
+    bootstrap: str = Field(min_length=3)
+    topic: str | None = None
+    review_topic: str = Field(min_length=1)
+    labels_topic: str = Field(min_length=1)
+    dead_letter_topic: str = Field(min_length=1)
+    kafka_timeout_seconds: float = Field(10.0, gt=0)
+    kafka_security: KafkaSecurity = PLAINTEXT
+
+    @model_validator(mode="before")
+    @classmethod
+    def _topics(cls, data: Any) -> Any:
+        data = _derived_topics(data, review_topic=".review", labels_topic=".labels")
+        if isinstance(data, dict) and not (data.get("review_topic") and data.get("labels_topic")):
+            raise SettingsError("give --topic TOPIC (the review and labels topics are "
+                                "TOPIC.review and TOPIC.labels), or both --review-topic and "
+                                "--labels-topic")
+        if isinstance(data, dict) and not data.get("dead_letter_topic"):
+            data = {**data, "dead_letter_topic": f"{data['labels_topic']}.dlq"}
+        if isinstance(data, dict) and data.get("reviewer") and data.get("format") == "mlflow":
+            raise SettingsError("--reviewer is for csv and jsonl files: an MLflow assessment "
+                                "names its reviewer (source.source_id)")
         return data
 
 
@@ -1077,7 +1173,7 @@ def health_port_apart(health_port: int, info: ValidationInfo) -> int:
 def http_url(url: str | None) -> str | None:
     """`url` when it is an http(s) URL (or None); ValueError otherwise."""
     if url is not None and not url.startswith(("http://", "https://")):
-        raise ValueError(f"must start with http:// or https://, got {url!r}")
+        raise ValueError("must start with http:// or https:// (value not shown)")
     return url
 
 
@@ -1181,6 +1277,11 @@ def _log_redaction(settings: JudgeSettings, base_url: str | None) -> None:
         log.info("PII redaction of judge prompts: on (%s) for %s", why, endpoint)
 
 
+# Values that are names ragpulse itself knows (Beam's runners), no one's secret: an error that
+# names them stays readable ("ragpulse does not run on DirectRunner: ...").
+_PUBLIC_NAMES = frozenset({*RUNNERS, *REFUSED_RUNNERS})
+
+
 def describe_validation_error(
     exc: ValidationError, model: type[BaseModel], flag_names: Mapping[str, str]
 ) -> str:
@@ -1190,8 +1291,13 @@ def describe_validation_error(
     for err in exc.errors():
         field = str(err["loc"][0]) if err["loc"] else None
         where = setting_flag(model, field, flag_names) if field is not None else "settings"
-        # pydantic prefixes the message of a ValueError raised by a validator.
-        parts.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")
+        # pydantic prefixes the message of a ValueError raised by a validator; a text value in
+        # it may be a secret (errors.without_value; a file's path is no secret and stays).
+        message = err["msg"].removeprefix("Value error, ")
+        value = err.get("input")
+        if isinstance(value, str) and value not in _PUBLIC_NAMES:
+            message = without_value(message, value)
+        parts.append(f"{where}: {message}")
     return "invalid settings: " + "; ".join(parts)
 
 

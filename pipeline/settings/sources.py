@@ -25,7 +25,12 @@ from typing import Any
 import yaml
 
 from ragpulse.judges.yaml_file import shown_key
-from ragpulse.pipeline.errors import SettingsError, load_settings_file
+from ragpulse.pipeline.errors import (
+    NOT_SHOWN,
+    SettingsError,
+    load_settings_file,
+    without_value,
+)
 from ragpulse.pipeline.kafka_security import (
     ENV_SASL_PASSWORD,
     ENV_SASL_USERNAME,
@@ -202,7 +207,7 @@ def _convert(action: argparse.Action, value: Any, where: str, *, env: bool) -> A
             return [_one(action, item) for item in items]
         return _one(action, value)
     except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
-        raise SettingsError(f"{where}: {exc}") from None
+        raise SettingsError(f"{where}: {without_value(str(exc), value)}") from None
 
 
 def _one(action: argparse.Action, value: Any) -> Any:
@@ -214,7 +219,7 @@ def _one(action: argparse.Action, value: Any) -> Any:
     converted = action.type(text) if callable(action.type) else text
     if action.choices is not None and converted not in action.choices:
         raise ValueError(
-            f"must be one of {', '.join(str(c) for c in action.choices)}, got {text!r}"
+            f"must be one of {', '.join(str(c) for c in action.choices)} {NOT_SHOWN}"
         )
     return converted
 
@@ -227,7 +232,7 @@ def _boolean(value: Any) -> bool:
         return True
     if text in _FALSE:
         return False
-    raise ValueError(f"must be true or false, got {value!r}")
+    raise ValueError(f"must be true or false {NOT_SHOWN}")
 
 
 def effective_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:

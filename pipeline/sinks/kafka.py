@@ -414,3 +414,26 @@ def _review_record(item: tuple[bytes, bytes]) -> OutputRecord:
 def PublishReviewItems(items: Any, target: KafkaTopic, *, runner_retries: bool = False) -> Any:
     """Sink of the review queue (stages/review.py): encoded review items, keyed by event id."""
     return _publish(items, _review_record, target, runner_retries)
+
+
+def review_dead_letter(
+    value: bytes, key: bytes | None, reason: str, source: tuple[tuple[str, bytes], ...] = ()
+) -> OutputRecord:
+    """A review item that cannot be queued or shown, as a dead letter of the review topic's
+    dead-letter topic (REVIEW_TOPIC.dlq): the value (its head when over
+    DEAD_LETTER_MAX_VALUE_BYTES), `reason`, where it came from (`source` headers), its size."""
+    kept = value if len(value) <= DEAD_LETTER_MAX_VALUE_BYTES else value[:HEAD_BYTES]
+    return OutputRecord(kept, key, (
+        ("reason", reason.encode("utf-8")),
+        *source,
+        ("original-size", str(len(value)).encode()),
+        ("truncated", b"true" if len(kept) < len(value) else b"false"),
+    ))
+
+
+@composite_transform
+def PublishReviewDeadLetters(
+    letters: Any, target: KafkaTopic, *, runner_retries: bool = False
+) -> Any:
+    """Sink of the review queue's refused items (`review_dead_letter` records)."""
+    return _publish(letters, lambda record: record, target, runner_retries)

@@ -121,8 +121,10 @@ def log_bounds(
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     security: KafkaSecurity = PLAINTEXT,
+    wait_for_topic: bool = True,
 ) -> LogBounds:
-    """Log start and end offsets of every partition of `topic`, with one consumer.
+    """Log start and end offsets of every partition of `topic`, with one consumer; without
+    `wait_for_topic`, no bounds at all for a topic that does not exist (yet).
 
     The ends are asked with ListOffsets, then checked with one fetch of the last batch: some
     brokers (Tansu 0.6) answer ListOffsets with the last batch's base offset + 1, which would
@@ -133,7 +135,12 @@ def log_bounds(
         bootstrap, timeout_s, security, fetch_max_wait_ms=10, max_poll_records=1
     )
     try:
-        parts = _partitions(consumer, topic, timeout_s)
+        try:
+            parts = _partitions(consumer, topic, timeout_s if wait_for_topic else 0.0)
+        except KafkaReadError:
+            if wait_for_topic:
+                raise
+            return LogBounds({}, {})
         tps = [TopicPartition(topic, p) for p in parts]
         listed = consumer.end_offsets(tps, timeout_ms=int(timeout_s * 1000))
         begins = consumer.beginning_offsets(tps, timeout_ms=int(timeout_s * 1000))

@@ -26,7 +26,8 @@ or a backlog caught up at once); what the bound held back is counted in
 `ragpulse_review_held_back_total`. Event time rather than the clock also makes the bound the
 same on a replay of the same records.
 A review item over the page's limit (formats/review.py) is refused and counted in
-`ragpulse_review_refused_total` with its reason, never cut.
+`ragpulse_review_refused_total` with its reason, never cut, and published to the review topic's
+dead-letter topic (REVIEW_TOPIC.dlq, where the page puts what it cannot show) with that reason.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 import apache_beam as beam
+import orjson
+from pydantic import ValidationError
 
 from ragpulse.judges import TextPolicy
 from ragpulse.judges.base import Verdict
@@ -56,7 +59,12 @@ from ragpulse.pipeline.formats.review import (
 from ragpulse.pipeline.formats.verdict_rows import verdict_row
 from ragpulse.pipeline.metrics import catalogue, counting
 from ragpulse.pipeline.records import JudgedEvent
-from ragpulse.pipeline.sinks.kafka import KafkaTopic, PublishReviewItems
+from ragpulse.pipeline.sinks.kafka import (
+    KafkaTopic,
+    PublishReviewDeadLetters,
+    PublishReviewItems,
+    review_dead_letter,
+)
 from ragpulse.pipeline.stages.counters import Counters
 from ragpulse.pipeline.windows import window_start
 
@@ -87,6 +95,9 @@ class ReviewQueueConfig:
     policy: TextPolicy
     p_yes_judges: frozenset[str] = frozenset()
     scales: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    # Where items that cannot be queued go, with their reason (REVIEW_TOPIC.dlq); None: counted
+    # and logged only.
+    dead_letters: KafkaTopic | None = None
 
 
 def in_random_slice(event_id: str, rate: float) -> bool:
@@ -222,6 +233,17 @@ class HourlyBound:
             cls._taken.clear()
 
 
+REFUSED_ITEMS = "refused"  # the tag of the items that cannot be queued
+
+
+def _what_is_wrong(exc: ValueError) -> str:
+    """The field at fault and why, without the value (user text, possibly huge)."""
+    if isinstance(exc, ValidationError):
+        error = exc.errors()[0]
+        return f"{'.'.join(str(p) for p in error['loc']) or 'item'}: {error['msg']}"
+    return " ".join(str(exc).split())[:500]
+
+
 class _SelectForReview(beam.DoFn):
     """Each judged event that goes to review, bounded per hour, as (event id, item bytes)."""
 
@@ -232,7 +254,7 @@ class _SelectForReview(beam.DoFn):
     def setup(self) -> None:
         self._counters = Counters()
 
-    def process(self, judged: JudgedEvent) -> Iterator[tuple[bytes, bytes]]:
+    def process(self, judged: JudgedEvent) -> Iterator[Any]:
         config = self._config
         chosen = queue_reason(judged, config)
         if chosen is None:
@@ -248,12 +270,21 @@ class _SelectForReview(beam.DoFn):
         except ValueError as exc:  # pydantic's ValidationError: e.g. a judge name too long
             log.warning("review item of event %.200s refused: %s", judged.record.request_id, exc)
             self._counters.inc(counting.key(REFUSED, reason="invalid"))
+            event_id = judged.record.request_id.encode("utf-8", errors="replace")
+            yield beam.pvalue.TaggedOutput(REFUSED_ITEMS, review_dead_letter(
+                orjson.dumps({"event_id": judged.record.request_id, "reason": reason}),
+                event_id, f"invalid: {_what_is_wrong(exc)}",
+            ))
             return
         try:
             key, value = encode_item(item)
         except ValueError as exc:
             log.warning("review item of event %.200s refused: %s", item.event_id, exc)
             self._counters.inc(counting.key(REFUSED, reason="too_large"))
+            yield beam.pvalue.TaggedOutput(REFUSED_ITEMS, review_dead_letter(
+                item.model_dump_json().encode(), item.event_id.encode("utf-8"),
+                f"too_large: {exc}",
+            ))
             return
         self._counters.inc(counting.key(QUEUED, reason=reason))
         yield key, value
@@ -267,9 +298,14 @@ def QueueForReview(
     hour, published as review items to `config.target` (`runner_retries`: as the stream's
     sinks, see sinks/kafka.py). `now`: the items' `queued_at` (serve: the cycle's start); None
     reads the clock per item."""
-    return (
-        judged
-        | "SelectForReview" >> beam.ParDo(_SelectForReview(config, now))
-        | "PublishReviewItems" >> PublishReviewItems(config.target, runner_retries=runner_retries)
+    chosen = judged | "SelectForReview" >> beam.ParDo(_SelectForReview(config, now)).with_outputs(
+        REFUSED_ITEMS, main="items"
+    )
+    if config.dead_letters is not None:
+        _ = chosen[REFUSED_ITEMS] | "PublishRefusedItems" >> PublishReviewDeadLetters(
+            config.dead_letters, runner_retries=runner_retries
+        )
+    return chosen["items"] | "PublishReviewItems" >> PublishReviewItems(
+        config.target, runner_retries=runner_retries
     )
 

@@ -16,9 +16,18 @@ given (e.g. the main checkout and this one), side by side in one run:
             times, each time once it has committed a cycle that judged something. Reported:
             tokens paid / B (all within one clock hour; the run says if the hour ended), and
             the largest ragpulse_judge_budget_spent_this_hour seen / B.
+    pace    the issue's scenario: --judge-budget-per-hour B with --rate events a second arriving
+            for --seconds; serve restarted (SIGKILL, then a new process) every --restart-every
+            seconds from its launch, or once it has committed its first cycle if that is later
+            (a busy machine starts serve slowly), and one process over the same traffic.
+            Reported: tokens paid / B for each, and how many processes ran.
+            Each run's serves share a clock (libfaketime) that starts at --start-second of an
+            hour (default 60), so the pace, which depends on the seconds left in the hour, is
+            the same for every code, and no run crosses an hour (which would reset the spend).
 
     .venv/bin/python tests/bench/bench_crash_spend.py --code /work/main --code . [--kills K]
-        [--events N] [--restarts R] [--budget B] [--scenarios kills,budget]
+        [--events N] [--restarts R] [--budget B] [--scenarios kills,budget,pace]
+        [--rate E] [--seconds S] [--restart-every P] [--start-second T]
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import os
 import random
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fake_openai import FakeOpenAI, RecordedRequest, request_identity
 from kafka_broker import ApacheKafkaBroker
 from serve_process import Scrape, ServeProcess, caught_up
-from test_serve_call_journal import distinct_events
+from test_serve_call_journal import clock_at, distinct_events
 
 
 def serve_args(endpoint: FakeOpenAI, *extra: str) -> list[str]:
@@ -54,6 +64,20 @@ def serve_args(endpoint: FakeOpenAI, *extra: str) -> list[str]:
         "--trigger-interval", "0.2s",
         *extra,
     ]  # fmt: skip
+
+
+class ServeWithoutHealthPort(ServeProcess):
+    """serve from a code tree older than --health-port (before issue 31)."""
+
+    def serve_args(self) -> list[str]:
+        args = super().serve_args()
+        at = args.index("--health-port")
+        return args[:at] + args[at + 2 :]
+
+
+def serve_class(code: Path) -> type[ServeProcess]:
+    flags = (code / "pipeline" / "settings" / "command_flags.py").read_text()
+    return ServeProcess if "--health-port" in flags else ServeWithoutHealthPort
 
 
 def ok_calls(endpoint: FakeOpenAI) -> list[RecordedRequest]:
@@ -89,7 +113,9 @@ def kills(code: Path, n_events: int, n_kills: int, seed: int) -> dict[str, float
         broker.produce("kills", distinct_events(n_events), partition=0)
         kills_at: list[float] = []
         for _ in range(n_kills):
-            serve = ServeProcess(broker.bootstrap, "kills", state, serve_args(endpoint), env=env)
+            serve = serve_class(code)(
+                broker.bootstrap, "kills", state, serve_args(endpoint), env=env
+            )
             serve.start()
             before = len(ok_calls(endpoint))
             target = before + rnd.randint(5, 60)
@@ -101,7 +127,7 @@ def kills(code: Path, n_events: int, n_kills: int, seed: int) -> dict[str, float
                 kills_at.append(time.monotonic())  # before: kill() waits for the process
                 serve.kill()
                 serve.stop()  # removes its temp folder
-        final = ServeProcess(broker.bootstrap, "kills", state, serve_args(endpoint), env=env)
+        final = serve_class(code)(broker.bootstrap, "kills", state, serve_args(endpoint), env=env)
         final.start()
         scrape = final.wait_for(
             lambda m: caught_up(n_events)(m)
@@ -155,7 +181,7 @@ def budget(code: Path, restarts: int, per_hour: int) -> dict[str, float]:
         for r in range(restarts):
             # 40 new events for each process: its first cycle judges a probe of them.
             broker.produce("budget", events[40 * r : 40 * (r + 1)], 0)
-            serve = ServeProcess(
+            serve = serve_class(code)(
                 broker.bootstrap, "budget", state, serve_args(endpoint, *args_extra), env=env
             )
             serve.start()
@@ -172,6 +198,68 @@ def budget(code: Path, restarts: int, per_hour: int) -> dict[str, float]:
     }
 
 
+def pace(
+    code: Path,
+    per_hour: int,
+    rate: int,
+    seconds: float,
+    restart_every: float | None,
+    start_second: float,
+) -> dict[str, float]:
+    """Tokens paid / budget with events arriving at `rate` a second for `seconds`, serve
+    SIGKILLed and restarted every `restart_every` seconds (None: one process throughout).
+    Every serve of the run shares one clock (libfaketime), which read `start_second` seconds
+    into the hour before the real one when the run began: every run sees the same seconds left
+    in its hour, which the budget's pace depends on, and none crosses an hour."""
+    hour = math.floor(time.time() / 3600) - 1
+    env = {**clock_at(hour * 3600 + start_second), "PYTHONPATH": str(code.resolve())}
+    events = distinct_events(int(rate * seconds) + rate)
+    args_extra = ("--judge-budget-per-hour", str(per_hour), "--judge-min-sample-rate", "0")
+    processes = 0
+    with tempfile.TemporaryDirectory() as tmp, ApacheKafkaBroker() as broker, FakeOpenAI(
+        latency=0.02
+    ) as endpoint:
+        state = Path(tmp) / "state.sqlite"
+        broker.create_topic("pace", 1)
+        stop = threading.Event()
+
+        def arrive() -> None:  # `rate` events each second, on the second
+            for second, i in enumerate(range(0, len(events) - rate, rate)):
+                if stop.wait(max(0.0, started + second - time.monotonic())):
+                    return
+                broker.produce("pace", events[i : i + rate], 0)
+
+        started = time.monotonic()
+        producer = threading.Thread(target=arrive, daemon=True)
+        producer.start()
+        try:
+            while (launched := time.monotonic()) - started < seconds:
+                serve = serve_class(code)(
+                    broker.bootstrap, "pace", state, serve_args(endpoint, *args_extra), env=env
+                )
+                serve.start()
+                processes += 1
+                if restart_every is not None:
+                    # Each process lives to commit its first cycle (the one a restart
+                    # front-loads), however slow the machine is, and --restart-every at least.
+                    serve.wait_for(
+                        lambda m: m.total("ragpulse_cycles_total", outcome="ok") >= 1, 300,
+                        "a first cycle",
+                    )
+                ends = min(started + seconds, launched + (restart_every or seconds))
+                time.sleep(max(0.0, ends - time.monotonic()))
+                serve.kill()
+                serve.stop()
+        finally:
+            stop.set()
+            producer.join()
+        paid = sum(tokens(c) for c in ok_calls(endpoint))
+    return {
+        "tokens paid / budget": paid / per_hour,
+        "serve processes": float(processes),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--code", action="append", type=Path, required=True,
@@ -181,16 +269,29 @@ def main() -> None:
     p.add_argument("--restarts", type=int, default=10)
     p.add_argument("--budget", type=int, default=20_000)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--rate", type=int, default=5, help="pace: events a second")
+    p.add_argument("--seconds", type=float, default=120.0, help="pace: how long events arrive")
+    p.add_argument("--restart-every", type=float, default=12.0, help="pace: seconds")
+    p.add_argument("--start-second", type=float, default=60.0,
+                   help="pace: the second of a clock hour every run's serve clock starts at")
     p.add_argument("--scenarios", default="kills,budget",
-                   help="which scenarios to run, comma-separated (default: both)")
+                   help="which scenarios to run, comma-separated (default: kills,budget)")
     a = p.parse_args()
-    scenarios = [x for x in ("kills", "budget") if x in a.scenarios.split(",")]
+    scenarios = [x for x in ("kills", "budget", "pace") if x in a.scenarios.split(",")]
     results: dict[str, dict[str, dict[str, float]]] = collections.defaultdict(dict)
+    if "pace" in scenarios:
+        for kind, every in (("restarted", a.restart_every), ("one process", None)):
+            for code in a.code:
+                results[str(code)][f"pace, {kind}"] = pace(
+                    code, a.budget, a.rate, a.seconds, every, a.start_second
+                )
+        scenarios = [s for s in scenarios if s != "pace"]
     for code in a.code:
         if "kills" in scenarios:
             results[str(code)]["kills"] = kills(code, a.events, a.kills, a.seed)
         if "budget" in scenarios:
             results[str(code)]["budget"] = budget(code, a.restarts, a.budget)
+    scenarios += [k for k in next(iter(results.values())) if k.startswith("pace")]
     print(f"{a.kills} kills over {a.events} events x 2 judges; {a.restarts} restarts under a "
           f"budget of {a.budget} tokens/hour")
     for scenario in scenarios:

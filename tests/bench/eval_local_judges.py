@@ -392,6 +392,7 @@ def _clear_evidence() -> None:
 
     local_groundedness._chunks_bag.cache_clear()
     local_groundedness._prefixes.cache_clear()
+    local_groundedness._mostly_records.cache_clear()
 
 
 def main(argv: Iterable[str] | None = None) -> int:

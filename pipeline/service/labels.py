@@ -1,0 +1,304 @@
+"""serve's reviewers' labels: the labels topic read back into the numbers, exactly once.
+
+For whoever changes how labels count. `ragpulse review` publishes one label record per
+reviewer, judge and item to the labels topic (pipeline/formats/review.py). Each cycle,
+`ReviewLabels.read` reads what came since the offsets saved in the state file, sorts every
+record (`sort_labels`, pure) and hands the cycle what to save with its own transaction
+(`LabelsRead`): the counter increments of the labels counted, the labels topic's next offsets
+and the ids of the labels counted (`pipeline.service.state.LabelsTaken`). A crash before the
+commit reads the same records again; after it, goes on past them; and a label whose id is in
+the state file already (sent twice, or read again after the topic was recreated) is counted
+once, as `duplicate`.
+
+A label counts in `ragpulse_review_labels_total{judge, version, slice, human, rating}`: the
+judge's rating and the reviewer's on a yes/no judge, per prompt version and per slice (`random`:
+the uniform --review-rate slice, the only one from which error rates are estimated; `targeted`:
+the items queued on purpose, kept apart). Every record read is counted once in
+`ragpulse_review_labels_read_total{outcome}`: `counted`; `duplicate`; `not_binary` (the judge
+could not grade, or a graded scale's correct score: kept, not in a yes/no table); and, sent to
+the dead-letter topic with the reason, `unknown_judge` (a judge this serve does not run),
+`other_version` (another prompt version than the running one: a changed prompt starts new
+counts, and labels of the old one never mix in) and `malformed` (not a label record).
+
+From those counters `figures` makes what /metrics shows: per judge and running prompt version
+and slice the confusion table (`pipeline.calibration.Confusion`: kappa, sensitivity,
+specificity), and per judge the error rates behind the corrected pass ratio: the
+--judge-calibration file as a seed plus the random slice's labels (`calibration.with_labels`).
+
+With --instances N only instance 0 reads the labels topic: the labels are about judges, not
+partitions, and N copies of the counts would be summed N times by Prometheus.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from ragpulse.pipeline.calibration import Confusion, JudgeCalibration, by_judge, with_labels
+from ragpulse.pipeline.formats.review import (
+    InvalidReviewRecord,
+    LabelRecord,
+    decode_label,
+    human_rating,
+)
+from ragpulse.pipeline.metrics import catalogue, counting
+from ragpulse.pipeline.records import Rejected, SourceRecord
+from ragpulse.pipeline.service.cycle_hooks import CycleHooks
+from ragpulse.pipeline.service.state import LabelsTaken, StateStore
+from ragpulse.pipeline.settings.models import ServeSettings
+from ragpulse.pipeline.sinks.kafka import (
+    KafkaTopic,
+    close_producer,
+    dead_letter_record,
+    deliver,
+    new_producer,
+)
+from ragpulse.pipeline.sources.kafka import KafkaRangeSource, log_bounds
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LabelFigures", "LabelsRead", "ReviewLabels", "SortedLabels", "sort_labels"]
+
+REVIEW_LABELS = catalogue.REVIEW_LABELS
+LABELS_READ = catalogue.REVIEW_LABELS_READ
+# A cycle reads at most this many labels (the rest the next cycle): people label slowly, so
+# only a backlog (serve started after days of labels) ever reaches it.
+MAX_LABELS_PER_CYCLE = 20_000
+# A label record is a few hundred bytes (a note is at most 2,000 characters); a larger record is
+# no label, and is read as its head only.
+MAX_LABEL_BYTES = 64 * 1024
+SLICES = ("random", "targeted")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SortedLabels:
+    """What a batch of labels-topic records comes to: the counter increments, the labels to
+    count (their ids, judges and versions) and the records kept apart with their reason."""
+
+    counts: Counter[counting.CounterKey]
+    counted: tuple[tuple[str, str, str], ...]
+    rejected: tuple[Rejected, ...]
+
+
+def sort_labels(
+    records: Iterable[SourceRecord],
+    versions: Mapping[str, str],
+    counted_before: Callable[[Iterable[str]], set[str]],
+) -> SortedLabels:
+    """Sort `records` of the labels topic against the running judges' prompt `versions`
+    ({judge: version}); `counted_before` says which label ids the state file holds already
+    (module docstring: the outcomes)."""
+    counts: Counter[counting.CounterKey] = Counter()
+    rejected: list[Rejected] = []
+    labels: list[tuple[SourceRecord, LabelRecord]] = []
+    for record in records:
+        try:
+            if record.oversize_bytes is not None:
+                raise InvalidReviewRecord(
+                    f"{record.oversize_bytes} bytes, over the label limit of {MAX_LABEL_BYTES}"
+                )
+            labels.append((record, decode_label(record.raw)))
+        except InvalidReviewRecord as exc:
+            counts[counting.key(LABELS_READ, outcome="malformed")] += 1
+            rejected.append(Rejected(record, f"not a label record: {exc}"))
+    known = counted_before({label.label_id for _, label in labels})
+    counted: list[tuple[str, str, str]] = []
+    for record, label in labels:
+        outcome, why = _outcome(label, versions, known)
+        counts[counting.key(LABELS_READ, outcome=outcome)] += 1
+        if why is not None:
+            rejected.append(Rejected(record, why))
+            continue
+        if outcome == "duplicate":
+            continue
+        known.add(label.label_id)  # counted or not_binary: kept, so that a copy is a duplicate
+        counted.append((label.label_id, label.judge, label.prompt_version))
+        human = human_rating(label)
+        if human is None:
+            continue
+        counts[counting.key(
+            REVIEW_LABELS, judge=label.judge, version=label.prompt_version,
+            slice="random" if label.random else "targeted", human=human,
+            rating=label.judge_rating,
+        )] += 1
+    return SortedLabels(counts, tuple(counted), tuple(rejected))
+
+
+def _outcome(
+    label: LabelRecord, versions: Mapping[str, str], known: set[str]
+) -> tuple[str, str | None]:
+    """(outcome, the dead letter's reason or None) of one valid label."""
+    version = versions.get(label.judge)
+    if version is None:
+        return "unknown_judge", (
+            f"label for judge {label.judge!r}, which this serve does not run "
+            f"(judges: {', '.join(sorted(versions))})"
+        )
+    if label.prompt_version != version:
+        return "other_version", (
+            f"label of {label.judge} prompt version {label.prompt_version!r}; this serve runs "
+            f"{version!r}: labels of another prompt version never enter its counts"
+        )
+    if label.label_id in known:
+        return "duplicate", None
+    if human_rating(label) is None:
+        return "not_binary", None
+    return "counted", None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LabelsRead:
+    """A cycle's labels: what to save in its transaction (`taken`, None when the labels topic
+    was not read) and the counter increments to add to its counts."""
+
+    taken: LabelsTaken | None = None
+    counts: Counter[counting.CounterKey] = dataclasses.field(default_factory=Counter)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LabelFigures:
+    """What /metrics shows of the labels: the confusion table of each (judge, running version,
+    slice), and the error rates each judge's pass ratio is corrected with."""
+
+    agreements: Mapping[tuple[str, str, str], Confusion]
+    calibrations: Mapping[str, JudgeCalibration]
+
+
+class ReviewLabels:
+    """The labels topic as a part of serve's cycle (module docstring)."""
+
+    def __init__(
+        self, settings: ServeSettings, state: StateStore, hooks: CycleHooks | None = None
+    ) -> None:
+        s = self.settings = settings
+        self.state = state
+        self.topic = s.labels_topic or f"{s.topic}.labels"
+        self.reads = s.instance == 0
+        self._hooks = hooks or CycleHooks(None)
+        self._source = KafkaRangeSource(
+            s.bootstrap, self.topic, s.kafka_security, stall_timeout_s=s.kafka_timeout_seconds,
+            max_value_bytes=MAX_LABEL_BYTES,
+        )
+        self._dead_letters = KafkaTopic(
+            s.bootstrap, s.kafka_security, s.dead_letter_topic, s.kafka_timeout_seconds
+        )
+        self._own_versions = settings.judges.spec().prompt_versions()
+        self.versions = running_versions(settings, self._own_versions)
+        self._seeds = by_judge(s.judge_calibrations)
+        self._missing_said = False
+        self._read_last = 0
+
+    def read(self) -> LabelsRead:
+        """The labels that came since the saved offsets (at most MAX_LABELS_PER_CYCLE), sorted;
+        their dead letters are published and acknowledged before this returns (a broker that
+        does not acknowledge them fails the cycle: nothing of it is saved)."""
+        self._read_last = 0
+        if not self.reads:
+            return LabelsRead()
+        bounds = log_bounds(
+            self.settings.bootstrap, self.topic, timeout_s=self.settings.kafka_timeout_seconds,
+            security=self.settings.kafka_security, wait_for_topic=False,
+        )
+        if not bounds.ends:
+            if not self._missing_said:
+                log.info("labels topic %s not found: no reviewers' labels read yet", self.topic)
+                self._missing_said = True
+            return LabelsRead()
+        self._missing_said = False
+        saved = self.state.offsets(self.topic)
+        ranges: dict[int, tuple[int, int]] = {}
+        room = MAX_LABELS_PER_CYCLE
+        for partition, end in sorted(bounds.ends.items()):
+            start = saved.get(partition, 0)
+            if not bounds.beginnings[partition] <= start <= end:
+                # Retention went past it, or the topic was recreated: from the log start (the
+                # labels' ids keep a label read again from counting twice).
+                start = bounds.beginnings[partition]
+            stop = min(end, start + room)
+            room -= stop - start
+            ranges[partition] = (start, stop)
+        lost: list[int] = []
+        records = list(self._source.read(
+            {p: r for p, r in ranges.items() if r[1] > r[0]}, lost.append
+        ))
+        if lost:
+            log.error("labels topic %s: %d labels deleted by retention before they were read",
+                      self.topic, sum(lost))
+        sorted_labels = sort_labels(records, self.versions, self.state.labels_counted)
+        self._publish_dead_letters(sorted_labels.rejected)
+        self._read_last = len(records)
+        if records:
+            self._hooks.at("labels")
+        return LabelsRead(
+            LabelsTaken(self.topic, {p: stop for p, (_, stop) in ranges.items()},
+                        sorted_labels.counted),
+            sorted_labels.counts,
+        )
+
+    def committed(self) -> None:
+        """The cycle holding the labels read is saved."""
+        if self._read_last:
+            log.info("labels topic %s: %d records read and saved", self.topic, self._read_last)
+            self._hooks.at("labels_saved")
+
+    def _publish_dead_letters(self, rejected: Sequence[Rejected]) -> None:
+        if not rejected:
+            return
+        for r in rejected:
+            log.warning("label at %s offset %d kept apart: %s", r.record.source,
+                        r.record.position, r.reason)
+        producer = new_producer(self._dead_letters)
+        try:
+            done = deliver(producer, self._dead_letters.topic,
+                           [dead_letter_record(r) for r in rejected],
+                           timeout_s=self._dead_letters.timeout_s)
+        finally:
+            close_producer(producer, self._dead_letters.timeout_s)
+        if done.unacknowledged or done.refused:
+            why = (done.unacknowledged or done.refused)[0][1]
+            raise RuntimeError(
+                f"{len(done.unacknowledged) + len(done.refused)} dead letters of labels not "
+                f"acknowledged by {self._dead_letters.topic} ({why}); the labels are read again"
+            )
+
+    def figures(self, counts: Mapping[counting.CounterKey, float]) -> LabelFigures:
+        """The agreement tables and corrected-ratio calibrations of the saved `counts`."""
+        cells: dict[tuple[str, str, str], Counter[str]] = {}
+        for (name, labels), value in counts.items():
+            if name != REVIEW_LABELS:
+                continue
+            lab = dict(labels)
+            if self.versions.get(lab["judge"]) != lab["version"]:
+                continue  # an earlier prompt version's counts: kept, not shown as the judge's
+            cell = cells.setdefault((lab["judge"], lab["version"], lab["slice"]), Counter())
+            cell[f"{lab['human']}_{lab['rating']}"] += int(value)
+        agreements = {key: Confusion(**cell) for key, cell in sorted(cells.items())}
+        backend, model = self.settings.judges.backend, self.settings.judges.model
+        calibrations: dict[str, JudgeCalibration] = {}
+        for judge, version in sorted(self.versions.items()):
+            seed = self._seeds.get(judge)
+            if seed is not None and seed.prompt_version != self._own_versions.get(judge):
+                seed = None
+            merged = with_labels(
+                seed, judge, version,
+                agreements.get((judge, version, "random"), Confusion()), backend, model,
+            )
+            if merged is not None:
+                calibrations[judge] = merged
+        return LabelFigures(agreements, calibrations)
+
+    def zero_counters(self) -> list[counting.CounterKey]:
+        """The outcomes exported at 0 until they grow (increase() sees the first one)."""
+        if not self.reads:
+            return []
+        return [counting.key(LABELS_READ, outcome=o) for o in catalogue.LABEL_OUTCOMES]
+
+
+def running_versions(settings: ServeSettings, versions: Mapping[str, str]) -> dict[str, str]:
+    """The prompt version each judge's verdicts carry in this serve (as review items and their
+    labels name it): the judges' own `versions`, marked `+local` under the judge cascade."""
+    if settings.cascade is not None:
+        return {judge: f"{v}+local" for judge, v in versions.items()}
+    return dict(versions)
