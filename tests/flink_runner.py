@@ -20,9 +20,13 @@ the bind address, it only uses it to advertise); the tests use them through 127.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import json
 import os
+import re
+import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -100,7 +104,14 @@ JAVA_17_OPENS = [
 
 
 def java_command(main_class: str, *args: str) -> list[str]:
-    return ["java", "-Xmx768m", *JAVA_17_OPENS, "-cp", beam_classpath(), main_class, *args]
+    # The read's watermark per partition every 30 s in the logs (PartitionWatermarkPolicy, DEBUG).
+    read_status = "-Dorg.slf4j.simpleLogger.log.io.ragpulse=debug"
+    return ["java", "-Xmx768m", read_status, *JAVA_17_OPENS, "-cp", beam_classpath(), main_class,
+            *args]
+
+
+# The states of a Flink job that has ended.
+FLINK_ENDED = {"CANCELED", "FINISHED", "FAILED"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +141,36 @@ class FlinkServices:
             "--beam-arg=--environment_type=EXTERNAL",
             f"--beam-arg=--environment_config=127.0.0.1:{self.pool_port}",
         ]
+
+    def flink_rest_urls(self) -> list[str]:
+        """The REST endpoints of the embedded Flinks the job server has started (one per job
+        submitted), from its log."""
+        log = self.log_dir / "flink-job-server.log"
+        text = log.read_text(errors="replace") if log.is_file() else ""
+        ports = re.findall(r"Rest endpoint listening at localhost:(\d+)", text)
+        return [f"http://127.0.0.1:{port}" for port in dict.fromkeys(ports)]
+
+    def running_flink_jobs(self) -> list[tuple[str, str]]:
+        """(REST endpoint, Flink job id) of every job an embedded Flink still runs (or is
+        cancelling); an endpoint that no longer answers has shut down with its job."""
+        found = []
+        for url in self.flink_rest_urls():
+            try:
+                with urllib.request.urlopen(f"{url}/jobs/overview", timeout=10) as response:
+                    jobs = json.loads(response.read())["jobs"]
+            except OSError:
+                continue
+            found += [(url, j["jid"]) for j in jobs if j["state"] not in FLINK_ENDED]
+        return found
+
+    def cancel_flink_jobs(self) -> None:
+        """Cancels every job the embedded Flinks run, through Flink's REST API. Beam's job
+        service `Cancel` does not stop a job on `--flink-master=[local]`: it stops waiting for
+        it, and the job goes on reading (and committing the group's offsets)."""
+        for url, job_id in self.running_flink_jobs():
+            request = urllib.request.Request(f"{url}/jobs/{job_id}?mode=cancel", method="PATCH")
+            with contextlib.suppress(OSError):  # it ended meanwhile
+                urllib.request.urlopen(request, timeout=30).close()
 
     def logs(self) -> str:
         return "\n".join(
