@@ -22,6 +22,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# What the stream adds to the Beam options of a runner. Flink (Beam 2.70's portable Flink
+# runner): a checkpoint that comes while a bundle is open finishes the bundle and buffers its
+# output until the checkpoint is taken, but sends the output watermark at once, ahead of that
+# output (DoFnOperator.snapshotState, ExecutableStageDoFnOperator.finishBundleCallback); the
+# events of a window that watermark has passed then reach the windowing late (late panes, or
+# dropped beyond the allowed lateness). Finishing the bundle before the checkpoint barrier sends
+# its output before the watermark (docs/operations.md, "The Kafka read on Flink").
+RUNNER_BEAM_ARGS = {
+    "PortableRunner": ("--finish_bundle_before_checkpointing",),
+    "FlinkRunner": ("--finish_bundle_before_checkpointing",),
+}
+
+
+def runner_beam_args(settings: StreamSettings) -> tuple[str, ...]:
+    """The Beam options of the job: the user's, streaming, and what its runner needs."""
+    return (*settings.beam_args, "--streaming", *RUNNER_BEAM_ARGS.get(settings.runner, ()))
+
 
 def stream_sinks(settings: StreamSettings) -> StreamSinks:
     """The dead-letter and ratings topics, both retried by the runner until acknowledged."""
@@ -52,7 +69,7 @@ def main(settings: StreamSettings) -> int:
             "--expansion-service HOST:PORT is needed: a Beam expansion service with ragpulse's "
             f"Kafka read on its classpath ({START_EXPANSION_SERVICE})"
         )
-    options = pipeline_options((*settings.beam_args, "--streaming"), settings.runner)
+    options = pipeline_options(runner_beam_args(settings), settings.runner)
     source = ReadKafkaStream(
         settings.bootstrap,
         settings.topic,
