@@ -1,7 +1,9 @@
 package io.ragpulse.kafka;
 
 import java.io.Serializable;
+import java.util.Map;
 import java.util.Optional;
+import java.util.concurrent.ConcurrentHashMap;
 import org.apache.beam.sdk.io.kafka.KafkaRecord;
 import org.apache.beam.sdk.io.kafka.TimestampPolicy;
 import org.apache.beam.sdk.io.kafka.TimestampPolicyFactory;
@@ -9,6 +11,8 @@ import org.apache.beam.sdk.transforms.windowing.BoundedWindow;
 import org.apache.kafka.common.TopicPartition;
 import org.joda.time.Duration;
 import org.joda.time.Instant;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * The event time and watermark of one Kafka partition in `ragpulse stream`, kept as serve keeps
@@ -27,8 +31,21 @@ import org.joda.time.Instant;
  * the reader's start, like serve). Its watermark is then that check's time minus {@code
  * outOfOrderness}: a record appended after the check is expected to carry a record time after it,
  * less the same bound; one that does not is late, as in serve. The watermark never moves back.
+ *
+ * <p>Both of KafkaIO's reads use it. The legacy read (Flink) makes one policy per partition when a
+ * reader starts or is restored. The splittable read (Dataflow) makes one each time it resumes a
+ * partition, every poll that returns nothing, with the watermark it had reached: the {@link
+ * Factory} then hands back the partition's previous policy, so that the time since the partition
+ * was last busy adds up across polls (else it would never become idle).
  */
 public final class PartitionWatermarkPolicy extends TimestampPolicy<byte[], byte[]> {
+
+  private static final Logger LOG = LoggerFactory.getLogger(PartitionWatermarkPolicy.class);
+  private static final Duration STATUS_EVERY = Duration.standardSeconds(30);
+
+  private final TopicPartition partition;
+  private boolean idle;
+  private Instant lastStatus = BoundedWindow.TIMESTAMP_MIN_VALUE;
 
   private final Duration outOfOrderness;
   private final Duration idleAfter;
@@ -37,11 +54,23 @@ public final class PartitionWatermarkPolicy extends TimestampPolicy<byte[], byte
   private Instant lastBusy; // wall clock: the last time the partition had a backlog or a record
 
   PartitionWatermarkPolicy(
-      Duration outOfOrderness, Duration idleAfter, Optional<Instant> previousWatermark, Instant now) {
+      TopicPartition partition,
+      Duration outOfOrderness,
+      Duration idleAfter,
+      Optional<Instant> previousWatermark,
+      Instant now) {
+    this.partition = partition;
     this.outOfOrderness = outOfOrderness;
     this.idleAfter = idleAfter;
     this.watermark = previousWatermark.orElse(BoundedWindow.TIMESTAMP_MIN_VALUE);
     this.lastBusy = now;
+    LOG.info(
+        "{}: watermark from {} (restored: {}), out-of-orderness {}, idle after {}",
+        partition,
+        watermark,
+        previousWatermark.isPresent(),
+        outOfOrderness,
+        idleAfter);
   }
 
   @Override
@@ -68,22 +97,50 @@ public final class PartitionWatermarkPolicy extends TimestampPolicy<byte[], byte
         latestRecordTime.isAfter(BoundedWindow.TIMESTAMP_MIN_VALUE)
             ? latestRecordTime.minus(outOfOrderness)
             : BoundedWindow.TIMESTAMP_MIN_VALUE;
-    boolean idle = backlog == 0 && !now.isBefore(lastBusy.plus(idleAfter));
+    boolean nowIdle = backlog == 0 && !now.isBefore(lastBusy.plus(idleAfter));
+    if (nowIdle != idle) {
+      idle = nowIdle;
+      LOG.info(
+          "{}: {} (backlog {} at {}, latest record time {}, watermark {})",
+          partition,
+          idle ? "idle: the watermark follows the end-offset checks" : "busy again",
+          backlog,
+          backlogCheckTime,
+          latestRecordTime,
+          watermark);
+    }
     if (idle && backlogCheckTime.minus(outOfOrderness).isAfter(candidate)) {
       candidate = backlogCheckTime.minus(outOfOrderness);
     }
     if (candidate.isAfter(watermark)) {
       watermark = candidate;
     }
+    if (LOG.isDebugEnabled() && !now.isBefore(lastStatus.plus(STATUS_EVERY))) {
+      lastStatus = now;
+      LOG.debug(
+          "{}: backlog {} at {}, latest record time {}, last busy {}, watermark {}",
+          partition,
+          backlog,
+          backlogCheckTime,
+          latestRecordTime,
+          lastBusy,
+          watermark);
+    }
     return watermark;
   }
 
-  /** Makes one {@link PartitionWatermarkPolicy} per partition a reader reads. */
+  /**
+   * Makes the {@link PartitionWatermarkPolicy} of each partition a reader reads; a policy asked
+   * for again with the watermark its partition's last policy reached (the splittable read
+   * resuming) is that policy, which goes on.
+   */
   public static final class Factory
       implements TimestampPolicyFactory<byte[], byte[]>, Serializable {
     private static final long serialVersionUID = 1L;
     private final long outOfOrdernessMillis;
     private final long idleAfterMillis;
+    // The latest policy made for each partition by this (deserialized) factory.
+    private transient Map<TopicPartition, PartitionWatermarkPolicy> latest;
 
     public Factory(long outOfOrdernessMillis, long idleAfterMillis) {
       if (outOfOrdernessMillis < 0 || idleAfterMillis < 0) {
@@ -99,13 +156,26 @@ public final class PartitionWatermarkPolicy extends TimestampPolicy<byte[], byte
     }
 
     @Override
-    public TimestampPolicy<byte[], byte[]> createTimestampPolicy(
+    public synchronized TimestampPolicy<byte[], byte[]> createTimestampPolicy(
         TopicPartition tp, Optional<Instant> previousWatermark) {
-      return new PartitionWatermarkPolicy(
-          Duration.millis(outOfOrdernessMillis),
-          Duration.millis(idleAfterMillis),
-          previousWatermark,
-          Instant.now());
+      if (latest == null) {
+        latest = new ConcurrentHashMap<>();
+      }
+      PartitionWatermarkPolicy before = latest.get(tp);
+      if (before != null
+          && previousWatermark.isPresent()
+          && before.watermark.equals(previousWatermark.get())) {
+        return before; // the same partition resumed where its policy was
+      }
+      PartitionWatermarkPolicy policy =
+          new PartitionWatermarkPolicy(
+              tp,
+              Duration.millis(outOfOrdernessMillis),
+              Duration.millis(idleAfterMillis),
+              previousWatermark,
+              Instant.now());
+      latest.put(tp, policy);
+      return policy;
     }
   }
 }
