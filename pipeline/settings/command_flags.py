@@ -63,13 +63,14 @@ from ragpulse.pipeline.sinks import DEAD_LETTER_FILE, METRICS_FILE, VERDICTS_FIL
 # The Java Kafka reader's expansion service, and the installed Beam's version, read without
 # importing Beam: the flags (and a refused flag's one-line error) should not wait the seconds
 # that import takes. ragpulse's Kafka read (java/kafka-read, `make kafka-read-jar`) must be on
-# the expansion service's classpath; deploy/flink/jobserver.yaml runs it with these flags.
+# the expansion service's classpath; deploy/flink/jobserver.yaml and deploy/dataflow/launch.py
+# run it (docs/operations.md, "The Kafka read on Flink", says why the reads differ).
 EXPANSION_JAR = "beam-sdks-java-io-expansion-service-{version}.jar"
 BEAM_VERSION = version("apache-beam")
 START_EXPANSION_SERVICE = (
     f"java -cp {EXPANSION_JAR.format(version=BEAM_VERSION)}:ragpulse-kafka-read.jar "
-    "org.apache.beam.sdk.expansion.service.ExpansionService PORT "
-    "--experiments=use_deprecated_read"
+    "org.apache.beam.sdk.expansion.service.ExpansionService PORT, "
+    "with --experiments=use_deprecated_read for Flink, without it for Dataflow"
 )
 
 def settings_from(table: FlagTable[M], args: argparse.Namespace) -> M:
