@@ -17,7 +17,6 @@ Runner v2 runs KafkaIO's splittable read, with the same timestamp policy.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -27,8 +26,8 @@ from contextlib import contextmanager
 
 from ragpulse.pipeline import cli
 
-# Where deploy/dataflow/Dockerfile puts the jars; RAGPULSE_EXPANSION_CLASSPATH overrides it
-# (tests/test_stream_deploy.py runs the launcher's service on the jars of the cache).
+# Where deploy/dataflow/Dockerfile puts the jars (tests/test_stream_deploy.py runs the service
+# on the jars the tests build instead).
 EXPANSION_CLASSPATH = "/opt/beam/expansion-service.jar:/opt/beam/ragpulse-kafka-read.jar"
 EXPANSION_SERVICE = "org.apache.beam.sdk.expansion.service.ExpansionService"
 # The service's flags after its port: Java classes the read names may be looked up; the
@@ -44,22 +43,22 @@ def _free_port() -> int:
 
 
 @contextmanager
-def expansion_service(classpath: str | None = None) -> Iterator[str]:
+def expansion_service(classpath: str = EXPANSION_CLASSPATH) -> Iterator[str]:
     """Beam's expansion service with ragpulse's Kafka read, on a free loopback port, until the
-    block ends; yields its host:port. Fails (with the service's output) if it does not listen
-    within EXPANSION_START_S."""
-    classpath = classpath or os.environ.get("RAGPULSE_EXPANSION_CLASSPATH", EXPANSION_CLASSPATH)
+    block ends; yields its host:port. Its output goes to the launcher's (Dataflow shows it in
+    the launch's log). Fails if it exits or does not listen within EXPANSION_START_S."""
     port = _free_port()
     process = subprocess.Popen(
         ["java", "-cp", classpath, EXPANSION_SERVICE, str(port), *EXPANSION_ARGS],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdout=sys.stderr,
     )
     try:
         deadline = time.monotonic() + EXPANSION_START_S
         while True:
             if process.poll() is not None:
-                out = process.stdout.read().decode(errors="replace") if process.stdout else ""
-                raise RuntimeError(f"the expansion service exited ({process.returncode}): {out}")
+                raise RuntimeError(
+                    f"the expansion service exited ({process.returncode}); its output is above"
+                )
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
