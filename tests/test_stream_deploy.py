@@ -22,6 +22,7 @@ from typing import Any
 
 import apache_beam
 import flink_cluster
+import flink_runner
 import pytest
 import yaml
 from flink_cluster import FlinkCluster
@@ -271,3 +272,69 @@ def test_the_cluster_test_runs_the_deployed_job_server_and_expansion_service_fla
     assert local_expansion[0] == deployed_expansion[0] == "8097"
     assert without_environment(local_expansion) == without_environment(deployed_expansion)
     assert "--defaultEnvironmentType=EMBEDDED" in local_expansion
+
+
+def test_the_deployed_images_load_the_kafka_read_the_tests_build() -> None:
+    """ragpulse's Kafka read (java/kafka-read) is built from this repository's sources by both
+    images, as `make kafka-read-jar` builds it for the tests: on the expansion service's
+    classpath (its registrar offers the read) and in Flink's lib/ (the legacy read runs in the
+    TaskManager's JVM), as tests/flink_runner.py puts it on every Java process's classpath."""
+    expansion = (FLINK / "expansion-service.Dockerfile").read_text(encoding="utf-8")
+    flink = (FLINK / "flink.Dockerfile").read_text(encoding="utf-8")
+    for dockerfile in (expansion, flink):
+        assert "COPY java/kafka-read /src" in dockerfile
+        assert "mvn -q -B -f /src/pom.xml package" in dockerfile
+    (entrypoint,) = re.findall(r"^ENTRYPOINT (.+)$", expansion, re.MULTILINE)
+    command = json.loads(entrypoint)
+    assert command[:2] == ["java", "-cp"]
+    assert "/opt/beam/ragpulse-kafka-read.jar" in command[2].split(":")
+    assert command[3] == flink_runner.EXPANSION_SERVICE
+    assert "/opt/flink/lib/ragpulse-kafka-read.jar" in flink
+    assert "--experiments=use_deprecated_read" in flink_cluster.deployed_expansion_args()
+
+
+def test_the_dataflow_launcher_image_holds_the_jars_its_expansion_service_runs() -> None:
+    """The launcher (deploy/dataflow/launch.py) starts the expansion service from the two jars
+    its Dockerfile puts in /opt/beam: Beam's expansion service and ragpulse's read, built from
+    this repository's sources as deploy/flink's images build it."""
+    dockerfile = (DATAFLOW / "Dockerfile").read_text(encoding="utf-8")
+    assert "COPY java/kafka-read /src" in dockerfile
+    assert "mvn -q -B -f /src/pom.xml package" in dockerfile
+    put = set(re.findall(r"(/opt/beam/[\w.-]+\.jar)$", dockerfile, re.MULTILINE))
+    assert set(launcher().EXPANSION_CLASSPATH.split(":")) == put
+    assert launcher().EXPANSION_SERVICE == flink_runner.EXPANSION_SERVICE
+    assert "--experiments=use_deprecated_read" not in launcher().EXPANSION_ARGS
+
+
+def test_the_dataflow_launcher_expands_ragpulses_read_and_stages_its_jar_for_the_workers(
+    tmp_path: Path,
+) -> None:
+    """What the launcher does before it submits: its expansion service (here on the jars the
+    tests build, RAGPULSE_EXPANSION_CLASSPATH's place) expands the stream's read into KafkaIO's
+    splittable read (Dataflow Runner v2 runs it; the legacy read is Flink's) in Beam's Java SDK
+    container, with ragpulse's jar among the artifacts staged for Dataflow's Java workers."""
+    import hashlib
+
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from ragpulse.pipeline.graphs.unbounded import ReadKafkaStream
+
+    jar = flink_runner.kafka_read_jar()
+    with launcher().expansion_service(flink_runner.beam_classpath()) as address:
+        pipeline = beam.Pipeline(
+            options=PipelineOptions(["--streaming", f"--temp_location={tmp_path}"])
+        )
+        _ = pipeline | ReadKafkaStream(
+            "127.0.0.1:9092", "inference-logs", address, {"group.id": "g"},
+            out_of_orderness_s=30, partition_idle_after_s=60,
+        )
+        proto = pipeline.to_runner_api()
+    names = [t.unique_name for t in proto.components.transforms.values()]
+    assert any(n.endswith("KafkaIO.Read.ReadFromKafkaViaSDF") for n in names)
+    assert not any("ReadFromKafkaViaUnbounded" in n for n in names)
+    (java,) = [e for e in proto.components.environments.values()
+               if e.urn == "beam:env:docker:v1"]
+    assert f"apache/beam_java17_sdk:{beam_pin()}".encode() in java.payload
+    digest = hashlib.sha256(jar.read_bytes()).hexdigest().encode()
+    assert any(digest in artifact.type_payload for artifact in java.dependencies)

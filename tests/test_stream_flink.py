@@ -49,6 +49,7 @@ WINDOW_S = 60
 JUDGES = "groundedness,safety,relevance_to_query"
 GROUP = "ragpulse-stream"
 MALFORMED = 3
+# Each wait includes Flink deploying the job (up to 5 min on a loaded 2-core machine).
 WAIT_S = 300.0
 
 
@@ -163,7 +164,10 @@ def running_jobs(services: FlinkServices) -> list[str]:
 
 
 def cancel_jobs(services: FlinkServices) -> None:
-    """Cancels every running job through Beam's job service and waits until none runs."""
+    """Cancels every running job through Beam's job service, then the Flink jobs themselves
+    (Beam's `Cancel` leaves a job on the embedded Flink running: the first phase's job read the
+    second phase's records and committed their offsets, docs/figures.md), and waits until
+    neither reports one running."""
     from apache_beam.portability.api import beam_job_api_pb2, beam_job_api_pb2_grpc
 
     with grpc.insecure_channel(f"127.0.0.1:{services.job_port}") as channel:
@@ -171,6 +175,8 @@ def cancel_jobs(services: FlinkServices) -> None:
         for job_id in running_jobs(services):
             stub.Cancel(beam_job_api_pb2.CancelJobRequest(job_id=job_id), timeout=60)
     wait_until(lambda: not running_jobs(services), "the job's cancellation", 120)
+    services.cancel_flink_jobs()
+    wait_until(lambda: not services.running_flink_jobs(), "the Flink job's cancellation", 120)
 
 
 def window_start(t: float) -> float:

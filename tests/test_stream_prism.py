@@ -47,6 +47,10 @@ def test_stream_on_prism_runs_or_prism_still_refuses_its_windowing(
     produce_events(kafka_broker.bootstrap, topic, list(simulate(7, 10, time.time() - 3600)))
     job_port, expansion_port = free_port(), free_port()
     prism = [str(prism_binary()), f"--job_port={job_port}", "--serve_http=false"]
+    # Without deploy/flink's --experiments=use_deprecated_read: Prism 2.70.0 refuses the legacy
+    # read's primitive (`unsupported feature "PTransform.Spec.Urn" set with value
+    # beam:transform:read:v1`), so here ragpulse's read expands to KafkaIO's splittable DoFn,
+    # with the same timestamp policy.
     expansion = java_command(
         EXPANSION_SERVICE, str(expansion_port), "--defaultEnvironmentType=EMBEDDED"
     )

@@ -14,13 +14,30 @@ import logging
 from typing import TYPE_CHECKING
 
 from ragpulse.pipeline.errors import SettingsError
-from ragpulse.pipeline.settings.command_flags import BEAM_VERSION, EXPANSION_JAR
+from ragpulse.pipeline.settings.command_flags import START_EXPANSION_SERVICE
 from ragpulse.pipeline.settings.models import StreamSettings
 
 if TYPE_CHECKING:
     from ragpulse.pipeline.graphs.unbounded import StreamSinks
 
 log = logging.getLogger(__name__)
+
+# What the stream adds to the Beam options of a runner. Flink (Beam 2.70's portable Flink
+# runner): a checkpoint that comes while a bundle is open finishes the bundle and buffers its
+# output until the checkpoint is taken, but sends the output watermark at once, ahead of that
+# output (DoFnOperator.snapshotState, ExecutableStageDoFnOperator.finishBundleCallback); the
+# events of a window that watermark has passed then reach the windowing late (late panes, or
+# dropped beyond the allowed lateness). Finishing the bundle before the checkpoint barrier sends
+# its output before the watermark (docs/operations.md, "The Kafka read on Flink").
+RUNNER_BEAM_ARGS = {
+    "PortableRunner": ("--finish_bundle_before_checkpointing",),
+    "FlinkRunner": ("--finish_bundle_before_checkpointing",),
+}
+
+
+def runner_beam_args(settings: StreamSettings) -> tuple[str, ...]:
+    """The Beam options of the job: the user's, streaming, and what its runner needs."""
+    return (*settings.beam_args, "--streaming", *RUNNER_BEAM_ARGS.get(settings.runner, ()))
 
 
 def stream_sinks(settings: StreamSettings) -> StreamSinks:
@@ -47,12 +64,19 @@ def main(settings: StreamSettings) -> int:
     from ragpulse.pipeline.graphs.bounded import own_temp_dir, pipeline_options
     from ragpulse.pipeline.graphs.unbounded import PaneSchedule, ReadKafkaStream, build_stream
 
-    options = pipeline_options((*settings.beam_args, "--streaming"), settings.runner)
+    if settings.expansion_service is None:
+        raise SettingsError(
+            "--expansion-service HOST:PORT is needed: a Beam expansion service with ragpulse's "
+            f"Kafka read on its classpath ({START_EXPANSION_SERVICE})"
+        )
+    options = pipeline_options(runner_beam_args(settings), settings.runner)
     source = ReadKafkaStream(
         settings.bootstrap,
         settings.topic,
-        dict(settings.consumer_config),
         settings.expansion_service,
+        dict(settings.consumer_config),
+        out_of_orderness_s=settings.out_of_orderness_seconds,
+        partition_idle_after_s=settings.partition_idle_after_seconds,
     )
     schedule = PaneSchedule(settings.allowed_lateness_seconds, settings.early_firing_seconds)
     with own_temp_dir(beam.Pipeline(options=options)) as p:
@@ -60,11 +84,9 @@ def main(settings: StreamSettings) -> int:
             build_stream(p, source, settings.stage_config(), schedule, stream_sinks(settings))
         except (RuntimeError, grpc.RpcError) as exc:
             # Beam raises these while expanding the Java reader: no jar, no java, no service.
-            where = settings.expansion_service or "the expansion service Beam starts"
             raise SettingsError(
-                f"cannot expand the Kafka reader (ReadFromKafka) with {where}: "
-                f"{_first_line(exc)}; start one (java -jar "
-                f"{EXPANSION_JAR.format(version=BEAM_VERSION)} PORT) and pass "
+                f"cannot expand the Kafka reader with {settings.expansion_service}: "
+                f"{_first_line(exc)}; start one ({START_EXPANSION_SERVICE}) and pass "
                 "--expansion-service HOST:PORT"
             ) from None
         result = p.run()

@@ -34,6 +34,7 @@ metrics reporters); only the verdicts reach Prometheus, through the window panes
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -134,24 +135,47 @@ def build_stream(
 
 
 def _source_record(row: Any) -> SourceRecord:
-    """A ReadFromKafka row (Java's ByteArrayKafkaRecord) as a `SourceRecord`."""
+    """A row of ragpulse's Kafka read (java/kafka-read, `ReadKafkaRecords.RECORD_SCHEMA`) as a
+    `SourceRecord`."""
     return SourceRecord(
         row.value or b"", row.topic, row.partition, row.offset, record_time=row.timestamp / 1000
     )
 
 
+# ragpulse's Kafka read, offered by java/kafka-read's registrar to an expansion service that has
+# its jar on the classpath (java/kafka-read/src/main/java/io/ragpulse/kafka/ReadKafkaRecords.java).
+KAFKA_READ_URN = "beam:transform:io.ragpulse:kafka_read:v1"
+
+
+# The read's configuration as the Java side's `ReadKafkaRecords.Configuration` takes it. The
+# functional form with `typing` types: Beam builds the payload's schema from the field types,
+# which `from __future__ import annotations` would leave as strings.
+_KafkaReadPayload = typing.NamedTuple(  # noqa: UP014 (see above)
+    "_KafkaReadPayload",
+    [
+        ("consumer_config", typing.Mapping[str, str]),
+        ("topics", typing.List[str]),  # noqa: UP006 (Beam's schemas know typing.List)
+        ("commit_offset_in_finalize", bool),
+        ("out_of_orderness_millis", int),
+        ("partition_idle_after_millis", int),
+    ],
+)
+
+
 class ReadKafkaStream(beam.PTransform):
-    """The stream's source: Beam's cross-language `ReadFromKafka` (the Java KafkaIO), records
-    stamped with their Kafka record time (`CreateTime`), from the earliest offset unless
-    `consumer_config` says otherwise. With a `group.id` in `consumer_config`, the reader commits
-    the group's offsets when the runner finalizes a checkpoint (Flink: every
+    """The stream's source: Beam's Java KafkaIO with ragpulse's timestamp policy (java/kafka-read,
+    `PartitionWatermarkPolicy`), records stamped with their Kafka record time, from the earliest
+    offset unless `consumer_config` says otherwise. The watermark is serve's: per partition, the
+    latest record time read minus `out_of_orderness_s`; a partition with nothing to read for
+    `partition_idle_after_s` stops holding it back. With a `group.id` in `consumer_config`, the
+    reader commits the group's offsets when the runner finalizes a checkpoint (Flink: every
     `--checkpointing_interval`), so a job submitted again with the same group starts where the
     stopped one had checkpointed.
 
-    Expanding it needs a Java expansion service: `expansion_service` (host:port of a running
-    one), else Beam starts its IO expansion service jar with the local `java`, downloading the
-    jar on first use. Runners then run the Java reader in a Java SDK harness (Dataflow: Runner
-    v2; Flink: the job server's environment).
+    Expanding it needs a Java expansion service with java/kafka-read's jar on its classpath
+    (`expansion_service`, host:port); the runner runs the Java read (Flink: the legacy
+    UnboundedSource read, natively, with the expansion service's
+    `--experiments=use_deprecated_read`; docs/operations.md says why).
     """
 
     # A class, not a `composite_transform`: that would show `consumer_config`, which may hold a
@@ -160,34 +184,42 @@ class ReadKafkaStream(beam.PTransform):
         self,
         bootstrap: str,
         topic: str,
+        expansion_service: str,
         consumer_config: Mapping[str, str] | None = None,
-        expansion_service: str | None = None,
+        *,
+        out_of_orderness_s: float,
+        partition_idle_after_s: float,
     ) -> None:
         super().__init__()
-        self._config = {
-            "bootstrap.servers": bootstrap,
-            "auto.offset.reset": "earliest",
-            **(consumer_config or {}),
-            # Offsets are committed with checkpoints only (commit_offset_in_finalize below);
-            # the settings refuse a consumer_config that turns the consumer's auto-commit on.
-            "enable.auto.commit": "false",
-        }
-        self._topic = topic
+        self._payload = _KafkaReadPayload(
+            consumer_config={
+                "bootstrap.servers": bootstrap,
+                "auto.offset.reset": "earliest",
+                **(consumer_config or {}),
+                # Offsets are committed with checkpoints only (commit_offset_in_finalize); the
+                # settings refuse a consumer_config that turns the consumer's auto-commit on.
+                "enable.auto.commit": "false",
+            },
+            topics=[topic],
+            commit_offset_in_finalize="group.id" in (consumer_config or {}),
+            out_of_orderness_millis=round(out_of_orderness_s * 1000),
+            partition_idle_after_millis=round(partition_idle_after_s * 1000),
+        )
         self._expansion_service = expansion_service
 
     def expand(self, pbegin: Any) -> Any:
-        from apache_beam.io.kafka import ReadFromKafka  # imported only to expand the read
+        from apache_beam.transforms.external import (  # imported only to expand the read
+            ExternalTransform,
+            NamedTupleBasedPayloadBuilder,
+        )
 
         return (
             pbegin
-            | "ReadFromKafka"
-            >> ReadFromKafka(
-                consumer_config=self._config,
-                topics=[self._topic],
-                with_metadata=True,
-                timestamp_policy=ReadFromKafka.create_time_policy,
-                commit_offset_in_finalize="group.id" in self._config,
-                expansion_service=self._expansion_service,
+            | "ReadKafkaRecords"
+            >> ExternalTransform(
+                KAFKA_READ_URN,
+                NamedTupleBasedPayloadBuilder(self._payload),
+                self._expansion_service,
             )
             | "ToSourceRecord" >> beam.Map(_source_record)
         )

@@ -62,9 +62,16 @@ from ragpulse.pipeline.sinks import DEAD_LETTER_FILE, METRICS_FILE, VERDICTS_FIL
 
 # The Java Kafka reader's expansion service, and the installed Beam's version, read without
 # importing Beam: the flags (and a refused flag's one-line error) should not wait the seconds
-# that import takes.
+# that import takes. ragpulse's Kafka read (java/kafka-read, `make kafka-read-jar`) must be on
+# the expansion service's classpath; deploy/flink/jobserver.yaml and deploy/dataflow/launch.py
+# run it (docs/operations.md, "The Kafka read on Flink", says why the reads differ).
 EXPANSION_JAR = "beam-sdks-java-io-expansion-service-{version}.jar"
 BEAM_VERSION = version("apache-beam")
+START_EXPANSION_SERVICE = (
+    f"java -cp {EXPANSION_JAR.format(version=BEAM_VERSION)}:ragpulse-kafka-read.jar "
+    "org.apache.beam.sdk.expansion.service.ExpansionService PORT, "
+    "with --experiments=use_deprecated_read for Flink, without it for Dataflow"
+)
 
 def settings_from(table: FlagTable[M], args: argparse.Namespace) -> M:
     """The table's settings model from the parsed flags; SettingsError says what is wrong."""
@@ -477,6 +484,21 @@ RUN = FlagTable(RunSettings, (
 ))
 
 _WATERMARK = "watermark and cycles"
+# How the watermark follows the topic's record times, in serve and in stream (WatermarkFields).
+WATERMARK = (
+    duration_flag(
+        "--out-of-orderness", "out_of_orderness_seconds", group=_WATERMARK, positive=False,
+        help="how far event times may run behind within a partition; the watermark "
+        "trails the latest event time by this much (default: {default})",
+    ),
+    duration_flag(
+        "--partition-idle-after", "partition_idle_after_seconds", group=_WATERMARK,
+        positive=False,
+        help="a partition that has had nothing new to read for this long is idle and stops "
+        "holding the watermark back (like Flink's withIdleness); until then a quiet "
+        "partition keeps it, so that its next events are not late (default: {default})",
+    ),
+)
 SERVE = FlagTable(ServeSettings, (
     BOOTSTRAP,
     TOPIC,
@@ -536,18 +558,7 @@ SERVE = FlagTable(ServeSettings, (
         "--allowed-lateness", "allowed_lateness_seconds", group=_WATERMARK, positive=False,
         help="how long after its end a window still takes late events (default: {default})",
     ),
-    duration_flag(
-        "--out-of-orderness", "out_of_orderness_seconds", group=_WATERMARK, positive=False,
-        help="how far event times may run behind within a partition; the watermark "
-        "trails the latest event time by this much (default: {default})",
-    ),
-    duration_flag(
-        "--partition-idle-after", "partition_idle_after_seconds", group=_WATERMARK,
-        positive=False,
-        help="a partition that has had nothing new to read for this long is idle and stops "
-        "holding the watermark back (like Flink's withIdleness); until then a quiet "
-        "partition keeps it, so that its next events are not late (default: {default})",
-    ),
+    *WATERMARK,
     duration_flag(
         "--trigger-interval", "trigger_interval_seconds", group=_WATERMARK,
         help="time between cycles when caught up (default: {default})",
@@ -667,9 +678,9 @@ STREAM = FlagTable(StreamSettings, (
     ),
     Flag(
         "--expansion-service", "expansion_service", group="kafka", metavar="HOST:PORT",
-        help="a running Beam IO expansion service that expands the Java Kafka reader "
-        "(default: Beam starts " + EXPANSION_JAR.format(version=BEAM_VERSION) + " with the "
-        "local java, downloading it from Maven Central)",
+        help="a running Beam expansion service with ragpulse's Kafka read (java/kafka-read) "
+        "on its classpath, which expands the Java Kafka reader (needed; e.g. "
+        + START_EXPANSION_SERVICE + ")",
     ),
     kafka_security("kafka security (publishers)"),
     *EVENTS,
@@ -679,6 +690,7 @@ STREAM = FlagTable(StreamSettings, (
         "each in a late pane (default: {default}); later ones are dropped by the runner and "
         "counted in its metrics",
     ),
+    *WATERMARK,
     duration_flag(
         "--early-firing", "early_firing_seconds", group="panes",
         help="processing time between early panes of an open window, whole seconds "

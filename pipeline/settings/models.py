@@ -490,6 +490,18 @@ class SessionFields(BaseModel):
         )
 
 
+class WatermarkFields(BaseModel):
+    """How the watermark follows a Kafka topic's record times, the same in serve
+    (pipeline/service/watermark.py) and stream (java/kafka-read, PartitionWatermarkPolicy): per
+    partition, the latest record time read minus the out-of-orderness; a partition with nothing
+    to read for `partition_idle_after_seconds` stops holding it back (0: at once)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    out_of_orderness_seconds: float = Field(30.0, ge=0)
+    partition_idle_after_seconds: float = Field(60.0, ge=0)
+
+
 class ReviewFields(BaseModel):
     """The review queue of the commands that publish to Kafka (serve, stream): which judged
     events go to the review topic for a person to check (pipeline.stages.review, docs/review.md).
@@ -573,7 +585,7 @@ class RunSettings(SessionFields, BatchSettings):
 STREAM_RUNNERS = ("PortableRunner", "FlinkRunner", "DataflowRunner")
 
 
-class StreamSettings(ReviewFields, SessionFields, EventSettings):
+class StreamSettings(WatermarkFields, ReviewFields, SessionFields, EventSettings):
     """Validated settings of `ragpulse stream`: one unbounded pipeline on a distributed runner.
 
     Judges, sampling and windows mean what they mean for `serve`; lateness is Beam's (allowed
@@ -687,7 +699,7 @@ class ExporterSettings(BaseModel):
         return health_port_apart(port, info)
 
 
-class ServeSettings(ReviewFields, SessionFields, BatchSettings):
+class ServeSettings(WatermarkFields, ReviewFields, SessionFields, BatchSettings):
     """Validated settings of `ragpulse serve`."""
 
     bootstrap: str = Field(min_length=3)
@@ -698,10 +710,6 @@ class ServeSettings(ReviewFields, SessionFields, BatchSettings):
     group_id: str = Field("ragpulse", min_length=1)
     state: Path = Path("ragpulse-state.sqlite")
     allowed_lateness_seconds: float = Field(600.0, ge=0)
-    out_of_orderness_seconds: float = Field(30.0, ge=0)
-    # A partition with no backlog for this long stops holding the watermark back
-    # (pipeline/service/watermark.py); 0 makes it idle at its first quiet cycle.
-    partition_idle_after_seconds: float = Field(60.0, ge=0)
     trigger_interval_seconds: float = Field(15.0, gt=0)
     # Bounded: a cycle holds its records in memory (1e20 was accepted, issue 19).
     max_batch_events: int = Field(50_000, ge=1, le=MAX_BATCH_EVENTS)
