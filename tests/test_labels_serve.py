@@ -141,7 +141,7 @@ def test_labels_are_counted_once_by_judge_version_and_slice_and_bad_ones_kept_ap
     letters = topic.read("dlq", 4)
     reasons = sorted(dict(r.headers)["reason"].decode() for r in letters)
     assert len(reasons) == 4
-    assert any("judge 'tone_of_voice', which this serve does not run" in r for r in reasons)
+    assert any("judge 'tone_of_voice', which this job does not run" in r for r in reasons)
     assert any("prompt version '0123abcd'" in r and "never enter its counts" in r
                for r in reasons)
     assert sum(r.startswith("not a label record") for r in reasons) == 2

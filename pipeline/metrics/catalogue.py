@@ -78,7 +78,8 @@ REVIEW_REFUSED = "ragpulse_review_refused_total"
 REVIEW_LABELS = "ragpulse_review_labels_total"
 REVIEW_LABELS_READ = "ragpulse_review_labels_read_total"
 LabelOutcome = Literal[
-    "counted", "duplicate", "not_binary", "unknown_judge", "other_version", "malformed"
+    "counted", "duplicate", "not_binary", "unknown_judge", "unknown_event", "other_version",
+    "malformed",
 ]
 LABEL_OUTCOMES: tuple[LabelOutcome, ...] = get_args(LabelOutcome)
 
@@ -211,13 +212,15 @@ COUNTER_HELP: dict[str, str] = {
     "they were chosen.",
     REVIEW_REFUSED: "Review items refused, by reason (too_large: over the review page's limit; "
     "invalid: not a valid review item, e.g. an event id over 4096 characters).",
-    REVIEW_LABELS: "serve: reviewers' labels of yes/no verdicts counted once each, by judge, "
-    "prompt version, slice (random: the uniform --review-rate slice, the error-rate estimate's; "
-    "targeted: items queued on purpose), the reviewer's rating (human) and the judge's (rating).",
-    REVIEW_LABELS_READ: "serve: labels-topic records read, by outcome: counted; duplicate (a "
-    "label id counted already); not_binary (the judge could not grade, or a graded scale's "
-    "correct score); and, sent to the dead-letter topic with the reason, unknown_judge, "
-    "other_version (not the running prompt version) and malformed.",
+    REVIEW_LABELS: "serve and stream: reviewers' labels of yes/no verdicts counted once each, "
+    "by judge, prompt version, slice (random: the uniform --review-rate slice, the error-rate "
+    "estimate's; targeted: items queued on purpose), the reviewer's rating (human) and the "
+    "judge's (rating).",
+    REVIEW_LABELS_READ: "serve and stream: labels-topic records read, by outcome: counted; "
+    "duplicate (a label id counted already); not_binary (the judge could not grade, or a graded "
+    "scale's correct score); and, sent to the dead-letter topic with the reason, unknown_judge, "
+    "unknown_event (stream: no review item with this event id and judge was queued within "
+    "--review-label-horizon), other_version (not the judged prompt version) and malformed.",
 }
 
 GAUGE_HELP: dict[str, str] = {
@@ -253,19 +256,21 @@ FAMILY_HELP: dict[str, str] = {
     "instances.",
     CALIBRATION_LABELLED: "Human-labelled events the judge graded that its pass ratio is "
     "corrected with, by label: the --judge-calibration set plus, in serve, the reviewers' "
-    "labels of the random slice of the running prompt version.",
+    "labels of the random slice of the running prompt version (stream: the reviewers' labels "
+    "alone).",
     CALIBRATION_SENSITIVITY: "Share of the labelled passes the judge passed (the "
     "--judge-calibration set and the random slice's review labels).",
     CALIBRATION_SPECIFICITY: "Share of the labelled fails the judge failed (the "
     "--judge-calibration set and the random slice's review labels).",
-    HUMAN_KAPPA: "serve: Cohen's kappa of the judge's yes/no ratings and the reviewers', per "
-    "running prompt version and slice (random: the unbiased estimate; targeted: apart).",
-    HUMAN_SENSITIVITY: "serve: share of the items reviewers passed that the judge passed, per "
-    "running prompt version and slice.",
-    HUMAN_SPECIFICITY: "serve: share of the items reviewers failed that the judge failed, per "
-    "running prompt version and slice.",
-    HUMAN_LABELS: "serve: reviewers' yes/no labels behind the three figures above, per "
-    "running prompt version, slice and the reviewer's rating (human).",
+    HUMAN_KAPPA: "serve and stream: Cohen's kappa of the judge's yes/no ratings and the "
+    "reviewers', per running prompt version and slice (random: the unbiased estimate; "
+    "targeted: apart).",
+    HUMAN_SENSITIVITY: "serve and stream: share of the items reviewers passed that the judge "
+    "passed, per running prompt version and slice.",
+    HUMAN_SPECIFICITY: "serve and stream: share of the items reviewers failed that the judge "
+    "failed, per running prompt version and slice.",
+    HUMAN_LABELS: "serve and stream: reviewers' yes/no labels behind the three figures "
+    "above, per running prompt version, slice and the reviewer's rating (human).",
 }
 
 _HISTOGRAMS = (JUDGE_LATENCY, AGENT_LATENCY, CYCLE_DURATION)

@@ -56,10 +56,13 @@ from ragpulse.pipeline.sinks.kafka import (
     new_producer,
 )
 from ragpulse.pipeline.sources.kafka import KafkaRangeSource, log_bounds
+from ragpulse.pipeline.stages.labels import label_outcome
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LabelFigures", "LabelsRead", "ReviewLabels", "SortedLabels", "sort_labels"]
+__all__ = [
+    "LabelFigures", "LabelsRead", "ReviewLabels", "SortedLabels", "label_figures", "sort_labels",
+]
 
 REVIEW_LABELS = catalogue.REVIEW_LABELS
 LABELS_READ = catalogue.REVIEW_LABELS_READ
@@ -106,7 +109,7 @@ def sort_labels(
     known = counted_before({label.label_id for _, label in labels})
     counted: list[tuple[str, str, str]] = []
     for record, label in labels:
-        outcome, why = _outcome(label, versions, known)
+        outcome, why = label_outcome(label, versions, known)
         counts[counting.key(LABELS_READ, outcome=outcome)] += 1
         if why is not None:
             rejected.append(Rejected(record, why))
@@ -124,28 +127,6 @@ def sort_labels(
             rating=label.judge_rating,
         )] += 1
     return SortedLabels(counts, tuple(counted), tuple(rejected))
-
-
-def _outcome(
-    label: LabelRecord, versions: Mapping[str, str], known: set[str]
-) -> tuple[str, str | None]:
-    """(outcome, the dead letter's reason or None) of one valid label."""
-    version = versions.get(label.judge)
-    if version is None:
-        return "unknown_judge", (
-            f"label for judge {label.judge!r}, which this serve does not run "
-            f"(judges: {', '.join(sorted(versions))})"
-        )
-    if label.prompt_version != version:
-        return "other_version", (
-            f"label of {label.judge} prompt version {label.prompt_version!r}; this serve runs "
-            f"{version!r}: labels of another prompt version never enter its counts"
-        )
-    if label.label_id in known:
-        return "duplicate", None
-    if human_rating(label) is None:
-        return "not_binary", None
-    return "counted", None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -265,35 +246,51 @@ class ReviewLabels:
 
     def figures(self, counts: Mapping[counting.CounterKey, float]) -> LabelFigures:
         """The agreement tables and corrected-ratio calibrations of the saved `counts`."""
-        cells: dict[tuple[str, str, str], Counter[str]] = {}
-        for (name, labels), value in counts.items():
-            if name != REVIEW_LABELS:
-                continue
-            lab = dict(labels)
-            if self.versions.get(lab["judge"]) != lab["version"]:
-                continue  # an earlier prompt version's counts: kept, not shown as the judge's
-            cell = cells.setdefault((lab["judge"], lab["version"], lab["slice"]), Counter())
-            cell[f"{lab['human']}_{lab['rating']}"] += int(value)
-        agreements = {key: Confusion(**cell) for key, cell in sorted(cells.items())}
-        backend, model = self.settings.judges.backend, self.settings.judges.model
-        calibrations: dict[str, JudgeCalibration] = {}
-        for judge, version in sorted(self.versions.items()):
-            seed = self._seeds.get(judge)
-            if seed is not None and seed.prompt_version != self._own_versions.get(judge):
-                seed = None
-            merged = with_labels(
-                seed, judge, version,
-                agreements.get((judge, version, "random"), Confusion()), backend, model,
-            )
-            if merged is not None:
-                calibrations[judge] = merged
-        return LabelFigures(agreements, calibrations)
+        seeds = {
+            judge: seed for judge, seed in self._seeds.items()
+            if seed.prompt_version == self._own_versions.get(judge)
+        }
+        return label_figures(
+            counts, self.versions, seeds, self.settings.judges.backend, self.settings.judges.model
+        )
 
     def zero_counters(self) -> list[counting.CounterKey]:
         """The outcomes exported at 0 until they grow (increase() sees the first one)."""
         if not self.reads:
             return []
         return [counting.key(LABELS_READ, outcome=o) for o in catalogue.LABEL_OUTCOMES]
+
+
+def label_figures(
+    counts: Mapping[counting.CounterKey, float],
+    versions: Mapping[str, str],
+    seeds: Mapping[str, JudgeCalibration],
+    backend: str,
+    model: str | None,
+) -> LabelFigures:
+    """The agreement tables of the label counters in `counts` for each judge's running prompt
+    `versions` ({judge: version}; an earlier version's counts are kept, not shown as the
+    judge's), and the calibrations of its corrected pass ratio: the random slice's labels plus
+    its --judge-calibration `seeds` (serve; the exporter of `stream` has none)."""
+    cells: dict[tuple[str, str, str], Counter[str]] = {}
+    for (name, labels), value in counts.items():
+        if name != REVIEW_LABELS:
+            continue
+        lab = dict(labels)
+        if versions.get(lab["judge"]) != lab["version"]:
+            continue
+        cell = cells.setdefault((lab["judge"], lab["version"], lab["slice"]), Counter())
+        cell[f"{lab['human']}_{lab['rating']}"] += int(value)
+    agreements = {key: Confusion(**cell) for key, cell in sorted(cells.items())}
+    calibrations: dict[str, JudgeCalibration] = {}
+    for judge, version in sorted(versions.items()):
+        merged = with_labels(
+            seeds.get(judge), judge, version,
+            agreements.get((judge, version, "random"), Confusion()), backend, model,
+        )
+        if merged is not None:
+            calibrations[judge] = merged
+    return LabelFigures(agreements, calibrations)
 
 
 def running_versions(settings: ServeSettings, versions: Mapping[str, str]) -> dict[str, str]:

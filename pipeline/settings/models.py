@@ -71,6 +71,7 @@ from ragpulse.pipeline.windows import parse_time
 
 if TYPE_CHECKING:
     from ragpulse.pipeline.graphs.bounded import StageConfig
+    from ragpulse.pipeline.stages.labels import LabelsConfig
     from ragpulse.pipeline.stages.review import ReviewQueueConfig
     from ragpulse.pipeline.stages.sessions import SessionConfig
 
@@ -593,6 +594,11 @@ class StreamSettings(ReviewFields, SessionFields, EventSettings):
     early_firing_seconds: float = Field(60.0, ge=1)
     runner: str
     wait: bool = False  # wait for the job to end instead of returning once it is submitted
+    # The reviewers' labels, read back with the review queue on (pipeline.stages.labels).
+    labels_topic: str = Field(min_length=1)
+    # How long (event time) a queued verdict is remembered for its labels: a label of an item
+    # queued longer ago is `unknown_event`.
+    review_label_horizon_seconds: float = Field(30 * 86400.0, gt=0)
 
     @field_validator("runner")
     @classmethod
@@ -609,7 +615,21 @@ class StreamSettings(ReviewFields, SessionFields, EventSettings):
     @classmethod
     def _topics_named_after_the_input(cls, data: Any) -> Any:
         return _derived_topics(
-            data, dead_letter_topic=".dlq", ratings_topic=".ratings", review_topic=".review"
+            data, dead_letter_topic=".dlq", ratings_topic=".ratings", review_topic=".review",
+            labels_topic=".labels",
+        )
+
+    def labels_config(self) -> LabelsConfig | None:
+        """The labels branch's configuration, or None when no review queue runs (every label
+        would be of an item this job never queued)."""
+        if self.review_rate == 0:
+            return None
+        from ragpulse.pipeline.stages.labels import LabelsConfig
+
+        return LabelsConfig(
+            versions=self.judges.spec().prompt_versions(),
+            horizon_seconds=self.review_label_horizon_seconds,
+            early_firing_seconds=self.early_firing_seconds,
         )
 
     @model_validator(mode="after")
