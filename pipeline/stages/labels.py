@@ -93,7 +93,11 @@ def label_outcome(
     """(outcome, the dead letter's reason or None) of one valid label, against the running
     judges' prompt `versions`, the ids of the labels counted already, and `queued`: the prompt
     version of the verdict queued for review with the label's event id and judge (None: none
-    was queued; NOT_TRACKED: no record of queued items is kept)."""
+    was queued; NOT_TRACKED: no record of queued items is kept). An `imported` label
+    (`ragpulse import-labels`: a team's own labels of its own choice of events) is of no
+    queued item, and is checked against the running version."""
+    if label.reason == "imported":
+        queued = NOT_TRACKED
     version = versions.get(label.judge)
     if version is None:
         return "unknown_judge", (
