@@ -153,3 +153,35 @@ def test_the_state_file_keeps_the_newest_queued_verdicts_only(
         keys = [(f"e{i}", "groundedness") for i in range(5)]
         assert store.queued_versions(keys) == {k: "local" for k in keys[2:]}
         assert store.offsets("chat.review") == {0: 5}
+
+
+def grades(counts: dict) -> dict[tuple[str, str], int]:
+    return {(dict(lab)["grade"], dict(lab)["rating"]): int(v) for (name, lab), v in counts.items()
+            if name == "ragpulse_review_label_grades_total"}
+
+
+def test_a_correct_score_is_tabulated_by_grade_and_counted_as_pass_or_fail_by_the_pass_score(
+) -> None:
+    def scored(event: str, judge_rating: str, score: float) -> bytes:
+        return encode_label(LabelRecord(
+            label_id=label_id(event, "groundedness", "local", "ann"), event_id=event,
+            judge="groundedness", prompt_version="local", judge_rating=judge_rating,
+            verdict="score", correct_score=score, reviewer="ann",
+            labelled_at=datetime(2026, 11, 28, tzinfo=UTC), reason="random",
+        ))[1]
+
+    values = [scored("a", "yes", 3), scored("b", "yes", 1), scored("c", "no", 0),
+              scored("d", "no", 2)]
+    records = [record(v, i) for i, v in enumerate(values)]
+    # The judge's pass score is 2 (a 0-3 scale): 3 and 2 are passes, 1 and 0 fails.
+    sorted_ = sort_labels(records, VERSIONS, nothing_before, None, {"groundedness": 2.0})
+    assert outcomes(sorted_.counts) == {"counted": 4}
+    assert cells(sorted_.counts) == {("random", "yes", "yes"): 1, ("random", "no", "yes"): 1,
+                                     ("random", "no", "no"): 1, ("random", "yes", "no"): 1}
+    assert grades(sorted_.counts) == {("3", "yes"): 1, ("1", "yes"): 1, ("0", "no"): 1,
+                                      ("2", "no"): 1}
+    # Without the judge's pass score, the grades are still tabulated, and nothing is in the
+    # yes/no table.
+    unknown = sort_labels(records, VERSIONS, nothing_before)
+    assert outcomes(unknown.counts) == {"not_binary": 4}
+    assert not cells(unknown.counts) and grades(unknown.counts) == grades(sorted_.counts)

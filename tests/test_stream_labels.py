@@ -183,6 +183,9 @@ def test_the_stream_counts_each_label_once_and_the_exporter_shows_serves_figures
     # would use are exported with their label counts.
     assert scrape.value("ragpulse_judge_calibration_labelled", judge=JUDGE, label="yes") == 2
     assert scrape.value("ragpulse_judge_calibration_sensitivity", judge=JUDGE) == 0.5
+    # The graded score of r3 is tabulated by grade (this judge has no pass score: not_binary).
+    assert scrape.value("ragpulse_review_label_grades_total", judge=JUDGE, version=VERSION,
+                        slice="random", grade="2", rating="yes") == 1
 
 
 def exporter_scrape(bootstrap: str, labels_read: int) -> Scrape:

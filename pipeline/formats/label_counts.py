@@ -5,7 +5,8 @@ The stream counts labels in a global window with accumulating panes (`pipeline.s
 each row holds the counter's whole value so far, never an increment, so a row read twice, out
 of order or after a restarted worker changes nothing: the exporter keeps the largest value of
 each counter (counts only grow). The counters are serve's: `ragpulse_review_labels_total`
-(judge, version, slice, human, rating) and `ragpulse_review_labels_read_total` (outcome).
+(judge, version, slice, human, rating), `ragpulse_review_label_grades_total` (judge, version,
+slice, grade, rating) and `ragpulse_review_labels_read_total` (outcome).
 
 A row starts with `{"row":"label_count"` (orjson keeps the field order), which tells it from a
 rating row without parsing it twice. The Kafka key is the counter's identity, so a compacted
@@ -25,6 +26,7 @@ _PREFIX = b'{"row":"label_count"'
 _COUNTERS: dict[str, frozenset[str]] = {
     catalogue.REVIEW_LABELS: frozenset({"judge", "version", "slice", "human", "rating"}),
     catalogue.REVIEW_LABELS_READ: frozenset({"outcome"}),
+    catalogue.REVIEW_LABEL_GRADES: frozenset({"judge", "version", "slice", "grade", "rating"}),
 }
 
 

@@ -77,6 +77,7 @@ REVIEW_REFUSED = "ragpulse_review_refused_total"
 # judge, prompt version and slice, and every labels-topic record by what became of it.
 REVIEW_LABELS = "ragpulse_review_labels_total"
 REVIEW_LABELS_READ = "ragpulse_review_labels_read_total"
+REVIEW_LABEL_GRADES = "ragpulse_review_label_grades_total"
 LabelOutcome = Literal[
     "counted", "duplicate", "not_binary", "unknown_judge", "unknown_event", "other_version",
     "malformed",
@@ -216,11 +217,16 @@ COUNTER_HELP: dict[str, str] = {
     "by judge, prompt version, slice (random: the uniform --review-rate slice, the error-rate "
     "estimate's; targeted: items queued on purpose), the reviewer's rating (human) and the "
     "judge's (rating).",
+    REVIEW_LABEL_GRADES: "serve and stream: reviewers' correct scores on a graded scale, "
+    "counted once each, by judge, prompt version, slice, the reviewer's score (grade) and the "
+    "judge's rating; mapped to pass/fail by the judge's pass score, they are also in "
+    "ragpulse_review_labels_total.",
     REVIEW_LABELS_READ: "serve and stream: labels-topic records read, by outcome: counted; "
-    "duplicate (a label id counted already); not_binary (the judge could not grade, or a graded "
-    "scale's correct score); and, sent to the dead-letter topic with the reason, unknown_judge, "
-    "unknown_event (stream: no review item with this event id and judge was queued within "
-    "--review-label-horizon), other_version (not the judged prompt version) and malformed.",
+    "duplicate (a label id counted already); not_binary (the judge could not grade, or a "
+    "graded scale's correct score of a judge whose pass score is not known); and, sent to the "
+    "dead-letter topic with the reason, unknown_judge, unknown_event (no review item with this "
+    "event id and judge is on record), other_version (not the judged prompt version) and "
+    "malformed.",
 }
 
 GAUGE_HELP: dict[str, str] = {

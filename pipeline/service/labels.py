@@ -16,11 +16,14 @@ the uniform --review-rate slice, the only one from which error rates are estimat
 the items queued on purpose, kept apart). Every record read is counted once in
 `ragpulse_review_labels_read_total{outcome}` (the outcome is `stages.labels.label_outcome`, the
 stream's too): `counted`; `duplicate`; `not_binary` (the judge could not grade, or a graded
-scale's correct score: kept, not in a yes/no table); and, sent to the dead-letter topic with
-the reason, `unknown_judge` (a judge this serve does not run), `unknown_event` (no review item
-with the label's event id and judge is on record), `other_version` (another prompt version
-than the queued verdict's or, for an imported label, the running one: a changed prompt starts
-new counts, and labels of the old one never mix in) and `malformed` (not a label record).
+scale's correct score of a judge whose pass score is unknown: kept, not in a yes/no table; a
+correct score of a graded LLM judge is `counted`, mapped to pass or fail by the judge's pass
+score, and tabulated per grade in `ragpulse_review_label_grades_total`); and, sent to the
+dead-letter topic with the reason, `unknown_judge` (a judge this serve does not run),
+`unknown_event` (no review item with the label's event id and judge is on record),
+`other_version` (another prompt version than the queued verdict's or, for an imported label,
+the running one: a changed prompt starts new counts, and labels of the old one never mix in)
+and `malformed` (not a label record).
 
 What was queued is read from the review topic itself, before the labels of each cycle and to
 its end (a label waits while the review topic has a backlog): every serve instance's and
@@ -54,13 +57,12 @@ from ragpulse.pipeline.formats.review import (
     ReviewItem,
     decode_item,
     decode_label,
-    human_rating,
 )
 from ragpulse.pipeline.metrics import catalogue, counting
 from ragpulse.pipeline.records import Rejected, SourceRecord
 from ragpulse.pipeline.service.cycle_hooks import CycleHooks
 from ragpulse.pipeline.service.state import LabelsTaken, StateStore
-from ragpulse.pipeline.settings.models import ServeSettings
+from ragpulse.pipeline.settings.models import ServeSettings, judge_pass_scores
 from ragpulse.pipeline.sinks.kafka import (
     KafkaTopic,
     close_producer,
@@ -69,7 +71,7 @@ from ragpulse.pipeline.sinks.kafka import (
     new_producer,
 )
 from ragpulse.pipeline.sources.kafka import KafkaRangeSource, log_bounds
-from ragpulse.pipeline.stages.labels import NOT_TRACKED, label_outcome
+from ragpulse.pipeline.stages.labels import NOT_TRACKED, label_counters, label_outcome
 
 log = logging.getLogger(__name__)
 
@@ -105,11 +107,13 @@ def sort_labels(
     versions: Mapping[str, str],
     counted_before: Callable[[Iterable[str]], set[str]],
     queued: Callable[[Iterable[tuple[str, str]]], Mapping[tuple[str, str], str]] | None = None,
+    pass_scores: Mapping[str, float] | None = None,
 ) -> SortedLabels:
     """Sort `records` of the labels topic against the running judges' prompt `versions`
     ({judge: version}); `counted_before` says which label ids the state file holds already,
     `queued` the prompt version of each (event id, judge) queued for review (None: labels are
-    not checked against the review queue) (module docstring: the outcomes)."""
+    not checked against the review queue), `pass_scores` the graded judges' pass scores
+    (module docstring: the outcomes)."""
     counts: Counter[counting.CounterKey] = Counter()
     rejected: list[Rejected] = []
     labels: list[tuple[SourceRecord, LabelRecord]] = []
@@ -133,7 +137,7 @@ def sort_labels(
             NOT_TRACKED if queued_versions is None
             else queued_versions.get((label.event_id, label.judge))
         )
-        outcome, why = label_outcome(label, versions, known, version)
+        outcome, why = label_outcome(label, versions, known, version, pass_scores)
         counts[counting.key(LABELS_READ, outcome=outcome)] += 1
         if why is not None:
             rejected.append(Rejected(record, why))
@@ -142,14 +146,7 @@ def sort_labels(
             continue
         known.add(label.label_id)  # counted or not_binary: kept, so that a copy is a duplicate
         counted.append((label.label_id, label.judge, label.prompt_version))
-        human = human_rating(label)
-        if human is None:
-            continue
-        counts[counting.key(
-            REVIEW_LABELS, judge=label.judge, version=label.prompt_version,
-            slice="random" if label.random else "targeted", human=human,
-            rating=label.judge_rating,
-        )] += 1
+        counts.update(label_counters(label, outcome, pass_scores)[1:])  # the outcome is above
     return SortedLabels(counts, tuple(counted), tuple(rejected))
 
 
@@ -198,6 +195,7 @@ class ReviewLabels:
         )
         self._own_versions = settings.judges.spec().prompt_versions()
         self.versions = running_versions(settings, self._own_versions)
+        self.pass_scores = judge_pass_scores(settings.judges)
         self._seeds = by_judge(s.judge_calibrations)
         self._missing_said: set[str] = set()
         self._read_last = 0
@@ -234,7 +232,7 @@ class ReviewLabels:
                     **{k: v for k, v in queued.items() if k in keys}}
 
         sorted_labels = sort_labels(records, self.versions, self.state.labels_counted,
-                                    queued_versions)
+                                    queued_versions, self.pass_scores)
         self._publish_dead_letters(sorted_labels.rejected)
         self._read_last = len(records)
         if records:

@@ -544,22 +544,37 @@ class ReviewFields(BaseModel):
         )
 
 
-def _judge_scales(judges: JudgeSettings) -> dict[str, tuple[int, ...] | None]:
-    """Each LLM judge's graded scale (None: binary), from its prompt; the local judges have
-    none (an empty mapping on the local backend)."""
+def _judge_prompts(judges: JudgeSettings) -> dict[str, Any]:
+    """Each LLM judge's prompt (`judges.llm.judge.JudgePrompt`); the local judges have none (an
+    empty mapping on the local backend), nor do judges of computed scores."""
     if judges.backend != "openai":
         return {}
     from ragpulse.judges.llm.judge import load_prompt
 
     custom = {c.entry.name: c.prompt for c in judges.custom_judges}
-    scales: dict[str, tuple[int, ...] | None] = {}
+    prompts: dict[str, Any] = {}
     for name in judges.names:
         try:
-            prompt = custom[name] if name in custom else load_prompt(name, judges.prompts_dir)
+            prompts[name] = (
+                custom[name] if name in custom else load_prompt(name, judges.prompts_dir)
+            )
         except ValueError:  # a judge without a prompt (computed scores): no scale to offer
             continue
-        scales[name] = prompt.scores
-    return scales
+    return prompts
+
+
+def _judge_scales(judges: JudgeSettings) -> dict[str, tuple[int, ...] | None]:
+    """Each LLM judge's graded scale (None: binary), from its prompt."""
+    return {name: prompt.scores for name, prompt in _judge_prompts(judges).items()}
+
+
+def judge_pass_scores(judges: JudgeSettings) -> dict[str, float]:
+    """The pass score of each judge on a graded scale (its lowest score rated "yes"): what a
+    reviewer's correct score is mapped to pass or fail by."""
+    return {
+        name: float(prompt.pass_score) for name, prompt in _judge_prompts(judges).items()
+        if prompt.scores is not None and prompt.pass_score is not None
+    }
 
 
 class RunSettings(SessionFields, BatchSettings):
@@ -630,6 +645,7 @@ class StreamSettings(ReviewFields, SessionFields, EventSettings):
             versions=self.judges.spec().prompt_versions(),
             horizon_seconds=self.review_label_horizon_seconds,
             early_firing_seconds=self.early_firing_seconds,
+            pass_scores=judge_pass_scores(self.judges),
         )
 
     @model_validator(mode="after")

@@ -22,9 +22,11 @@ The outcome of a label is `label_outcome` (pure, shared with serve): `unknown_ju
 the stream does not run), `unknown_event` (no review item with this event id and judge was
 queued within the horizon: never queued, queued by another job, or queued longer ago than
 `--review-label-horizon`), `other_version` (another prompt version than the queued verdict's),
-`duplicate`, `not_binary` (the judge could not grade, or a graded scale's correct score), or
-`counted`; a record that is not a label is `malformed`. Each outcome is counted in
-`ragpulse_review_labels_read_total{outcome}`; only `counted` labels enter
+`duplicate`, `not_binary` (the judge could not grade, or a correct score of a judge whose
+pass score is not known), or `counted` (a correct score on a graded scale too, mapped to pass
+or fail by the judge's pass score, and counted per grade in
+`ragpulse_review_label_grades_total`); a record that is not a label is `malformed`. Each
+outcome is counted in `ragpulse_review_labels_read_total{outcome}`; only `counted` labels enter
 `ragpulse_review_labels_total{judge, version, slice, human, rating}`; unknown and malformed
 ones go to the dead-letter topic with their reason.
 
@@ -66,6 +68,7 @@ __all__ = [
 ]
 
 REVIEW_LABELS = catalogue.REVIEW_LABELS
+REVIEW_LABEL_GRADES = catalogue.REVIEW_LABEL_GRADES
 LABELS_READ = catalogue.REVIEW_LABELS_READ
 # A label record is a few hundred bytes (a note is at most 2,000 characters).
 MAX_LABEL_BYTES = 64 * 1024
@@ -77,11 +80,15 @@ NOT_TRACKED = "not tracked"  # label_outcome's `queued` when no record of queued
 class LabelsConfig:
     """What the stream's labels branch takes (picklable): the running judges' prompt
     `versions` ({judge: version}, as their verdicts carry it), how long a queued verdict is
-    remembered (`horizon_seconds` of event time) and how often the counts are published."""
+    remembered (`horizon_seconds` of event time), how often the counts are published, and the
+    graded judges' `pass_scores`."""
 
     versions: Mapping[str, str]
     horizon_seconds: float
     early_firing_seconds: float
+    # The pass score of each judge on a graded scale (its reviewers' correct scores are mapped
+    # to pass or fail by it).
+    pass_scores: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 def label_outcome(
@@ -89,13 +96,15 @@ def label_outcome(
     versions: Mapping[str, str],
     counted_before: set[str],
     queued: str | None = NOT_TRACKED,
+    pass_scores: Mapping[str, float] | None = None,
 ) -> tuple[catalogue.LabelOutcome, str | None]:
     """(outcome, the dead letter's reason or None) of one valid label, against the running
     judges' prompt `versions`, the ids of the labels counted already, and `queued`: the prompt
     version of the verdict queued for review with the label's event id and judge (None: none
     was queued; NOT_TRACKED: no record of queued items is kept). An `imported` label
     (`ragpulse import-labels`: a team's own labels of its own choice of events) is of no
-    queued item, and is checked against the running version."""
+    queued item, and is checked against the running version. `pass_scores`: the pass score of
+    each judge on a graded scale, which maps a reviewer's correct score to pass or fail."""
     if label.reason == "imported":
         queued = NOT_TRACKED
     version = versions.get(label.judge)
@@ -117,20 +126,29 @@ def label_outcome(
         )
     if label.label_id in counted_before:
         return "duplicate", None
-    if human_rating(label) is None:
+    if human_rating(label, (pass_scores or {}).get(label.judge)) is None:
         return "not_binary", None
     return "counted", None
 
 
-def label_counters(label: LabelRecord, outcome: str) -> list[counting.CounterKey]:
-    """The counters one label adds 1 to: its outcome, and its cell when it is counted."""
+def label_counters(
+    label: LabelRecord, outcome: str, pass_scores: Mapping[str, float] | None = None
+) -> list[counting.CounterKey]:
+    """The counters one label adds 1 to: its outcome; when it is counted, its cell of the
+    judge's yes/no table; and a correct score on a graded scale (counted or not_binary), its
+    grade."""
     keys = [counting.key(LABELS_READ, outcome=outcome)]
-    human = human_rating(label)
+    slice_ = "random" if label.random else "targeted"
+    human = human_rating(label, (pass_scores or {}).get(label.judge))
     if outcome == "counted" and human is not None:
         keys.append(counting.key(
-            REVIEW_LABELS, judge=label.judge, version=label.prompt_version,
-            slice="random" if label.random else "targeted", human=human,
-            rating=label.judge_rating,
+            REVIEW_LABELS, judge=label.judge, version=label.prompt_version, slice=slice_,
+            human=human, rating=label.judge_rating,
+        ))
+    if outcome in ("counted", "not_binary") and label.correct_score is not None:
+        keys.append(counting.key(
+            REVIEW_LABEL_GRADES, judge=label.judge, version=label.prompt_version,
+            slice=slice_, grade=f"{label.correct_score:g}", rating=label.judge_rating,
         ))
     return keys
 
@@ -222,8 +240,10 @@ class SortLabels(beam.DoFn):
         version = queued.read()
         known = set(counted.read())
         for record, label in waiting:
-            outcome, why = label_outcome(label, self._config.versions, known, version)
-            yield from label_counters(label, outcome)
+            outcome, why = label_outcome(
+                label, self._config.versions, known, version, self._config.pass_scores
+            )
+            yield from label_counters(label, outcome, self._config.pass_scores)
             if why is not None:
                 yield beam.pvalue.TaggedOutput(DEAD_LETTERS, Rejected(record, why))
             elif outcome != "duplicate":
