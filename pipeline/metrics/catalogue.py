@@ -105,6 +105,8 @@ SESSIONS_OPEN = "ragpulse_sessions_open"
 BUDGET_PER_HOUR = "ragpulse_judge_budget_per_hour"
 BUDGET_SPENT_THIS_HOUR = "ragpulse_judge_budget_spent_this_hour"
 SAMPLE_FACTOR = "ragpulse_judge_sample_factor"
+# `ragpulse review`'s /metrics: the review queue's depth (pipeline/review/queue.py).
+REVIEW_QUEUE_DEPTH = "ragpulse_review_queue_depth"
 
 # -- families the collector builds at scrape time ------------------------------------------------
 JUDGE_LATENCY = "ragpulse_judge_latency_seconds"  # histogram
@@ -242,6 +244,9 @@ GAUGE_HELP: dict[str, str] = {
     "cycle (1: not limited; rates never go below --judge-min-sample-rate).",
     SESSIONS_OPEN: "serve: conversations open (not judged yet) in the state file after the "
     "last cycle; at most --session-max-open, plus the sessions one cycle starts.",
+    REVIEW_QUEUE_DEPTH: "ragpulse review: the review queue's depth, by state: unlabelled "
+    "(items the page holds that no reviewer has labelled a judge of yet) and unread "
+    "(review-topic records past the page's positions).",
     TRACES_PENDING: "Traces whose spans are held for assembly (--input-format otlp_*), waiting "
     "for --trace-assembly-wait to pass.",
 }
