@@ -202,27 +202,29 @@ class ReviewLabels:
 
     def read(self) -> LabelsRead:
         """The labels that came since the saved offsets (at most MAX_LABELS_PER_CYCLE), sorted
-        against the verdicts queued for review (the review topic read first, to its end);
+        against the verdicts queued for review (the labels topic's bounds taken first, then the
+        review topic read to its end);
         their dead letters are published and acknowledged before this returns (a broker that
         does not acknowledge them fails the cycle: nothing of it is saved)."""
         self._read_last = 0
         if not self.reads:
             return LabelsRead()
-        review_ranges, items = self._read(self.review_topic, self._review_source,
-                                          MAX_REVIEW_ITEMS_PER_CYCLE)
+        # The labels topic's bounds first: a label is published after its item was read from
+        # the review topic, so every item labelled within these bounds is on the review topic
+        # by the time its bounds are taken, just after.
+        ranges = self._plan(self.topic, MAX_LABELS_PER_CYCLE)
+        review_ranges = self._plan(self.review_topic, MAX_REVIEW_ITEMS_PER_CYCLE)
         queued = {
             (item.event_id, v.judge): v.prompt_version
-            for item in _review_items(items) for v in item.verdicts
+            for item in _review_items(self._fetch(self.review_topic, self._review_source,
+                                                  review_ranges))
+            for v in item.verdicts
         }
-        review_behind = any(
-            stop < end for _, stop, end in (review_ranges or {}).values()
-        )
-        # A label read before the item it labels would be unknown: with the review topic not
-        # read to its end, the labels wait for the next cycle.
-        ranges, records = (
-            (None, []) if review_behind
-            else self._read(self.topic, self._source, MAX_LABELS_PER_CYCLE)
-        )
+        if any(stop < end for _, stop, end in (review_ranges or {}).values()):
+            # A label read before the item it labels would be unknown: with the review topic
+            # not read to its end, the labels wait for the next cycle.
+            ranges = None
+        records = self._fetch(self.topic, self._source, ranges)
         if ranges is None and review_ranges is None:
             return LabelsRead()
 
@@ -247,11 +249,9 @@ class ReviewLabels:
             sorted_labels.counts,
         )
 
-    def _read(
-        self, topic: str, source: KafkaRangeSource, most: int
-    ) -> tuple[dict[int, tuple[int, int, int]] | None, list[SourceRecord]]:
-        """({partition: (start, stop, end)}, the records between) of at most `most` records
-        of `topic` since the saved offsets; (None, []) when the topic does not exist."""
+    def _plan(self, topic: str, most: int) -> dict[int, tuple[int, int, int]] | None:
+        """{partition: (start, stop, end)} of at most `most` records of `topic` since the
+        saved offsets; None when the topic does not exist."""
         bounds = log_bounds(
             self.settings.bootstrap, topic, timeout_s=self.settings.kafka_timeout_seconds,
             security=self.settings.kafka_security, wait_for_topic=False,
@@ -261,7 +261,7 @@ class ReviewLabels:
                 log.info("topic %s not found: no reviewers' labels or review items read yet",
                          topic)
                 self._missing_said.add(topic)
-            return None, []
+            return None
         self._missing_said.discard(topic)
         saved = self.state.offsets(topic)
         ranges: dict[int, tuple[int, int, int]] = {}
@@ -275,15 +275,22 @@ class ReviewLabels:
             stop = min(end, start + room)
             room -= stop - start
             ranges[partition] = (start, stop, end)
+        return ranges
+
+    @staticmethod
+    def _fetch(
+        topic: str, source: KafkaRangeSource, ranges: dict[int, tuple[int, int, int]] | None
+    ) -> list[SourceRecord]:
+        """The records of `ranges` (`_plan`) of `topic`."""
         lost: list[int] = []
         records = list(source.read(
-            {p: (start, stop) for p, (start, stop, _) in ranges.items() if stop > start},
+            {p: (start, stop) for p, (start, stop, _) in (ranges or {}).items() if stop > start},
             lost.append,
         ))
         if lost:
             log.error("topic %s: %d records deleted by retention before they were read",
                       topic, sum(lost))
-        return ranges, records
+        return records
 
     def committed(self) -> None:
         """The cycle holding the labels read is saved."""
