@@ -77,6 +77,11 @@ class RatingsExporter:
             self._admitted = frozenset(counts)
             in_progress, _ = self._budget.bound(snap.in_progress, {}, self._admitted)
             labelled = dict(self._label_counts)
+        if labelled:
+            # Every outcome at 0 until it grows, as serve exports them (increase() would not
+            # see a series' first sample).
+            for outcome in catalogue.LABEL_OUTCOMES:
+                labelled.setdefault(counting.key(catalogue.REVIEW_LABELS_READ, outcome=outcome), 0)
         figures = label_figures(
             labelled, judged_versions(labelled, {**in_progress, **complete}), {}, "", None
         )
