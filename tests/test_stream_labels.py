@@ -164,7 +164,7 @@ def test_the_stream_counts_each_label_once_and_the_exporter_shows_serves_figures
     assert any("prompt version '0123abcd'" in r for r in reasons)
     assert any(r.startswith("not a label record") for r in reasons)
 
-    scrape = exporter_scrape(kafka_broker.bootstrap, labels_read=1 + len(LABELS))
+    scrape = exporter_scrape(kafka_broker.bootstrap, labels_read=1 + len(LABELS), cells=4)
     assert {lab["outcome"]: v for lab, v in scrape.select(READ) if v} == {
         "counted": 4, "duplicate": 1, "not_binary": 1, "unknown_judge": 1,
         "unknown_event": 1, "other_version": 1, "malformed": 1,
@@ -188,9 +188,10 @@ def test_the_stream_counts_each_label_once_and_the_exporter_shows_serves_figures
                         slice="random", grade="2", rating="yes") == 1
 
 
-def exporter_scrape(bootstrap: str, labels_read: int) -> Scrape:
-    """What `ragpulse exporter` shows once it has read `labels_read` labels' outcomes from the
-    ratings topic (its reader thread on the real topic; the deadline is only a failure's)."""
+def exporter_scrape(bootstrap: str, labels_read: int, cells: int) -> Scrape:
+    """What `ragpulse exporter` shows once it has read `labels_read` labels' outcomes and
+    `cells` labels in the judges' tables from the ratings topic (each counter is a row of its
+    own; its reader thread on the real topic; the deadline is only a failure's)."""
     exporter = RatingsExporter(ExporterSettings(
         bootstrap=bootstrap, ratings_topic="logs.ratings", kafka_timeout_seconds=10.0,
     ))
@@ -202,7 +203,9 @@ def exporter_scrape(bootstrap: str, labels_read: int) -> Scrape:
     try:
         while True:
             scrape = Scrape.parse(generate_latest(registry).decode())
-            if scrape.total(READ) >= labels_read or time.monotonic() > deadline:
+            done = (scrape.total(READ) >= labels_read
+                    and scrape.total("ragpulse_review_labels_total") >= cells)
+            if done or time.monotonic() > deadline:
                 return scrape
             time.sleep(0.2)
     finally:
