@@ -8,24 +8,18 @@ exactly once when it starts again."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cycle_holds import CycleHolds
 from kafka_broker import ApacheKafkaBroker, for_module
+from queued_items import queued_items
 from serve_process import T0, Scrape, TopicFactory, caught_up
 
 from ragpulse.pipeline.commands.simulate import simulate
-from ragpulse.pipeline.formats.review import (
-    JudgeView,
-    LabelRecord,
-    ReviewItem,
-    encode_item,
-    encode_label,
-    label_id,
-)
+from ragpulse.pipeline.formats.review import LabelRecord, encode_label, label_id
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -55,17 +49,7 @@ def queue(broker: ApacheKafkaBroker, topic: str, labels: list[LabelRecord | byte
     """Publish to the review topic an item for the event of each of `labels` (as a review
     queue would have before anyone labelled it), its verdict judged by the running version."""
     events = sorted({lab.event_id for lab in labels if isinstance(lab, LabelRecord)} - NEVER)
-    at = datetime(2026, 11, 28, tzinfo=UTC)
-    items = [
-        encode_item(ReviewItem(
-            event_id=event, app="help-bot", model="m1", event_time=at, window_start=at,
-            window_end=at + timedelta(seconds=10), reason="random", request="q?",
-            response="a.", redacted=True, queued_at=at,
-            verdicts=(JudgeView(judge=JUDGE, rating="yes", prompt_version=VERSION),),
-        ))[1]
-        for event in events
-    ]
-    broker.produce(topic, items, partition=0)
+    broker.produce(topic, queued_items(events, JUDGE, VERSION), partition=0)
 
 
 def publish(broker: ApacheKafkaBroker, topic: str, labels: list[LabelRecord | bytes]) -> None:

@@ -19,23 +19,17 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kafka_broker import ApacheKafkaBroker
+from queued_items import queued_item
 from serve_process import T0, ServeProcess
 
 from ragpulse.pipeline.commands.simulate import simulate
-from ragpulse.pipeline.formats.review import (
-    JudgeView,
-    LabelRecord,
-    ReviewItem,
-    encode_item,
-    encode_label,
-    label_id,
-)
+from ragpulse.pipeline.formats.review import LabelRecord, encode_label, label_id
 
 COUNTER = "ragpulse_review_labels_total"
 
@@ -46,16 +40,6 @@ def label(n: int) -> LabelRecord:
         label_id=label_id(event, "groundedness", "local", "bench"), event_id=event,
         judge="groundedness", prompt_version="local", judge_rating="yes", verdict="right",
         reviewer="bench", labelled_at=datetime.now(UTC), reason="random",
-    )
-
-
-def item(n: int) -> ReviewItem:
-    at = datetime.now(UTC)
-    return ReviewItem(
-        event_id=f"bench-{n}", app="bench", model="m", event_time=at, window_start=at,
-        window_end=at + timedelta(seconds=10), reason="random", request="q", response="a",
-        verdicts=(JudgeView(judge="groundedness", rating="yes", prompt_version="local"),),
-        redacted=True, queued_at=at,
     )
 
 
@@ -85,7 +69,7 @@ def main() -> None:
         for n in range(args.labels):
             # Its item first, as the review queue publishes it before anyone can label it: a
             # label of no queued item is unknown_event and never counted.
-            _, queued = encode_item(item(n))
+            queued = queued_item(f"bench-{n}")
             for i in range(len(serves)):
                 broker.produce(f"delay{i}.review", [queued], partition=0)
             _, value = encode_label(label(n))
