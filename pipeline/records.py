@@ -104,6 +104,16 @@ class JudgedEvent:
         return zip(self.verdicts, versions, strict=True)
 
 
+@dataclass(frozen=True, slots=True)
+class QueuedVerdict:
+    """One judge's verdict published in a review item (stages/review.py): what a reviewer's
+    label of it is checked against (stages/labels.py)."""
+
+    event_id: str
+    judge: str
+    prompt_version: str
+
+
 def with_parts(
     verdicts: tuple[Verdict, ...], versions: tuple[str, ...]
 ) -> tuple[tuple[Verdict, ...], tuple[str, ...]]:

@@ -49,6 +49,7 @@ from dashboard_queries import grafana_panel_queries
 from kafka import KafkaProducer
 from kafka_broker import ApacheKafkaBroker
 from prometheus_server import PrometheusServer, prometheus_config, running_prometheus
+from queued_items import queued_items
 from serve_process import ServeProcess
 
 from ragpulse.judges.registry import SESSION_JUDGES
@@ -97,6 +98,7 @@ def _review_label(event: str, rating: str, verdict: str) -> bytes:
     ))[1]
 
 
+LABELLED_EVENTS = [*(f"ok{i}" for i in range(6)), *(f"bad{i}" for i in range(3)), "missed"]
 REVIEW_LABELS = [
     *(_review_label(f"ok{i}", "yes", "right") for i in range(6)),
     *(_review_label(f"bad{i}", "no", "right") for i in range(3)),
@@ -136,7 +138,9 @@ EMPTY_WITH_LOCAL_JUDGES = {
     "Tool judges: verdicts by rating": "this run judges with the default judges, without the "
     "opt-in tool judges (tests/test_tool_judges.py checks their counters)",
     "Review queue: items queued and labelled": "this run has no review queue (--review-rate "
-    "0), so ragpulse_review_queued_total has no series (tests/test_review_serve.py counts it)",
+    "0), so ragpulse_review_queued_total has no series (tests/test_review_serve.py counts it), "
+    "and no review page, which exports ragpulse_review_queue_depth "
+    "(tests/test_review_queue_depth.py)",
     "Conversations judged and truncated": "this run's traffic has no conversations and no "
     "--session-judges; tests/test_serve_sessions.py checks these counters in serve",
     **{
@@ -307,6 +311,7 @@ def incident(apache_kafka: ApacheKafkaBroker) -> Iterator[IncidentRun]:
         broker.create_topic(TOPIC)
         broker.create_topic(f"{TOPIC}.dlq")
         broker.create_topic(f"{TOPIC}.labels")
+        broker.create_topic(f"{TOPIC}.review")
         serve = stack.enter_context(
             ServeProcess(broker.bootstrap, TOPIC, work_dir / "state.sqlite", SERVE_ARGS,
                          log_path=work_dir / "serve.log")
@@ -348,6 +353,8 @@ def _play(
     # Reviewers label some verdicts meanwhile (one record malformed), for the dashboard's
     # Reviewers' labels row and the corrected pass ratio (no --judge-calibration file: the
     # labels alone calibrate groundedness); too few for RagJudgeHumanAgreementLow.
+    # Their items first, as the review queue would have published them.
+    broker.produce(f"{TOPIC}.review", queued_items(LABELLED_EVENTS), partition=0)
     broker.produce(f"{TOPIC}.labels", REVIEW_LABELS, partition=0)
     fired = _wait_for_apps(hook, apps, "firing", drop_at, DETECTION_TIMEOUT_S)
     # The labels scraped, and the malformed one's count seen growing from 0, before the

@@ -99,7 +99,8 @@ CUSTOM_JUDGES: dict[str, Any] = {
 REVIEW: dict[str, Any] = {
     "review": {
         "rate": 0.02, "maxPerHour": 500, "reviewTopic": "chat-inference.to-review",
-        "labelsTopic": "chat-inference.human-labels",
+        "labelsTopic": "chat-inference.human-labels", "targets": "failing,unsure",
+        "unsureBand": 0.2,
         "page": {"enabled": True, "port": 9480, "webConfigSecret": "review-web",
                  "webConfigKey": "web.yml", "bearerTokenSecret": "review-tokens",
                  "bearerTokenKey": "reviewers",
@@ -401,6 +402,9 @@ def test_helm_review_page_runs_the_real_review_command_with_serves_kafka_setting
             "chat-inference.to-review", "chat-inference.human-labels")
         assert (serve.review_rate, serve.review_max_per_hour, serve.review_topic) == (
             0.02, 500, "chat-inference.to-review")
+        # serve reads the labels the page writes, and queues what the values say.
+        assert serve.labels_topic == "chat-inference.human-labels"
+        assert (serve.review_targets, serve.review_unsure_band) == ("failing,unsure", 0.2)
         assert page["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
         (service,) = [o for o in by_kind(objects, "Service")
                       if o["metadata"]["name"] == "ragpulse-review"]

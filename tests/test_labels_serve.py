@@ -1,6 +1,7 @@
 """A real `ragpulse serve` on a real Apache Kafka broker reads the reviewers' labels back: each
 label counted once per judge, prompt version and slice, the bad ones dead-lettered with their
-reason and never in the counts, the agreement and the corrected pass ratio on /metrics, and a
+reason and never in the counts (a label of an event no review item was queued for
+among them), the agreement and the corrected pass ratio on /metrics, and a
 serve killed (SIGKILL) just after reading labels, or just after saving them, counts each label
 exactly once when it starts again."""
 
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 from cycle_holds import CycleHolds
 from kafka_broker import ApacheKafkaBroker, for_module
+from queued_items import queued_items
 from serve_process import T0, Scrape, TopicFactory, caught_up
 
 from ragpulse.pipeline.commands.simulate import simulate
@@ -43,6 +45,13 @@ def label(
     )
 
 
+def queue(broker: ApacheKafkaBroker, topic: str, labels: list[LabelRecord | bytes]) -> None:
+    """Publish to the review topic an item for the event of each of `labels` (as a review
+    queue would have before anyone labelled it), its verdict judged by the running version."""
+    events = sorted({lab.event_id for lab in labels if isinstance(lab, LabelRecord)} - NEVER)
+    broker.produce(topic, queued_items(events, JUDGE, VERSION), partition=0)
+
+
 def publish(broker: ApacheKafkaBroker, topic: str, labels: list[LabelRecord | bytes]) -> None:
     for item in labels:
         if isinstance(item, bytes):
@@ -66,8 +75,10 @@ SECOND = [label("r0", "yes", "wrong", reviewer="bob")]
 TARGETED = [label(f"t{i}", "no", "wrong", reason="failing") for i in range(3)]
 DUPLICATE = [RANDOM[0]]
 NOT_BINARY = [label("e0", "error", "wrong")]
+NEVER = {"n0"}  # no item of it was ever queued
 BAD: list[LabelRecord | bytes] = [
     label("u0", "yes", "right", judge="tone_of_voice"),
+    label("n0", "yes", "right"),
     label("v0", "yes", "right", version="0123abcd"),
     b'{"event_id": "x", "judge": "groundedness"}',
     b"not json at all",
@@ -102,7 +113,7 @@ def expect_counts(scrape: Scrape) -> None:
     assert cells(scrape, "targeted") == {("yes", "no"): 3}
     assert outcomes(scrape) == {
         "counted": 16, "duplicate": 1, "not_binary": 1, "unknown_judge": 1,
-        "other_version": 1, "malformed": 2,
+        "unknown_event": 1, "other_version": 1, "malformed": 2,
     }
 
 
@@ -112,6 +123,8 @@ def test_labels_are_counted_once_by_judge_version_and_slice_and_bad_ones_kept_ap
     events = list(simulate(3, 40, T0, rate=2))
     topic = served_topic("labelled", records=events)
     broker.create_topic("labelled.labels", 2)
+    broker.create_topic("labelled.review", 1)
+    queue(broker, "labelled.review", ALL)
     publish(broker, "labelled.labels", ALL)
     serve = topic.serve()
     scrape = serve.wait_for(
@@ -138,12 +151,13 @@ def test_labels_are_counted_once_by_judge_version_and_slice_and_bad_ones_kept_ap
     # Judges without labels get no figure.
     assert not scrape.select("ragpulse_judge_human_agreement_kappa", judge="answer_relevance")
 
-    letters = topic.read("dlq", 4)
+    letters = topic.read("dlq", 5)
     reasons = sorted(dict(r.headers)["reason"].decode() for r in letters)
-    assert len(reasons) == 4
-    assert any("judge 'tone_of_voice', which this serve does not run" in r for r in reasons)
+    assert len(reasons) == 5
+    assert any("judge 'tone_of_voice', which this job does not run" in r for r in reasons)
     assert any("prompt version '0123abcd'" in r and "never enter its counts" in r
                for r in reasons)
+    assert any("event 'n0'" in r and "no review item" in r for r in reasons)
     assert sum(r.startswith("not a label record") for r in reasons) == 2
     assert serve.terminate() == 0
 
@@ -164,6 +178,9 @@ def test_a_serve_killed_after_reading_labels_counts_each_exactly_once_after_rest
     name = f"crash-{phase.replace('_', '-')}"
     topic = served_topic(name, records=list(simulate(4, 20, T0, rate=2)))
     broker.create_topic(f"{name}.labels", 2)
+    broker.create_topic(f"{name}.review", 1)
+    more = [label(f"late{i}", "no", "right") for i in range(2)]
+    queue(broker, f"{name}.review", [*ALL, *more])
     holds = CycleHolds(tmp_path / "hooks")
     holds.hold(phase)
     serve = serve_processes(
@@ -177,7 +194,6 @@ def test_a_serve_killed_after_reading_labels_counts_each_exactly_once_after_rest
     again = topic.serve()
     scrape = again.wait_for(lambda m: m.total(READ) >= len(ALL), 90, "every label read")
     expect_counts(scrape)
-    more = [label(f"late{i}", "no", "right") for i in range(2)]
     publish(broker, f"{name}.labels", list(more))
     scrape = again.wait_for(lambda m: m.total(READ) >= len(ALL) + 2, 90, "the later labels")
     assert cells(scrape, "random")[("no", "no")] == 5

@@ -4,8 +4,9 @@ kappa from a table equal to kappa from pairs, and the calibration seed plus labe
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,9 @@ from ragpulse.pipeline.calibration import (
 )
 from ragpulse.pipeline.formats.review import LabelRecord, encode_label, label_id
 from ragpulse.pipeline.records import SourceRecord
+from ragpulse.pipeline.service import state as state_module
 from ragpulse.pipeline.service.labels import sort_labels
+from ragpulse.pipeline.service.state import CycleOutcome, LabelsTaken, StateStore
 
 VERSIONS = {"groundedness": "local", "safety": "local"}
 
@@ -109,3 +112,76 @@ def test_labels_add_to_the_calibration_seed_and_alone_need_a_pass_and_a_fail() -
     alone = with_labels(None, "groundedness", "local", Confusion(5, 1, 1, 3), "local", None)
     assert alone is not None and alone.sensitivity == 5 / 6 and alone.specificity == 3 / 4
     assert with_labels(seed, "groundedness", "local", Confusion(), "local", None) is seed
+
+
+def queued_as(
+    table: dict[tuple[str, str], str],
+) -> Callable[[Iterable[tuple[str, str]]], dict[tuple[str, str], str]]:
+    def lookup(keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        return {k: table[k] for k in keys if k in table}
+    return lookup
+
+
+def test_a_label_of_no_queued_item_or_of_another_version_than_the_queued_ones_is_kept_apart(
+) -> None:
+    values = [
+        label("a", "yes", "right"),  # its item was queued with the running version
+        label("b", "yes", "right"),  # no item of b was queued
+        label("c", "yes", "right"),  # c was queued by a judge version since replaced
+        # A team's own label of b (ragpulse import-labels): not checked against the queue.
+        label("b", "yes", "right", reason="imported", reviewer="team"),
+    ]
+    queued = queued_as({("a", "groundedness"): "local", ("c", "groundedness"): "v0"})
+    sorted_ = sort_labels([record(v, i) for i, v in enumerate(values)], VERSIONS,
+                          nothing_before, queued)
+    assert outcomes(sorted_.counts) == {"counted": 2, "unknown_event": 1, "other_version": 1}
+    reasons = [r.reason for r in sorted_.rejected]
+    assert "no review item with this event id and judge was queued" in reasons[0]
+    assert "judged with 'v0'" in reasons[1]
+
+
+def test_the_state_file_keeps_the_newest_queued_verdicts_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(state_module, "QUEUED_KEPT", 3)
+    with StateStore(tmp_path / "state.sqlite") as store:
+        for i in range(5):
+            store.apply_cycle("chat", CycleOutcome(labels=LabelsTaken(
+                "chat.labels", review_topic="chat.review", review_offsets={0: i + 1},
+                queued=[(f"e{i}", "groundedness", "local")],
+            )))
+        keys = [(f"e{i}", "groundedness") for i in range(5)]
+        assert store.queued_versions(keys) == {k: "local" for k in keys[2:]}
+        assert store.offsets("chat.review") == {0: 5}
+
+
+def grades(counts: dict) -> dict[tuple[str, str], int]:
+    return {(dict(lab)["grade"], dict(lab)["rating"]): int(v) for (name, lab), v in counts.items()
+            if name == "ragpulse_review_label_grades_total"}
+
+
+def test_a_correct_score_is_tabulated_by_grade_and_counted_as_pass_or_fail_by_the_pass_score(
+) -> None:
+    def scored(event: str, judge_rating: str, score: float) -> bytes:
+        return encode_label(LabelRecord(
+            label_id=label_id(event, "groundedness", "local", "ann"), event_id=event,
+            judge="groundedness", prompt_version="local", judge_rating=judge_rating,
+            verdict="score", correct_score=score, reviewer="ann",
+            labelled_at=datetime(2026, 11, 28, tzinfo=UTC), reason="random",
+        ))[1]
+
+    values = [scored("a", "yes", 3), scored("b", "yes", 1), scored("c", "no", 0),
+              scored("d", "no", 2)]
+    records = [record(v, i) for i, v in enumerate(values)]
+    # The judge's pass score is 2 (a 0-3 scale): 3 and 2 are passes, 1 and 0 fails.
+    sorted_ = sort_labels(records, VERSIONS, nothing_before, None, {"groundedness": 2.0})
+    assert outcomes(sorted_.counts) == {"counted": 4}
+    assert cells(sorted_.counts) == {("random", "yes", "yes"): 1, ("random", "no", "yes"): 1,
+                                     ("random", "no", "no"): 1, ("random", "yes", "no"): 1}
+    assert grades(sorted_.counts) == {("3", "yes"): 1, ("1", "yes"): 1, ("0", "no"): 1,
+                                      ("2", "no"): 1}
+    # Without the judge's pass score, the grades are still tabulated, and nothing is in the
+    # yes/no table.
+    unknown = sort_labels(records, VERSIONS, nothing_before)
+    assert outcomes(unknown.counts) == {"not_binary": 4}
+    assert not cells(unknown.counts) and grades(unknown.counts) == grades(sorted_.counts)

@@ -30,6 +30,7 @@ from ragpulse.pipeline.kafka_security import PLAINTEXT
 from ragpulse.pipeline.records import InferenceRecord, JudgedEvent
 from ragpulse.pipeline.sinks.kafka import KafkaTopic
 from ragpulse.pipeline.stages.review import (
+    QUEUED_VERDICTS,
     REFUSED_ITEMS,
     HourlyBound,
     ReviewQueueConfig,
@@ -275,6 +276,10 @@ def test_an_event_that_makes_no_valid_item_is_refused_without_failing_the_bundle
     assert headers["reason"].startswith(b"too_large: review item of ")
     assert int(headers["original-size"]) > MAX_REVIEW_ITEM_BYTES
     assert too_large.value.key == b"req-1" and headers["truncated"] == b"false"
-    ((key, value),) = select.process(judged(no()))
+    *queued, (key, value) = select.process(judged(no()))
     assert key == b"req-1" and decode_item(value).reason == "random"
+    # Each verdict of the item, for the stream's labels to be checked against.
+    assert [(q.tag, q.value.event_id, q.value.judge) for q in queued] == [
+        (QUEUED_VERDICTS, "req-1", v.judge) for v in decode_item(value).verdicts
+    ]
     HourlyBound.reset()

@@ -422,18 +422,17 @@ def overview(cfg: dict[str, Any]) -> dict[str, Any]:
         width=6, unit="short",
         description="Labels counted over the last day, per judge and slice, and the labels "
                     "not counted (duplicate, not_binary; dead-lettered: unknown_judge, "
-                    "other_version, malformed)."))
+                    "unknown_event, other_version, malformed)."))
     board.with_panel(graph(
         "Review queue: items queued and labelled",
-        query("sum(ragpulse_review_queued_total) - sum(ragpulse_review_labels_read_total"
-              '{outcome=~"counted|not_binary"}) / scalar(count(count by (judge) '
-              "(ragpulse_review_labels_total)))", "queue depth (estimate)"),
+        query("max by (state) (ragpulse_review_queue_depth)", "queue depth: {{state}}"),
         query("sum by (reason) (increase(ragpulse_review_queued_total[1d]))",
               "queued per day: {{reason}}"),
         width=6, unit="short",
-        description="Items published to the review topic less the items labelled (labels "
-                    "kept divided by the judges labelled: an estimate, exact when one "
-                    "reviewer labels every judge of an item), and the items queued per day."))
+        description="The review queue's depth as the review page measures it "
+                    "(ragpulse review's /metrics): items it holds that no reviewer has "
+                    "labelled yet (unlabelled) and review-topic records it has not read yet "
+                    "(unread); and the items queued per day."))
 
     board.with_row(builders.Row("Retrieval"))
     board.with_panel(graph(

@@ -19,12 +19,13 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 from prometheus_client import make_wsgi_app
 
-from ragpulse.pipeline.formats import rating_rows
+from ragpulse.pipeline.formats import label_counts, rating_rows
 from ragpulse.pipeline.kafka_security import check_access, connect
 from ragpulse.pipeline.metrics import catalogue, counting
 from ragpulse.pipeline.metrics.collector import MetricsSnapshot, registry_for
@@ -39,8 +40,10 @@ from ragpulse.pipeline.metrics.labels import (
     EXPORTER_BOUNDED_LABELS,
     LabelBudget,
 )
+from ragpulse.pipeline.service.labels import label_figures
 from ragpulse.pipeline.service.panes import PaneTable
 from ragpulse.pipeline.settings.models import ExporterSettings
+from ragpulse.pipeline.windows import WindowKey
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,9 @@ class RatingsExporter:
     def __init__(self, settings: ExporterSettings) -> None:
         self._settings = settings
         self._table = PaneTable(settings.retention_seconds, settings.max_future_skew_seconds)
+        # The reviewers' label counters so far (formats/label_counts.py): the largest value
+        # read of each, since each row holds the whole count and counts only grow.
+        self._label_counts: dict[counting.CounterKey, int] = {}
         self._budget = LabelBudget(settings.labels, EXPORTER_BOUNDED_LABELS)
         # Counter keys exported so far: a label value admitted once keeps its own series.
         self._admitted: frozenset[counting.CounterKey] = frozenset()
@@ -70,8 +76,18 @@ class RatingsExporter:
             complete, counts = self._budget.bound(snap.complete, snap.counts, self._admitted)
             self._admitted = frozenset(counts)
             in_progress, _ = self._budget.bound(snap.in_progress, {}, self._admitted)
+            labelled = dict(self._label_counts)
+        if labelled:
+            # Every outcome at 0 until it grows, as serve exports them (increase() would not
+            # see a series' first sample).
+            for outcome in catalogue.LABEL_OUTCOMES:
+                labelled.setdefault(counting.key(catalogue.REVIEW_LABELS_READ, outcome=outcome), 0)
+        figures = label_figures(
+            labelled, judged_versions(labelled, {**in_progress, **complete}), {}, "", None
+        )
         return dataclasses.replace(
-            snap, counts=counts, complete=complete, in_progress=in_progress
+            snap, counts={**counts, **labelled}, complete=complete, in_progress=in_progress,
+            agreements=figures.agreements, calibrations=figures.calibrations,
         )
 
     def healthy(self) -> tuple[bool, str]:
@@ -136,6 +152,9 @@ class RatingsExporter:
         self._last_answer = time.time()
 
     def _take(self, record: Any) -> None:
+        if label_counts.is_label_count(record.value or b""):
+            self._take_label_count(record)
+            return
         try:
             pane = rating_rows.decode(record.value or b"")
         except rating_rows.InvalidRatingRow as exc:
@@ -146,10 +165,40 @@ class RatingsExporter:
             return
         self.apply(pane)
 
+    def _take_label_count(self, record: Any) -> None:
+        try:
+            key, value = label_counts.decode(record.value)
+        except label_counts.InvalidLabelCount as exc:
+            log.warning(
+                "skipped the record at %s/%d offset %d: %s",
+                record.topic, record.partition, record.offset, exc,
+            )
+            return
+        with self._lock:
+            self._label_counts[key] = max(value, self._label_counts.get(key, 0))
+
     def apply(self, pane: rating_rows.RatingPane) -> None:
         """Take one pane read from the ratings topic (see `PaneTable.apply`)."""
         with self._lock:
             self._table.apply(pane)
+
+
+def judged_versions(
+    counts: Mapping[counting.CounterKey, float], windows: Iterable[WindowKey]
+) -> dict[str, str]:
+    """The prompt version each judge's labels are shown for: the version of its newest window
+    (the one its corrected pass ratio applies to), else the last of its labels' versions."""
+    versions: dict[str, str] = {}
+    for (name, labels), _ in sorted(counts.items()):
+        if name == catalogue.REVIEW_LABELS:
+            lab = dict(labels)
+            versions[lab["judge"]] = max(lab["version"], versions.get(lab["judge"], ""))
+    newest: dict[str, float] = {}
+    for key in windows:
+        if key.window_start >= newest.get(key.judge, float("-inf")):
+            newest[key.judge] = key.window_start
+            versions[key.judge] = key.version
+    return versions
 
 
 def main(settings: ExporterSettings) -> int:

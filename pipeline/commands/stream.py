@@ -41,18 +41,33 @@ def runner_beam_args(settings: StreamSettings) -> tuple[str, ...]:
 
 
 def stream_sinks(settings: StreamSettings) -> StreamSinks:
-    """The dead-letter and ratings topics, both retried by the runner until acknowledged."""
-    from ragpulse.pipeline.graphs.unbounded import StreamSinks
-    from ragpulse.pipeline.sinks.kafka import KafkaTopic, PublishDeadLetters, PublishRatings
+    """The dead-letter and ratings topics, both retried by the runner until acknowledged; with
+    the review queue on, the labels topic read back and its counts to the ratings topic."""
+    from ragpulse.pipeline.graphs.unbounded import ReadKafkaStream, StreamLabels, StreamSinks
+    from ragpulse.pipeline.sinks.kafka import (
+        KafkaTopic,
+        PublishDeadLetters,
+        PublishLabelCounts,
+        PublishRatings,
+    )
 
     def topic(name: str) -> KafkaTopic:
         return KafkaTopic(
             settings.bootstrap, settings.kafka_security, name, settings.kafka_timeout_seconds
         )
 
+    labels = settings.labels_config()
     return StreamSinks(
         dead_letters=PublishDeadLetters(topic(settings.dead_letter_topic), runner_retries=True),
         ratings=PublishRatings(topic(settings.ratings_topic)),
+        labels=None if labels is None else StreamLabels(
+            source=ReadKafkaStream(
+                settings.bootstrap, settings.labels_topic, dict(settings.consumer_config),
+                settings.expansion_service,
+            ),
+            counts=PublishLabelCounts(topic(settings.ratings_topic)),
+            config=labels,
+        ),
     )
 
 

@@ -177,12 +177,20 @@ class LabelRecord(BaseModel):
         return self.reason == "random"
 
 
-def human_rating(label: LabelRecord) -> Literal["yes", "no"] | None:
+def human_rating(
+    label: LabelRecord, pass_score: float | None = None
+) -> Literal["yes", "no"] | None:
     """The rating the reviewer would give, when the label says it on the judge's yes/no: the
-    judge's own when `right`, the other one when `wrong`; None for a judge that could not
-    grade (`error`) or a correct score on a graded scale (`score`)."""
-    if label.judge_rating == "error" or label.verdict == "score":
+    judge's own when `right`, the other one when `wrong`; on a graded scale (`score`), `yes`
+    when the correct score is at or above the judge's own `pass_score` (what its verdicts
+    count as a pass). None for a judge that could not grade (`error`), or a correct score
+    whose judge's pass score is not known here."""
+    if label.judge_rating == "error":
         return None
+    if label.verdict == "score":
+        if pass_score is None or label.correct_score is None:
+            return None
+        return "yes" if label.correct_score >= pass_score else "no"
     if label.verdict == "right":
         return label.judge_rating
     return "no" if label.judge_rating == "yes" else "yes"

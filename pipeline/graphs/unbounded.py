@@ -7,6 +7,8 @@
         -> PublishRatings: each pane as a rating row on the ratings topic
     ParseEvents' dead letters -> PublishDeadLetters -> the dead-letter topic
     JudgeEvents' verdicts -> QueueForReview -> the review topic (--review-rate, stages/review.py)
+        the verdicts queued + the labels topic -> CountLabels (stages/labels.py)
+        -> label counts to the ratings topic, labels kept apart to the dead-letter topic
 
 How the window ratings get to Prometheus: (a) a ratings topic read by `ragpulse exporter`,
 which serves /metrics, rather than (b) the Prometheus Pushgateway. Panes accumulate, so each
@@ -46,6 +48,7 @@ from ragpulse.pipeline.formats.rating_rows import PaneTiming, RatingPane
 from ragpulse.pipeline.graphs.bounded import StageConfig, with_sessions
 from ragpulse.pipeline.records import SourceRecord
 from ragpulse.pipeline.stages.judge import JudgeEvents
+from ragpulse.pipeline.stages.labels import CountLabels, LabelsConfig
 from ragpulse.pipeline.stages.parse import ParseEvents
 from ragpulse.pipeline.stages.review import QueueForReview
 from ragpulse.pipeline.stages.windows import (
@@ -96,6 +99,19 @@ class StreamSinks:
 
     dead_letters: beam.PTransform
     ratings: beam.PTransform
+    # The reviewers' labels read back (stages/labels.py): their source and where the label
+    # counts go (the ratings topic); None: no labels read.
+    labels: StreamLabels | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamLabels:
+    """The labels branch: `source` yields the labels topic's `SourceRecord`s stamped with their
+    Kafka record time, `counts` takes label-count rows (Kafka key, value)."""
+
+    source: beam.PTransform
+    counts: beam.PTransform
+    config: LabelsConfig
 
 
 def build_stream(
@@ -113,7 +129,9 @@ def build_stream(
         config.judges, batch_size=config.judge_batch_size
     )
     if config.review is not None:
-        _ = judged | "QueueForReview" >> QueueForReview(config.review, runner_retries=True)
+        queued = judged | "QueueForReview" >> QueueForReview(config.review, runner_retries=True)
+        if sinks.labels is not None:
+            _count_labels(p, queued, sinks)
     if config.sessions is not None:
         # As in `run` (pipeline.stages.sessions): a session is judged when the watermark passes its
         # last turn + the gap, and counted in the window of its last turn, in a late pane of
@@ -132,6 +150,15 @@ def build_stream(
         window_size=config.window_seconds, schedule=schedule
     )
     _ = panes | "WriteRatings" >> sinks.ratings
+
+
+def _count_labels(p: beam.Pipeline, queued: Any, sinks: StreamSinks) -> None:
+    """The labels branch (stages/labels.py), checked against the verdicts `queued`."""
+    assert sinks.labels is not None
+    labels = p | "ReadLabels" >> sinks.labels.source
+    rows, rejected = (labels, queued) | "CountLabels" >> CountLabels(config=sinks.labels.config)
+    _ = rows | "WriteLabelCounts" >> sinks.labels.counts
+    _ = rejected | "WriteLabelDeadLetters" >> sinks.dead_letters
 
 
 def _source_record(row: Any) -> SourceRecord:

@@ -77,8 +77,10 @@ REVIEW_REFUSED = "ragpulse_review_refused_total"
 # judge, prompt version and slice, and every labels-topic record by what became of it.
 REVIEW_LABELS = "ragpulse_review_labels_total"
 REVIEW_LABELS_READ = "ragpulse_review_labels_read_total"
+REVIEW_LABEL_GRADES = "ragpulse_review_label_grades_total"
 LabelOutcome = Literal[
-    "counted", "duplicate", "not_binary", "unknown_judge", "other_version", "malformed"
+    "counted", "duplicate", "not_binary", "unknown_judge", "unknown_event", "other_version",
+    "malformed",
 ]
 LABEL_OUTCOMES: tuple[LabelOutcome, ...] = get_args(LabelOutcome)
 
@@ -103,6 +105,8 @@ SESSIONS_OPEN = "ragpulse_sessions_open"
 BUDGET_PER_HOUR = "ragpulse_judge_budget_per_hour"
 BUDGET_SPENT_THIS_HOUR = "ragpulse_judge_budget_spent_this_hour"
 SAMPLE_FACTOR = "ragpulse_judge_sample_factor"
+# `ragpulse review`'s /metrics: the review queue's depth (pipeline/review/queue.py).
+REVIEW_QUEUE_DEPTH = "ragpulse_review_queue_depth"
 
 # -- families the collector builds at scrape time ------------------------------------------------
 JUDGE_LATENCY = "ragpulse_judge_latency_seconds"  # histogram
@@ -211,13 +215,20 @@ COUNTER_HELP: dict[str, str] = {
     "they were chosen.",
     REVIEW_REFUSED: "Review items refused, by reason (too_large: over the review page's limit; "
     "invalid: not a valid review item, e.g. an event id over 4096 characters).",
-    REVIEW_LABELS: "serve: reviewers' labels of yes/no verdicts counted once each, by judge, "
-    "prompt version, slice (random: the uniform --review-rate slice, the error-rate estimate's; "
-    "targeted: items queued on purpose), the reviewer's rating (human) and the judge's (rating).",
-    REVIEW_LABELS_READ: "serve: labels-topic records read, by outcome: counted; duplicate (a "
-    "label id counted already); not_binary (the judge could not grade, or a graded scale's "
-    "correct score); and, sent to the dead-letter topic with the reason, unknown_judge, "
-    "other_version (not the running prompt version) and malformed.",
+    REVIEW_LABELS: "serve and stream: reviewers' labels of yes/no verdicts counted once each, "
+    "by judge, prompt version, slice (random: the uniform --review-rate slice, the error-rate "
+    "estimate's; targeted: items queued on purpose), the reviewer's rating (human) and the "
+    "judge's (rating).",
+    REVIEW_LABEL_GRADES: "serve and stream: reviewers' correct scores on a graded scale, "
+    "counted once each, by judge, prompt version, slice, the reviewer's score (grade) and the "
+    "judge's rating; mapped to pass/fail by the judge's pass score, they are also in "
+    "ragpulse_review_labels_total.",
+    REVIEW_LABELS_READ: "serve and stream: labels-topic records read, by outcome: counted; "
+    "duplicate (a label id counted already); not_binary (the judge could not grade, or a "
+    "graded scale's correct score of a judge whose pass score is not known); and, sent to the "
+    "dead-letter topic with the reason, unknown_judge, unknown_event (no review item with this "
+    "event id and judge is on record), other_version (not the judged prompt version) and "
+    "malformed.",
 }
 
 GAUGE_HELP: dict[str, str] = {
@@ -233,6 +244,9 @@ GAUGE_HELP: dict[str, str] = {
     "cycle (1: not limited; rates never go below --judge-min-sample-rate).",
     SESSIONS_OPEN: "serve: conversations open (not judged yet) in the state file after the "
     "last cycle; at most --session-max-open, plus the sessions one cycle starts.",
+    REVIEW_QUEUE_DEPTH: "ragpulse review: the review queue's depth, by state: unlabelled "
+    "(items the page holds that no reviewer has labelled a judge of yet) and unread "
+    "(review-topic records past the page's positions).",
     TRACES_PENDING: "Traces whose spans are held for assembly (--input-format otlp_*), waiting "
     "for --trace-assembly-wait to pass.",
 }
@@ -253,19 +267,21 @@ FAMILY_HELP: dict[str, str] = {
     "instances.",
     CALIBRATION_LABELLED: "Human-labelled events the judge graded that its pass ratio is "
     "corrected with, by label: the --judge-calibration set plus, in serve, the reviewers' "
-    "labels of the random slice of the running prompt version.",
+    "labels of the random slice of the running prompt version (stream: the reviewers' labels "
+    "alone).",
     CALIBRATION_SENSITIVITY: "Share of the labelled passes the judge passed (the "
     "--judge-calibration set and the random slice's review labels).",
     CALIBRATION_SPECIFICITY: "Share of the labelled fails the judge failed (the "
     "--judge-calibration set and the random slice's review labels).",
-    HUMAN_KAPPA: "serve: Cohen's kappa of the judge's yes/no ratings and the reviewers', per "
-    "running prompt version and slice (random: the unbiased estimate; targeted: apart).",
-    HUMAN_SENSITIVITY: "serve: share of the items reviewers passed that the judge passed, per "
-    "running prompt version and slice.",
-    HUMAN_SPECIFICITY: "serve: share of the items reviewers failed that the judge failed, per "
-    "running prompt version and slice.",
-    HUMAN_LABELS: "serve: reviewers' yes/no labels behind the three figures above, per "
-    "running prompt version, slice and the reviewer's rating (human).",
+    HUMAN_KAPPA: "serve and stream: Cohen's kappa of the judge's yes/no ratings and the "
+    "reviewers', per running prompt version and slice (random: the unbiased estimate; "
+    "targeted: apart).",
+    HUMAN_SENSITIVITY: "serve and stream: share of the items reviewers passed that the judge "
+    "passed, per running prompt version and slice.",
+    HUMAN_SPECIFICITY: "serve and stream: share of the items reviewers failed that the judge "
+    "failed, per running prompt version and slice.",
+    HUMAN_LABELS: "serve and stream: reviewers' yes/no labels behind the three figures "
+    "above, per running prompt version, slice and the reviewer's rating (human).",
 }
 
 _HISTOGRAMS = (JUDGE_LATENCY, AGENT_LATENCY, CYCLE_DURATION)

@@ -38,6 +38,7 @@ from ragpulse.pipeline.formats.review import (
     ReviewItem,
     label_id,
 )
+from ragpulse.pipeline.metrics import catalogue
 from ragpulse.pipeline.review.access import Login
 from ragpulse.pipeline.review.queue import LabelNotSaved, LabelPublisher, ReviewQueue
 
@@ -100,6 +101,18 @@ def review_app(
         refused = " ".join(f"{why}={n}" for why, n in sorted(status.refused.items()))
         counts = f"items {status.items} labels {status.labels} dead-lettered {refused or 0}"
         return f"ok\n{counts}\n", 200
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        # The queue's depth, for the dashboard (behind the reviewers' login, as every page).
+        status = queue.status()
+        name, help_text = catalogue.REVIEW_QUEUE_DEPTH, catalogue.GAUGE_HELP[
+            catalogue.REVIEW_QUEUE_DEPTH]
+        lines = [f"# HELP {name} {help_text}", f"# TYPE {name} gauge",
+                 f'{name}{{state="unlabelled"}} {status.unlabelled}',
+                 f'{name}{{state="unread"}} {status.unread}']
+        return Response("\n".join(lines) + "\n", 200,
+                        {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     @app.get("/")
     def next_item() -> Any:

@@ -53,6 +53,11 @@ class QueueStatus:
     labels: int
     refused: dict[str, int]
     error: str | None
+    # The queue's depth: items held that no reviewer has labelled a judge of yet, and
+    # review-topic records not read yet (end offsets less the page's positions, as of the
+    # last poll).
+    unlabelled: int = 0
+    unread: int = 0
 
 
 # Publishes one dead letter (key, value, headers) and returns once the broker acknowledged it;
@@ -114,6 +119,7 @@ class ReviewQueue:
         # re-read after an error refuses them again: they are not sent twice).
         self._lettered: set[tuple[int, int]] = set()
         self._error: str | None = None
+        self._unread_count = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -147,8 +153,10 @@ class ReviewQueue:
                     for record in records:
                         self._take(tp.topic, record.value or b"", tp.partition,
                                    record.offset, record.key)
+                unread = self._unread(consumer, assigned)
                 with self._lock:
                     self._error = None
+                    self._unread_count = unread
             except Exception as exc:  # the broker away, a topic gone: said on the page, retried
                 with self._lock:
                     self._error = f"{type(exc).__name__}: {exc}"
@@ -162,6 +170,14 @@ class ReviewQueue:
                 self._stop.wait(2.0)
         if consumer is not None:
             consumer.close()
+
+    def _unread(self, consumer: KafkaConsumer, assigned: set[TopicPartition]) -> int:
+        """Review-topic records past the page's positions (the broker's end offsets now)."""
+        review = sorted(tp for tp in assigned if tp.topic == self._topics[0])
+        if not review:
+            return 0
+        ends = consumer.end_offsets(review)
+        return sum(max(0, ends[tp] - consumer.position(tp)) for tp in review)
 
     def _assign(
         self, consumer: KafkaConsumer, assigned: set[TopicPartition]
@@ -257,8 +273,10 @@ class ReviewQueue:
 
     def status(self) -> QueueStatus:
         with self._lock:
+            labelled = {event_id for event_id, _ in self._labelled}
+            unlabelled = sum(1 for event_id in self._items if event_id not in labelled)
             return QueueStatus(len(self._items), len(self._label_ids), dict(self._refused),
-                               self._error)
+                               self._error, unlabelled, self._unread_count)
 
 
 class LabelNotSaved(RuntimeError):

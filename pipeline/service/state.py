@@ -204,13 +204,26 @@ CREATE TABLE IF NOT EXISTS session_spans_gap (gap REAL NOT NULL)
 # schema bump: the id of each label whose verdict is in the `ragpulse_review_labels_total`
 # counters, saved with the labels topic's offsets (in `offsets`, under that topic's name), so a
 # label read again after a crash, or published twice, is counted once.
+#
+# With them, the record of the verdicts queued for review (read back from the review topic, its
+# offsets in `offsets` too): a label of a verdict not in it is `unknown_event`. It keeps the
+# newest QUEUED_KEPT verdicts (`seq` orders them), so it stays bounded.
 _LABELS_TABLE = """
 CREATE TABLE IF NOT EXISTS review_labels (
     label_id TEXT PRIMARY KEY,
     judge TEXT NOT NULL,
     version TEXT NOT NULL
-)
+);
+CREATE TABLE IF NOT EXISTS review_queued (
+    event_id TEXT NOT NULL,
+    judge TEXT NOT NULL,
+    version TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    PRIMARY KEY (event_id, judge)
+);
+CREATE INDEX IF NOT EXISTS review_queued_by_seq ON review_queued (seq)
 """
+QUEUED_KEPT = 1_000_000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -239,7 +252,8 @@ class CycleOutcome:
     are in `counts`) and deletes the ones done with. `sessions`: the cycle's changes to the
     saved conversations; the verdict counts of re-opened sessions (`retracted`) are taken out
     of their windows after `windows` is added. `labels`: the labels topic's offsets and the
-    ids of the labels counted (their counts are in `counts`).
+    ids of the labels counted (their counts are in `counts`), the review topic's offsets and
+    the verdicts queued there.
     """
 
     windows: Mapping[WindowKey, RatingCounts] = dataclasses.field(default_factory=dict)
@@ -268,6 +282,11 @@ class LabelsTaken:
     topic: str
     offsets: Mapping[int, int] = dataclasses.field(default_factory=dict)
     counted: Sequence[tuple[str, str, str]] = ()  # (label_id, judge, prompt version)
+    # The review topic read with them: where it goes on from, and the verdicts queued there,
+    # (event id, judge, prompt version), kept for the labels to come (`review_queued`).
+    review_topic: str = ""
+    review_offsets: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    queued: Sequence[tuple[str, str, str]] = ()
 
 
 class StateError(RuntimeError):
@@ -299,7 +318,8 @@ class StateStore:
         _add_pace_columns(self._db)
         for statement in _SESSION_TABLES.split(";"):
             self._db.execute(statement)
-        self._db.execute(_LABELS_TABLE)
+        for statement in _LABELS_TABLE.split(";"):
+            self._db.execute(statement)
 
     @staticmethod
     def move_aside(path: str | Path) -> Path:
@@ -546,6 +566,21 @@ class StateStore:
                 f"({','.join('?' * len(chunk))})", chunk,
             )
             found.update(r["label_id"] for r in rows)
+        return found
+
+    def queued_versions(
+        self, keys: Iterable[tuple[str, str]]
+    ) -> dict[tuple[str, str], str]:
+        """The prompt version of each (event id, judge) of `keys` queued for review, among the
+        newest QUEUED_KEPT queued verdicts."""
+        found: dict[tuple[str, str], str] = {}
+        for event_id, judge in set(keys):
+            row = self._db.execute(
+                "SELECT version FROM review_queued WHERE event_id=? AND judge=?",
+                (event_id, judge),
+            ).fetchone()
+            if row is not None:
+                found[(event_id, judge)] = row["version"]
         return found
 
     def counters(self) -> counting.Counts:
@@ -943,12 +978,24 @@ def _save_labels(db: sqlite3.Connection, taken: LabelsTaken) -> None:
     """`StateStore.apply_cycle`'s part for the labels topic (inside its transaction). An
     offset may move back (the labels topic recreated): the labels read again are known by their
     ids."""
-    for partition, next_offset in taken.offsets.items():
+    offsets = [(taken.topic, p, o) for p, o in taken.offsets.items()]
+    offsets += [(taken.review_topic, p, o) for p, o in taken.review_offsets.items()]
+    for topic, partition, next_offset in offsets:
         db.execute(
             "INSERT INTO offsets (topic, partition, next_offset) VALUES (?, ?, ?) "
             "ON CONFLICT (topic, partition) DO UPDATE SET next_offset=excluded.next_offset",
-            (taken.topic, partition, next_offset),
+            (topic, partition, next_offset),
         )
+    if taken.queued:
+        (last,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM review_queued").fetchone()
+        db.executemany(
+            "INSERT INTO review_queued (event_id, judge, version, seq) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (event_id, judge) DO UPDATE SET version=excluded.version, "
+            "seq=excluded.seq",
+            [(e, j, v, last + i) for i, (e, j, v) in enumerate(taken.queued, 1)],
+        )
+        db.execute("DELETE FROM review_queued WHERE seq <= ?",
+                   (last + len(taken.queued) - QUEUED_KEPT,))
     try:
         db.executemany(
             "INSERT INTO review_labels (label_id, judge, version) VALUES (?, ?, ?)",

@@ -698,6 +698,18 @@ STREAM = FlagTable(StreamSettings, (
     ),
     *SESSIONS,
     *REVIEW,
+    Flag(
+        "--labels-topic", "labels_topic", group=_REVIEW,
+        help="the reviewers' labels `ragpulse review` publishes, read back (with --review-rate "
+        "above 0) into each judge's agreement with people, counted once per label in Beam "
+        "state and published as label counts to the ratings topic (default: TOPIC.labels)",
+    ),
+    duration_flag(
+        "--review-label-horizon", "review_label_horizon_seconds", group=_REVIEW,
+        help="how long after an event its queued verdicts are remembered for their labels; a "
+        "label of an item queued longer ago (or never) is dead-lettered as unknown_event "
+        "(default: {default})",
+    ),
     JUDGES,
     Flag(
         "--runner", "runner", group="beam", required=True, metavar="NAME",

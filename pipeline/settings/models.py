@@ -71,6 +71,7 @@ from ragpulse.pipeline.windows import parse_time
 
 if TYPE_CHECKING:
     from ragpulse.pipeline.graphs.bounded import StageConfig
+    from ragpulse.pipeline.stages.labels import LabelsConfig
     from ragpulse.pipeline.stages.review import ReviewQueueConfig
     from ragpulse.pipeline.stages.sessions import SessionConfig
 
@@ -555,22 +556,37 @@ class ReviewFields(BaseModel):
         )
 
 
-def _judge_scales(judges: JudgeSettings) -> dict[str, tuple[int, ...] | None]:
-    """Each LLM judge's graded scale (None: binary), from its prompt; the local judges have
-    none (an empty mapping on the local backend)."""
+def _judge_prompts(judges: JudgeSettings) -> dict[str, Any]:
+    """Each LLM judge's prompt (`judges.llm.judge.JudgePrompt`); the local judges have none (an
+    empty mapping on the local backend), nor do judges of computed scores."""
     if judges.backend != "openai":
         return {}
     from ragpulse.judges.llm.judge import load_prompt
 
     custom = {c.entry.name: c.prompt for c in judges.custom_judges}
-    scales: dict[str, tuple[int, ...] | None] = {}
+    prompts: dict[str, Any] = {}
     for name in judges.names:
         try:
-            prompt = custom[name] if name in custom else load_prompt(name, judges.prompts_dir)
+            prompts[name] = (
+                custom[name] if name in custom else load_prompt(name, judges.prompts_dir)
+            )
         except ValueError:  # a judge without a prompt (computed scores): no scale to offer
             continue
-        scales[name] = prompt.scores
-    return scales
+    return prompts
+
+
+def _judge_scales(judges: JudgeSettings) -> dict[str, tuple[int, ...] | None]:
+    """Each LLM judge's graded scale (None: binary), from its prompt."""
+    return {name: prompt.scores for name, prompt in _judge_prompts(judges).items()}
+
+
+def judge_pass_scores(judges: JudgeSettings) -> dict[str, float]:
+    """The pass score of each judge on a graded scale (its lowest score rated "yes"): what a
+    reviewer's correct score is mapped to pass or fail by."""
+    return {
+        name: float(prompt.pass_score) for name, prompt in _judge_prompts(judges).items()
+        if prompt.scores is not None and prompt.pass_score is not None
+    }
 
 
 class RunSettings(SessionFields, BatchSettings):
@@ -605,6 +621,11 @@ class StreamSettings(WatermarkFields, ReviewFields, SessionFields, EventSettings
     early_firing_seconds: float = Field(60.0, ge=1)
     runner: str
     wait: bool = False  # wait for the job to end instead of returning once it is submitted
+    # The reviewers' labels, read back with the review queue on (pipeline.stages.labels).
+    labels_topic: str = Field(min_length=1)
+    # How long (event time) a queued verdict is remembered for its labels: a label of an item
+    # queued longer ago is `unknown_event`.
+    review_label_horizon_seconds: float = Field(30 * 86400.0, gt=0)
 
     @field_validator("runner")
     @classmethod
@@ -621,7 +642,22 @@ class StreamSettings(WatermarkFields, ReviewFields, SessionFields, EventSettings
     @classmethod
     def _topics_named_after_the_input(cls, data: Any) -> Any:
         return _derived_topics(
-            data, dead_letter_topic=".dlq", ratings_topic=".ratings", review_topic=".review"
+            data, dead_letter_topic=".dlq", ratings_topic=".ratings", review_topic=".review",
+            labels_topic=".labels",
+        )
+
+    def labels_config(self) -> LabelsConfig | None:
+        """The labels branch's configuration, or None when no review queue runs (every label
+        would be of an item this job never queued)."""
+        if self.review_rate == 0:
+            return None
+        from ragpulse.pipeline.stages.labels import LabelsConfig
+
+        return LabelsConfig(
+            versions=self.judges.spec().prompt_versions(),
+            horizon_seconds=self.review_label_horizon_seconds,
+            early_firing_seconds=self.early_firing_seconds,
+            pass_scores=judge_pass_scores(self.judges),
         )
 
     @model_validator(mode="after")

@@ -391,6 +391,13 @@ def PublishRatings(panes: Any, target: KafkaTopic) -> Any:
     return _publish(panes, _rating_record, target, runner_retries=True)
 
 
+@composite_transform
+def PublishLabelCounts(rows: Any, target: KafkaTopic) -> Any:
+    """Sink of `ragpulse stream`: the label counts so far (formats/label_counts.py), as
+    (Kafka key, value) rows, to the ratings topic; the runner retries an unacknowledged bundle."""
+    return _publish(rows, _review_record, target, runner_retries=True)
+
+
 def _verdict_record(policy: TextPolicy) -> Callable[[Any], OutputRecord]:
     def to_record(judged: Any) -> OutputRecord:
         row = verdict_row(judged, policy)

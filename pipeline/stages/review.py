@@ -58,7 +58,7 @@ from ragpulse.pipeline.formats.review import (
 )
 from ragpulse.pipeline.formats.verdict_rows import verdict_row
 from ragpulse.pipeline.metrics import catalogue, counting
-from ragpulse.pipeline.records import JudgedEvent
+from ragpulse.pipeline.records import JudgedEvent, QueuedVerdict
 from ragpulse.pipeline.sinks.kafka import (
     KafkaTopic,
     PublishReviewDeadLetters,
@@ -234,6 +234,7 @@ class HourlyBound:
 
 
 REFUSED_ITEMS = "refused"  # the tag of the items that cannot be queued
+QUEUED_VERDICTS = "queued_verdicts"  # the tag of each queued item's verdicts (stages/labels.py)
 
 
 def _what_is_wrong(exc: ValueError) -> str:
@@ -287,6 +288,10 @@ class _SelectForReview(beam.DoFn):
             ))
             return
         self._counters.inc(counting.key(QUEUED, reason=reason))
+        for view in item.verdicts:
+            yield beam.pvalue.TaggedOutput(
+                QUEUED_VERDICTS, QueuedVerdict(item.event_id, view.judge, view.prompt_version)
+            )
         yield key, value
 
 
@@ -297,15 +302,17 @@ def QueueForReview(
     """Branch of the graph: the judged events queued for review (`queue_reason`), bounded per
     hour, published as review items to `config.target` (`runner_retries`: as the stream's
     sinks, see sinks/kafka.py). `now`: the items' `queued_at` (serve: the cycle's start); None
-    reads the clock per item."""
+    reads the clock per item. Returns the verdicts of the items queued (`QueuedVerdict`s),
+    which the stream checks its reviewers' labels against (stages/labels.py)."""
     chosen = judged | "SelectForReview" >> beam.ParDo(_SelectForReview(config, now)).with_outputs(
-        REFUSED_ITEMS, main="items"
+        REFUSED_ITEMS, QUEUED_VERDICTS, main="items"
     )
     if config.dead_letters is not None:
         _ = chosen[REFUSED_ITEMS] | "PublishRefusedItems" >> PublishReviewDeadLetters(
             config.dead_letters, runner_retries=runner_retries
         )
-    return chosen["items"] | "PublishReviewItems" >> PublishReviewItems(
+    _ = chosen["items"] | "PublishReviewItems" >> PublishReviewItems(
         config.target, runner_retries=runner_retries
     )
+    return chosen[QUEUED_VERDICTS]
 

@@ -3,7 +3,8 @@
 For whoever sets serve's --trigger-interval and wonders how soon a label shows. A real Apache
 Kafka broker (tests/kafka_broker.py) and real `ragpulse serve` subprocesses (local judges, one
 per --trigger-interval given, run side by side on the same broker, each with its own topics):
-each repeat publishes one label to every serve's labels topic at once and polls each /metrics
+each repeat publishes a review item, then one label of it, to every serve's review and labels
+topics at once and polls each /metrics
 every 10 ms until `ragpulse_review_labels_total` shows it. Prints the median and the largest
 delay per serve, and the median as a multiple of its trigger interval.
 
@@ -24,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kafka_broker import ApacheKafkaBroker
+from queued_items import queued_item
 from serve_process import T0, ServeProcess
 
 from ragpulse.pipeline.commands.simulate import simulate
@@ -56,6 +58,7 @@ def main() -> None:
             topic = f"delay{i}"
             broker.create_topic(topic, 1)
             broker.create_topic(f"{topic}.labels", 1)
+            broker.create_topic(f"{topic}.review", 1)
             broker.produce(topic, [e.payload for e in simulate(1, 20, T0, rate=2)], partition=0)
             serve = ServeProcess(
                 broker.bootstrap, topic, work / f"state{i}.sqlite",
@@ -64,6 +67,11 @@ def main() -> None:
             serves.append(serve.start())
         delays: list[list[float]] = [[] for _ in serves]
         for n in range(args.labels):
+            # Its item first, as the review queue publishes it before anyone can label it: a
+            # label of no queued item is unknown_event and never counted.
+            queued = queued_item(f"bench-{n}")
+            for i in range(len(serves)):
+                broker.produce(f"delay{i}.review", [queued], partition=0)
             _, value = encode_label(label(n))
             published = time.time()
             for i in range(len(serves)):
