@@ -40,6 +40,16 @@ def runner_beam_args(settings: StreamSettings) -> tuple[str, ...]:
     return (*settings.beam_args, "--streaming", *RUNNER_BEAM_ARGS.get(settings.runner, ()))
 
 
+def expansion_service(settings: StreamSettings) -> str:
+    """The expansion service that expands ragpulse's Kafka read (both topics the job reads)."""
+    if settings.expansion_service is None:
+        raise SettingsError(
+            "--expansion-service HOST:PORT is needed: a Beam expansion service with ragpulse's "
+            f"Kafka read on its classpath ({START_EXPANSION_SERVICE})"
+        )
+    return settings.expansion_service
+
+
 def stream_sinks(settings: StreamSettings) -> StreamSinks:
     """The dead-letter and ratings topics, both retried by the runner until acknowledged; with
     the review queue on, the labels topic read back and its counts to the ratings topic."""
@@ -61,9 +71,13 @@ def stream_sinks(settings: StreamSettings) -> StreamSinks:
         dead_letters=PublishDeadLetters(topic(settings.dead_letter_topic), runner_retries=True),
         ratings=PublishRatings(topic(settings.ratings_topic)),
         labels=None if labels is None else StreamLabels(
+            # The labels topic's partitions are idle most of the time: the same idle rule as
+            # the events' topic lets the watermark, which decides labels, move on.
             source=ReadKafkaStream(
-                settings.bootstrap, settings.labels_topic, dict(settings.consumer_config),
-                settings.expansion_service,
+                settings.bootstrap, settings.labels_topic, expansion_service(settings),
+                dict(settings.consumer_config),
+                out_of_orderness_s=settings.out_of_orderness_seconds,
+                partition_idle_after_s=settings.partition_idle_after_seconds,
             ),
             counts=PublishLabelCounts(topic(settings.ratings_topic)),
             config=labels,
@@ -79,16 +93,11 @@ def main(settings: StreamSettings) -> int:
     from ragpulse.pipeline.graphs.bounded import own_temp_dir, pipeline_options
     from ragpulse.pipeline.graphs.unbounded import PaneSchedule, ReadKafkaStream, build_stream
 
-    if settings.expansion_service is None:
-        raise SettingsError(
-            "--expansion-service HOST:PORT is needed: a Beam expansion service with ragpulse's "
-            f"Kafka read on its classpath ({START_EXPANSION_SERVICE})"
-        )
     options = pipeline_options(runner_beam_args(settings), settings.runner)
     source = ReadKafkaStream(
         settings.bootstrap,
         settings.topic,
-        settings.expansion_service,
+        expansion_service(settings),
         dict(settings.consumer_config),
         out_of_orderness_s=settings.out_of_orderness_seconds,
         partition_idle_after_s=settings.partition_idle_after_seconds,
