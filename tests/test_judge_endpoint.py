@@ -315,12 +315,13 @@ def test_requests_per_minute_are_paced_under_the_quota(fake_openai: FakeOpenAI) 
     verdicts = judge_batch(endpoint, [GOOD] * 12)
     assert {v.rating for v in verdicts} == {"yes"}
     times = sorted(r.received_at for r in fake_openai.requests)
-    # Four go at once (one second's worth), then one every 0.25 s: the other 8 take 2 s.
-    # (Sends can only be late, never early; margins allow for a busy machine.)
-    span = times[-1] - times[0]
-    assert span >= 1.6, times
-    busiest = max(sum(1 for u in times[i:] if u - t < 1.0) for i, t in enumerate(times))
-    assert busiest <= 9, times  # the bucket (4) plus a second's refill (4), plus one
+    # Four go at once (one second's worth), then one every 0.25 s: the k-th (from 1) not
+    # before (k - 5) * 0.25 s after the first (the bucket starts filling when it is made, a
+    # moment before the first send: one refill of lead). Sends can only be late, never early,
+    # so only this lower bound is checked: a busy machine that delays some sends may bunch
+    # them up later, which is no breach of the quota's pace (10 % margin for the clock).
+    for k, at in enumerate(times, start=1):
+        assert at - times[0] >= 0.9 * max(0, k - 5) * 0.25, (k, times)
 
 
 def test_tokens_per_minute_pace_requests_even_when_one_request_outsizes_the_bucket(
