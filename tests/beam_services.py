@@ -81,11 +81,14 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def service(name: str, argv: Sequence[str], port: int, log_dir: Path) -> Iterator[int]:
+def service(
+    name: str, argv: Sequence[str], port: int, log_dir: Path, python: Path | None = None
+) -> Iterator[int]:
     """Runs `argv` in its own session, output to log_dir/NAME.log, until the block ends, once
-    `port` accepts on loopback; yields its process id. PATH puts this interpreter's directory
-    first, for the `python` processes a worker pool starts."""
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    `port` accepts on loopback; yields its process id. PATH puts the directory of `python`
+    (by default this interpreter) first, for the `python` processes a worker pool starts."""
+    bin_dir = (python or Path(sys.executable)).parent
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     log = log_dir / f"{name}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
