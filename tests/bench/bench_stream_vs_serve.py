@@ -225,6 +225,8 @@ def main() -> None:
         produce_events(broker.bootstrap, topic, events)
         for run in range(args.repeats):
             if args.base:
+                # --base runs with --flink embedded only (checked above).
+                assert isinstance(services, FlinkServices)
                 with revision_services(services, args.base, work) as base_services:
                     results[base].append(stream_run(
                         broker, base_services, topic, windows, f"base-{run}",
