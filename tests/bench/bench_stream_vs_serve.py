@@ -33,7 +33,7 @@ topic's end offset less that committed offset), events counted in the windows by
 /metrics; stream: the latest panes on the ratings topic), how long after the producer's end
 the side had counted every event, the CPU-s of every process of the side from producing's
 start to then, per event, and per event less the side's idle CPU; the stream's on-time panes'
-delay after each window's end; the producer's CPU and the load average:
+delay after each window's end; the producer's and the broker's CPU, and the load average:
 
     RAGPULSE_CACHE=... .venv/bin/python tests/bench/bench_stream_vs_serve.py --live 100
         --live 400 --duration 150
@@ -109,6 +109,12 @@ def session_cpu_seconds(leaders: Iterable[int]) -> float:
         if int(fields[3]) in sessions:  # field 6 of stat: the session id
             total += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
     return total / TICKS
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process (the broker, which shares this process's session)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:13]) / TICKS
 
 
 # The embedded Flink of Beam's job server (a new one for each job) logs its REST API's port.
@@ -335,6 +341,7 @@ class LiveRun:
     producing_s: float
     load: tuple[float, float]  # 1-minute load average when producing began and ended
     producer_cpu: float
+    broker_cpu: float  # the Kafka broker's, from producing's start until both had counted all
     sides: dict[str, LiveSide]
     on_time_delays: dict[float, float]
 
@@ -376,7 +383,7 @@ def live_run(
                 side.cpu_start = {label: session_cpu_seconds([pid])
                                   for label, pid in side.processes.items()}
             load_start = os.getloadavg()[0]
-            started = time.monotonic()
+            started, broker_cpu = time.monotonic(), process_cpu_seconds(broker.pid)
             children_cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
             with (work / f"producer-{run}.log").open("w+") as log:
                 producer = subprocess.Popen(
@@ -420,6 +427,7 @@ def live_run(
                     stream.cpu_used = stream.cpu_now()
                     stream.cpu_seconds = time.monotonic() - started
                 time.sleep(0.5)
+            broker_cpu = process_cpu_seconds(broker.pid) - broker_cpu
             for side in sides.values():
                 if not side.cpu_used:
                     side.cpu_used = side.cpu_now()
@@ -427,14 +435,15 @@ def live_run(
     finally:
         cancel_stream(services)
         panes.close()
-    return LiveRun(rate, produced, producing_s, (load_start, load_end), producer_cpu, sides,
-                   on_time_delays(panes))
+    return LiveRun(rate, produced, producing_s, (load_start, load_end), producer_cpu,
+                   broker_cpu, sides, on_time_delays(panes))
 
 
 def print_live(run: LiveRun) -> None:
     n = run.produced
     print(f"\nlive at {run.rate:g}/s: {n} events produced in {run.producing_s:.1f} s "
-          f"({n / run.producing_s:.1f}/s; the producer used {run.producer_cpu:.1f} CPU-s); "
+          f"({n / run.producing_s:.1f}/s; the producer used {run.producer_cpu:.1f} CPU-s, the "
+          f"broker {run.broker_cpu:.1f}); "
           f"1-minute load average {run.load[0]:.1f} when producing began, "
           f"{run.load[1]:.1f} when it ended; {os.cpu_count()} cores")
     print(f"{'':7} {'judged/s':>9} {'lag at end':>11} {'counted at end':>15} "
