@@ -259,7 +259,7 @@ EMBEDDED_PROCESSES = (
     "worker pool and its SDK workers",
 )
 # How long, after the producer's last event, a side may take to count every event.
-COUNT_ALL_WITHIN_S = 600.0
+COUNT_ALL_WITHIN_S = 300.0
 # Both sides running, nothing produced yet: how long their CPU is measured before producing.
 IDLE_S = 20.0
 # serve's own default, as deployed (tests/serve_process.py runs it with 0.5s): one cycle
@@ -450,7 +450,7 @@ def print_live(run: LiveRun) -> None:
           f"{'all counted after':>18} {'CPU-s':>7} {'over s':>7} {'CPU-ms/event':>13} "
           f"{'idle CPU-s/s':>13} {'less idle':>10}")
     for name, side in run.sides.items():
-        after = ("not within 600s" if side.all_counted_after is None
+        after = (f"not within {COUNT_ALL_WITHIN_S:g}s" if side.all_counted_after is None
                  else f"{side.all_counted_after:.1f} s")
         cpu = sum(side.cpu_used.values())
         # The CPU above what the side used before producing, per event.
@@ -462,17 +462,17 @@ def print_live(run: LiveRun) -> None:
         print(f"{name} CPU-s by process: " + ", ".join(
             f"{label} {cpu:.1f}" for label, cpu in side.cpu_used.items()))
     delays = ", ".join(f"{d:.1f}" for d in run.on_time_delays.values())
-    print(f"stream on-time panes read after their window's end (s, window by window): {delays}")
+    print(f"stream on-time panes read after their window's end (s, window by window): {delays}",
+          flush=True)
 
 
 def live_main(rates: list[float], duration: float, work: Path) -> None:
-    with ApacheKafkaBroker() as broker, flink_services(work) as services:
-        runs = [live_run(broker, services, rate, duration, f"{i}-{rate:g}", work)
-                for i, rate in enumerate(rates)]
     print(f"live: judges {JUDGES} (local), one-minute windows, --partition-idle-after=2s, "
-          f"one topic of one partition read by both sides at once (each its own group)")
-    for run in runs:
-        print_live(run)
+          f"one topic of one partition read by both sides at once (each its own group)",
+          flush=True)
+    with ApacheKafkaBroker() as broker, flink_services(work) as services:
+        for i, rate in enumerate(rates):
+            print_live(live_run(broker, services, rate, duration, f"{i}-{rate:g}", work))
 
 
 def backlog_main(args: argparse.Namespace, work: Path) -> None:
