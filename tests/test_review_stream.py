@@ -13,7 +13,12 @@ from serve_process import read_topic
 from test_stream import GROUNDED, SCHEDULE, T0, UNGROUNDED, event, kafka_record
 
 from ragpulse.judges import TextPolicy
-from ragpulse.pipeline.formats.review import MAX_REVIEW_ITEM_BYTES, ReviewItem, decode_item
+from ragpulse.pipeline.formats.review import (
+    MAX_REVIEW_ITEM_BYTES,
+    ReviewItem,
+    TargetedReason,
+    decode_item,
+)
 from ragpulse.pipeline.graphs.unbounded import StreamSinks, build_stream
 from ragpulse.pipeline.kafka_security import PLAINTEXT
 from ragpulse.pipeline.settings.models import JudgeSettings
@@ -24,21 +29,30 @@ pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 BIG_WORDS = MAX_REVIEW_ITEM_BYTES // 5 + 1000  # " Also" is 5 bytes: the item is over the limit
 
 
+def topic_on(broker: ApacheKafkaBroker, topic: str) -> KafkaTopic:
+    """`topic` of `broker` as a sink's target (plaintext, 10 s requests)."""
+    return KafkaTopic(broker.bootstrap, PLAINTEXT, topic, 10.0)
+
+
+def stream_review_queue(
+    broker: ApacheKafkaBroker, rate: float, targets: tuple[TargetedReason, ...]
+) -> ReviewQueueConfig:
+    """The stream tests' review queue on `broker`: the topics logs.ratings, logs.dlq,
+    logs.review and logs.review.dlq made, the hourly bound reset, items to logs.review."""
+    for topic in ("logs.ratings", "logs.dlq", "logs.review", "logs.review.dlq"):
+        broker.create_topic(topic)
+    HourlyBound.reset()
+    return ReviewQueueConfig(
+        target=topic_on(broker, "logs.review"), rate=rate, targets=targets, unsure_band=0.1,
+        max_per_hour=100, window_seconds=60.0, policy=TextPolicy("on"),
+        dead_letters=topic_on(broker, "logs.review.dlq"),
+    )
+
+
 def test_the_stream_publishes_failing_verdicts_to_the_review_topic(
     kafka_broker: ApacheKafkaBroker,  # noqa: F811
 ) -> None:
-    for topic in ("logs.ratings", "logs.dlq", "logs.review", "logs.review.dlq"):
-        kafka_broker.create_topic(topic)
-
-    def target(topic: str) -> KafkaTopic:
-        return KafkaTopic(kafka_broker.bootstrap, PLAINTEXT, topic, 10.0)
-
-    HourlyBound.reset()
-    review = ReviewQueueConfig(
-        target=target("logs.review"), rate=1e-9, targets=("failing",), unsure_band=0.1,
-        max_per_hour=100, window_seconds=60.0, policy=TextPolicy("on"),
-        dead_letters=target("logs.review.dlq"),
-    )
+    review = stream_review_queue(kafka_broker, rate=1e-9, targets=("failing",))
     config = stage_config(
         judges=JudgeSettings(backend="local", names=("groundedness",)).spec(),
         window_seconds=60.0, review=review,
@@ -56,8 +70,8 @@ def test_the_stream_publishes_failing_verdicts_to_the_review_topic(
         .advance_watermark_to_infinity()
     )
     sinks = StreamSinks(
-        dead_letters=PublishDeadLetters(target("logs.dlq"), runner_retries=True),
-        ratings=PublishRatings(target("logs.ratings")),
+        dead_letters=PublishDeadLetters(topic_on(kafka_broker, "logs.dlq"), runner_retries=True),
+        ratings=PublishRatings(topic_on(kafka_broker, "logs.ratings")),
     )
     options = PipelineOptions(["--streaming", "--runner=BundleBasedDirectRunner"])
     with beam.Pipeline(options=options) as p:

@@ -24,14 +24,13 @@ from graph_runs import stage_config
 from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 from prometheus_client import generate_latest
 from serve_process import Scrape, read_topic
+from test_review_stream import stream_review_queue, topic_on
 from test_stream import GROUNDED, SCHEDULE, T0, UNGROUNDED, event, kafka_record
 
-from ragpulse.judges import TextPolicy
 from ragpulse.pipeline.commands.exporter import RatingsExporter
 from ragpulse.pipeline.formats import label_counts
 from ragpulse.pipeline.formats.review import LabelRecord, encode_label, label_id
 from ragpulse.pipeline.graphs.unbounded import StreamLabels, StreamSinks, build_stream
-from ragpulse.pipeline.kafka_security import PLAINTEXT
 from ragpulse.pipeline.metrics.collector import registry_for
 from ragpulse.pipeline.records import SourceRecord
 from ragpulse.pipeline.settings.models import ExporterSettings, JudgeSettings
@@ -42,7 +41,7 @@ from ragpulse.pipeline.sinks.kafka import (
     PublishRatings,
 )
 from ragpulse.pipeline.stages.labels import LabelsConfig
-from ragpulse.pipeline.stages.review import HourlyBound, ReviewQueueConfig
+from ragpulse.pipeline.stages.review import HourlyBound
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
@@ -104,18 +103,10 @@ LABELS = [
 def test_the_stream_counts_each_label_once_and_the_exporter_shows_serves_figures(
     kafka_broker: ApacheKafkaBroker,  # noqa: F811
 ) -> None:
-    for topic in ("logs.ratings", "logs.dlq", "logs.review", "logs.review.dlq"):
-        kafka_broker.create_topic(topic)
+    review = stream_review_queue(kafka_broker, rate=1.0, targets=())
 
     def target(topic: str) -> KafkaTopic:
-        return KafkaTopic(kafka_broker.bootstrap, PLAINTEXT, topic, 10.0)
-
-    HourlyBound.reset()
-    review = ReviewQueueConfig(
-        target=target("logs.review"), rate=1.0, targets=(), unsure_band=0.1,
-        max_per_hour=100, window_seconds=60.0, policy=TextPolicy("on"),
-        dead_letters=target("logs.review.dlq"),
-    )
+        return topic_on(kafka_broker, topic)
     config = stage_config(judges=SPEC, window_seconds=60.0, review=review)
     script = (
         TestStream(output_tags={"events", "labels"})
