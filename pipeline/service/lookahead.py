@@ -84,9 +84,9 @@ class Lookahead(CostControl):
         self._stop = threading.Event()
         self._consumer: KafkaConsumer | None = None
         self._polled_to: dict[int, int] = {}  # where the consumer's positions are
-        # Partitions an offset reset moved to another log: sought again before the next poll
-        # even where the offset is the one the consumer is at (see `_read_ahead`).
-        self._seek_again: set[int] = set()
+        # Set when an offset reset moved partitions to another log: the next read starts on a
+        # new consumer (see `_read_ahead`).
+        self._renew_consumer = False
         self._failure_log = ThrottledLog(log, 30.0)
         self._thread = threading.Thread(target=self._run, name="ragpulse-lookahead", daemon=True)
         self._thread.start()
@@ -111,7 +111,7 @@ class Lookahead(CostControl):
             self._rules = rules
             self._started = 0
             self._cycles += 1
-            self._seek_again.update(reset)
+            self._renew_consumer = self._renew_consumer or bool(reset)
             if reset:
                 # Under the lock, like the failures' warnings: a warning logged after this
                 # line is about a read from this cycle's positions, never the old log's.
@@ -125,9 +125,13 @@ class Lookahead(CostControl):
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
+        self._close_consumer()
+
+    def _close_consumer(self) -> None:
         if self._consumer is not None:
             self._consumer.close(autocommit=False)
             self._consumer = None
+        self._polled_to = {}
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_SECONDS):
@@ -151,9 +155,7 @@ class Lookahead(CostControl):
                             exc,
                         )
                         # Positions a read failed at (a topic recreated, records deleted) are
-                        # dropped; the next cycle sets them again from its ranges. The
-                        # consumer is sought there even where they are the offsets it failed
-                        # at: its position still holds the failure (`_read_ahead`).
+                        # dropped; the next cycle sets them again from its ranges.
                         self._next.clear()
                     else:
                         # A cycle started during the read and set positions of its own (after
@@ -164,7 +166,9 @@ class Lookahead(CostControl):
                             self._cycles,
                             exc,
                         )
-                self._polled_to = {}
+                # The consumer may hold the failure (its position, a cached validation
+                # error): the next read starts on a new one.
+                self._close_consumer()
                 self._stop.wait(1.0)
                 continue
             if items:
@@ -178,8 +182,9 @@ class Lookahead(CostControl):
             positions = dict(self._next)
             rules = self._rules
             cycles = self._reading_for = self._cycles
-            seek_again = self._seek_again & positions.keys()
-            self._seek_again -= seek_again
+            renew, self._renew_consumer = self._renew_consumer, False
+        if renew:
+            self._close_consumer()
         if not positions:
             return []
         if self._consumer is None:
@@ -198,12 +203,14 @@ class Lookahead(CostControl):
         # Between seeks the consumer's position is the one its own fetches left, which carries
         # the leader epoch of the last record read (KIP-320): if the log under it changes (a
         # topic recreated shorter), kafka-python validates it against the broker and, with no
-        # reset policy, raises LogTruncationError on every poll until the next seek. A seek
-        # to a plain offset carries no epoch and is never validated. So a partition an offset
-        # reset moved to another log is sought again even at the same offset: the position the
-        # old log left (offset 12, epoch 0) would fail on the new one, and the whole cycle's
-        # read ahead with it (seen once in a fresh-clone run: no call started while it ran).
-        if positions != self._polled_to or seek_again:
+        # reset policy, raises LogTruncationError. A seek does not clear that: a validation
+        # started from the old position (by a poll, in the background) and finished after the
+        # seek is cached by the consumer and raised by the next poll, from the new positions.
+        # So after an offset reset, and after any failure, reading goes on with a new consumer
+        # (`_renew_consumer`, `_close_consumer`): with the old one kept, a stale validation
+        # failed the first read from the reset cycle's positions and, positions dropped, no
+        # call was started ahead for the rest of that cycle (seen in a CI run).
+        if positions != self._polled_to:
             consumer.assign([TopicPartition(s.topic, p) for p in positions])
             for p, offset in positions.items():
                 consumer.seek(TopicPartition(s.topic, p), offset)
