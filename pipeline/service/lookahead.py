@@ -148,15 +148,19 @@ class Lookahead(CostControl):
             except Exception as exc:  # only a missed head start: the cycle reads for itself
                 with self._lock:
                     if self._cycles == self._reading_for:
+                        # Kept: read again from the same positions in a second, on a new
+                        # consumer. A failure that belongs to the positions (a topic recreated,
+                        # records deleted) comes back until the next cycle sets positions from
+                        # its ranges, at a warning per 30 s; one that belongs to the consumer
+                        # (a validation it cached, a broken connection) does not, and dropping
+                        # the positions would start no call ahead for the rest of the cycle.
                         self._failure_log.warning(
                             ("read",),
-                            "could not read ahead of cycle %d (calls not started early): %s",
+                            "could not read ahead of cycle %d (calls not started early; "
+                            "trying again in 1 s on a new connection): %s",
                             self._reading_for,
                             exc,
                         )
-                        # Positions a read failed at (a topic recreated, records deleted) are
-                        # dropped; the next cycle sets them again from its ranges.
-                        self._next.clear()
                     else:
                         # A cycle started during the read and set positions of its own (after
                         # an offset reset, on another log): the failure was the old ones'.
