@@ -133,12 +133,16 @@ def test_judge_calls_keep_flowing_between_serve_cycles_and_each_event_costs_one_
         produce(broker, "flow", payloads[:FIRST])
         serve.wait_for(judged(FIRST), 120, "the first events judged")
         # Between two cycles: the next cycle's graph has not read anything yet. Built by a
-        # hold, not by timing: the cycle that judges the next events is stopped at "judged"
-        # once they are produced, so only the lookahead can call for the events after them.
+        # hold, not by timing: the cycle that judges the next events is stopped at "judged",
+        # and the events after them are produced only then, so only the lookahead can call
+        # for those. (Produced before the hold, a slow cycle could reach "judged" after the
+        # lookahead had called for every one of them, leaving nothing to call while held:
+        # seen at load 30.)
         holds.hold("judged")
-        produce(broker, "flow", payloads[FIRST:])  # four more cycles' worth
+        produce(broker, "flow", payloads[FIRST : 2 * FIRST])  # one cycle's worth
         holds.wait_at("judged", serve)
         held_at = len(server.requests)
+        produce(broker, "flow", payloads[2 * FIRST :])  # three more cycles' worth
         wait_until(lambda: len(server.requests) >= held_at + 4, "4 more calls", 120)
         holds.release("judged")
         m = serve.wait_for(judged(EVENTS), 180, "every event judged")
