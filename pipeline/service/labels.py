@@ -36,7 +36,8 @@ item queued before those is `unknown_event` too. Labels of `ragpulse import-labe
 From those counters `figures` makes what /metrics shows: per judge and running prompt version
 and slice the confusion table (`pipeline.calibration.Confusion`: kappa, sensitivity,
 specificity), and per judge the error rates behind the corrected pass ratio: the
---judge-calibration file as a seed plus the random slice's labels (`calibration.with_labels`).
+--judge-calibration file as a seed plus the random slice's labels (`calibration.with_labels`),
+in `label_figures`, which `ragpulse exporter` calls too for the stream's label counts.
 
 With --instances N only instance 0 reads the labels topic: the labels are about judges, not
 partitions, and N copies of the counts would be summed N times by Prometheus.
@@ -320,12 +321,9 @@ class ReviewLabels:
 
     def figures(self, counts: Mapping[counting.CounterKey, float]) -> LabelFigures:
         """The agreement tables and corrected-ratio calibrations of the saved `counts`."""
-        seeds = {
-            judge: seed for judge, seed in self._seeds.items()
-            if seed.prompt_version == self._own_versions.get(judge)
-        }
         return label_figures(
-            counts, self.versions, seeds, self.settings.judges.backend, self.settings.judges.model
+            counts, self.versions, self._seeds, self.settings.judges.backend,
+            self.settings.judges.model, seed_versions=self._own_versions,
         )
 
     def zero_counters(self) -> list[counting.CounterKey]:
@@ -354,11 +352,16 @@ def label_figures(
     seeds: Mapping[str, JudgeCalibration],
     backend: str,
     model: str | None,
+    seed_versions: Mapping[str, str] | None = None,
 ) -> LabelFigures:
     """The agreement tables of the label counters in `counts` for each judge's running prompt
     `versions` ({judge: version}; an earlier version's counts are kept, not shown as the
     judge's), and the calibrations of its corrected pass ratio: the random slice's labels plus
-    its --judge-calibration `seeds` (serve; the exporter of `stream` has none)."""
+    its --judge-calibration seed (`seeds`, by judge; serve's and the stream's exporter's), a
+    seed only where it measured the judge's prompt version (`seed_versions`, {judge:
+    version}: `versions` unless given; serve's judge cascade marks its verdicts' versions
+    `+local`, its seeds measured the judges' own)."""
+    seed_versions = versions if seed_versions is None else seed_versions
     cells: dict[tuple[str, str, str], Counter[str]] = {}
     for (name, labels), value in counts.items():
         if name != REVIEW_LABELS:
@@ -371,8 +374,11 @@ def label_figures(
     agreements = {key: Confusion(**cell) for key, cell in sorted(cells.items())}
     calibrations: dict[str, JudgeCalibration] = {}
     for judge, version in sorted(versions.items()):
+        seed = seeds.get(judge)
+        if seed is not None and seed.prompt_version != seed_versions.get(judge):
+            seed = None  # another prompt's error rates are not this one's
         merged = with_labels(
-            seeds.get(judge), judge, version,
+            seed, judge, version,
             agreements.get((judge, version, "random"), Confusion()), backend, model,
         )
         if merged is not None:
