@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import statistics
 import sys
 import tempfile
@@ -223,6 +224,7 @@ def main() -> None:
         for serve in serves:
             serve.stop()
         broker.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def measure(
