@@ -525,6 +525,22 @@ def load_calibration(path: Path) -> JudgeCalibration:
     )
 
 
+def load_calibrations(files: Sequence[Path | JudgeCalibration]) -> tuple[JudgeCalibration, ...]:
+    """The calibrations of --judge-calibration `files` (a value loaded already is kept as it
+    is), one per judge: CalibrationError (one line, naming the file) for a file that cannot be
+    used or a judge calibrated twice."""
+    loaded = tuple(f if isinstance(f, JudgeCalibration) else load_calibration(Path(f))
+                   for f in files)
+    seen: dict[str, str] = {}
+    for c in loaded:
+        if c.judge in seen:
+            raise CalibrationError(
+                f"judge {c.judge!r} is calibrated twice ({seen[c.judge]}, {c.source})"
+            )
+        seen[c.judge] = c.source
+    return loaded
+
+
 def check_calibrations(
     calibrations: Sequence[JudgeCalibration],
     judges: Sequence[str],
@@ -533,15 +549,11 @@ def check_calibrations(
     versions: Mapping[str, str] | Callable[[], Mapping[str, str]] = lambda: {},
 ) -> None:
     """ValueError (one line) unless each calibration is for a judge in use, on the backend in
-    use, of the prompt version in use (`versions`: each judge's, or a function giving them),
-    one per judge; logs what each one does (or why it does nothing) once, at start."""
-    seen: dict[str, str] = {}
+    use, of the prompt version in use (`versions`: each judge's, or a function giving them);
+    logs what each one does (or why it does nothing) once, at start."""
     for c in calibrations:
         if c.judge not in judges:
             raise ValueError(f"{c.source} calibrates judge {c.judge!r}, which is not in --judges")
-        if c.judge in seen:
-            raise ValueError(f"judge {c.judge!r} is calibrated twice ({seen[c.judge]}, {c.source})")
-        seen[c.judge] = c.source
         if c.backend != backend:
             # Another implementation has other error rates: the correction would be wrong.
             raise ValueError(
@@ -561,19 +573,25 @@ def check_calibrations(
         if backend == "openai" and c.model is not None and c.model != model:
             log.warning("%s measured %s with model %s; this run uses %s: its error rates may "
                         "differ", c.source, c.judge, c.model, model)
-        if not c.corrects:
-            log.warning(
-                "%s: %s has sensitivity %.3f and specificity %.3f (sens + spec - 1 = %.3f, not "
-                "above %g): its verdicts barely depend on the truth, so no corrected pass "
-                "ratio is exported for it", c.source, c.judge, c.sensitivity, c.specificity,
-                c.youden, MIN_YOUDEN)
-            continue
-        log.info("%s: %s pass ratios corrected with sensitivity %.3f (%d/%d) and specificity "
-                 "%.3f (%d/%d)", c.source, c.judge, c.sensitivity, c.true_positives, c.positives,
-                 c.specificity, c.true_negatives, c.negatives)
-        if min(c.positives, c.negatives) < FEW_LABELLED:
-            log.warning("%s: only %d labelled passes and %d fails: the corrected intervals "
-                        "will be wide", c.source, c.positives, c.negatives)
+        describe_calibration(c)
+
+
+def describe_calibration(c: JudgeCalibration) -> None:
+    """Log, once at start, what a calibration file does to its judge's pass ratio (or why it
+    does nothing)."""
+    if not c.corrects:
+        log.warning(
+            "%s: %s has sensitivity %.3f and specificity %.3f (sens + spec - 1 = %.3f, not "
+            "above %g): its verdicts barely depend on the truth, so no corrected pass "
+            "ratio is exported for it", c.source, c.judge, c.sensitivity, c.specificity,
+            c.youden, MIN_YOUDEN)
+        return
+    log.info("%s: %s pass ratios corrected with sensitivity %.3f (%d/%d) and specificity "
+             "%.3f (%d/%d)", c.source, c.judge, c.sensitivity, c.true_positives, c.positives,
+             c.specificity, c.true_negatives, c.negatives)
+    if min(c.positives, c.negatives) < FEW_LABELLED:
+        log.warning("%s: only %d labelled passes and %d fails: the corrected intervals "
+                    "will be wide", c.source, c.positives, c.negatives)
 
 
 # ------------------------------------------------------------------ the corrected ratio

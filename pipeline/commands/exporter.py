@@ -8,6 +8,10 @@ the shipped recording rules, alerts and dashboards work unchanged. Run one expor
 topic (it holds no state of its own: a restarted exporter reads the topic again and exports the
 same values); Prometheus scrapes it under the job name the rules select (`ragpulse`).
 
+With --judge-calibration FILE, as serve: the judge's pass ratio is corrected with the file's
+error rates plus the reviewers' labels the stream counted (`service.labels.label_figures`,
+serve's), for the judge's windows of the prompt version the file measured.
+
 /healthz (on --health-port, and on the metrics port too) answers 503 once the broker has not
 answered for --unhealthy-after.
 """
@@ -25,6 +29,7 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from prometheus_client import make_wsgi_app
 
+from ragpulse.pipeline.calibration import by_judge
 from ragpulse.pipeline.formats import label_counts, rating_rows
 from ragpulse.pipeline.kafka_security import check_access, connect
 from ragpulse.pipeline.metrics import catalogue, counting
@@ -66,6 +71,27 @@ class RatingsExporter:
         self._lock = threading.Lock()
         self._last_answer: float | None = None  # when the broker last answered, Unix time
         self._started = time.time()
+        # --judge-calibration: each judge's seed, applied to its windows of the version it
+        # measured (the stream's judges and versions are known here from its panes only).
+        self._seeds = by_judge(settings.judge_calibrations)
+        self._unused_said: set[tuple[str, str]] = set()
+
+    def _say_unused_seeds(self, versions: Mapping[str, str]) -> None:
+        """Warn once per judge and version that a seed measured another prompt version than
+        the one the stream's newest windows carry (serve refuses it at start; the exporter
+        learns the versions from the panes, so it says so when it sees one)."""
+        for judge, seed in self._seeds.items():
+            version = versions.get(judge)
+            if version is None or version == seed.prompt_version:
+                continue
+            if (judge, version) not in self._unused_said:
+                self._unused_said.add((judge, version))
+                log.warning(
+                    "%s measured %s with prompt version %s; the stream's windows carry %s: "
+                    "its pass ratio is corrected with the reviewers' labels alone (run "
+                    "`ragpulse calibrate` again with this prompt)",
+                    seed.source, judge, seed.prompt_version, version,
+                )
 
     def snapshot(self) -> MetricsSnapshot:
         """What /metrics shows now, with judge, version, app and model values bounded as serve
@@ -82,9 +108,9 @@ class RatingsExporter:
             # see a series' first sample).
             for outcome in catalogue.LABEL_OUTCOMES:
                 labelled.setdefault(counting.key(catalogue.REVIEW_LABELS_READ, outcome=outcome), 0)
-        figures = label_figures(
-            labelled, judged_versions(labelled, {**in_progress, **complete}), {}, "", None
-        )
+        versions = judged_versions(labelled, {**in_progress, **complete})
+        self._say_unused_seeds(versions)
+        figures = label_figures(labelled, versions, self._seeds, "", None)
         return dataclasses.replace(
             snap, counts={**counts, **labelled}, complete=complete, in_progress=in_progress,
             agreements=figures.agreements, calibrations=figures.calibrations,
@@ -174,6 +200,11 @@ class RatingsExporter:
                 record.topic, record.partition, record.offset, exc,
             )
             return
+        self.apply_label_count(key, value)
+
+    def apply_label_count(self, key: counting.CounterKey, value: int) -> None:
+        """Take one label counter's value so far (formats/label_counts.py): counts only grow,
+        so the largest value read is the counter's."""
         with self._lock:
             self._label_counts[key] = max(value, self._label_counts.get(key, 0))
 

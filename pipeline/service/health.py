@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from ragpulse.pipeline.calibration import Confusion, JudgeCalibration
 from ragpulse.pipeline.metrics import catalogue, counting
@@ -46,6 +46,7 @@ class Health:
         calibrations: Mapping[str, JudgeCalibration],
         agreements: Mapping[tuple[str, str, str], Confusion] | None = None,
         counting_stopped: bool = False,
+        hidden: Collection[str] = (),
     ) -> None:
         """A new snapshot from what `state` holds now, with `gauges` (the heartbeat and the
         last complete window's end added here), the counters exported at 0 until they grow,
@@ -53,8 +54,11 @@ class Health:
         people (pipeline.service.labels). `counting_stopped`: another owner of this instance's
         partitions was found, so what it counted may be counted there too: its counters and
         windows are no longer exported, nor its lag (it no longer reads, so its lag would stay
-        as it was while the topic moves on); its gauges and cycles are."""
+        as it was while the topic moves on); its gauges and cycles are. `hidden`: counters
+        kept in the state but exported by another instance (pipeline.service.labels)."""
         counts = state.counters()
+        for key in [k for k in counts if k[0] in hidden]:
+            del counts[key]
         for zero in zero_counters:
             counts.setdefault(zero, 0)
         complete, in_progress = state.current_windows()

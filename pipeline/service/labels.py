@@ -36,10 +36,17 @@ item queued before those is `unknown_event` too. Labels of `ragpulse import-labe
 From those counters `figures` makes what /metrics shows: per judge and running prompt version
 and slice the confusion table (`pipeline.calibration.Confusion`: kappa, sensitivity,
 specificity), and per judge the error rates behind the corrected pass ratio: the
---judge-calibration file as a seed plus the random slice's labels (`calibration.with_labels`).
+--judge-calibration file as a seed plus the random slice's labels (`calibration.with_labels`),
+in `label_figures`, which `ragpulse exporter` calls too for the stream's label counts.
 
-With --instances N only instance 0 reads the labels topic: the labels are about judges, not
-partitions, and N copies of the counts would be summed N times by Prometheus.
+With --instances N every instance reads the labels and review topics into its own state file
+(each label exactly once there, as above): the labels are about judges, not partitions, and
+every instance's windows need the same error rates for their corrected pass ratio, whichever
+instance judged the labelled event. Only instance 0 exports the label counters and the
+agreement figures and dead-letters the bad labels (`exports`): Prometheus sums the counters
+over instances, so one copy is exported, and a bad label has one dead letter. Every instance
+exports the calibration its corrected ratio uses (the same on each: aggregate it with max(),
+not sum()). docs/review.md, "With several serve instances".
 """
 
 from __future__ import annotations
@@ -90,6 +97,8 @@ MAX_REVIEW_ITEMS_PER_CYCLE = 5_000
 # no label, and is read as its head only.
 MAX_LABEL_BYTES = 64 * 1024
 SLICES = ("random", "targeted")
+# What the labels add to the counters: exported by instance 0 only.
+LABEL_COUNTERS = frozenset({REVIEW_LABELS, LABELS_READ, catalogue.REVIEW_LABEL_GRADES})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -177,7 +186,8 @@ class ReviewLabels:
         s = self.settings = settings
         self.state = state
         self.topic = s.labels_topic or f"{s.topic}.labels"
-        self.reads = s.instance == 0
+        # Every instance reads and keeps the labels; one exports them (module docstring).
+        self.exports = s.instance == 0
         self._hooks = hooks or CycleHooks(None)
         self._source = KafkaRangeSource(
             s.bootstrap, self.topic, s.kafka_security, stall_timeout_s=s.kafka_timeout_seconds,
@@ -207,8 +217,6 @@ class ReviewLabels:
         their dead letters are published and acknowledged before this returns (a broker that
         does not acknowledge them fails the cycle: nothing of it is saved)."""
         self._read_last = 0
-        if not self.reads:
-            return LabelsRead()
         # The labels topic's bounds first: a label is published after its item was read from
         # the review topic, so every item labelled within these bounds is on the review topic
         # by the time its bounds are taken, just after.
@@ -235,7 +243,8 @@ class ReviewLabels:
 
         sorted_labels = sort_labels(records, self.versions, self.state.labels_counted,
                                     queued_versions, self.pass_scores)
-        self._publish_dead_letters(sorted_labels.rejected)
+        if self.exports:
+            self._publish_dead_letters(sorted_labels.rejected)
         self._read_last = len(records)
         if records:
             self._hooks.at("labels")
@@ -319,18 +328,22 @@ class ReviewLabels:
             )
 
     def figures(self, counts: Mapping[counting.CounterKey, float]) -> LabelFigures:
-        """The agreement tables and corrected-ratio calibrations of the saved `counts`."""
-        seeds = {
-            judge: seed for judge, seed in self._seeds.items()
-            if seed.prompt_version == self._own_versions.get(judge)
-        }
-        return label_figures(
-            counts, self.versions, seeds, self.settings.judges.backend, self.settings.judges.model
+        """The agreement tables (instance 0's only, as its counters) and the corrected-ratio
+        calibrations (every instance's) of the saved `counts`."""
+        figures = label_figures(
+            counts, self.versions, self._seeds, self.settings.judges.backend,
+            self.settings.judges.model, seed_versions=self._own_versions,
         )
+        return figures if self.exports else dataclasses.replace(figures, agreements={})
+
+    def hidden_counters(self) -> frozenset[str]:
+        """The counters this instance keeps in its state but does not export (instance 0
+        exports them: module docstring)."""
+        return frozenset() if self.exports else LABEL_COUNTERS
 
     def zero_counters(self) -> list[counting.CounterKey]:
         """The outcomes exported at 0 until they grow (increase() sees the first one)."""
-        if not self.reads:
+        if not self.exports:
             return []
         return [counting.key(LABELS_READ, outcome=o) for o in catalogue.LABEL_OUTCOMES]
 
@@ -354,11 +367,16 @@ def label_figures(
     seeds: Mapping[str, JudgeCalibration],
     backend: str,
     model: str | None,
+    seed_versions: Mapping[str, str] | None = None,
 ) -> LabelFigures:
     """The agreement tables of the label counters in `counts` for each judge's running prompt
     `versions` ({judge: version}; an earlier version's counts are kept, not shown as the
     judge's), and the calibrations of its corrected pass ratio: the random slice's labels plus
-    its --judge-calibration `seeds` (serve; the exporter of `stream` has none)."""
+    its --judge-calibration seed (`seeds`, by judge; serve's and the stream's exporter's), a
+    seed only where it measured the judge's prompt version (`seed_versions`, {judge:
+    version}: `versions` unless given; serve's judge cascade marks its verdicts' versions
+    `+local`, its seeds measured the judges' own)."""
+    seed_versions = versions if seed_versions is None else seed_versions
     cells: dict[tuple[str, str, str], Counter[str]] = {}
     for (name, labels), value in counts.items():
         if name != REVIEW_LABELS:
@@ -371,8 +389,11 @@ def label_figures(
     agreements = {key: Confusion(**cell) for key, cell in sorted(cells.items())}
     calibrations: dict[str, JudgeCalibration] = {}
     for judge, version in sorted(versions.items()):
+        seed = seeds.get(judge)
+        if seed is not None and seed.prompt_version != seed_versions.get(judge):
+            seed = None  # another prompt's error rates are not this one's
         merged = with_labels(
-            seeds.get(judge), judge, version,
+            seed, judge, version,
             agreements.get((judge, version, "random"), Confusion()), backend, model,
         )
         if merged is not None:

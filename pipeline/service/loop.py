@@ -260,6 +260,7 @@ class TopicWatcher:
             self.state, s.topic, gauges=gauges, zero_counters=self._zero_counters(),
             lag=self.partitions.lag(), calibrations=labels.calibrations,
             agreements=labels.agreements, counting_stopped=self.partitions.refused is not None,
+            hidden=self.labels.hidden_counters(),
         )
 
     def _zero_counters(self) -> list[counting.CounterKey]:

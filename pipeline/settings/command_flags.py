@@ -323,6 +323,15 @@ EVENTS = (
     ),
     FUTURE_SKEW,
 )
+JUDGE_CALIBRATION = Flag(
+    "--judge-calibration", "judge_calibrations", group="judge calibration",
+    action="append", type=Path, metavar="FILE",
+    help="a judge's sensitivity and specificity on human labels, as `ragpulse calibrate "
+    "--output FILE` wrote them (one file per judge, repeatable): the judge's windows also "
+    "get the pass ratio corrected for its errors, with a 95 %% interval "
+    "(ragpulse_judge_pass_ratio_corrected*, windows.jsonl corrected_*); serve and the exporter add "
+    "reviewers' labels of the random review slice to its counts (default: none)",
+)
 # What `run` and `serve` read besides EVENTS (`stream` reads none of these, so it takes none).
 BATCH = (
     *EVENTS,
@@ -334,14 +343,7 @@ BATCH = (
         "(default: none)",
     ),
     CASCADE,
-    Flag(
-        "--judge-calibration", "judge_calibrations", group="judge calibration",
-        action="append", type=Path, metavar="FILE",
-        help="a judge's sensitivity and specificity on human labels, as `ragpulse calibrate "
-        "--output FILE` wrote them (one file per judge, repeatable): the judge's windows also "
-        "get the pass ratio corrected for its errors, with a 95 %% interval "
-        "(ragpulse_judge_pass_ratio_corrected*, windows.jsonl corrected_*) (default: none)",
-    ),
+    JUDGE_CALIBRATION,
     Flag(
         "--input-format", "input_format", group=_EVENTS, choices=INPUT_FORMATS,
         help="ragpulse: one inference-log event per record; otlp_json, otlp_proto: one "
@@ -750,6 +752,7 @@ EXPORTER = FlagTable(ExporterSettings, (
     ),
     FUTURE_SKEW.in_group("service"),
     LABELS,
+    JUDGE_CALIBRATION,
 ))
 
 REVIEW_PAGE = FlagTable(ReviewSettings, (

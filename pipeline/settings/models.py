@@ -385,17 +385,9 @@ class BatchSettings(EventSettings):
     @field_validator("judge_calibrations", mode="before")
     @classmethod
     def _calibrations_load(cls, files: object, info: ValidationInfo) -> object:
-        from ragpulse.pipeline.calibration import (
-            JudgeCalibration,
-            check_calibrations,
-            load_calibration,
-        )
+        from ragpulse.pipeline.calibration import check_calibrations
 
-        if not isinstance(files, (list, tuple)):
-            raise ValueError("must be a list of files")
-        loaded = tuple(
-            f if isinstance(f, JudgeCalibration) else load_calibration(Path(f)) for f in files
-        )  # CalibrationError (a ValueError): one line naming the file and key
+        loaded = _calibrations(files)
         judges = info.data.get("judges")
         if judges is not None:
             check_calibrations(loaded, judges.names, judges.backend, judges.model,
@@ -589,6 +581,16 @@ def judge_pass_scores(judges: JudgeSettings) -> dict[str, float]:
     }
 
 
+def _calibrations(files: object) -> tuple[Any, ...]:
+    """The JudgeCalibration values of --judge-calibration `files` (pipeline.calibration), one
+    per judge; CalibrationError (a ValueError): one line naming the file and key."""
+    from ragpulse.pipeline.calibration import load_calibrations
+
+    if not isinstance(files, (list, tuple)):
+        raise ValueError("must be a list of files")
+    return load_calibrations(files)
+
+
 class RunSettings(SessionFields, BatchSettings):
     """Validated settings of `ragpulse run`."""
 
@@ -728,6 +730,21 @@ class ExporterSettings(BaseModel):
     # Panes of windows starting further ahead of the clock are ignored (service/panes.py).
     max_future_skew_seconds: float = Field(300.0, gt=0)
     labels: LabelLimits = DEFAULT_LABEL_LIMITS
+    # pipeline.calibration.JudgeCalibration values of --judge-calibration FILEs, as serve's: the
+    # seed each judge's corrected pass ratio starts from, the stream's labels added to it
+    # (service/labels.py `label_figures`). The stream's judges are not known here: a seed
+    # applies to the judge's windows of the prompt version it measured.
+    judge_calibrations: tuple[Any, ...] = ()
+
+    @field_validator("judge_calibrations", mode="before")
+    @classmethod
+    def _calibrations_load(cls, files: object) -> object:
+        from ragpulse.pipeline.calibration import describe_calibration
+
+        loaded = _calibrations(files)
+        for c in loaded:
+            describe_calibration(c)
+        return loaded
 
     @field_validator("health_port")
     @classmethod
