@@ -125,7 +125,9 @@ class ServeProcess:
         self.state = Path(state)
         self.extra_args = list(extra_args)
         self.port = metrics_port or free_port()
-        self.health_port = free_port()
+        # Two free ports asked for one after the other can be the same one (the first socket is
+        # closed before the second binds); serve refuses equal ports.
+        self.health_port = next(port for port in iter(free_port, None) if port != self.port)
         self.env = dict(env) if env is not None else None
         self.temp_dir: Path | None = None
         if self.own_temp_dir:

@@ -111,6 +111,13 @@ def test_two_instances_one_killed_and_restarted_count_together_what_one_instance
     last = max(e.event_time for e in events)
     # Half is a backlog when the instances start; the rest arrives while they run.
     produce_round_robin(broker, topic, payloads[: EVENTS // 2], PARTITIONS)
+    # One instance over the same data, never killed, in a consumer group of its own. It runs
+    # alongside the two (it reads every record they read, whenever it arrives), so that its
+    # judging and its wait for the idle partitions overlap theirs instead of following them.
+    reference_state = tmp_path / "reference.sqlite"
+    reference = serve_processes(
+        broker.bootstrap, topic, reference_state, [*ARGS, "--group-id", "reference"]
+    ).start()
 
     def instance(i: int) -> list[str]:
         return [*ARGS, "--group-id", "split", "--instances", "2", "--instance", str(i)]
@@ -153,11 +160,6 @@ def test_two_instances_one_killed_and_restarted_count_together_what_one_instance
     assert lag_partitions(scrapes[1]) == {0, 1, 2, 3}
     assert KafkaGroup(broker.bootstrap, "split", topic).committed() == ends
 
-    # One instance over the same data, never killed, in a consumer group of its own.
-    reference_state = tmp_path / "reference.sqlite"
-    reference = serve_processes(
-        broker.bootstrap, topic, reference_state, [*ARGS, "--group-id", "reference"]
-    ).start()
     reference_scrape = reference.wait_for(caught_up(EVENTS, last), 600, "reference")
     # Each instance's watermark follows its own partitions: caught up, it is the latest event
     # time of those partitions (--out-of-orderness 0s).
