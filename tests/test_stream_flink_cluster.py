@@ -20,6 +20,12 @@ keeps) has serve's counts (none lost, none counted twice), and no pane ever show
 the window's final counts (a consumer never sees a count that is later taken back). Panes
 may come again after a restore (the ones emitted after the last checkpoint): the test
 counts them (docs/deploy.md, docs/figures.md).
+
+Known and open: a stop with savepoint loses the window open at the stop (Beam 2.70's Flink
+source emits the final watermark when stopped; docs/figures.md, "Issue 30: the cluster test in
+make test"). The test xfails, quoting that window's panes, when every other window has serve's
+counts and that window's panes start again at index 0 after the resumption; any other
+difference fails it, and it passes once the loss is fixed.
 """
 
 from __future__ import annotations
@@ -156,6 +162,19 @@ def history(panes: Sequence[RatingPane], window: WindowKey) -> list[tuple[int, s
             for p in panes if key(p) == window]
 
 
+def counted_again(panes: Sequence[RatingPane], window: WindowKey) -> bool:
+    """A pane of index 0 read after a pane of a higher index of the same window: the window's
+    state (pane index and counts) was gone when the job went on."""
+    higher = False
+    for p in panes:
+        if key(p) == window:
+            if p.index > 0:
+                higher = True
+            elif higher:
+                return True
+    return False
+
+
 def served(serve: ServeProcess, total: int) -> dict[WindowKey, Counts]:
     """serve's (yes, no, error) per window, once it has read all `total` events."""
     from datetime import datetime
@@ -277,9 +296,27 @@ def test_stream_on_a_flink_cluster_counts_every_window_once_across_kills_and_a_s
                 f"window {k}: stream {got.get(k)}, serve {v}; panes {history(panes.seen, k)}"
                 for k, v in expected.items() if got.get(k) != v) + "\n" + cluster.logs()
 
-        wait_until(lambda: latest(panes.read()) == expected,
-                   "every window's final counts on the ratings topic", WAIT_S, differences)
-        phase("every window's final counts")
+        stopped = t0 + 3 * WINDOW_S  # the window open at the stop with savepoint
+
+        def outcome() -> str | None:
+            got = latest(panes.read())
+            if got == expected:
+                return "every window"
+            others = all(got.get(k) == v for k, v in expected.items() if k[0] != stopped)
+            if others and any(counted_again(panes.seen, k) for k in expected if k[0] == stopped):
+                return "all but the stopped window"
+            return None
+
+        found = wait_until(outcome, "every window's final counts on the ratings topic", WAIT_S,
+                           differences)
+        phase(f"final counts: {found}")
+        if found != "every window":
+            # The known loss (docs/figures.md, "Issue 30: the cluster test in make test"):
+            # Beam's Flink source emits the final watermark when Flink stops it, so the window
+            # open at the stop fired and was cleared before the savepoint; after the resumption
+            # it counted afresh from pane index 0. Any other difference fails above.
+            lost = {k: history(panes.seen, k) for k in expected if k[0] == stopped}
+            pytest.xfail(f"stop with savepoint lost the open window's state: {lost}")
         seen = panes.read()
     finally:
         panes.close()
