@@ -5,7 +5,7 @@ worker pool, all from the jars `make stream-tools` resolves (.ci/tools/beam/pom.
 
     def test_x(flink_cluster: FlinkCluster) -> None:
         ragpulse("stream", ..., *flink_cluster.stream_args)
-        tm = flink_cluster.taskmanager_running_tasks()
+        tm = flink_cluster.taskmanager_running_tasks(job_id)
         flink_cluster.kill_taskmanager(tm)          # SIGKILL
         flink_cluster.start_taskmanagers(1)         # the replacement
 
@@ -272,23 +272,33 @@ class FlinkCluster:
         restored = self.rest(f"/jobs/{job_id}/checkpoints")["latest"].get("restored")
         return None if not restored else str(restored["external_path"])
 
-    def restarts(self, job_id: str) -> int:
-        """How many times Flink restarted the job after a failure (its numRestarts metric)."""
-        metrics = self.rest(f"/jobs/{job_id}/metrics?get=numRestarts")
-        return int(float(metrics[0]["value"])) if metrics else 0
+    def last_restart(self, job_id: str) -> int:
+        """When the job last went RESTARTING (Flink's job timestamps, ms; 0 if never). Read
+        instead of the numRestarts metric, which stayed 0 after a restart in one run."""
+        return int(self.rest(f"/jobs/{job_id}")["timestamps"].get("RESTARTING", 0))
+
+    def taskmanagers_running(self, job_id: str) -> set[str]:
+        """The TaskManagers that run a subtask of the job now (each vertex's subtasks). A
+        TaskManager's busy slots are not enough: after a restart the job keeps an idle slot
+        allocated for a while, and killing its TaskManager then fails nothing."""
+        return {
+            str(subtask["taskmanager-id"])
+            for vertex in self.rest(f"/jobs/{job_id}")["vertices"]
+            for subtask in self.rest(f"/jobs/{job_id}/vertices/{vertex['id']}")["subtasks"]
+            if subtask["status"] == "RUNNING"
+        }
 
     def taskmanager_ids(self) -> set[str]:
         return {str(tm["id"]) for tm in self.rest("/taskmanagers")["taskmanagers"]}
 
-    def taskmanager_running_tasks(self) -> str:
-        """A TaskManager (of those the tests started, still alive) that has at least one busy
-        slot."""
-        for tm in self.rest("/taskmanagers")["taskmanagers"]:
-            started = self.taskmanagers.get(str(tm["id"]))
-            if (started is not None and started.poll() is None
-                    and tm["freeSlots"] < tm["slotsNumber"]):
-                return str(tm["id"])
-        raise AssertionError("no TaskManager runs a task")
+    def taskmanager_running_tasks(self, job_id: str) -> str:
+        """A TaskManager (of those the tests started, still alive) that runs a subtask of the
+        job."""
+        for name in sorted(self.taskmanagers_running(job_id)):
+            started = self.taskmanagers.get(name)
+            if started is not None and started.poll() is None:
+                return name
+        raise AssertionError("no TaskManager runs a task of the job")
 
     def cancel(self, job_id: str) -> None:
         """Cancels the job (no savepoint) and waits until Flink says it is cancelled."""

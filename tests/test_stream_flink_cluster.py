@@ -258,16 +258,16 @@ def test_stream_on_a_flink_cluster_counts_every_window_once_across_kills_and_a_s
             for window in (1, 2):
                 moment = mid_window(job, window)
                 phase(f"window {window}: a pane after the checkpoint")
-                restarts = cluster.restarts(job)
-                victim = cluster.taskmanager_running_tasks()
+                restarted_at = cluster.last_restart(job)
+                victim = cluster.taskmanager_running_tasks(job)
                 cluster.kill_taskmanager(victim)
                 kills.append((victim, moment))
                 # The replacement starts at once; the job restarts on the slots left (or on
                 # the replacement's once it registers), whichever comes first.
                 cluster.launch_taskmanagers(1)
 
-                def restarted(before: int = restarts) -> bool:
-                    return cluster.restarts(job) > before and cluster.running_job() == job
+                def restarted(before: int = restarted_at) -> bool:
+                    return cluster.last_restart(job) > before and cluster.running_job() == job
 
                 wait_until(restarted, f"the job's restart after killing {victim}", WAIT_S,
                            cluster.logs)
