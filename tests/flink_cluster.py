@@ -5,7 +5,7 @@ worker pool, all from the jars `make stream-tools` resolves (.ci/tools/beam/pom.
 
     def test_x(flink_cluster: FlinkCluster) -> None:
         ragpulse("stream", ..., *flink_cluster.stream_args)
-        tm = flink_cluster.taskmanager_running_tasks()
+        tm = flink_cluster.taskmanager_running_tasks(job_id)
         flink_cluster.kill_taskmanager(tm)          # SIGKILL
         flink_cluster.start_taskmanagers(1)         # the replacement
 
@@ -31,11 +31,11 @@ import json
 import os
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,19 +50,31 @@ from flink_runner import (
     java_command,
 )
 from processes import free_port
+from waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy" / "flink"
 JOB_MANAGER = "org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint"
 TASK_MANAGER = "org.apache.flink.runtime.taskexecutor.TaskManagerRunner"
 WAIT_S = 600.0  # a JVM under load: deploying the job took 5 min on a 2-core machine at load 50
+# The JobManager's and TaskManagers' JVMs compile with C1 only and collect with one thread: the
+# test's few hundred events need no optimised code, and on 2 cores C2's compiler threads and
+# parallel GC threads would compete with the job for the CPU (not measured on its own).
+LEAN_JVM = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 
 # What differs from deploy/flink/flinkdeployment.yaml's flinkConfiguration here, and why: the
 # directories (tmp_path, not a bucket), the addresses (loopback), the memory (a 2-core
-# machine shared with the rest of the suite) and the heartbeat interval (a SIGKILLed
-# TaskManager refuses two heartbeats, 1 s apart instead of 10 s, and is declared lost; a slow
-# but live one still has Flink's 50 s: 4 s lost live TaskManagers on a loaded machine).
+# machine shared with the rest of the suite), the class loading order (below) and the
+# heartbeat interval (a SIGKILLed TaskManager refuses two heartbeats, 1 s apart instead of
+# 10 s, and is declared lost; a slow but live one still has Flink's 50 s: 4 s lost live
+# TaskManagers on a loaded machine).
 LOCAL_FLINK_CONFIGURATION: dict[str, str] = {
+    # Beam's classes from the TaskManager's own classpath (the same jars as the job's): loaded
+    # once per JVM, not again into a new child-first class loader for every submission and
+    # restart, which took most of a job's 1-2 min in INITIALIZING here (a thread dump showed
+    # its tasks in ChildFirstClassLoader.defineClass). deploy/flink's image has only the read
+    # in lib/ and keeps Flink's child-first default.
+    "classloader.resolve-order": "parent-first",
     "heartbeat.interval": "1000",
     "jobmanager.memory.process.size": "640m",
     "taskmanager.cpu.cores": "2",
@@ -150,25 +162,23 @@ def local_expansion_args(port: int) -> list[str]:
 
 
 def _get_json(url: str, body: Mapping[str, Any] | None = None) -> Any:
+    """GET (or POST `body`) and the JSON answer. A GET that times out is asked again, up to 3
+    times: at load 60 the JobManager's REST API once took over 30 s to answer while it
+    deployed a job, which failed the test in the middle of a wait (docs/figures.md, stop 36)."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(
         url, data=data, method="GET" if body is None else "POST",
         headers={"Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read() or b"null")
-
-
-def wait_until(check: Any, what: str, timeout: float = WAIT_S, logs: Any = None) -> Any:
-    """Polls `check()` until it returns something truthy; fails saying `what` did not happen."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.3)
-    detail = logs() if logs else ""
-    raise AssertionError(f"{what} did not happen within {timeout}s\n{detail}")
+    attempts = 1 if body is not None else 3
+    for attempt in range(attempts):
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return json.loads(response.read() or b"null")
+        except TimeoutError:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 @dataclasses.dataclass
@@ -262,20 +272,33 @@ class FlinkCluster:
         restored = self.rest(f"/jobs/{job_id}/checkpoints")["latest"].get("restored")
         return None if not restored else str(restored["external_path"])
 
-    def restarts(self, job_id: str) -> int:
-        """How many times Flink restarted the job after a failure (its numRestarts metric)."""
-        metrics = self.rest(f"/jobs/{job_id}/metrics?get=numRestarts")
-        return int(float(metrics[0]["value"])) if metrics else 0
+    def last_restart(self, job_id: str) -> int:
+        """When the job last went RESTARTING (Flink's job timestamps, ms; 0 if never). Read
+        instead of the numRestarts metric, which stayed 0 after a restart in one run."""
+        return int(self.rest(f"/jobs/{job_id}")["timestamps"].get("RESTARTING", 0))
+
+    def taskmanagers_running(self, job_id: str) -> set[str]:
+        """The TaskManagers that run a subtask of the job now (each vertex's subtasks). A
+        TaskManager's busy slots are not enough: after a restart the job keeps an idle slot
+        allocated for a while, and killing its TaskManager then fails nothing."""
+        return {
+            str(subtask["taskmanager-id"])
+            for vertex in self.rest(f"/jobs/{job_id}")["vertices"]
+            for subtask in self.rest(f"/jobs/{job_id}/vertices/{vertex['id']}")["subtasks"]
+            if subtask["status"] == "RUNNING"
+        }
 
     def taskmanager_ids(self) -> set[str]:
         return {str(tm["id"]) for tm in self.rest("/taskmanagers")["taskmanagers"]}
 
-    def taskmanager_running_tasks(self) -> str:
-        """A TaskManager (of those the tests started) that has at least one busy slot."""
-        for tm in self.rest("/taskmanagers")["taskmanagers"]:
-            if tm["id"] in self.taskmanagers and tm["freeSlots"] < tm["slotsNumber"]:
-                return str(tm["id"])
-        raise AssertionError("no TaskManager runs a task")
+    def taskmanager_running_tasks(self, job_id: str) -> str:
+        """A TaskManager (of those the tests started, still alive) that runs a subtask of the
+        job."""
+        for name in sorted(self.taskmanagers_running(job_id)):
+            started = self.taskmanagers.get(name)
+            if started is not None and started.poll() is None:
+                return name
+        raise AssertionError("no TaskManager runs a task of the job")
 
     def cancel(self, job_id: str) -> None:
         """Cancels the job (no savepoint) and waits until Flink says it is cancelled."""
@@ -284,7 +307,7 @@ class FlinkCluster:
         )
         urllib.request.urlopen(request, timeout=30).close()
         wait_until(lambda: self.rest(f"/jobs/{job_id}")["state"] == "CANCELED",
-                   "the job's cancellation", logs=self.logs)
+                   "the job's cancellation", WAIT_S, self.logs)
 
     def stop_with_savepoint(self, job_id: str) -> str:
         """Stops the job with a savepoint (Flink's stop, without draining: windows stay open
@@ -297,27 +320,36 @@ class FlinkCluster:
             status = self.rest(f"/jobs/{job_id}/savepoints/{trigger}")
             return status if status["status"]["id"] == "COMPLETED" else None
 
-        operation = wait_until(done, "the savepoint", logs=self.logs)["operation"]
+        operation = wait_until(done, "the savepoint", WAIT_S, self.logs)["operation"]
         assert "location" in operation, operation
         return str(operation["location"])
 
     # --- TaskManagers
-    def start_taskmanagers(self, count: int = 1) -> list[str]:
-        """Starts `count` more TaskManagers side by side; returns their resource ids once all
-        have registered with the JobManager."""
+    def launch_taskmanagers(self, count: int = 1) -> list[str]:
+        """Starts `count` more TaskManagers side by side and returns their resource ids at
+        once (each registers with the JobManager when its JVM is up: `wait_registered`)."""
         names = []
         for _ in range(count):
             name = f"tm-{len(self.taskmanagers) + 1}"
-            argv = ["java", "-Xmx416m", "-XX:MaxDirectMemorySize=192m", *JAVA_17_OPENS,
-                    "-cp", beam_classpath(), TASK_MANAGER, "--configDir", str(self.config_dir),
-                    "-D", f"taskmanager.resource-id={name}"]
+            argv = ["java", "-Xmx416m", "-XX:MaxDirectMemorySize=192m", *LEAN_JVM,
+                    *JAVA_17_OPENS, "-cp", beam_classpath(), TASK_MANAGER,
+                    "--configDir", str(self.config_dir), "-D", f"taskmanager.resource-id={name}"]
             with (self.log_dir / f"taskmanager-{name}.log").open("wb") as out:
                 self.taskmanagers[name] = subprocess.Popen(
                     argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
                 )
             names.append(name)
+        return names
+
+    def wait_registered(self, names: list[str]) -> None:
         wait_until(lambda: set(names) <= self.taskmanager_ids(),
-                   f"the registration of {', '.join(names)}", logs=self.logs)
+                   f"the registration of {', '.join(names)}", WAIT_S, self.logs)
+
+    def start_taskmanagers(self, count: int = 1) -> list[str]:
+        """Starts `count` more TaskManagers side by side; returns their resource ids once all
+        have registered with the JobManager."""
+        names = self.launch_taskmanagers(count)
+        self.wait_registered(names)
         return names
 
     def kill_taskmanager(self, name: str) -> None:
@@ -348,34 +380,31 @@ def flink_cluster_running(root: Path, taskmanagers: int = 2) -> Iterator[FlinkCl
     (cluster.config_dir / "config.yaml").write_text(
         yaml.safe_dump(cluster.configuration(), sort_keys=True), encoding="utf-8"
     )
+    services: list[AbstractContextManager[int]] = [
+        service("jobmanager",
+                ["java", "-Xmx384m", *LEAN_JVM, *JAVA_17_OPENS, "-cp", beam_classpath(),
+                 JOB_MANAGER, "--configDir", str(cluster.config_dir)],
+                cluster.rest_port, cluster.log_dir),
+        service("expansion-service",
+                java_command(EXPANSION_SERVICE, *local_expansion_args(cluster.expansion_port)),
+                cluster.expansion_port, cluster.log_dir),
+        service("flink-job-server",
+                java_command(FLINK_JOB_SERVER, *local_job_server_args(
+                    cluster.rest_port, cluster.job_port, cluster.artifact_port,
+                    root / "artifacts")),
+                cluster.job_port, cluster.log_dir),
+        service("worker-pool", worker_pool_command(cluster.pool_port), cluster.pool_port,
+                cluster.log_dir),
+    ]
     with ExitStack() as stack:
-        cluster.service_pids.append(stack.enter_context(service(
-            "jobmanager",
-            ["java", "-Xmx384m", *JAVA_17_OPENS, "-cp", beam_classpath(), JOB_MANAGER,
-             "--configDir", str(cluster.config_dir)],
-            cluster.rest_port,
-            cluster.log_dir,
-        )))
         stack.callback(cluster.stop_taskmanagers)
-        cluster.start_taskmanagers(taskmanagers)
-        cluster.service_pids.append(stack.enter_context(service(
-            "expansion-service",
-            java_command(EXPANSION_SERVICE, *local_expansion_args(cluster.expansion_port)),
-            cluster.expansion_port,
-            cluster.log_dir,
-        )))
-        cluster.service_pids.append(stack.enter_context(service(
-            "flink-job-server",
-            java_command(FLINK_JOB_SERVER, *local_job_server_args(
-                cluster.rest_port, cluster.job_port, cluster.artifact_port, root / "artifacts"
-            )),
-            cluster.job_port,
-            cluster.log_dir,
-        )))
-        cluster.service_pids.append(stack.enter_context(service(
-            "worker-pool", worker_pool_command(cluster.pool_port), cluster.pool_port,
-            cluster.log_dir,
-        )))
+        # Every JVM starts at once: the TaskManagers retry their registration until the
+        # JobManager is up, and the job server reaches the JobManager only when a job comes.
+        names = cluster.launch_taskmanagers(taskmanagers)
+        with ThreadPoolExecutor(len(services)) as starting:
+            started = [starting.submit(stack.enter_context, s) for s in services]
+        cluster.service_pids.extend(pid.result() for pid in started)
+        cluster.wait_registered(names)
         yield cluster
 
 

@@ -241,8 +241,10 @@ def test_the_flink_deployment_submits_the_flags_the_cluster_test_runs() -> None:
 
 
 # What the cluster test may change in the deployed Flink configuration: where things are,
-# how much memory a JVM gets, and how fast a lost TaskManager is noticed.
-LOCAL_KINDS = ("jobmanager.memory.", "taskmanager.memory.", "taskmanager.cpu.", "heartbeat.")
+# how much memory a JVM gets, how fast a lost TaskManager is noticed, and where Beam's classes
+# load from (the test's TaskManagers have them on their classpath; the image does not).
+LOCAL_KINDS = ("jobmanager.memory.", "taskmanager.memory.", "taskmanager.cpu.", "heartbeat.",
+               "classloader.")
 
 
 def test_the_cluster_test_runs_the_deployed_flink_configuration() -> None:

@@ -37,6 +37,7 @@ from prometheus_server import PrometheusServer, prometheus_config, running_prome
 from serve_process import Scrape, ServeProcess, read_topic
 from test_exporter import RULE_FILES, running_exporter, scrape
 from test_stream_sessions import turn
+from waiting import wait_until
 
 from ragpulse.pipeline.commands.simulate import Incidents, SimulatedEvent, simulate
 from ragpulse.pipeline.formats import rating_rows
@@ -105,18 +106,6 @@ def create_topics(bootstrap: str, *names: str) -> None:
         admin.create_topics([NewTopic(n, 1, 1) for n in names])
     finally:
         admin.close()
-
-
-def wait_until(check: Any, what: str, timeout: float = WAIT_S, logs: Any = None) -> Any:
-    """Polls `check()` until it returns something truthy; fails saying `what` did not happen."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.5)
-    detail = logs() if logs else ""
-    raise AssertionError(f"{what} did not happen within {timeout}s\n{detail}")
 
 
 class RatingsReader:
