@@ -308,6 +308,7 @@ def test_the_dataflow_launcher_image_holds_the_jars_its_expansion_service_runs()
     assert "--experiments=use_deprecated_read" not in launcher().EXPANSION_ARGS
 
 
+@pytest.mark.slow  # starts Beam's Java expansion service (a JVM): 12 s, a fifth of make test-fast
 def test_the_dataflow_launcher_expands_ragpulses_read_and_stages_its_jar_for_the_workers(
     tmp_path: Path,
 ) -> None:
