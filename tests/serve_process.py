@@ -42,6 +42,7 @@ from typing import IO, Any
 
 import orjson
 import pytest
+import waiting
 from cli import ragpulse, ragpulse_command
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
@@ -418,12 +419,8 @@ def read_topic(bootstrap: str, topic: str, expected: int, timeout: float = 20.0)
 
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
     """Poll `condition` (a serve's /healthz, its state file, ...) until it holds, or fail
-    naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    naming `what` after `timeout` seconds: tests/waiting.py's loop, at a serve test's pace."""
+    waiting.wait_until(condition, what, timeout, every_s=0.05)
 
 
 def caught_up(total: int, watermark: float | None = None) -> Callable[[Scrape], bool]:
