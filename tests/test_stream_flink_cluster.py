@@ -344,7 +344,8 @@ def test_stream_on_a_flink_cluster_counts_every_window_once_across_kills_and_a_s
         phase(f"final counts: {found}")
         got = latest(panes.seen)
         for k, v in sorted(expected.items()):
-            print(f"window {(k[0] - t0) / WINDOW_S:.0f} {k[1]}: at the stop {at_stop.get(k)}, "
+            print(f"window {(k[0] - t0) / WINDOW_S:.0f} {'/'.join(k[1:])}: at the stop "
+                  f"{at_stop.get(k)}, "
                   f"at the end {got.get(k)}, serve {v}")
         # The window open at the stop went on from its savepoint: its counts are serve's, and
         # its panes never start again at index 0 (its state was not fired and cleared).
