@@ -69,8 +69,9 @@ BEAM_VERSION := $(shell sed -n 's/.*"apache-beam==\([0-9.]*\)".*/\1/p' pyproject
 BEAM_TOOLS := $(CACHE)/beam-$(BEAM_VERSION)
 BEAM_JARS := $(BEAM_TOOLS)/lib/.complete
 PRISM := $(BEAM_TOOLS)/bin/prism
-# ragpulse's Kafka read (java/kafka-read: KafkaIO with the stream's timestamp policy, and the
-# registrar that offers it to the expansion service), built by Maven into a cache folder named
+# ragpulse's Kafka read (java/kafka-read: KafkaIO with the stream's timestamp policy, the
+# registrar that offers it to the expansion service, and a copy of Beam's Flink source wrapper
+# that keeps open windows across a stop with savepoint), built by Maven into a cache folder named
 # after its sources' hash, so that editing them builds a new jar and the old one is never reused
 # (tests/flink_runner.py computes the same name).
 KAFKA_READ_SOURCES := $(shell find java/kafka-read -type f -not -path '*/target/*' | LC_ALL=C sort)

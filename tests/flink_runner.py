@@ -71,8 +71,10 @@ def kafka_read_jar() -> Path:
 
 def beam_classpath() -> str:
     """The Java classpath of the job server, the expansion service and Flink's processes:
-    Beam's jars and ragpulse's Kafka read (the legacy read runs inside Flink, so its timestamp
-    policy must load there too); fails the test (it does not skip) when they were not built."""
+    ragpulse's Kafka read, then Beam's jars. The legacy read runs inside Flink, so its timestamp
+    policy must load there too, and the read's jar comes first so that its copy of Beam's
+    Flink source wrapper (no final watermark on a stop with savepoint, java/kafka-read) is the
+    one loaded. Fails the test (it does not skip) when they were not built."""
     lib = beam_tools_dir() / "lib"
     if not (lib / ".complete").is_file():
         pytest.fail(
@@ -80,7 +82,7 @@ def beam_classpath() -> str:
             ".ci/tools/beam/pom.xml into the cache)",
             pytrace=False,
         )
-    return f"{lib}/*:{kafka_read_jar()}"
+    return f"{kafka_read_jar()}:{lib}/*"
 
 
 def expansion_service_args(port: int) -> list[str]:

@@ -40,6 +40,7 @@ DOCKERFILES = [
     DATAFLOW / "Dockerfile",
     FLINK / "flink.Dockerfile",
     FLINK / "expansion-service.Dockerfile",
+    FLINK / "jobserver.Dockerfile",
     REPO / "deploy" / "beam-sdk.Dockerfile",
 ]
 # The images the manifests name, and the Dockerfile in this repository that builds each.
@@ -48,6 +49,7 @@ OUR_IMAGES = {
     "REGISTRY/ragpulse-beam-sdk:TAG": REPO / "deploy" / "beam-sdk.Dockerfile",
     "REGISTRY/ragpulse-flink:1.19-beam2.70.0": FLINK / "flink.Dockerfile",
     "REGISTRY/ragpulse-kafka-expansion:2.70.0": FLINK / "expansion-service.Dockerfile",
+    "REGISTRY/ragpulse-flink-jobserver:2.70.0": FLINK / "jobserver.Dockerfile",
 }
 
 
@@ -172,7 +174,9 @@ def test_the_flink_deployment_matches_the_job_server_and_runs_the_python_worker_
     (flink,) = [o for o in objects if o["kind"] == "FlinkDeployment"]
     minor = flink["spec"]["flinkVersion"].removeprefix("v").replace("_", ".")
     images = [c["image"] for o in objects for c in containers(o) if "image" in c]
-    assert f"apache/beam_flink{minor}_job_server:{beam_pin()}" in images
+    assert "REGISTRY/ragpulse-flink-jobserver:2.70.0" in images
+    assert f"FROM apache/beam_flink{minor}_job_server:{beam_pin()}" in (
+        FLINK / "jobserver.Dockerfile").read_text(encoding="utf-8")
     assert f"flink:{minor}-java11" in (FLINK / "flink.Dockerfile").read_text(encoding="utf-8")
     (pool,) = [c for c in containers(flink) if c.get("args") == ["--worker_pool"]]
     assert pool["image"] == "REGISTRY/ragpulse-beam-sdk:TAG"
@@ -293,6 +297,27 @@ def test_the_deployed_images_load_the_kafka_read_the_tests_build() -> None:
     assert command[3] == flink_runner.EXPANSION_SERVICE
     assert "/opt/flink/lib/ragpulse-kafka-read.jar" in flink
     assert "--experiments=use_deprecated_read" in flink_cluster.deployed_expansion_args()
+
+
+def test_the_deployed_job_server_loads_ragpulses_flink_source_before_beams() -> None:
+    """The job server's classpath has ragpulse's read ahead of Beam's job server jar, as
+    tests/flink_runner.py puts it ahead of Beam's jars: the job is built with, and the
+    TaskManagers' child-first class loaders load from the job's jars in that order, ragpulse's
+    copy of Beam's Flink source wrapper (no final watermark on a stop with savepoint)."""
+    jobserver = (FLINK / "jobserver.Dockerfile").read_text(encoding="utf-8")
+    assert "COPY java/kafka-read /src" in jobserver
+    assert "mvn -q -B -f /src/pom.xml package" in jobserver
+    (entrypoint,) = re.findall(r"^ENTRYPOINT (.+)$", jobserver, re.MULTILINE)
+    command = json.loads(entrypoint)
+    assert command[:2] == ["java", "-cp"]
+    assert command[2].split(":") == ["/opt/ragpulse/ragpulse-kafka-read.jar",
+                                     "/opt/apache/beam/jars/beam-runners-flink-job-server.jar"]
+    assert command[3] == flink_runner.FLINK_JOB_SERVER
+    assert flink_runner.beam_classpath().split(":")[0] == str(flink_runner.kafka_read_jar())
+    wrapper = (REPO / "java" / "kafka-read" / "src" / "main" / "java" / "org" / "apache" /
+               "beam" / "runners" / "flink" / "translation" / "wrappers" / "streaming" / "io" /
+               "UnboundedSourceWrapper.java")
+    assert wrapper.is_file()
 
 
 def test_the_dataflow_launcher_image_holds_the_jars_its_expansion_service_runs() -> None:
