@@ -252,6 +252,24 @@ def test_how_many_question_answered_without_a_number_is_not_relevant() -> None:
 # ------------------------------------------------------------------ backend as a whole
 
 
+def test_a_judge_grades_an_answer_alike_whether_or_not_another_judge_read_it_first() -> None:
+    # the judges of one event share the answer's memoised split; groundedness stops at its
+    # first claim (1999 is in no chunk), the key words relevance needs are in the second
+    item = JudgeInput(
+        "How tall is the Eiffel Tower?",
+        "It was painted by Picasso in 1999. The Eiffel Tower is 330 metres tall.",
+        (EIFFEL,),
+    )
+    split_sentences.cache_clear()
+    alone = RelevanceToQueryJudge().grade(item)
+    split_sentences.cache_clear()
+    grounded = GroundednessJudge().grade(item)
+    after = RelevanceToQueryJudge().grade(item)
+    assert grounded.rating == "no" and "1999" in (grounded.rationale or "")
+    assert after.rating == alone.rating == "yes"
+    assert after.rationale == alone.rationale
+
+
 def test_same_input_gives_the_same_verdicts_every_time() -> None:
     item = JudgeInput(QUESTION, "The Eiffel Tower was built in 1887 by Alexandre Dumas.", (EIFFEL,))
     panel = JudgePanel(build_local_judges(["groundedness", "safety", "relevance_to_query"]))
