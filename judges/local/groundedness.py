@@ -33,6 +33,7 @@ import json
 import operator
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from typing import NamedTuple
 
 from ragpulse.judges.base import JudgeInput, Rating
 from ragpulse.judges.local.judge import LocalJudge
@@ -100,9 +101,9 @@ def is_summary_request(question: str) -> bool:
     return not question.strip() or _SUMMARY_REQUEST.search(question) is not None
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class ClaimSupport:
-    """How one answer sentence is supported: the pieces of it that no chunk contains."""
+class ClaimSupport(NamedTuple):
+    """How one answer sentence is supported: the pieces of it that no chunk contains (a named
+    tuple, made per sentence judged: see `Claim`)."""
 
     claim: Claim
     unsupported_words: tuple[str, ...]
@@ -159,10 +160,10 @@ def _prefixes(chunks: tuple[str, ...]) -> frozenset[str]:
     return frozenset(st[:_PREFIX] for st in _chunks_bag(chunks).stems if len(st) >= _PREFIX)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class SentenceNovelty:
+class SentenceNovelty(NamedTuple):
     """How much of one summary sentence is new: its content-word stems found in the source
-    neither as such nor by their first `_PREFIX` letters."""
+    neither as such nor by their first `_PREFIX` letters (a named tuple, made per sentence
+    measured: see `Claim`)."""
 
     sentence: str
     words: int  # content-word stems of the sentence (each piece's once)
