@@ -141,16 +141,20 @@ def _supports(answer: str, chunks: Sequence[str], question: str) -> Iterator[Cla
     stems, numbers, q_stems, q_numbers = ctx.stems, ctx.numbers, q.stems, q.numbers
     for sentence in split_sentences(answer):
         claim = claim_of(sentence)
-        # Most claims are in the chunks word for word: one look-up per word in C says so.
-        words = claim.words
-        unsupported_words = () if stems.issuperset(map(_VALUE, words)) else tuple(
-            w for w, s in words if s not in stems and s not in q_stems
-        )
+        # Most claims are in the chunks word for word (and most have no number): one look-up
+        # per word in C says so, before any is looked for in the question.
+        words, claimed_numbers, names = claim.words, claim.numbers, claim.names
         yield ClaimSupport(
             claim,
-            unsupported_words,
-            tuple(r for r, n in claim.numbers if n not in numbers and n not in q_numbers),
-            tuple(n for n, s in claim.names if s not in stems and s not in q_stems),
+            () if stems.issuperset(map(_VALUE, words)) else tuple(
+                w for w, s in words if s not in stems and s not in q_stems
+            ),
+            () if numbers.issuperset(map(_VALUE, claimed_numbers)) else tuple(
+                r for r, n in claimed_numbers if n not in numbers and n not in q_numbers
+            ),
+            () if stems.issuperset(map(_VALUE, names)) else tuple(
+                n for n, s in names if s not in stems and s not in q_stems
+            ),
         )
 
 
