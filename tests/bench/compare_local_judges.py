@@ -14,8 +14,8 @@ waits for the other's pass to end), so that a change in the machine's load hits 
 On a busy machine the time of one pass varies by more than a small change saves (the same code
 on both sides: 0.94x-1.17x). `--instructions` counts instead the machine instructions of one
 "unseen chunks" pass of each tree under valgrind's callgrind (counting only that pass, after the
-warm-up; string hashing fixed by PYTHONHASHSEED=0): the same count every run, whatever the load.
-Instructions are not time (a cache miss costs more than an instruction), so read both.
+warm-up; string hashing fixed by PYTHONHASHSEED=0): the same count to 0.01 % every run, whatever
+the load. Instructions are not time (a cache miss costs more than an instruction): read both.
 
     .venv/bin/python tests/bench/compare_local_judges.py --ref HEAD~1 --instructions
 """
