@@ -88,9 +88,11 @@ def _key_stems(text: str) -> tuple[tuple[str, str], ...]:
 
 def _answered(asked: Iterable[str], text: str) -> set[str]:
     """Those of the `asked` stems that are keys of `key_stems(text)`: gathered in C from the
-    memoised pieces of `text`, without building the set of all of its key stems."""
+    memoised pieces of `text`, without building the set of all of its key stems. A piece is
+    looked up as often as it occurs: making a set of the pieces first cost more than the
+    repeated look-ups (8.4 against 4.7 ms a pass over RAGTruth's 307 QA answers)."""
     return set(asked).intersection(  # (a piece of no key word adds None: never asked)
-        itertools.chain.from_iterable(map(_piece_key_stems, set(text.split())))
+        itertools.chain.from_iterable(map(_piece_key_stems, text.split()))
     )
 
 
