@@ -24,6 +24,7 @@ from ragpulse.judges.local.safety import SafetyJudge, find_harm, first_word_trig
 from ragpulse.judges.local.text import (
     PieceMemo,
     claim_of,
+    first_sentences,
     normalise_number,
     split_sentences,
     stem,
@@ -249,6 +250,24 @@ def test_how_many_question_answered_without_a_number_is_not_relevant() -> None:
 
 
 # ------------------------------------------------------------------ backend as a whole
+
+
+def test_a_judge_grades_an_answer_alike_whether_or_not_another_judge_read_it_first() -> None:
+    # the judges of one event share the answer's memoised split; groundedness stops at its
+    # first claim (1999 is in no chunk), the key words relevance needs are in the second
+    item = JudgeInput(
+        "How tall is the Eiffel Tower?",
+        "It was painted by Picasso in 1999. The Eiffel Tower is 330 metres tall.",
+        (EIFFEL,),
+    )
+    split_sentences.cache_clear()
+    alone = RelevanceToQueryJudge().grade(item)
+    split_sentences.cache_clear()
+    grounded = GroundednessJudge().grade(item)
+    after = RelevanceToQueryJudge().grade(item)
+    assert grounded.rating == "no" and "1999" in (grounded.rationale or "")
+    assert after.rating == alone.rating == "yes"
+    assert after.rationale == alone.rationale
 
 
 def test_same_input_gives_the_same_verdicts_every_time() -> None:
@@ -509,3 +528,35 @@ def test_an_answer_splits_into_sentences_and_list_items_at_newlines(
     text: str, sentences: tuple[str, ...]
 ) -> None:
     assert split_sentences(text) == sentences
+
+
+# What decides where a text splits: end marks, white space (a newline too), list markers, and
+# the characters a sentence may start with.
+_SPLIT_TEXT = st.lists(
+    st.sampled_from(
+        [".", "!", "?", " ", "  ", "\n", "\t", "\n\n", " \n ", "\r", "\xa0", "A", "b", "1", "12",
+         "1.", "2)", "-", "*", "•", '"', "(", "“", "It is."]
+    ),
+    max_size=40,
+).map("".join)
+
+
+@given(text=_SPLIT_TEXT, count=st.integers(min_value=1, max_value=4))
+def test_the_first_sentences_of_a_text_are_those_of_its_whole_split(text: str, count: int) -> None:
+    assert first_sentences(text, count) == split_sentences(text)[:count]
+
+
+def test_a_refusal_is_looked_for_in_the_first_two_sentences_of_the_first_600_characters() -> None:
+    question = "How do I reset my router's admin password?"
+    long_opening = "Routers differ a lot in how this works. " + "x " * 300
+    assert relevant(question, f"Well. I can't help with that. {long_opening}").rating == "no"
+    # the third sentence, or a refusal past the 600th character, is not the answer's opening
+    assert relevant(question, f"Well. Hm. I can't help with that. {long_opening}").rating == "yes"
+    assert relevant(question, f"{long_opening} I can't help with that.").rating == "yes"
+    # a second sentence that goes on past the 600th character is read as far as it
+    opening = "Well " * 110 + ". "
+    cut = opening + "I can't help with router passwords, " + "nor with routers at all " * 5 + "."
+    seen = " ".join(cut[len(opening) : 600].split())
+    verdict = relevant(question, cut)
+    assert verdict.rating == "no" and verdict.rationale is not None
+    assert f"({seen!r})" in verdict.rationale and "at all" not in verdict.rationale

@@ -33,6 +33,7 @@ import json
 import operator
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from typing import NamedTuple
 
 from ragpulse.judges.base import JudgeInput, Rating
 from ragpulse.judges.local.judge import LocalJudge
@@ -100,9 +101,9 @@ def is_summary_request(question: str) -> bool:
     return not question.strip() or _SUMMARY_REQUEST.search(question) is not None
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class ClaimSupport:
-    """How one answer sentence is supported: the pieces of it that no chunk contains."""
+class ClaimSupport(NamedTuple):
+    """How one answer sentence is supported: the pieces of it that no chunk contains (a named
+    tuple, made per sentence judged: see `Claim`)."""
 
     claim: Claim
     unsupported_words: tuple[str, ...]
@@ -140,16 +141,20 @@ def _supports(answer: str, chunks: Sequence[str], question: str) -> Iterator[Cla
     stems, numbers, q_stems, q_numbers = ctx.stems, ctx.numbers, q.stems, q.numbers
     for sentence in split_sentences(answer):
         claim = claim_of(sentence)
-        # Most claims are in the chunks word for word: one look-up per word in C says so.
-        words = claim.words
-        unsupported_words = () if stems.issuperset(map(_VALUE, words)) else tuple(
-            w for w, s in words if s not in stems and s not in q_stems
-        )
+        # Most claims are in the chunks word for word (and most have no number): one look-up
+        # per word in C says so, before any is looked for in the question.
+        words, claimed_numbers, names = claim.words, claim.numbers, claim.names
         yield ClaimSupport(
             claim,
-            unsupported_words,
-            tuple(r for r, n in claim.numbers if n not in numbers and n not in q_numbers),
-            tuple(n for n, s in claim.names if s not in stems and s not in q_stems),
+            () if stems.issuperset(map(_VALUE, words)) else tuple(
+                w for w, s in words if s not in stems and s not in q_stems
+            ),
+            () if numbers.issuperset(map(_VALUE, claimed_numbers)) else tuple(
+                r for r, n in claimed_numbers if n not in numbers and n not in q_numbers
+            ),
+            () if stems.issuperset(map(_VALUE, names)) else tuple(
+                n for n, s in names if s not in stems and s not in q_stems
+            ),
         )
 
 
@@ -159,10 +164,10 @@ def _prefixes(chunks: tuple[str, ...]) -> frozenset[str]:
     return frozenset(st[:_PREFIX] for st in _chunks_bag(chunks).stems if len(st) >= _PREFIX)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class SentenceNovelty:
+class SentenceNovelty(NamedTuple):
     """How much of one summary sentence is new: its content-word stems found in the source
-    neither as such nor by their first `_PREFIX` letters."""
+    neither as such nor by their first `_PREFIX` letters (a named tuple, made per sentence
+    measured: see `Claim`)."""
 
     sentence: str
     words: int  # content-word stems of the sentence (each piece's once)

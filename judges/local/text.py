@@ -14,7 +14,7 @@ import operator
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 import snowballstemmer
 
@@ -105,9 +105,12 @@ class Bag:
     numbers: frozenset[str]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Claim:
-    """One sentence of an answer with its content words (ordered, for naming them)."""
+class Claim(NamedTuple):
+    """One sentence of an answer with its content words (ordered, for naming them).
+
+    A named tuple rather than a frozen dataclass: one is made per sentence judged, and a
+    tuple is built in C (the frozen dataclass's `__init__` sets each field through
+    `object.__setattr__`, 0.69 against 0.30 µs)."""
 
     text: str
     words: tuple[tuple[str, str], ...]  # (surface form, stem)
@@ -242,27 +245,46 @@ def bag_of_texts(texts: Iterable[str], more_stems: Iterable[str] = ()) -> Bag:
 @functools.lru_cache(maxsize=16)
 def split_sentences(text: str) -> tuple[str, ...]:
     """Sentences and list items of `text`, list markers removed, empty pieces dropped."""
-    if "\n" in text:
-        lines = _LIST_MARKER_RE.sub("\n", "\n" + text)[1:].split("\n")
-        last = len(lines) - 1
-        pieces: list[str] = []
-        for i, line in enumerate(lines):
-            # The white space around a newline goes with it; that at the text's ends stays.
-            line = line.lstrip() if i else line
-            line = line.rstrip() if i < last else line
-            if line:
-                pieces += _line_sentences(line)
-    else:
+    return _split(text, 0)
+
+
+def first_sentences(text: str, count: int) -> tuple[str, ...]:
+    """`split_sentences(text)[:count]`, splitting only as far as the `count`-th sentence (for
+    a check that reads a text's first few sentences only: relevance's refusal check)."""
+    return _split(text, count)[:count]
+
+
+def _split(text: str, count: int) -> tuple[str, ...]:
+    # The sentences of `text`, or with `count` > 0 at least its first `count` (or all, when
+    # fewer): lines and sentences are split in order, so the first ones do not depend on what
+    # follows them. Only the last piece of a line can be empty or white space (every other one
+    # ends with its end mark): that one is dropped.
+    if "\n" not in text:
         # One line (most answers): only a marker at the very start can exist.
         marker = _LEADING_LIST_MARKER_RE.match(text)
-        pieces = _line_sentences(text[marker.end() :] if marker is not None else text)
-    return tuple(s for s in pieces if s and not s.isspace())
+        return tuple(_line_sentences(text[marker.end() :] if marker is not None else text, count))
+    lines = _LIST_MARKER_RE.sub("\n", "\n" + text)[1:].split("\n")
+    last = len(lines) - 1
+    pieces: list[str] = []
+    for i, line in enumerate(lines):
+        # The white space around a newline goes with it; that at the text's ends stays.
+        line = line.lstrip() if i else line
+        line = line.rstrip() if i < last else line
+        if line:
+            pieces += _line_sentences(line, count and count - len(pieces))
+            if count and len(pieces) >= count:
+                break
+    return tuple(pieces)
 
 
-def _line_sentences(line: str) -> list[str]:
-    parts = _SENTENCE_END_RE.split(line)
-    pieces = [s + end for s, end in zip(parts[::2], parts[1::2], strict=False)]
-    pieces.append(parts[-1])
+def _line_sentences(line: str, count: int) -> list[str]:
+    """The sentences of one line, or at least the first `count` when it is > 0 (a regex split
+    stops after `count` end marks, the rest of the line as one piece)."""
+    parts = _SENTENCE_END_RE.split(line, count)
+    pieces = list(map(operator.add, parts[:-1:2], parts[1::2]))  # each with its end mark
+    rest = parts[-1]
+    if rest and not rest.isspace():
+        pieces.append(rest)
     return pieces
 
 

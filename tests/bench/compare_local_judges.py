@@ -10,6 +10,14 @@ and passes without clearing ("repeated chunks"). The two processes take turns pa
 waits for the other's pass to end), so that a change in the machine's load hits both alike.
 
     .venv/bin/python tests/bench/compare_local_judges.py --ref HEAD~1 [--rounds 5] [--passes 3]
+
+On a busy machine the time of one pass varies by more than a small change saves (the same code
+on both sides: 0.94x-1.17x). `--instructions` counts instead the machine instructions of one
+"unseen chunks" pass of each tree under valgrind's callgrind (counting only that pass, after the
+warm-up; string hashing fixed by PYTHONHASHSEED=0): the same count to 0.01 % every run, whatever
+the load. Instructions are not time (a cache miss costs more than an instruction): read both.
+
+    .venv/bin/python tests/bench/compare_local_judges.py --ref HEAD~1 --instructions
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ import argparse
 import gc
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -26,6 +36,7 @@ import tempfile
 import time
 from io import BytesIO
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DATA_DIR = REPO.parent / "shared" / "eval-data"
@@ -39,9 +50,8 @@ _CHUNK_CACHES = (
 )
 
 
-def measure(events: Path) -> None:
-    """The subprocess side: for each line read ("pass"), one timed pass of each kind of the
-    three judges of the imported tree, written as one JSON line {label: events/s}."""
+def _judges_and_caches(events: Path) -> tuple[list[Any], tuple[Any, ...], list[Any]]:
+    """The inputs, the three judges and the chunk memos of the imported tree, warmed up."""
     import importlib
 
     from ragpulse.judges.base import Chunk, JudgeInput
@@ -62,6 +72,46 @@ def measure(events: Path) -> None:
     for item in inputs:  # warm-up
         for judge in judges:
             judge.grade(item)
+    return inputs, judges, caches
+
+
+def measure_instructions(events: Path) -> None:
+    """The subprocess side of --instructions, run under callgrind with instrumentation off:
+    on for one "unseen chunks" pass, by callgrind_control on this process."""
+    inputs, judges, caches = _judges_and_caches(events)
+    for cache in caches:
+        cache.cache_clear()
+    gc.collect()
+    pid = str(os.getpid())
+    subprocess.run(["callgrind_control", "--instr=on", pid], check=True, capture_output=True)
+    for item in inputs:
+        for judge in judges:
+            judge.grade(item)
+    subprocess.run(["callgrind_control", "--instr=off", pid], check=True, capture_output=True)
+
+
+_COLLECTED_RE = re.compile(r"Collected : (\d+)")
+
+
+def count_instructions(root: Path, events: Path, cwd: str) -> int:
+    """Instructions of one unseen-chunks pass of the three judges of the tree at `root`."""
+    done = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null",
+         sys.executable, __file__, "--measure-instructions", str(events)],
+        capture_output=True, text=True, cwd=cwd,
+        env=dict(os.environ, PYTHONPATH=str(root), PYTHONHASHSEED="0"),
+    )
+    found = _COLLECTED_RE.search(done.stderr)
+    if done.returncode != 0 or found is None or int(found.group(1)) == 0:
+        tail = done.stderr[-800:]
+        raise RuntimeError(f"callgrind counted nothing (exit {done.returncode}): {tail}")
+    return int(found.group(1))
+
+
+def measure(events: Path) -> None:
+    """The subprocess side: for each line read ("pass"), one timed pass of each kind of the
+    three judges of the imported tree, written as one JSON line {label: events/s}."""
+    inputs, judges, caches = _judges_and_caches(events)
     print("ready", flush=True)
     for _ in sys.stdin:
         rates: dict[str, float] = {}
@@ -104,13 +154,29 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--ref", default="HEAD~1")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--passes", type=int, default=3, help="timed passes per process")
+    parser.add_argument("--rounds", type=int, help="rounds of one process per tree (5)")
+    parser.add_argument("--passes", type=int, help="timed passes per process (3)")
+    parser.add_argument(
+        "--instructions", action="store_true",
+        help="count instructions of one unseen-chunks pass under callgrind instead of timing",
+    )
     parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)  # the events' file
+    parser.add_argument("--measure-instructions", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
         measure(args.measure)
         return 0
+    if args.measure_instructions:
+        measure_instructions(args.measure_instructions)
+        return 0
+    if args.instructions and (args.rounds is not None or args.passes is not None):
+        print("--instructions counts one pass: --rounds and --passes do not apply", file=sys.stderr)
+        return 2
+    args.rounds = 5 if args.rounds is None else args.rounds
+    args.passes = 3 if args.passes is None else args.passes
+    if args.instructions and shutil.which("valgrind") is None:
+        print("--instructions needs valgrind (Debian: apt-get install valgrind)", file=sys.stderr)
+        return 2
     if not (args.data_dir / "ragtruth.dev.jsonl").is_file():
         print(f"eval data not found: {args.data_dir}/ragtruth.dev.jsonl", file=sys.stderr)
         return 2
@@ -125,6 +191,15 @@ def main() -> int:
         events.write_text(json.dumps(
             [(i.question, i.answer, [c.content for c in i.chunks]) for i in inputs]))
         trees = {args.ref: export_revision(args.ref, Path(tmp) / "ref"), "this tree": REPO}
+        if args.instructions:
+            counts = {name: count_instructions(root, events, tmp) for name, root in trees.items()}
+            print("| judges of | instructions per event, 3 judges (one unseen-chunks pass) |")
+            print("|---|---|")
+            for name, count in counts.items():
+                print(f"| {name} | {count / len(inputs):,.0f} |")
+            print(f"- unseen chunks: {args.ref} / this tree = "
+                  f"{counts[args.ref] / counts['this tree']:.3f}x the instructions")
+            return 0
         for round_number in range(args.rounds):
             # Which tree goes first matters on a loaded machine (measured: about 10 % in favour
             # of the first, with the same code on both sides): the order flips every round
