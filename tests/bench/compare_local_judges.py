@@ -15,7 +15,8 @@ On a busy machine the time of one pass varies by more than a small change saves 
 on both sides: 0.94x-1.17x). `--instructions` counts instead the machine instructions of one
 "unseen chunks" pass of each tree under valgrind's callgrind (counting only that pass, after the
 warm-up; string hashing fixed by PYTHONHASHSEED=0): the same count to 0.01 % every run, whatever
-the load. Instructions are not time (a cache miss costs more than an instruction): read both.
+the load (valgrind: `make bench-deps`). Instructions are not time (a cache miss costs more
+than an instruction): read both.
 
     .venv/bin/python tests/bench/compare_local_judges.py --ref HEAD~1 --instructions
 """
@@ -95,6 +96,9 @@ _COLLECTED_RE = re.compile(r"Collected : (\d+)")
 
 def count_instructions(root: Path, events: Path, cwd: str) -> int:
     """Instructions of one unseen-chunks pass of the three judges of the tree at `root`."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("--instructions needs valgrind's callgrind: run `make bench-deps` "
+                         "(installs the Debian package valgrind)")
     done = subprocess.run(
         ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null",
          sys.executable, __file__, "--measure-instructions", str(events)],
