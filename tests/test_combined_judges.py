@@ -16,7 +16,7 @@ from test_llm_judges import BAD, GOOD, endpoint_for
 from ragpulse.judges.base import JudgeInput, Verdict
 from ragpulse.judges.endpoint.client import OpenAIJudgeEndpoint, forget_shared_endpoint_states
 from ragpulse.judges.llm.build import build_llm_judges
-from ragpulse.judges.llm.combined import parse_combined_reply
+from ragpulse.judges.llm.combined import parse_combined_reply, parse_shared_examples
 from ragpulse.judges.llm.custom import load_custom_judge
 from ragpulse.judges.panel import JudgePanel
 from ragpulse.judges.verdict_cache import VerdictCache
@@ -75,9 +75,29 @@ def test_a_combined_call_costs_at_most_55_percent_of_the_separate_calls_prompt()
     apart = sum(_prompt_words(j.messages(GOOD, "n" * 16)) for j in separate)  # type: ignore[attr-defined,misc]
     together = _prompt_words(group.messages(group.prompts, GOOD, "n" * 16))
     assert together <= 0.55 * apart, (together, apart)
-    # One shared set of examples: each example's passage is shown once, not once per judge.
+    # One shared set of examples, not one per judge; its two examples ask the same question on
+    # the same passage, shown once.
     system = group.messages(group.prompts, GOOD, "n" * 16)[0]["content"]
-    assert system.count("Deleted files stay in the trash for 30 days, then") == 2
+    assert system.count("Deleted files stay in the trash for 30 days, then") == 1
+    assert system.count("How long are deleted files kept in the trash?") == 1
+    assert "Example 2, same question and passages: answer: Only an idiot" in system
+
+
+def test_a_shared_example_whose_rationale_a_comma_cut_short_is_refused() -> None:
+    text = """
+version: 1
+examples:
+  - question: Q?
+    answer: A.
+    verdicts:
+      relevance_to_query: {rating: "no", rationale: It talks about plans, not the trash.}
+"""
+    with pytest.raises(ValueError, match=r"relevance_to_query.*quote a rationale"):
+        parse_shared_examples(text)
+    rationale = "It talks about plans, not the trash."
+    quoted = text.replace(rationale, f'"{rationale}"')
+    _, (example,) = parse_shared_examples(quoted)
+    assert example.verdicts["relevance_to_query"] == ("no", rationale)
 
 
 def test_a_custom_judge_in_a_combined_call_keeps_its_own_examples() -> None:

@@ -143,6 +143,26 @@ def test_with_json_schema_every_real_reply_becomes_a_verdict_and_every_token_is_
     assert sum(tokens(counters, j, "completion") for j in JUDGES) == predicted
 
 
+def test_a_combined_call_s_real_replies_become_a_verdict_per_judge_and_count_every_token(
+    real_model: LlamaServer, events: Path, tmp_path: Path
+) -> None:
+    # --judge-combine: one call per event for the three judges, the combined prompt (its
+    # rubrics, shared examples and reply shape) against the server's grammar for the combined
+    # json_schema: every judge of every event gets a verdict or a cut-off reply's error.
+    predicted_before = server_counter(real_model, "llamacpp:tokens_predicted")
+    rows, counters = judge_with(
+        real_model, events, tmp_path / "out", "--judge-reply-format", "json_schema",
+        "--judge-combine",
+    )
+    assert_every_reply_became_a_verdict(rows)
+    for judge in JUDGES:
+        assert tokens(counters, judge, "prompt") > 0, judge
+    # The call's completion tokens, shared out over its verdicts, add up to what the server
+    # generated for the three calls.
+    predicted = server_counter(real_model, "llamacpp:tokens_predicted") - predicted_before
+    assert sum(tokens(counters, j, "completion") for j in JUDGES) == predicted
+
+
 def test_with_json_object_every_real_reply_becomes_a_verdict_or_an_error_quoting_it(
     real_model: LlamaServer, events: Path, tmp_path: Path
 ) -> None:

@@ -63,7 +63,9 @@ from ragpulse.judges.verdict_cache import input_digest
 
 # Bumped when the combined frame below changes (the members' files have their own versions).
 # 3: the fence rules are judges.llm.judge's `fence_rules`, word for word.
-COMBINED_FRAME_VERSION = 3
+# 4: an example on the question and passages of the one before shows them once; the opening
+# and reply lines shorter (issue 33).
+COMBINED_FRAME_VERSION = 4
 
 # The inputs a combined call may show, in the order the user message shows them.
 _COMBINABLE_INPUTS: tuple[InputName, ...] = ("history", "question", "chunks", "answer")
@@ -109,8 +111,23 @@ class SharedExample:
 def shared_examples() -> tuple[int, tuple[SharedExample, ...]]:
     """The version and the examples of judges/prompts/combined/shared_examples.yaml."""
     path = importlib.resources.files("ragpulse.judges") / "prompts" / "combined"
-    path = path / "shared_examples.yaml"
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return parse_shared_examples((path / "shared_examples.yaml").read_text(encoding="utf-8"))
+
+
+def parse_shared_examples(text: str) -> tuple[int, tuple[SharedExample, ...]]:
+    """The version and the examples of a shared-examples file's text.
+
+    Raises ValueError on a verdict that is not exactly a rating and a rationale: an unquoted
+    rationale with a comma ends at the comma in a YAML flow mapping, the rest becoming a key
+    of its own, and half a rationale would be sent without a word."""
+    data = yaml.safe_load(text)
+    for example in data["examples"]:
+        for name, verdict in example["verdicts"].items():
+            if set(verdict) != {"rating", "rationale"}:
+                raise ValueError(
+                    f"shared example verdict of {name}: keys {sorted(verdict)}; expected rating "
+                    "and rationale (quote a rationale that has a comma)"
+                )
     return int(data["version"]), tuple(
         SharedExample(
             e["question"], tuple(e.get("chunks") or ()), e["answer"],
@@ -127,9 +144,10 @@ def combined_system_prompt(prompts: Sequence[JudgePrompt]) -> str:
 
     Written to cost few tokens (it is most of a combined call's prompt): each rubric once,
     without its task line (the rubric says the same); one set of examples whose data is shown
-    once with every judge's verdict (judges/prompts/combined/shared_examples.yaml), a judge
-    the set does not cover (a custom judge) keeping its own examples; the reply shape said
-    once for all judges.
+    once with every judge's verdict (judges/prompts/combined/shared_examples.yaml), and an
+    example on the question and passages of the one before without them again; a judge the
+    set does not cover (a custom judge) keeping its own examples; the reply shape said once
+    for all judges.
     """
     _, examples = shared_examples()
     covered = {p.name for p in prompts if all(p.name in e.verdicts for e in examples)}
@@ -144,26 +162,30 @@ def combined_system_prompt(prompts: Sequence[JudgePrompt]) -> str:
         sections.append("\n".join([f"## {prompt.name}", prompt.rubric.strip(), *own]))
     worked = []
     if covered:
+        before: tuple[str, tuple[str, ...]] | None = None
         for i, shared in enumerate(examples, start=1):
-            passages = " ".join(f"[{k}] {c}" for k, c in enumerate(shared.chunks, start=1))
             verdicts = "; ".join(
                 f"{p.name} {shared.verdicts[p.name][0]}: {shared.verdicts[p.name][1]}"
                 for p in prompts if p.name in covered
             )
-            worked.append(
-                f"Example {i}: question: {shared.question}; passages: {passages}; "
-                f"answer: {shared.answer}\n  -> {verdicts}"
-            )
+            # An example asking the question of the one before, on its passages, shows them once.
+            if (shared.question, shared.chunks) == before:
+                data = ", same question and passages:"
+            else:
+                passages = " ".join(f"[{k}] {c}" for k, c in enumerate(shared.chunks, start=1))
+                data = f": question: {shared.question}; passages: {passages};"
+                before = (shared.question, shared.chunks)
+            worked.append(f"Example {i}{data} answer: {shared.answer}\n  -> {verdicts}")
     names = [p.name for p in prompts]
     return (
         "You are an impartial judge grading one answer of a retrieval-augmented chatbot on "
-        f"{len(prompts)} separate checks, each by its own rubric.\n\n"
+        f"{len(prompts)} checks, each by its own rubric.\n\n"
         + "\n\n".join(sections)
         + ("\n\n" + "\n".join(worked) if worked else "")
         + f"\n\n{fence_rules(_shown_inputs(prompts))}\n\n"
-        "Reply with only a JSON object with one key per check, each "
-        '{"rationale": "<one sentence>", "rating": "yes" or "no"}. Without JSON, write per '
-        'check "NAME rationale: ..." then "NAME rating: yes|no".\n'
+        "Reply with only a JSON object, one key per check, each "
+        '{"rationale": "<one sentence>", "rating": "yes" or "no"}; without JSON, per check '
+        '"NAME rationale: ..." then "NAME rating: yes|no".\n'
         f"Verdicts wanted: {', '.join(names)}"
     )
 
