@@ -154,7 +154,7 @@ typecheck: $(STAMP)
 # end-to-end alert test waits ~10 min for Prometheus and Alertmanager while the rest runs.
 # --durations: CI logs list the slowest tests, to keep the suite within its 30-minute budget.
 pytest: $(STAMP) system-deps tools
-	$(BIN)/pytest -m "not llm" -n 2 --dist loadscope --no-loadscope-reorder --durations=25
+	$(BIN)/pytest -m "not llm" -n 2 --dist loadscope --durations=25
 
 test: lint typecheck pytest
 

@@ -45,12 +45,11 @@ _KAFKA_FIXTURES = frozenset({
 _SLOW_FIXTURES = _KAFKA_FIXTURES
 
 
-# The longest modules of `make test` (CI's --durations), started first: `-n 2 --dist loadscope
-# --no-loadscope-reorder` hands modules to the two workers in collection order (without the
-# flag xdist puts the modules with the most tests first, and the one-test Flink cluster module
-# ran last, alone, for 4 minutes while the other worker idled). Longest first, the short ones
-# fill in around them. The order is the only effect: every module still runs, and runs whole on
-# one worker.
+# The longest modules of `make test` (CI's --durations), started first: `-n 2 --dist loadscope`
+# hands modules to the two workers in collection order, so a long module collected late (the
+# Flink ones sort after most) would run alone at the end while the other worker idles. Longest
+# first, the short ones fill in around them. The order is the only effect: every module still
+# runs, and runs alone on its worker.
 _LONGEST_MODULES_FIRST = (
     "test_end_to_end_alerts.py",
     "test_stream_flink_cluster.py",
