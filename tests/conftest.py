@@ -45,31 +45,7 @@ _KAFKA_FIXTURES = frozenset({
 _SLOW_FIXTURES = _KAFKA_FIXTURES
 
 
-# The longest modules of `make test` (CI's --durations), started first: `-n 2 --dist loadscope`
-# hands modules to the two workers in collection order, so a long module collected late (the
-# Flink ones sort after most) would run alone at the end while the other worker idles. Longest
-# first, the short ones fill in around them. The order is the only effect: every module still
-# runs, and runs alone on its worker.
-_LONGEST_MODULES_FIRST = (
-    "test_end_to_end_alerts.py",
-    "test_stream_flink_cluster.py",
-    "test_stream_flink.py",
-    "test_serve_kill_loop.py",
-    "test_stream_flink_live.py",
-    "test_serve_instances.py",
-    "test_stream_flink_labels.py",
-)
-
-
-def _start_rank(item: pytest.Item) -> int:
-    name = item.path.name
-    if name in _LONGEST_MODULES_FIRST:
-        return _LONGEST_MODULES_FIRST.index(name)
-    return len(_LONGEST_MODULES_FIRST)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=_start_rank)  # stable: the rest keep their collection order
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if _SLOW_FIXTURES & used:
