@@ -145,6 +145,9 @@ class TopicWatcher:
         self.health = Health(s.unhealthy_after_seconds)
         self._hooks = CycleHooks.from_environment()
         self.labels = ReviewLabels(s, state, self._hooks)
+        # The refusal /healthz reports: the one the last snapshot was published with, so that
+        # /healthz says "stopped counting" only once /metrics has stopped exporting the counts.
+        self._published_refusal: str | None = None
         self._publish()
 
     @property
@@ -256,12 +259,14 @@ class TopicWatcher:
         gauges.update(self.inputs.gauges(self.state, s.topic))
         gauges.update(self.sessions.gauges())
         labels = self.labels.figures(self.state.counters())
+        refusal = self.partitions.refused
         self.health.publish(
             self.state, s.topic, gauges=gauges, zero_counters=self._zero_counters(),
             lag=self.partitions.lag(), calibrations=labels.calibrations,
-            agreements=labels.agreements, counting_stopped=self.partitions.refused is not None,
+            agreements=labels.agreements, counting_stopped=refusal is not None,
             hidden=self.labels.hidden_counters(),
         )
+        self._published_refusal = refusal
 
     def _zero_counters(self) -> list[counting.CounterKey]:
         """Data-loss counters whose labels are known at start-up, exported at 0 until they
@@ -281,10 +286,12 @@ class TopicWatcher:
         return self.health.snapshot()
 
     def healthy(self) -> tuple[bool, str]:
-        """Unhealthy once another owner of this instance's partitions was found; else as the
+        """Unhealthy once another owner of this instance's partitions was found and /metrics
+        stopped exporting the counts (the snapshot published after the finding); else as the
         cycles go (`Health.healthy`)."""
-        if self.partitions.refused is not None:
-            return False, self.partitions.refused
+        refusal = self._published_refusal
+        if refusal is not None:
+            return False, refusal
         return self.health.healthy()
 
     # ----- the loop --------------------------------------------------------------------------
