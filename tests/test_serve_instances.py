@@ -92,8 +92,12 @@ def produce_interleaved(
             broker.produce(topic, list(block[p::partitions]), partition=(at + p) % partitions)
 
 
+def lags_by_partition(scrape: Scrape) -> dict[int, float]:
+    return {int(labels["partition"]): v for labels, v in scrape.select("ragpulse_consumer_lag")}
+
+
 def lag_partitions(scrape: Scrape) -> set[int]:
-    return {int(labels["partition"]) for labels, _ in scrape.select("ragpulse_consumer_lag")}
+    return set(lags_by_partition(scrape))
 
 
 @pytest.mark.slow
@@ -150,15 +154,12 @@ def test_two_instances_one_killed_and_restarted_count_together_what_one_instance
     # The lag of every partition of the topic, the ones instance 1 left from the group's commits.
     # Waited for: the scrape that showed instance 0 caught up may come from a cycle that read
     # the log's ends before the producer's last records reached partitions 1 and 3.
-    def lags_of(scrape: Scrape) -> dict[int, float]:
-        return {int(labels["partition"]): v for labels, v in scrape.select("ragpulse_consumer_lag")}
-
     left = {p: ends[p] - killed_at[p] for p in (1, 3)}
     scrape = first.wait_for(
-        lambda m: {p: lags_of(m).get(p) for p in (1, 3)} == left, 60,
+        lambda m: {p: lags_by_partition(m).get(p) for p in (1, 3)} == left, 60,
         "instance 0's lag of the partitions instance 1 left",
     )
-    assert set(lags_of(scrape)) == {0, 1, 2, 3}
+    assert lag_partitions(scrape) == {0, 1, 2, 3}
 
     restarted = serve_processes(broker.bootstrap, topic, states[1], instance(1)).start()
     scrapes = [

@@ -23,6 +23,7 @@ from serve_process import (  # noqa: F401
     wait_until,
 )
 from test_serve import JUDGES, T0, ServeFactory, caught_up, produce_round_robin
+from test_serve_instances import lags_by_partition
 
 from ragpulse.pipeline.commands.simulate import simulate
 from ragpulse.pipeline.service.owners import (
@@ -277,13 +278,6 @@ def test_two_serves_with_one_instance_claiming_at_the_same_moment_count_each_eve
     assert survivor.terminate() == 0
 
 
-def _lag(scrape: Scrape) -> dict[int, float]:
-    return {
-        int(labels["partition"]): value
-        for labels, value in scrape.select("ragpulse_consumer_lag")
-    }
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_lag_of_partitions_no_instance_reads_is_exported_and_grows_as_events_arrive(
@@ -303,13 +297,14 @@ def test_the_lag_of_partitions_no_instance_reads_is_exported_and_grows_as_events
         [*ARGS, "--instances", "2", "--instance", "0"],
     ).start()
     scrape = serve.wait_for(
-        lambda m: caught_up(200)(m) and _lag(m).get(1) == 100, 60, "instance 0 caught up"
+        lambda m: caught_up(200)(m) and lags_by_partition(m).get(1) == 100, 60,
+        "instance 0 caught up",
     )
-    assert _lag(scrape) == {0: 0, 1: 100, 2: 0, 3: 100}
+    assert lags_by_partition(scrape) == {0: 0, 1: 100, 2: 0, 3: 100}
     # Events keep arriving: the unread partitions' lag grows, the read ones' goes back to 0.
     produce_round_robin(broker, "half", _events(400, seed=4), PARTITIONS)
     scrape = serve.wait_for(
-        lambda m: caught_up(400)(m) and _lag(m) == {0: 0, 1: 200, 2: 0, 3: 200}, 60,
+        lambda m: caught_up(400)(m) and lags_by_partition(m) == {0: 0, 1: 200, 2: 0, 3: 200}, 60,
         "the lag of partitions 1 and 3 to grow",
     )
     assert "ragpulse_consumer_group_lag" not in {name for name, _, _ in scrape.samples}
@@ -350,7 +345,7 @@ def test_a_serve_that_finds_an_older_owner_mid_run_stops_exporting_its_counts_wi
     second = serve_processes(broker.bootstrap, topic, tmp_path / "b.sqlite", ARGS).start()
     counted = second.wait_for(caught_up(440), 120, "the second serve counted every event")
     assert _families(counted, "ragpulse_judge_verdicts", "ragpulse_judge_pass")
-    assert _lag(counted) == dict.fromkeys(range(PARTITIONS), 0)
+    assert lags_by_partition(counted) == dict.fromkeys(range(PARTITIONS), 0)
 
     holds.release("planned")
     wait_until(lambda: _refused(second.healthz()), "the second serve to find the first")
