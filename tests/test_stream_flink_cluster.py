@@ -48,10 +48,10 @@ from ragpulse.pipeline.commands.simulate import SimulatedEvent, simulate
 from ragpulse.pipeline.formats import rating_rows
 from ragpulse.pipeline.formats.rating_rows import RatingPane
 
-# Not in `make test` (marker flink_cluster: `make test-flink-cluster`). The timeout is for a
+# In `make test` (marker flink; alone: `make test-flink-cluster`). The timeout is for a
 # machine at load 50, where one submission took 5 min (docs/figures.md, issue 30); it is not
-# what the test takes (about 4 min on the idle machine, stop 37).
-pytestmark = [pytest.mark.slow, pytest.mark.flink_cluster, pytest.mark.timeout(1800)]
+# what the test takes (3.5 min on the idle machine, stop 38).
+pytestmark = [pytest.mark.slow, pytest.mark.flink, pytest.mark.timeout(1800)]
 
 WINDOW_S = 10
 WINDOWS = 6
