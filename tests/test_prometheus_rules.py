@@ -94,7 +94,8 @@ def rules_a_test_needs(test_file: Path, directory: Path) -> Path:
     hours of steps (stop 38: the 13 files took 225 CPU-seconds, a sixteenth of the suite)."""
     test = yaml.safe_load(test_file.read_text(encoding="utf-8"))
     files = [(test_file.parent / f).resolve() for f in test["rule_files"]]
-    groups = [(f, g) for f in files for g in yaml.safe_load(f.read_text(encoding="utf-8"))["groups"]]
+    groups = [(f, g) for f in files
+              for g in yaml.safe_load(f.read_text(encoding="utf-8"))["groups"]]
     defined: dict[str, list[dict[str, Any]]] = {}
     for _, group in groups:
         for rule in group["rules"]:
