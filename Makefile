@@ -153,10 +153,11 @@ typecheck: $(STAMP)
 # Three workers on two cores, each test module on one of them (its module fixtures set up
 # once): a sixth of the suite's time is tests waiting on the clock (the end-to-end alert test
 # waits ~5 min for Prometheus and Alertmanager; Flink's checkpoints; kills and restarts), and
-# with two workers the cores then idled (83 % busy over a whole suite, stop 38).
+# with two workers the cores then idled (83 % busy over a whole suite, stop 38). The longest
+# modules first (tests/conftest.py), in that order (--no-loadscope-reorder).
 # --durations: CI logs list the slowest tests, to keep the suite within its 30-minute budget.
 pytest: $(STAMP) system-deps tools
-	$(BIN)/pytest -m "not llm" -n 3 --dist loadscope --durations=25
+	$(BIN)/pytest -m "not llm" -n 3 --dist loadscope --no-loadscope-reorder --durations=25
 
 test: lint typecheck pytest
 

@@ -132,10 +132,12 @@ JOB_SERVER_PLACES = (
     "--flink-master", "--job-host", "--job-port", "--artifact-port", "--expansion-port",
     "--artifacts-dir",
 )
-# The expansion service's flags that choose the Java reader's environment: deploy/flink runs
-# it as a PROCESS (Beam's boot in the Flink image); here it runs EMBEDDED in the TaskManager's
-# JVM (no container image). Every other flag (experiments included) is run as deployed.
-EXPANSION_ENVIRONMENT = ("--defaultEnvironmentType", "--defaultEnvironmentConfig")
+# The expansion service's flags that choose the Java reader's environment and what it stages:
+# deploy/flink runs it as a PROCESS (Beam's boot in the Flink image, which needs the service's
+# jars staged); here it runs EMBEDDED in the TaskManager's JVM (no container image), on that
+# JVM's classpath (`local_expansion_args`). Every other flag (experiments included) is run as
+# deployed.
+EXPANSION_ENVIRONMENT = ("--defaultEnvironmentType", "--defaultEnvironmentConfig", "--filesToStage")
 
 
 def local_job_server_args(
