@@ -45,38 +45,7 @@ _KAFKA_FIXTURES = frozenset({
 _SLOW_FIXTURES = _KAFKA_FIXTURES
 
 
-# The longest modules of `make test` (its --durations), handed out first: with
-# `--no-loadscope-reorder` pytest-xdist gives modules to the workers in collection order
-# (without it, the modules with the most tests first: the one-test Flink cluster module then
-# started 27 minutes in and ran 4.5 minutes alone at the end, stop 38). Longest first, the short
-# ones fill in around them. The order is the only effect: every module still runs, whole, on
-# one worker.
-_LONGEST_MODULES_FIRST = (
-    "test_end_to_end_alerts.py",
-    "test_stream_flink_cluster.py",
-    "test_serve_kill_loop.py",
-    "test_stream_flink.py",
-    "test_serve.py",
-    "test_serve_instances.py",
-    "test_image.py",
-    "test_stream_flink_live.py",
-    "test_serve_sessions.py",
-    "test_stream_flink_labels.py",
-    "test_serve_owners.py",
-    "test_serve_faults.py",
-    "test_judge_flow.py",
-)
-
-
-def _start_rank(item: pytest.Item) -> int:
-    name = item.path.name
-    if name in _LONGEST_MODULES_FIRST:
-        return _LONGEST_MODULES_FIRST.index(name)
-    return len(_LONGEST_MODULES_FIRST)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=_start_rank)  # stable: the rest keep their collection order
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if _SLOW_FIXTURES & used:
