@@ -151,7 +151,9 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # Two workers, each test module on one of them (its module fixtures set up once): the
-# end-to-end alert test waits ~10 min for Prometheus and Alertmanager while the rest runs.
+# end-to-end alert test waits ~5 min for Prometheus and Alertmanager while the rest runs. Three
+# workers gained nothing: the suite is CPU-bound on two cores (86 % busy on three workers, 83 %
+# on two; docs/figures.md, stop 38).
 # --durations: CI logs list the slowest tests, to keep the suite within its 30-minute budget.
 pytest: $(STAMP) system-deps tools
 	$(BIN)/pytest -m "not llm and not flink_cluster" -n 2 --dist loadscope --durations=25
@@ -214,6 +216,8 @@ $(LLM_STAMP): $(STAMP) | llm-build-deps
 
 # The Flink cluster test (JobManager, two TaskManagers, two kills, a savepoint): 5-8 min on
 # 2 cores, which the 30-minute suite has no room for, so it runs on its own, not in make test.
+# The Flink cluster test, not in make test: the suite's 30 minutes have no room for it yet
+# (docs/figures.md, stop 38).
 test-flink-cluster: $(STAMP) system-deps tools
 	$(BIN)/pytest tests/test_stream_flink_cluster.py -p no:xdist --durations=0
 

@@ -105,11 +105,18 @@ JAVA_17_OPENS = [
 ]
 
 
+# A test's JVMs run for minutes on a 2-core machine shared with the rest of the suite: the C1
+# compiler only and the serial collector (as the test broker, tests/kafka_broker.py) spend a
+# fraction of the CPU time that C2 and the parallel collector spend on start-up, and the work
+# they do is small.
+LEAN_JVM = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+
+
 def java_command(main_class: str, *args: str) -> list[str]:
     # The read's watermark per partition every 30 s in the logs (PartitionWatermarkPolicy, DEBUG).
     read_status = "-Dorg.slf4j.simpleLogger.log.io.ragpulse=debug"
-    return ["java", "-Xmx768m", read_status, *JAVA_17_OPENS, "-cp", beam_classpath(), main_class,
-            *args]
+    return ["java", "-Xmx768m", *LEAN_JVM, read_status, *JAVA_17_OPENS, "-cp", beam_classpath(),
+            main_class, *args]
 
 
 # The states of a Flink job that has ended.

@@ -278,6 +278,8 @@ def test_the_cluster_test_runs_the_deployed_job_server_and_expansion_service_fla
     assert local_expansion[0] == deployed_expansion[0] == "8097"
     assert without_environment(local_expansion) == without_environment(deployed_expansion)
     assert "--defaultEnvironmentType=EMBEDDED" in local_expansion
+    assert f"--filesToStage={flink_runner.kafka_read_jar()}" in local_expansion
+    assert not any(a.startswith("--filesToStage") for a in deployed_expansion)
 
 
 def test_the_deployed_images_load_the_kafka_read_the_tests_build() -> None:
