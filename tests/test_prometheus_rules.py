@@ -105,11 +105,11 @@ def rules_a_test_needs(test_file: Path, directory: Path) -> Path:
     for case in test["tests"]:
         wanted |= {c["alertname"] for c in case.get("alert_rule_test", [])}
         wanted |= {n for c in case.get("promql_expr_test", []) for n in NAME.findall(c["expr"])}
-    kept: list[int] = []  # id() of each kept rule
+    kept: set[int] = set()  # id() of each kept rule
     todo = [n for n in wanted if n in defined]
     while todo:
         for rule in defined.pop(todo.pop(), []):
-            kept.append(id(rule))
+            kept.add(id(rule))
             todo += [n for n in NAME.findall(yaml.safe_dump(rule)) if n in defined]
     copies = []
     for i, f in enumerate(files):
