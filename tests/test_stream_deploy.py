@@ -26,8 +26,6 @@ import flink_runner
 import pytest
 import yaml
 from flink_cluster import FlinkCluster
-from flink_runner import FlinkServices
-from test_stream_flink import stream_argv as embedded_stream_argv
 from test_stream_flink_cluster import stream_argv as cluster_stream_argv
 
 from ragpulse.pipeline import cli
@@ -238,10 +236,6 @@ def test_the_flink_deployment_submits_the_flags_the_cluster_test_runs() -> None:
     deployed = submit_job_args()
     assert deployed[0] == "stream"
     assert flag_names(deployed) == tested
-    # The embedded-Flink test submits a subset of them (one worker: no --parallelism).
-    services = FlinkServices(8099, 8098, 8097, 50000, REPO)
-    embedded = flag_names(embedded_stream_argv("k:9092", "t", services))
-    assert set(embedded) - NOT_IN_DEPLOYMENT <= set(tested)
 
 
 # What the cluster test may change in the deployed Flink configuration: where things are,
