@@ -5,7 +5,9 @@ ranges from the offsets saved in the state store (`plan_batch`, pure), reads exa
 ranges inside a bounded Beam pipeline (`ReadKafkaRanges`), and after the state store has saved
 the results, commits the new offsets to the consumer group (`KafkaGroup.commit`) so that Kafka
 tools show the lag. No consumer ever joins the group: partitions are assigned by hand, which is
-both faster (no rebalance) and what lets several short-lived consumers cover one cycle.
+both faster (no rebalance) and what lets several consumers cover one cycle. The consumers serve
+asks every cycle are kept between cycles (`KafkaClients`, which alone decides how long a
+consumer lives); a read of ranges and the fetch that checks an end get one of their own.
 
 Faults that would lose data quietly are made loud here. A saved offset the partition can no
 longer continue from (the topic was recreated, truncated or emptied, or retention deleted records
