@@ -96,18 +96,6 @@ def _partitions(consumer: KafkaConsumer, topic: str, timeout_s: float) -> list[i
         time.sleep(0.1)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class CheckedEnd:
-    """A partition's end as a fetch checked it (`log_bounds`), at the log start and listed end
-    (ListOffsets) it was checked at; `confirmed` False when no fetch answered in time (the
-    listed end is kept, `LogBounds.unconfirmed_ends`)."""
-
-    log_start: int
-    listed: int
-    end: int
-    confirmed: bool
-
-
 class KafkaClients:
     """Where a process's Kafka consumers live, and for how long: the one place that decides.
 
@@ -119,8 +107,8 @@ class KafkaClients:
     broker outage or restart looks the same to the caller either way. Each use leaves the
     consumer unassigned (no partition, nothing paused, no position kept) for the next. Kept
     consumers ask what has no state in the client (metadata, ListOffsets, the group's commits);
-    a fetch gets a consumer of its own (`for_fetch`), and the last end a fetch checked on each
-    partition is kept (`checked_end`), so that an idle cycle fetches nothing.
+    a fetch gets a consumer of its own (`for_fetch`), and the listed end a fetch confirmed on
+    each partition is kept (`end_confirmed`), so that an idle cycle fetches nothing.
 
     `ONE_SHOT` (keep=False) makes a new consumer for each use and closes it after: for the
     commands that ask once.
@@ -129,7 +117,7 @@ class KafkaClients:
     def __init__(self, *, keep: bool = True) -> None:
         self.keep = keep
         self._kept: dict[Hashable, KafkaConsumer] = {}
-        self._checked: dict[TopicPartition, CheckedEnd] = {}
+        self._confirmed: dict[TopicPartition, tuple[int, int]] = {}
         # A consumer is not thread-safe: one use at a time.
         self._lock = threading.RLock()
 
@@ -172,20 +160,18 @@ class KafkaClients:
         with ONE_SHOT.consumer(None, make) as consumer:
             yield consumer
 
-    def checked_end(self, tp: TopicPartition, log_start: int, listed: int) -> CheckedEnd | None:
-        """The last check of `tp`'s end if it was made at this log start and listed end (the
-        same last batch, so the same answer); None when nothing is kept."""
+    def end_confirmed(self, tp: TopicPartition, log_start: int, listed: int) -> bool:
+        """Whether a fetch confirmed `listed` as `tp`'s end at this log start (the same last
+        batch: the same answer again); never when nothing is kept."""
         with self._lock:
-            checked = self._checked.get(tp)
-        if checked is None or (checked.log_start, checked.listed) != (log_start, listed):
-            return None
-        return checked
+            return self._confirmed.get(tp) == (log_start, listed)
 
-    def remember_end(self, tp: TopicPartition, checked: CheckedEnd) -> None:
-        """Keep `tp`'s last end check (one per partition; not when nothing is kept)."""
+    def confirm_end(self, tp: TopicPartition, log_start: int, listed: int) -> None:
+        """Keep that a fetch confirmed `listed` as `tp`'s end at `log_start` (the last one per
+        partition; not when nothing is kept)."""
         if self.keep:
             with self._lock:
-                self._checked[tp] = checked
+                self._confirmed[tp] = (log_start, listed)
 
     @property
     def open_count(self) -> int:
@@ -254,8 +240,9 @@ def log_bounds(
     brokers (Tansu 0.6) answer ListOffsets with the last batch's base offset + 1, which would
     leave the rest of that batch unread until more data arrived. The fetch response carries the
     true high watermark; with Apache Kafka both answers agree and the check costs one round trip.
-    A partition whose log start and listed end are those its last check was made at is not
-    checked again (`KafkaClients.checked_end`): an idle serve's cycles fetch nothing.
+    A listed end a fetch confirmed at the same log start is not checked again
+    (`KafkaClients.end_confirmed`): an idle serve's cycles fetch nothing. One that was not
+    confirmed (a higher high watermark, or no answer in time) is checked every time, as before.
     """
 
     def make() -> KafkaConsumer:
@@ -272,32 +259,25 @@ def log_bounds(
         listed = consumer.end_offsets(tps, timeout_ms=int(timeout_s * 1000))
         begins = consumer.beginning_offsets(tps, timeout_ms=int(timeout_s * 1000))
         ends = {tp.partition: int(listed[tp]) for tp in tps}
-        unconfirmed: set[int] = set()
-        probe = []
-        for tp in tps:
-            if listed[tp] <= begins[tp]:
-                continue
-            checked = clients.checked_end(tp, int(begins[tp]), int(listed[tp]))
-            if checked is None:
-                probe.append(tp)
-            else:
-                ends[tp.partition] = checked.end
-                if not checked.confirmed:
-                    unconfirmed.add(tp.partition)
+        probe = [
+            tp for tp in tps
+            if listed[tp] > begins[tp]
+            and not clients.end_confirmed(tp, int(begins[tp]), int(listed[tp]))
+        ]
+        unconfirmed = set(probe)
         if probe:
             with clients.for_fetch(consumer, make) as fetcher:
                 highwaters = _highwaters(fetcher, probe, listed, timeout_s)
-            for tp in probe:
-                if tp in highwaters:
-                    ends[tp.partition] = max(ends[tp.partition], highwaters[tp])
+            for tp, highwater in highwaters.items():
+                unconfirmed.discard(tp)
+                if highwater > listed[tp]:
+                    ends[tp.partition] = highwater  # checked again next time: Tansu, or a race
                 else:
-                    unconfirmed.add(tp.partition)
-                clients.remember_end(
-                    tp, CheckedEnd(int(begins[tp]), int(listed[tp]), ends[tp.partition],
-                                   tp in highwaters),
-                )
+                    clients.confirm_end(tp, int(begins[tp]), int(listed[tp]))
         return LogBounds(
-            {tp.partition: int(begins[tp]) for tp in tps}, ends, frozenset(unconfirmed)
+            {tp.partition: int(begins[tp]) for tp in tps},
+            ends,
+            frozenset(tp.partition for tp in unconfirmed),
         )
 
 
