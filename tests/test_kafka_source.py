@@ -12,13 +12,14 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import assert_that, equal_to
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
-from kafka.errors import KafkaTimeoutError, OffsetOutOfRangeError
+from kafka.errors import KafkaError, KafkaTimeoutError, OffsetOutOfRangeError
 from kafka_broker import ApacheKafkaBroker, kafka_broker  # noqa: F401
 
 from ragpulse.pipeline.records import Rejected, SourceRecord
 from ragpulse.pipeline.sinks.kafka import dead_letter_record, deliver
 from ragpulse.pipeline.sources.kafka import (
     HEAD_BYTES,
+    KafkaClients,
     KafkaGroup,
     KafkaRangeSource,
     KafkaReadError,
@@ -227,6 +228,74 @@ def test_a_restarted_broker_keeps_its_records_and_a_missing_topic_fails_clearly(
         log_bounds(kafka_broker.bootstrap, "events", timeout_s=0.5)
     kafka_broker.create_topic("events")
     assert log_bounds(kafka_broker.bootstrap, "events").ends == {0: 0}
+
+
+def test_kept_consumers_see_added_partitions_new_and_recreated_topics_and_fresh_commits(
+    kafka_broker: ApacheKafkaBroker,  # noqa: F811
+) -> None:
+    # serve's questions each cycle, on consumers kept between them: what a new consumer per
+    # question saw, each answer must still see.
+    clients = KafkaClients()
+    bootstrap = kafka_broker.bootstrap
+    try:
+        kafka_broker.create_topic("events", partitions=1)
+        kafka_broker.produce("events", [b"a", b"b", b"c"], partition=0)
+        assert log_bounds(bootstrap, "events", clients=clients).ends == {0: 3}
+        kafka_broker.add_partitions("events", 2)  # the kept consumer's cache knew one
+        kafka_broker.produce("events", [b"new"], partition=1)
+        assert log_bounds(bootstrap, "events", clients=clients).ends == {0: 3, 1: 1}
+        assert log_bounds(bootstrap, "later", clients=clients, wait_for_topic=False).ends == {}
+        kafka_broker.create_topic("later")
+        assert log_bounds(bootstrap, "later", clients=clients, wait_for_topic=False).ends == {
+            0: 0
+        }
+        # Recreated with fewer records: the saved offset 3 is beyond its end, as it is.
+        kafka_broker.delete_topic("events")
+        kafka_broker.create_topic("events", partitions=1)
+        kafka_broker.produce("events", [b"z"], partition=0)
+        bounds = log_bounds(bootstrap, "events", clients=clients)
+        assert bounds.ends == {0: 1}
+        assert offset_resets({0: 3}, bounds.beginnings, bounds.ends, bounds.unconfirmed_ends) == [
+            OffsetReset(0, 3, 0, 1, "beyond_end")
+        ]
+        # Another instance's commit, made by a consumer of its own, is read back at once.
+        kept = KafkaGroup(bootstrap, "ragpulse", "events", clients=clients)
+        kept.commit({0: 1}, metadata="mine")
+        assert kept.commits() == {0: (1, "mine")}
+        KafkaGroup(bootstrap, "ragpulse", "events").commit({0: 0}, metadata="theirs")
+        assert kept.commits() == {0: (0, "theirs")}
+        assert clients.open_count == 2  # one for the bounds of every topic, one for the group
+    finally:
+        clients.close()
+    assert clients.open_count == 0
+
+
+def test_a_kept_consumer_that_failed_is_replaced_by_a_new_one_once_the_broker_is_back(
+    kafka_broker: ApacheKafkaBroker,  # noqa: F811
+) -> None:
+    clients = KafkaClients()
+    bootstrap = kafka_broker.bootstrap
+    try:
+        kafka_broker.create_topic("events")
+        kafka_broker.produce("events", [b"a"])
+        group = KafkaGroup(bootstrap, "ragpulse", "events", timeout_s=1.0, clients=clients)
+        assert group.bounds().ends == {0: 1}
+        group.commit({0: 1})
+        assert clients.open_count == 2
+        kafka_broker.stop()
+        try:
+            with pytest.raises(KafkaError):
+                group.bounds()
+            with pytest.raises(KafkaError):
+                group.commits()
+            assert clients.open_count == 0  # both failed consumers were closed and forgotten
+        finally:
+            kafka_broker.start()
+        kafka_broker.produce("events", [b"b"])
+        assert group.bounds().ends == {0: 2}
+        assert group.committed() == {0: 1}
+    finally:
+        clients.close()
 
 
 def test_dead_letters_keep_the_record_and_say_why(

@@ -77,7 +77,7 @@ from ragpulse.pipeline.sinks.kafka import (
     deliver,
     new_producer,
 )
-from ragpulse.pipeline.sources.kafka import KafkaRangeSource, log_bounds
+from ragpulse.pipeline.sources.kafka import ONE_SHOT, KafkaClients, KafkaRangeSource, log_bounds
 from ragpulse.pipeline.stages.labels import NOT_TRACKED, label_counters, label_outcome
 
 log = logging.getLogger(__name__)
@@ -181,10 +181,17 @@ class ReviewLabels:
     """The labels topic as a part of serve's cycle (module docstring)."""
 
     def __init__(
-        self, settings: ServeSettings, state: StateStore, hooks: CycleHooks | None = None
+        self,
+        settings: ServeSettings,
+        state: StateStore,
+        hooks: CycleHooks | None = None,
+        clients: KafkaClients = ONE_SHOT,
     ) -> None:
+        """`clients`: the Kafka consumers serve keeps (the topics' bounds are asked each
+        cycle)."""
         s = self.settings = settings
         self.state = state
+        self._clients = clients
         self.topic = s.labels_topic or f"{s.topic}.labels"
         # Every instance reads and keeps the labels; one exports them (module docstring).
         self.exports = s.instance == 0
@@ -263,7 +270,7 @@ class ReviewLabels:
         saved offsets; None when the topic does not exist."""
         bounds = log_bounds(
             self.settings.bootstrap, topic, timeout_s=self.settings.kafka_timeout_seconds,
-            security=self.settings.kafka_security, wait_for_topic=False,
+            security=self.settings.kafka_security, wait_for_topic=False, clients=self._clients,
         )
         if not bounds.ends:
             if topic not in self._missing_said:

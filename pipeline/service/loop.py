@@ -91,7 +91,7 @@ from ragpulse.pipeline.service.watermark import (
 from ragpulse.pipeline.settings.models import ServeSettings
 from ragpulse.pipeline.sinks.kafka import UNDELIVERABLE
 from ragpulse.pipeline.sources.inputs import input_for
-from ragpulse.pipeline.sources.kafka import RECORDS_LOST
+from ragpulse.pipeline.sources.kafka import RECORDS_LOST, KafkaClients
 from ragpulse.pipeline.windows import RatingCounts, WindowKey, isoformat_utc
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,11 @@ class TopicWatcher:
             state, was_reset = open_state(settings)
         self.state = state
         owner = owner or Owner.this_process(s.instance, s.instances, s.unhealthy_after_seconds)
-        self.partitions = Partitions(s, state, owner, previous_owner, was_reset=was_reset)
+        # The consumers asked every cycle, kept from the first cycle to `close`.
+        self.kafka = KafkaClients()
+        self.partitions = Partitions(
+            s, state, owner, previous_owner, was_reset=was_reset, clients=self.kafka
+        )
         self.controls = tuple(controls)
         self.inputs = input_for(s.input_format, s.trace_assembly_wait_seconds)
         self.graph = CycleGraph(
@@ -144,7 +148,7 @@ class TopicWatcher:
         self.sessions = OpenSessions(s, state)
         self.health = Health(s.unhealthy_after_seconds)
         self._hooks = CycleHooks.from_environment()
-        self.labels = ReviewLabels(s, state, self._hooks)
+        self.labels = ReviewLabels(s, state, self._hooks, self.kafka)
         # The refusal /healthz reports: the one the last snapshot was published with, so that
         # /healthz says "stopped counting" only once /metrics has stopped exporting the counts.
         self._published_refusal: str | None = None
@@ -327,6 +331,7 @@ class TopicWatcher:
             self.partitions.release()
         for control in reversed(self.controls):  # the lookahead before the journal it feeds
             control.close()
+        self.kafka.close()
         self.state.close()
 
 

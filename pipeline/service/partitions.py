@@ -41,7 +41,13 @@ from ragpulse.pipeline.service.plan import CyclePlan, check_resets, plan_cycle
 from ragpulse.pipeline.service.state import StateError, StateStore
 from ragpulse.pipeline.service.watermark import holding_partitions
 from ragpulse.pipeline.settings.models import ServeSettings
-from ragpulse.pipeline.sources.kafka import KafkaGroup, LogBounds, consumer_lag
+from ragpulse.pipeline.sources.kafka import (
+    ONE_SHOT,
+    KafkaClients,
+    KafkaGroup,
+    LogBounds,
+    consumer_lag,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +68,15 @@ class Partitions:
         previous_owner: str | None = None,
         *,
         was_reset: bool = False,
+        clients: KafkaClients = ONE_SHOT,
     ) -> None:
         """`owner`: this process as it signs its commits; `previous_owner`: the one that held
-        the state file's lock before; `was_reset`: the state file is fresh after --state-reset."""
+        the state file's lock before; `was_reset`: the state file is fresh after --state-reset;
+        `clients`: the Kafka consumers serve keeps for the group's questions each cycle."""
         s = self.settings = settings
         self.state = state
         self.group = KafkaGroup(
-            s.bootstrap, s.group_id, s.topic, s.kafka_timeout_seconds, s.kafka_security
+            s.bootstrap, s.group_id, s.topic, s.kafka_timeout_seconds, s.kafka_security, clients
         )
         self.owner = owner
         self._previous_owner = previous_owner
@@ -174,7 +182,10 @@ class Partitions:
         serve at `claiming`, between reading the group and committing its claim. Visibility of
         Kafka aside, nothing is counted before this returns."""
         s = self.settings
-        claims = dataclasses.replace(self.group, group_id=f"{s.group_id}{CLAIMS_GROUP_SUFFIX}")
+        # Asked once, at start: its consumer is not kept.
+        claims = dataclasses.replace(
+            self.group, group_id=f"{s.group_id}{CLAIMS_GROUP_SUFFIX}", clients=ONE_SHOT
+        )
         metadata = self.owner.metadata(time.time())
         offsets: dict[int, int] = {}
         try:

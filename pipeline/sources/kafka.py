@@ -5,7 +5,9 @@ ranges from the offsets saved in the state store (`plan_batch`, pure), reads exa
 ranges inside a bounded Beam pipeline (`ReadKafkaRanges`), and after the state store has saved
 the results, commits the new offsets to the consumer group (`KafkaGroup.commit`) so that Kafka
 tools show the lag. No consumer ever joins the group: partitions are assigned by hand, which is
-both faster (no rebalance) and what lets several short-lived consumers cover one cycle.
+both faster (no rebalance) and what lets several consumers cover one cycle. The consumers serve
+asks every cycle are kept between cycles (`KafkaClients`, which alone decides how long a
+consumer lives); a read of ranges and the fetch that checks an end get one of their own.
 
 Faults that would lose data quietly are made loud here. A saved offset the partition can no
 longer continue from (the topic was recreated, truncated or emptied, or retention deleted records
@@ -18,10 +20,12 @@ not acknowledge (yet), so that the caller can bound its retries.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 import apache_beam as beam
@@ -80,13 +84,117 @@ def partitions(
 def _partitions(consumer: KafkaConsumer, topic: str, timeout_s: float) -> list[int]:
     deadline = time.monotonic() + timeout_s
     while True:
-        # A fresh metadata request each call: the cached answer would hide added partitions.
-        found = consumer.partitions_for_topic(topic)
-        if found:
-            return sorted(found)
+        # topics() asks the broker every time; partitions_for_topic() alone answers from the
+        # consumer's metadata cache, which in a kept consumer would hide added partitions and
+        # a topic deleted or created since.
+        if topic in consumer.topics():
+            found = consumer.partitions_for_topic(topic)
+            if found:
+                return sorted(found)
         if time.monotonic() >= deadline:
             raise KafkaReadError(f"topic {topic!r} not found on {bootstrap_of(consumer)}")
         time.sleep(0.1)
+
+
+class KafkaClients:
+    """Where a process's Kafka consumers live, and for how long: the one place that decides.
+
+    `KafkaClients()` keeps one consumer per key (a role: the topics' bounds, one consumer
+    group's commits) from its first use to `close`, so that a serve asking the same questions
+    every cycle opens no new connection for them (a new consumer is a bootstrap, a metadata
+    request and a socket per broker, in serve and in the broker). A consumer that raised is
+    closed and forgotten, so the next use connects afresh, as a new consumer always did: a
+    broker outage or restart looks the same to the caller either way. Each use leaves the
+    consumer unassigned (no partition, nothing paused, no position kept) for the next. Kept
+    consumers ask what has no state in the client (metadata, ListOffsets, the group's commits);
+    a fetch gets a consumer of its own (`for_fetch`), and the listed end a fetch confirmed on
+    each partition is kept (`end_confirmed`), so that an idle cycle fetches nothing.
+
+    `ONE_SHOT` (keep=False) makes a new consumer for each use and closes it after: for the
+    commands that ask once.
+    """
+
+    def __init__(self, *, keep: bool = True) -> None:
+        self.keep = keep
+        self._kept: dict[Hashable, KafkaConsumer] = {}
+        self._confirmed: dict[TopicPartition, tuple[int, int]] = {}
+        # A consumer is not thread-safe: one use at a time.
+        self._lock = threading.RLock()
+
+    @contextlib.contextmanager
+    def consumer(
+        self, key: Hashable, make: Callable[[], KafkaConsumer]
+    ) -> Iterator[KafkaConsumer]:
+        """The consumer kept under `key` (made by `make` on first use), for one use."""
+        if not self.keep:
+            consumer = make()
+            try:
+                yield consumer
+            finally:
+                consumer.close(autocommit=False)
+            return
+        with self._lock:
+            consumer = self._kept.get(key)
+            if consumer is None:
+                consumer = self._kept[key] = make()
+            try:
+                yield consumer
+                consumer.assign([])  # no partition, position or pause outlives the use
+            except BaseException:
+                del self._kept[key]
+                _close_quietly(consumer)
+                raise
+
+    @contextlib.contextmanager
+    def for_fetch(
+        self, current: KafkaConsumer, make: Callable[[], KafkaConsumer]
+    ) -> Iterator[KafkaConsumer]:
+        """A consumer for fetches whose state must not outlive them: `current` when nothing is
+        kept, else a new one closed after. A kept consumer's fetch state of a topic deleted
+        and recreated since does not recover: with kafka-python 3.0.12 its fetch of the new
+        topic's last record never answered again, and a saved offset beyond the new end would
+        never have been found."""
+        if not self.keep:
+            yield current
+            return
+        with ONE_SHOT.consumer(None, make) as consumer:
+            yield consumer
+
+    def end_confirmed(self, tp: TopicPartition, log_start: int, listed: int) -> bool:
+        """Whether a fetch confirmed `listed` as `tp`'s end at this log start (the same last
+        batch: the same answer again); never when nothing is kept."""
+        with self._lock:
+            return self._confirmed.get(tp) == (log_start, listed)
+
+    def confirm_end(self, tp: TopicPartition, log_start: int, listed: int) -> None:
+        """Keep that a fetch confirmed `listed` as `tp`'s end at `log_start` (the last one per
+        partition; not when nothing is kept)."""
+        if self.keep:
+            with self._lock:
+                self._confirmed[tp] = (log_start, listed)
+
+    @property
+    def open_count(self) -> int:
+        """How many consumers are kept now."""
+        with self._lock:
+            return len(self._kept)
+
+    def close(self) -> None:
+        """Close every kept consumer (serve's stop); a later use opens new ones."""
+        with self._lock:
+            kept, self._kept = list(self._kept.values()), {}
+        for consumer in kept:
+            _close_quietly(consumer)
+
+
+ONE_SHOT = KafkaClients(keep=False)
+
+
+def _close_quietly(consumer: KafkaConsumer) -> None:
+    try:
+        consumer.close(autocommit=False)
+    except Exception as exc:  # closing a consumer of a broker that is away: nothing to save
+        log.debug("closing a Kafka consumer: %s", exc)
 
 
 def bootstrap_of(consumer: KafkaConsumer) -> str:
@@ -122,19 +230,25 @@ def log_bounds(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     security: KafkaSecurity = PLAINTEXT,
     wait_for_topic: bool = True,
+    clients: KafkaClients = ONE_SHOT,
 ) -> LogBounds:
-    """Log start and end offsets of every partition of `topic`, with one consumer; without
-    `wait_for_topic`, no bounds at all for a topic that does not exist (yet).
+    """Log start and end offsets of every partition of `topic` (asked with `clients`' consumer
+    for bounds on `bootstrap`); without `wait_for_topic`, no bounds at all for a topic that
+    does not exist (yet).
 
     The ends are asked with ListOffsets, then checked with one fetch of the last batch: some
     brokers (Tansu 0.6) answer ListOffsets with the last batch's base offset + 1, which would
     leave the rest of that batch unread until more data arrived. The fetch response carries the
     true high watermark; with Apache Kafka both answers agree and the check costs one round trip.
+    A listed end a fetch confirmed at the same log start is not checked again
+    (`KafkaClients.end_confirmed`): an idle serve's cycles fetch nothing. One that was not
+    confirmed (a higher high watermark, or no answer in time) is checked every time, as before.
     """
-    consumer = _consumer(
-        bootstrap, timeout_s, security, fetch_max_wait_ms=10, max_poll_records=1
-    )
-    try:
+
+    def make() -> KafkaConsumer:
+        return _consumer(bootstrap, timeout_s, security, fetch_max_wait_ms=10, max_poll_records=1)
+
+    with clients.consumer(("bounds", bootstrap), make) as consumer:
         try:
             parts = _partitions(consumer, topic, timeout_s if wait_for_topic else 0.0)
         except KafkaReadError:
@@ -145,30 +259,51 @@ def log_bounds(
         listed = consumer.end_offsets(tps, timeout_ms=int(timeout_s * 1000))
         begins = consumer.beginning_offsets(tps, timeout_ms=int(timeout_s * 1000))
         ends = {tp.partition: int(listed[tp]) for tp in tps}
-        probe = [tp for tp in tps if listed[tp] > begins[tp]]
-        waiting = set(probe)
+        probe = [
+            tp for tp in tps
+            if listed[tp] > begins[tp]
+            and not clients.end_confirmed(tp, int(begins[tp]), int(listed[tp]))
+        ]
+        unconfirmed = set(probe)
         if probe:
-            consumer.assign(probe)
-            for tp in probe:
-                consumer.seek(tp, listed[tp] - 1)
-            # A partition whose last batch holds only a transaction marker returns no records
-            # (and so no high watermark); it keeps its listed offset after this short bound.
-            deadline = time.monotonic() + min(timeout_s, 2.0)
-            while waiting and time.monotonic() < deadline:
-                consumer.poll(timeout_ms=50)
-                for tp in list(waiting):
-                    highwater = consumer.highwater(tp)
-                    if highwater is not None:
-                        ends[tp.partition] = max(ends[tp.partition], int(highwater))
-                        waiting.discard(tp)
-                        consumer.pause(tp)
+            with clients.for_fetch(consumer, make) as fetcher:
+                highwaters = _highwaters(fetcher, probe, listed, timeout_s)
+            for tp, highwater in highwaters.items():
+                unconfirmed.discard(tp)
+                if highwater > listed[tp]:
+                    ends[tp.partition] = highwater  # checked again next time: Tansu, or a race
+                else:
+                    clients.confirm_end(tp, int(begins[tp]), int(listed[tp]))
         return LogBounds(
             {tp.partition: int(begins[tp]) for tp in tps},
             ends,
-            frozenset(tp.partition for tp in waiting),
+            frozenset(tp.partition for tp in unconfirmed),
         )
-    finally:
-        consumer.close(autocommit=False)
+
+
+def _highwaters(
+    consumer: KafkaConsumer,
+    probe: list[TopicPartition],
+    listed: Mapping[TopicPartition, int],
+    timeout_s: float,
+) -> dict[TopicPartition, int]:
+    """The high watermark of each partition of `probe` that one fetch of its last record
+    (before its `listed` end) answered in time."""
+    found: dict[TopicPartition, int] = {}
+    consumer.assign(probe)
+    for tp in probe:
+        consumer.seek(tp, listed[tp] - 1)
+    # A partition whose last batch holds only a transaction marker returns no records
+    # (and so no high watermark); it keeps its listed offset after this short bound.
+    deadline = time.monotonic() + min(timeout_s, 2.0)
+    while len(found) < len(probe) and time.monotonic() < deadline:
+        consumer.poll(timeout_ms=50)
+        for tp in probe:
+            highwater = consumer.highwater(tp)
+            if tp not in found and highwater is not None:
+                found[tp] = int(highwater)
+                consumer.pause(tp)
+    return found
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -470,7 +605,12 @@ class KafkaRangeSource:
         self, ranges: Mapping[int, tuple[int, int]], on_lost: Callable[[int], None]
     ) -> Iterator[SourceRecord]:
         """The records of `ranges` ({partition: (start, stop)}), read with one consumer in this
-        process; records retention deleted first are reported to `on_lost`."""
+        process; records retention deleted first are reported to `on_lost`. No range, no
+        consumer: an idle serve cycle connects for nothing. A new consumer each read: a kept
+        one would carry the leader epochs and positions of a topic deleted and recreated since
+        its last read into this one, which must find a range beyond the end as it is."""
+        if not ranges:
+            return
         consumer = self.consumer()
         try:
             for partition, (start, stop) in sorted(ranges.items()):
@@ -545,11 +685,13 @@ class KafkaGroup:
     topic: str
     timeout_s: float = DEFAULT_TIMEOUT_S
     security: KafkaSecurity = PLAINTEXT
+    clients: KafkaClients = dataclasses.field(default=ONE_SHOT, compare=False, repr=False)
 
     def bounds(self) -> LogBounds:
         """The log start and end offsets of every partition of the topic (`log_bounds`)."""
         return log_bounds(
-            self.bootstrap, self.topic, timeout_s=self.timeout_s, security=self.security
+            self.bootstrap, self.topic, timeout_s=self.timeout_s, security=self.security,
+            clients=self.clients,
         )
 
     def commit(self, offsets: Mapping[int, int], metadata: str = "") -> None:
@@ -557,30 +699,30 @@ class KafkaGroup:
         each with the string `metadata` (serve signs its commits)."""
         if not offsets:
             return
-        consumer = self._consumer()
-        try:
-            tps = {
-                TopicPartition(self.topic, p): OffsetAndMetadata(o, metadata, -1)
-                for p, o in offsets.items()
-            }
+        tps = {
+            TopicPartition(self.topic, p): OffsetAndMetadata(o, metadata, -1)
+            for p, o in offsets.items()
+        }
+        with self._use() as consumer:
             consumer.assign(list(tps))
-            consumer.commit(tps)
-        finally:
-            consumer.close(autocommit=False)
+            # A bound: a kept consumer's commit would retry a broker that is away for ever.
+            consumer.commit(tps, timeout_ms=self._timeout_ms)
 
     def commits(self) -> dict[int, tuple[int, str | None]]:
         """The committed offset and metadata string of every partition of the topic that has
         a commit (brokers that do not keep metadata give None)."""
-        consumer = self._consumer()
-        try:
-            found: dict[int, tuple[int, str | None]] = {}
+        found: dict[int, tuple[int, str | None]] = {}
+        with self._use() as consumer:
             for partition in _partitions(consumer, self.topic, self.timeout_s):
-                commit = consumer.committed(TopicPartition(self.topic, partition), metadata=True)
+                # committed() asks the group's coordinator each time (no cache): a kept
+                # consumer sees the other instances' latest commits.
+                commit = consumer.committed(
+                    TopicPartition(self.topic, partition), metadata=True,
+                    timeout_ms=self._timeout_ms,
+                )
                 if commit is not None:
                     found[partition] = (int(commit.offset), commit.metadata or None)
-            return found
-        finally:
-            consumer.close(autocommit=False)
+        return found
 
     def committed(self) -> dict[int, int]:
         """The committed offsets (partitions without a commit are left out)."""
@@ -601,6 +743,14 @@ class KafkaGroup:
         error = result.get(self.group_id, "OK")  # {group: "OK" or the error's name}
         if error not in ("OK", "GroupIdNotFoundError"):
             raise RuntimeError(f"deleting consumer group {self.group_id}: {error}")
+
+    def _use(self) -> contextlib.AbstractContextManager[KafkaConsumer]:
+        """The group's consumer for one use (kept by `clients`, one per group)."""
+        return self.clients.consumer(("group", self.bootstrap, self.group_id), self._consumer)
+
+    @property
+    def _timeout_ms(self) -> int:
+        return int(self.timeout_s * 1000)
 
     def _consumer(self) -> KafkaConsumer:
         return _consumer(self.bootstrap, self.timeout_s, self.security, group_id=self.group_id)
