@@ -64,13 +64,17 @@ JAVA_PACKAGES := openjdk-17-jre-headless maven
 # Apache Kafka, the broker of the tests (tests/kafka_broker.py): its jars from Maven Central.
 KAFKA_VERSION := 4.4.0
 KAFKA_LIB := $(CACHE)/kafka-$(KAFKA_VERSION)/lib
-KAFKA_STAMP := $(KAFKA_LIB)/.installed-stamp
+# Each stamp in the cache is named after the content it was made from (a hash), never compared
+# by date with the clone's files: a fresh clone's files are all newer than the cache, and a date
+# rule would install everything again on every run (deleting the broker's jars under a test
+# running from another clone).
+KAFKA_STAMP := $(KAFKA_LIB)/.installed-$(shell sha256sum .ci/tools/kafka/pom.xml | cut -c1-16)
 # `ragpulse stream` on Flink and Prism (tests/flink_runner.py, tests/test_stream_flink.py): Beam's
 # Java jars resolved by Maven from .ci/tools/beam/pom.xml, and Prism built from the Go module
 # proxy, both at the Beam version pyproject.toml pins (the Python and Java SDKs must match).
 BEAM_VERSION := $(shell sed -n 's/.*"apache-beam==\([0-9.]*\)".*/\1/p' pyproject.toml)
 BEAM_TOOLS := $(CACHE)/beam-$(BEAM_VERSION)
-BEAM_JARS := $(BEAM_TOOLS)/lib/.complete
+BEAM_JARS := $(BEAM_TOOLS)/lib/.complete-$(shell sha256sum .ci/tools/beam/pom.xml | cut -c1-16)
 PRISM := $(BEAM_TOOLS)/bin/prism
 # ragpulse's Kafka read (java/kafka-read: KafkaIO with the stream's timestamp policy, the
 # registrar that offers it to the expansion service, and a copy of Beam's Flink source wrapper
@@ -114,9 +118,9 @@ bench-deps:
 java-deps:
 	$(call apt_install,$(JAVA_BINARIES),$(JAVA_PACKAGES),that run Apache Kafka,test)
 
-# The version is in the pom (kafka.version) and here (the folder); the stamp names the pom, so
-# editing it installs again into a fresh folder.
-$(KAFKA_STAMP): .ci/tools/kafka/pom.xml | java-deps
+# The version is in the pom (kafka.version) and here (the folder); the stamp is named after the
+# pom's hash, so editing it installs again into a fresh folder.
+$(KAFKA_STAMP): | .ci/tools/kafka/pom.xml java-deps
 	grep -q '<kafka.version>$(KAFKA_VERSION)</kafka.version>' .ci/tools/kafka/pom.xml
 	rm -rf $(KAFKA_LIB)
 	$(MVN) -f .ci/tools/kafka/pom.xml dependency:copy-dependencies \
@@ -125,10 +129,11 @@ $(KAFKA_STAMP): .ci/tools/kafka/pom.xml | java-deps
 
 kafka: $(KAFKA_STAMP)
 
-$(BEAM_JARS): .ci/tools/beam/pom.xml | java-deps
+# tests/flink_runner.py checks lib/.complete; the hashed stamp says which pom made the folder.
+$(BEAM_JARS): | .ci/tools/beam/pom.xml java-deps
 	$(MVN) -f .ci/tools/beam/pom.xml -Dbeam.version=$(BEAM_VERSION) \
 	  dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(BEAM_TOOLS)/lib
-	touch $@
+	touch $(BEAM_TOOLS)/lib/.complete $@
 
 # The Go checksum database does not list Beam's module (sum.golang.org answers 404 through
 # the proxy here), so only Beam's own module is fetched unchecked; the rest are verified.
@@ -136,7 +141,7 @@ $(PRISM): | go-deps
 	$(GO_ENV) GOBIN=$(BEAM_TOOLS)/bin GONOSUMDB=github.com/apache/beam nice -n 10 \
 	  go install github.com/apache/beam/sdks/v2/go/cmd/prism@v$(BEAM_VERSION)
 
-$(KAFKA_READ_JAR): $(KAFKA_READ_SOURCES) | java-deps
+$(KAFKA_READ_JAR): | $(KAFKA_READ_SOURCES) java-deps
 	$(MVN) -f java/kafka-read/pom.xml -Dbuild.dir=$(KAFKA_READ_DIR)/build package
 	cp $(KAFKA_READ_DIR)/build/ragpulse-kafka-read.jar $@
 
